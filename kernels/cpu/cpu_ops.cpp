@@ -1,0 +1,355 @@
+// fp32/fp64 reference implementations; reductions accumulate in double.
+#include "kernels/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace glm::cpu {
+
+template <typename T>
+void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t n, int64_t hidden) {
+  for (int64_t t = 0; t < n; ++t)
+    std::memcpy(out + t * hidden, table + static_cast<int64_t>(tokens[t]) * hidden, sizeof(T) * hidden);
+}
+
+template <typename T>
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t n, int64_t hidden) {
+  for (int64_t t = 0; t < n; ++t) {
+    T* row = dtable + static_cast<int64_t>(tokens[t]) * hidden;
+    const T* g = dout + t * hidden;
+    for (int64_t j = 0; j < hidden; ++j) row[j] += g[j];
+  }
+}
+
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* in, const T* weight, int64_t n, int64_t hidden, double eps) {
+  for (int64_t t = 0; t < n; ++t) {
+    const T* x = in + t * hidden;
+    double ss = 0;
+    for (int64_t j = 0; j < hidden; ++j) ss += static_cast<double>(x[j]) * x[j];
+    const T r = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(hidden) + eps));
+    rstd[t] = r;
+    T* y = out + t * hidden;
+    for (int64_t j = 0; j < hidden; ++j) y[j] = weight[j] * (x[j] * r);
+  }
+}
+
+template <typename T>
+void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* weight, const T* rstd, int64_t n,
+                      int64_t hidden) {
+  for (int64_t t = 0; t < n; ++t) {
+    const T* x = in + t * hidden;
+    const T* g = dout + t * hidden;
+    const T r = rstd[t];
+    double dot = 0;  // sum_j (g_j w_j) x_j
+    for (int64_t j = 0; j < hidden; ++j) dot += static_cast<double>(g[j]) * weight[j] * x[j];
+    const T c = static_cast<T>(dot / static_cast<double>(hidden)) * r * r * r;
+    T* dx = din + t * hidden;
+    for (int64_t j = 0; j < hidden; ++j) {
+      dx[j] += r * g[j] * weight[j] - x[j] * c;
+      dweight[j] += g[j] * x[j] * r;
+    }
+  }
+}
+
+template <typename T>
+void linear_forward(T* out, const T* in, const T* weight, const T* bias, int64_t n, int64_t in_features,
+                    int64_t out_features) {
+  // Four tokens share each weight row read; the inner dot products vectorise (-fopenmp-simd).
+  constexpr int64_t kTile = 4;
+  int64_t t0 = 0;
+  for (; t0 + kTile <= n; t0 += kTile) {
+    const T* x0 = in + (t0 + 0) * in_features;
+    const T* x1 = in + (t0 + 1) * in_features;
+    const T* x2 = in + (t0 + 2) * in_features;
+    const T* x3 = in + (t0 + 3) * in_features;
+    for (int64_t o = 0; o < out_features; ++o) {
+      const T* w = weight + o * in_features;
+      T a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+      for (int64_t i = 0; i < in_features; ++i) {
+        a0 += x0[i] * w[i];
+        a1 += x1[i] * w[i];
+        a2 += x2[i] * w[i];
+        a3 += x3[i] * w[i];
+      }
+      const T b = bias != nullptr ? bias[o] : T(0);
+      out[(t0 + 0) * out_features + o] = a0 + b;
+      out[(t0 + 1) * out_features + o] = a1 + b;
+      out[(t0 + 2) * out_features + o] = a2 + b;
+      out[(t0 + 3) * out_features + o] = a3 + b;
+    }
+  }
+  for (; t0 < n; ++t0) {
+    const T* x = in + t0 * in_features;
+    for (int64_t o = 0; o < out_features; ++o) {
+      const T* w = weight + o * in_features;
+      T a = 0;
+#pragma omp simd reduction(+ : a)
+      for (int64_t i = 0; i < in_features; ++i) a += x[i] * w[i];
+      out[t0 * out_features + o] = a + (bias != nullptr ? bias[o] : T(0));
+    }
+  }
+}
+
+template <typename T>
+void linear_backward(T* din, T* dweight, T* dbias, const T* dout, const T* in, const T* weight, int64_t n,
+                     int64_t in_features, int64_t out_features, bool accumulate_din) {
+  if (din != nullptr) {
+    for (int64_t t = 0; t < n; ++t) {
+      T* dx = din + t * in_features;
+      if (!accumulate_din) std::fill(dx, dx + in_features, T(0));
+      const T* g = dout + t * out_features;
+      for (int64_t o = 0; o < out_features; ++o) {
+        const T go = g[o];
+        const T* w = weight + o * in_features;
+#pragma omp simd
+        for (int64_t i = 0; i < in_features; ++i) dx[i] += go * w[i];
+      }
+    }
+  }
+  if (dweight != nullptr) {
+    for (int64_t o = 0; o < out_features; ++o) {
+      T* dw = dweight + o * in_features;
+      for (int64_t t = 0; t < n; ++t) {
+        const T go = dout[t * out_features + o];
+        const T* x = in + t * in_features;
+#pragma omp simd
+        for (int64_t i = 0; i < in_features; ++i) dw[i] += go * x[i];
+      }
+    }
+  }
+  if (dbias != nullptr) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = 0; o < out_features; ++o) dbias[o] += dout[t * out_features + o];
+  }
+}
+
+namespace {
+// Angles as transformers computes them in the model's float type: inv_freq = 1 / base^(2i/dim),
+// angle = position * inv_freq, cos/sin of that (fp32 for float, fp64 for double).
+template <typename T>
+void rope_rotate(T* qkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim, double base,
+                 T direction) {
+  const int64_t width = shape.qkv_width();
+  const int64_t pairs = rotary_dim / 2;
+  const int64_t rotated_heads = shape.heads + shape.kv_heads;  // q heads then k heads are contiguous
+  std::vector<T> inv_freq(static_cast<size_t>(pairs));
+  for (int64_t i = 0; i < pairs; ++i)
+    inv_freq[i] = T(1) / std::pow(static_cast<T>(base), static_cast<T>(2 * i) / static_cast<T>(rotary_dim));
+  for (int64_t t = 0; t < n; ++t) {
+    const T pos = static_cast<T>(positions[t]);
+    for (int64_t i = 0; i < pairs; ++i) {
+      const T angle = pos * inv_freq[i];
+      const T c = std::cos(angle), s = direction * std::sin(angle);
+      for (int64_t h = 0; h < rotated_heads; ++h) {
+        T* x = qkv + t * width + h * shape.head_dim + 2 * i;
+        const T x0 = x[0], x1 = x[1];
+        x[0] = x0 * c - x1 * s;
+        x[1] = x1 * c + x0 * s;
+      }
+    }
+  }
+}
+}  // namespace
+
+template <typename T>
+void rope_forward(T* qkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
+                  double base) {
+  rope_rotate(qkv, positions, n, shape, rotary_dim, base, T(1));
+}
+
+template <typename T>
+void rope_backward(T* dqkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
+                   double base) {
+  rope_rotate(dqkv, positions, n, shape, rotary_dim, base, T(-1));
+}
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc_start, int64_t n, AttentionShape shape) {
+  const int64_t d = shape.head_dim, width = shape.qkv_width();
+  const int64_t group = shape.heads / shape.kv_heads;
+  const int64_t k_off = shape.heads * d, v_off = (shape.heads + shape.kv_heads) * d;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> scores;
+  std::vector<double> acc(static_cast<size_t>(d));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t first = doc_start[t];
+    scores.resize(static_cast<size_t>(t - first + 1));
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      const int64_t g = h / group;
+      const T* q = qkv + t * width + h * d;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t s = first; s <= t; ++s) {
+        const T* k = qkv + s * width + k_off + g * d;
+        double dot = 0;
+        for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(q[j]) * k[j];
+        scores[s - first] = dot * scale;
+        mx = std::max(mx, dot * scale);
+      }
+      double sum = 0;
+      for (auto& sc : scores) sum += (sc = std::exp(sc - mx));
+      T* o = out + t * shape.heads * d + h * d;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t s = first; s <= t; ++s) {
+        const T* v = qkv + s * width + v_off + g * d;
+        const double p = scores[s - first] / sum;
+        for (int64_t j = 0; j < d; ++j) acc[j] += p * v[j];
+      }
+      for (int64_t j = 0; j < d; ++j) o[j] = static_cast<T>(acc[j]);
+      lse[t * shape.heads + h] = static_cast<T>(mx + std::log(sum));
+    }
+  }
+}
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv, const int32_t* doc_start,
+                        int64_t n, AttentionShape shape) {
+  const int64_t d = shape.head_dim, width = shape.qkv_width();
+  const int64_t group = shape.heads / shape.kv_heads;
+  const int64_t k_off = shape.heads * d, v_off = (shape.heads + shape.kv_heads) * d;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::fill(dqkv, dqkv + n * width, T(0));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t first = doc_start[t];
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      const int64_t g = h / group;
+      const T* q = qkv + t * width + h * d;
+      const T* go = dout + t * shape.heads * d + h * d;
+      const T* o = out + t * shape.heads * d + h * d;
+      double delta = 0;  // sum_j dout_j out_j = sum_s p_s dp_s
+      for (int64_t j = 0; j < d; ++j) delta += static_cast<double>(go[j]) * o[j];
+      const double l = lse[t * shape.heads + h];
+      T* dq = dqkv + t * width + h * d;
+      for (int64_t s = first; s <= t; ++s) {
+        const T* k = qkv + s * width + k_off + g * d;
+        const T* v = qkv + s * width + v_off + g * d;
+        double dot = 0, dp = 0;
+        for (int64_t j = 0; j < d; ++j) {
+          dot += static_cast<double>(q[j]) * k[j];
+          dp += static_cast<double>(go[j]) * v[j];
+        }
+        const double p = std::exp(dot * scale - l);
+        const double ds = p * (dp - delta) * scale;
+        T* dk = dqkv + s * width + k_off + g * d;
+        T* dv = dqkv + s * width + v_off + g * d;
+        for (int64_t j = 0; j < d; ++j) {
+          dq[j] += static_cast<T>(ds * k[j]);
+          dk[j] += static_cast<T>(ds * q[j]);
+          dv[j] += static_cast<T>(p * go[j]);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void swiglu_forward(T* out, const T* gate_up, int64_t n, int64_t ffn) {
+  for (int64_t t = 0; t < n; ++t) {
+    const T* gate = gate_up + t * 2 * ffn;
+    const T* up = gate + ffn;
+    T* y = out + t * ffn;
+    for (int64_t j = 0; j < ffn; ++j) y[j] = gate[j] / (T(1) + std::exp(-gate[j])) * up[j];
+  }
+}
+
+template <typename T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, int64_t ffn) {
+  for (int64_t t = 0; t < n; ++t) {
+    const T* gate = gate_up + t * 2 * ffn;
+    const T* up = gate + ffn;
+    const T* g = dout + t * ffn;
+    T* dgate = dgate_up + t * 2 * ffn;
+    T* dup = dgate + ffn;
+    for (int64_t j = 0; j < ffn; ++j) {
+      const T s = T(1) / (T(1) + std::exp(-gate[j]));
+      dgate[j] = g[j] * up[j] * s * (T(1) + gate[j] * (T(1) - s));
+      dup[j] = g[j] * gate[j] * s;
+    }
+  }
+}
+
+template <typename T>
+int64_t cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
+                      double grad_scale) {
+  int64_t counted = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const T* z = logits + t * vocab;
+    T* dz = dlogits != nullptr ? dlogits + t * vocab : nullptr;
+    if (targets[t] < 0) {
+      losses[t] = 0;
+      if (dz != nullptr) std::fill(dz, dz + vocab, T(0));
+      continue;
+    }
+    ++counted;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v]) - mx);
+    const double lse = mx + std::log(sum);
+    losses[t] = static_cast<T>(lse - static_cast<double>(z[targets[t]]));
+    if (dz != nullptr) {
+      for (int64_t v = 0; v < vocab; ++v) dz[v] = static_cast<T>(std::exp(static_cast<double>(z[v]) - lse) * grad_scale);
+      dz[targets[t]] -= static_cast<T>(grad_scale);
+    }
+  }
+  return counted;
+}
+
+template <typename T>
+void add(T* out, const T* a, const T* b, int64_t count) {
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+double sum_squares(const T* x, int64_t count) {
+  double s = 0;
+  for (int64_t i = 0; i < count; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+template <typename T>
+void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, const AdamWStep& step) {
+  const double bc1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
+  const double bc2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
+  const T decay = static_cast<T>(1.0 - step.lr * step.weight_decay);
+  const T step_size = static_cast<T>(step.lr / bc1);
+  const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
+  const T b1 = static_cast<T>(step.beta1), b2 = static_cast<T>(step.beta2);
+  const T eps = static_cast<T>(step.eps), scale = static_cast<T>(step.grad_scale);
+  for (int64_t i = 0; i < count; ++i) {
+    const T g = grad[i] * scale;
+    exp_avg[i] = b1 * exp_avg[i] + (T(1) - b1) * g;
+    exp_avg_sq[i] = b2 * exp_avg_sq[i] + (T(1) - b2) * g * g;
+    const T denom = std::sqrt(exp_avg_sq[i]) / bc2_sqrt + eps;
+    param[i] = param[i] * decay - step_size * exp_avg[i] / denom;
+  }
+}
+
+#define GLM_INSTANTIATE_CPU_OPS(T)                                                                              \
+  template void embedding_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t);                          \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t);                         \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);                      \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t);         \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool); \
+  template void rope_forward<T>(T*, const int32_t*, int64_t, AttentionShape, int64_t, double);                 \
+  template void rope_backward<T>(T*, const int32_t*, int64_t, AttentionShape, int64_t, double);                \
+  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, AttentionShape);               \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*, int64_t,     \
+                                      AttentionShape);                                                         \
+  template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                             \
+  template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                                  \
+  template int64_t cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, double);               \
+  template void add<T>(T*, const T*, const T*, int64_t);                                                       \
+  template double sum_squares<T>(const T*, int64_t);                                                           \
+  template void adamw<T>(T*, const T*, T*, T*, int64_t, const AdamWStep&);
+
+GLM_INSTANTIATE_CPU_OPS(float)
+GLM_INSTANTIATE_CPU_OPS(double)
+
+}  // namespace glm::cpu

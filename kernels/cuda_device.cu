@@ -1,0 +1,17 @@
+// CUDA device discovery: a machine without a driver or GPU reports zero devices, not an error.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_device.h"
+
+namespace glm {
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return count;
+}
+
+}  // namespace glm

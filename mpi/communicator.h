@@ -1,0 +1,53 @@
+// The Communicator interface: collectives over host (MPI) or device (NCCL) buffers.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "mpi/status.h"
+
+namespace glm {
+
+enum class CommType { f32, f64, bf16, i32, i64, u8 };
+enum class ReduceOp { sum, max, min };
+
+size_t comm_type_size(CommType type);
+const char* comm_type_name(CommType type);
+
+// A collective in flight. wait() returns once it completed, or an error after the deadline.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual Status wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+
+  // send == recv is allowed (in place) for all_reduce and broadcast.
+  virtual std::unique_ptr<CommRequest> start_all_reduce(const void* send, void* recv, size_t count, CommType type,
+                                                        ReduceOp op) = 0;
+  // send holds size() * recv_count elements; rank r keeps the reduced block r.
+  virtual std::unique_ptr<CommRequest> start_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                                            CommType type, ReduceOp op) = 0;
+  // recv gets size() * send_count elements, block r from rank r.
+  virtual std::unique_ptr<CommRequest> start_all_gather(const void* send, void* recv, size_t send_count,
+                                                        CommType type) = 0;
+  virtual std::unique_ptr<CommRequest> start_broadcast(void* buffer, size_t count, CommType type, int root) = 0;
+  virtual std::unique_ptr<CommRequest> start_barrier() = 0;
+
+  // Blocking forms: start and wait.
+  Status all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op);
+  Status reduce_scatter(const void* send, void* recv, size_t recv_count, CommType type, ReduceOp op);
+  Status all_gather(const void* send, void* recv, size_t send_count, CommType type);
+  Status broadcast(void* buffer, size_t count, CommType type, int root);
+  Status barrier();
+};
+
+}  // namespace glm

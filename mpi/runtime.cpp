@@ -1,0 +1,58 @@
+// MPI bootstrap and the all-ranks agreement used before exiting on bad input.
+#include "mpi/runtime.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "mpi/fatal.h"
+
+namespace glm {
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    std::fprintf(stderr, "glm_hpc: fatal: MPI_Init_thread failed\n");
+    std::_Exit(1);
+  }
+  // Errors come back as return codes so that we can report them with context.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &info_.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &info_.world_size);
+  MPI_Comm local = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.rank, MPI_INFO_NULL, &local) !=
+      MPI_SUCCESS)
+    GLM_FATAL("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  MPI_Comm_rank(local, &info_.local_rank);
+  MPI_Comm_size(local, &info_.local_size);
+  MPI_Comm_free(&local);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  info_.host = host;
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+AgreedStatus agree_on_status(const Status& local, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // Lowest failing rank and worst exit code, so every rank returns the same code.
+  int mine[2] = {local.is_ok() ? 0 : local.exit_code(), local.is_ok() ? INT32_MAX : rank};
+  int worst_code = 0, first_rank = INT32_MAX;
+  if (MPI_Allreduce(&mine[0], &worst_code, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
+      MPI_Allreduce(&mine[1], &first_rank, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
+    GLM_FATAL("MPI_Allreduce failed while agreeing on a status");
+  if (worst_code == 0) return {};
+  AgreedStatus agreed;
+  agreed.report_here = first_rank == rank;
+  const ErrorKind kind = worst_code == 2 ? ErrorKind::user_input : ErrorKind::internal;
+  // Every rank exits with the worst code, whatever its own failure was.
+  agreed.status = Status::error(kind, local.is_ok() ? concat("rank ", first_rank, " failed") : local.message());
+  return agreed;
+}
+
+}  // namespace glm

@@ -1,0 +1,26 @@
+// Status construction and context chaining.
+#include "mpi/status.h"
+
+#include <cstring>
+
+namespace glm {
+
+Status Status::error(ErrorKind kind, std::string message, const char* file, int line) {
+  Status s;
+  s.kind_ = kind == ErrorKind::ok ? ErrorKind::internal : kind;
+  s.message_ = std::move(message);
+  if (file != nullptr) {
+    const char* base = std::strrchr(file, '/');
+    s.location_ = concat(base != nullptr ? base + 1 : file, ":", line);
+  }
+  return s;
+}
+
+Status Status::with_context(const std::string& context) const {
+  if (is_ok()) return *this;
+  Status s = *this;
+  s.message_ = context + ": " + message_;
+  return s;
+}
+
+}  // namespace glm

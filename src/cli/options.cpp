@@ -1,0 +1,305 @@
+// Option table, INI handling with file:line errors, value validation and args.json.
+#include "cli/options.h"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "cli/ini_file.h"
+
+namespace po = boost::program_options;
+
+namespace glm {
+namespace {
+
+std::string show(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+template <typename T>
+std::string show(const T& v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// The option table: each option is registered once with its default, help and a JSON getter.
+class OptionTable {
+ public:
+  explicit OptionTable(CliOptions& o) : o_(o) { build(); }
+  const po::options_description& all() const { return all_; }
+  nlohmann::json values() const {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [name, get] : getters_) j[name] = get();
+    return j;
+  }
+
+ private:
+  template <typename T>
+  void add(po::options_description& group, const char* name, T* target, const char* help) {
+    group.add_options()(name, po::value<T>(target)->default_value(*target, show(*target)), help);
+    getters_.emplace_back(name, [target] { return nlohmann::json(*target); });
+  }
+
+  void build() {
+    TrainConfig& t = o_.train;
+    ModelConfig& m = t.model;
+    // Built-in defaults are the embedded tiny GLM-4 recipe (configs/glm4-tiny.cfg holds the same).
+    m.vocab_size = 272;
+    m.hidden_size = 128;
+    m.intermediate_size = 256;
+    m.num_hidden_layers = 2;
+    m.num_attention_heads = 4;
+    m.num_key_value_heads = 2;
+    m.head_dim = 32;
+    m.max_position_embeddings = 2048;
+    m.partial_rotary_factor = 0.5;
+    m.rms_norm_eps = 1.5625e-07;
+    m.initializer_range = 0.02;
+    t.datasets = {"data/sample/conversations.jsonl"};
+    t.max_length = 512;
+    t.per_device_train_batch_size = 4;
+    t.gradient_accumulation_steps = 1;
+    t.num_train_epochs = 3;
+    t.learning_rate = 2e-3;
+    t.weight_decay = 0.01;
+    t.warmup_ratio = 0.05;
+    t.logging_steps = 5;
+    t.output_dir = "output";
+
+    po::options_description general("General");
+    general.add_options()("help,h", "print this help and exit")(
+        "config", po::value<std::string>(&o_.config_file)->value_name("FILE"),
+        "INI file of option defaults (key = value per line); the command line overrides it");
+    add(general, "device", &o_.device, "backend: auto (cuda when a GPU and the CUDA backend exist), cpu or cuda");
+    add(general, "output_dir", &t.output_dir, "directory for args.json and logging.jsonl");
+    add(general, "seed", &t.seed, "seed for initialisation and data shuffling");
+    add(general, "logging_steps", &t.logging_steps, "log every N optimizer steps (and the last)");
+    add(general, "collective_timeout", &o_.collective_timeout,
+        "seconds a collective may wait before all ranks abort (a peer died or hangs)");
+
+    po::options_description model("Model (GLM-4 architecture; transformers GlmConfig names)");
+    add(model, "vocab_size", &m.vocab_size, "padded vocabulary size (rows of embedding and lm_head)");
+    add(model, "hidden_size", &m.hidden_size, "model width");
+    add(model, "intermediate_size", &m.intermediate_size, "SwiGLU inner width (ffn_hidden_size)");
+    add(model, "num_hidden_layers", &m.num_hidden_layers, "transformer layers");
+    add(model, "num_attention_heads", &m.num_attention_heads, "query heads");
+    add(model, "num_key_value_heads", &m.num_key_value_heads, "KV groups (multi_query_group_num)");
+    add(model, "head_dim", &m.head_dim, "per-head width (kv_channels); 0 = hidden_size / num_attention_heads");
+    add(model, "max_position_embeddings", &m.max_position_embeddings, "longest supported sequence (seq_length)");
+    model.add_options()("rope_ratio", po::value<double>()->value_name("R"),
+                        "RoPE base multiplier: rope_theta = 10000 x rope_ratio (default 500)")(
+        "rope_theta", po::value<double>()->value_name("THETA"),
+        "RoPE base (alternative to rope_ratio; default 5e6)");
+    add(model, "partial_rotary_factor", &m.partial_rotary_factor, "fraction of each head's dims that RoPE rotates");
+    add(model, "rms_norm_eps", &m.rms_norm_eps, "RMSNorm epsilon (layernorm_epsilon)");
+    add(model, "initializer_range", &m.initializer_range, "std of the normal initialisation of weights");
+
+    po::options_description data("Data");
+    data.add_options()("dataset", po::value<std::vector<std::string>>(&t.datasets)
+                                      ->multitoken()
+                                      ->composing()
+                                      ->default_value(t.datasets, "data/sample/conversations.jsonl")
+                                      ->value_name("FILE..."),
+                       "messages-style jsonl conversation files");
+    getters_.emplace_back("dataset", [&t] { return nlohmann::json(t.datasets); });
+    add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
+
+    po::options_description train("Training (transformers TrainingArguments names)");
+    add(train, "per_device_train_batch_size", &t.per_device_train_batch_size, "samples per rank per micro-batch");
+    add(train, "gradient_accumulation_steps", &t.gradient_accumulation_steps, "micro-batches per optimizer step");
+    add(train, "max_steps", &t.max_steps, "optimizer steps; -1 = num_train_epochs over the dataset");
+    add(train, "num_train_epochs", &t.num_train_epochs, "epochs when max_steps is -1");
+    add(train, "learning_rate", &t.learning_rate, "peak learning rate");
+    add(train, "lr_scheduler_type", &t.lr_scheduler_type, "cosine, linear or constant_with_warmup");
+    add(train, "warmup_ratio", &t.warmup_ratio, "fraction of steps of linear warmup");
+    add(train, "warmup_steps", &t.warmup_steps, "warmup steps (overrides warmup_ratio when > 0)");
+    add(train, "weight_decay", &t.weight_decay, "decoupled AdamW weight decay (not on norms and biases)");
+    add(train, "adam_beta1", &t.adam_beta1, "AdamW beta1");
+    add(train, "adam_beta2", &t.adam_beta2, "AdamW beta2");
+    add(train, "adam_epsilon", &t.adam_epsilon, "AdamW epsilon");
+    add(train, "max_grad_norm", &t.max_grad_norm, "global gradient-norm clipping; <= 0 disables");
+
+    all_.add(general).add(model).add(data).add(train);
+  }
+
+  CliOptions& o_;
+  po::options_description all_{"glm_hpc options", 100, 50};
+  std::vector<std::pair<std::string, std::function<nlohmann::json()>>> getters_;
+};
+
+std::string strip_dashes(std::string s) {
+  while (!s.empty() && s.front() == '-') s.erase(s.begin());
+  return s;
+}
+
+struct Sources {
+  std::string config_file;
+  std::map<std::string, int> config_lines;  // key -> line (last occurrence)
+  std::map<std::string, bool> command_line;
+  std::string where(const std::string& name) const {
+    if (command_line.count(name)) return concat("--", name);
+    auto it = config_lines.find(name);
+    if (it != config_lines.end()) return concat(config_file, ":", it->second, ": ", name);
+    return concat("--", name);
+  }
+};
+
+Status check(bool ok, const Sources& src, const std::string& name, const std::string& requirement) {
+  if (ok) return Status::ok();
+  return GLM_USER_ERROR(src.where(name), " ", requirement);
+}
+
+Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) {
+  TrainConfig& t = o.train;
+  GLM_RETURN_IF_ERROR(check(o.device == "auto" || o.device == "cpu" || o.device == "cuda", src, "device",
+                            "must be auto, cpu or cuda, got '" + o.device + "'"));
+  GLM_RETURN_IF_ERROR(check(t.per_device_train_batch_size >= 1, src, "per_device_train_batch_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(t.gradient_accumulation_steps >= 1, src, "gradient_accumulation_steps", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(t.max_steps == -1 || t.max_steps > 0, src, "max_steps", "must be -1 or positive"));
+  GLM_RETURN_IF_ERROR(check(t.num_train_epochs > 0, src, "num_train_epochs", "must be positive"));
+  GLM_RETURN_IF_ERROR(check(t.max_length >= 2, src, "max_length", "must be >= 2"));
+  GLM_RETURN_IF_ERROR(check(t.learning_rate >= 0 && std::isfinite(t.learning_rate), src, "learning_rate",
+                            "must be a finite value >= 0"));
+  GLM_RETURN_IF_ERROR(check(t.warmup_ratio >= 0 && t.warmup_ratio < 1, src, "warmup_ratio", "must be in [0, 1)"));
+  GLM_RETURN_IF_ERROR(check(t.warmup_steps >= 0, src, "warmup_steps", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(t.weight_decay >= 0, src, "weight_decay", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(t.adam_beta1 >= 0 && t.adam_beta1 < 1, src, "adam_beta1", "must be in [0, 1)"));
+  GLM_RETURN_IF_ERROR(check(t.adam_beta2 >= 0 && t.adam_beta2 < 1, src, "adam_beta2", "must be in [0, 1)"));
+  GLM_RETURN_IF_ERROR(check(t.adam_epsilon > 0, src, "adam_epsilon", "must be positive"));
+  GLM_RETURN_IF_ERROR(check(t.logging_steps >= 0, src, "logging_steps", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
+  GLM_RETURN_IF_ERROR(check(t.lr_scheduler_type == "cosine" || t.lr_scheduler_type == "linear" ||
+                                t.lr_scheduler_type == "constant_with_warmup" || t.lr_scheduler_type == "constant",
+                            src, "lr_scheduler_type",
+                            "must be cosine, linear or constant_with_warmup, got '" + t.lr_scheduler_type + "'"));
+  GLM_RETURN_IF_ERROR(check(!t.datasets.empty(), src, "dataset", "needs at least one file"));
+
+  // RoPE base: rope_theta, or 10000 x rope_ratio; both given must agree.
+  const bool has_theta = vm.count("rope_theta") > 0, has_ratio = vm.count("rope_ratio") > 0;
+  const double ratio_theta = has_ratio ? 10000.0 * vm["rope_ratio"].as<double>() : 0.0;
+  if (has_theta && has_ratio && std::fabs(vm["rope_theta"].as<double>() - ratio_theta) > 1e-6 * ratio_theta)
+    return GLM_USER_ERROR(src.where("rope_theta"), " = ", vm["rope_theta"].as<double>(), " contradicts ",
+                          src.where("rope_ratio"), " (10000 x rope_ratio = ", ratio_theta, ")");
+  t.model.rope_theta = has_theta ? vm["rope_theta"].as<double>() : (has_ratio ? ratio_theta : 5e6);
+
+  Status model_status = t.model.finalize_and_validate();
+  if (!model_status.is_ok()) {
+    // Messages start with the field name; point at where that field was set.
+    const std::string& msg = model_status.message();
+    const std::string field = msg.substr(0, msg.find_first_of(" ("));
+    return GLM_USER_ERROR(src.where(field), ": invalid model shape: ", msg);
+  }
+  GLM_RETURN_IF_ERROR(check(t.max_length <= t.model.max_position_embeddings, src, "max_length",
+                            concat("(", t.max_length, ") exceeds max_position_embeddings (",
+                                   t.model.max_position_embeddings, ")")));
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string help_text() {
+  CliOptions o;
+  OptionTable table(o);
+  std::ostringstream s;
+  s << "usage: mpirun -np N glm_hpc [train] [--config FILE] [--option value ...]\n\n"
+    << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
+    << "embedded tiny GLM-4 on data/sample/conversations.jsonl.\n\n"
+    << table.all();
+  return s.str();
+}
+
+Result<CliOptions> parse_options(int argc, const char* const* argv) {
+  CliOptions o;
+  OptionTable table(o);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && !args.front().empty() && args.front().front() != '-') {
+    o.command = args.front();
+    args.erase(args.begin());
+    if (o.command != "train") return GLM_USER_ERROR("unknown command '", o.command, "' (available: train)");
+  }
+  po::variables_map vm;
+  Sources src;
+  try {
+    po::parsed_options cmd = po::command_line_parser(args).options(table.all()).run();
+    for (const auto& opt : cmd.options) src.command_line[opt.string_key] = true;
+    po::store(cmd, vm);
+    if (vm.count("help")) {
+      o.help = true;
+      return o;
+    }
+    if (vm.count("config")) {
+      src.config_file = vm["config"].as<std::string>();
+      GLM_ASSIGN_OR_RETURN(auto entries, scan_ini_file(src.config_file));
+      std::map<std::string, int> seen;
+      for (const auto& e : entries) {
+        if (seen.count(e.key) && e.key != "dataset")
+          return GLM_USER_ERROR(src.config_file, ":", e.line, ": '", e.key, "' is already set on line ", seen[e.key]);
+        seen[e.key] = e.line;
+        src.config_lines[e.key] = e.line;
+      }
+      std::ifstream in(src.config_file);
+      po::parsed_options file = po::parse_config_file(in, table.all(), true);
+      for (const auto& opt : file.options) {
+        if (opt.unregistered) {
+          auto it = src.config_lines.find(opt.string_key);
+          return GLM_USER_ERROR(src.config_file, ":", it == src.config_lines.end() ? 0 : it->second,
+                                ": unknown option '", opt.string_key, "' (see glm_hpc --help)");
+        }
+        if (opt.string_key == "config" || opt.string_key == "help")
+          return GLM_USER_ERROR(src.config_file, ":", src.config_lines[opt.string_key], ": '", opt.string_key,
+                                "' is only allowed on the command line");
+      }
+      po::store(file, vm);
+    }
+    po::notify(vm);
+  } catch (const po::error_with_option_name& e) {
+    const std::string name = strip_dashes(e.get_option_name());
+    if (!src.command_line.count(name) && src.config_lines.count(name))
+      return GLM_USER_ERROR(src.config_file, ":", src.config_lines[name], ": ", e.what());
+    return GLM_USER_ERROR(e.what());
+  } catch (const po::error& e) {
+    return GLM_USER_ERROR(e.what());
+  }
+  GLM_RETURN_IF_ERROR(validate(o, src, vm));
+
+  nlohmann::json values = table.values();
+  values["rope_theta"] = o.train.model.rope_theta;
+  values["head_dim"] = o.train.model.head_dim;
+  values["config"] = o.config_file;
+  o.effective = nlohmann::json::object();
+  for (auto& [name, value] : values.items()) {
+    const char* source = src.command_line.count(name) ? "command_line"
+                         : src.config_lines.count(name) ? "config"
+                                                        : "default";
+    o.effective[name] = {{"value", value}, {"source", source}};
+  }
+  return o;
+}
+
+Status write_args_json(const CliOptions& options) {
+  namespace fs = std::filesystem;
+  const std::string dir = options.train.output_dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return GLM_USER_ERROR("cannot create --output_dir '", dir, "': ", ec.message());
+  const std::string final_path = dir + "/args.json", tmp_path = final_path + ".tmp";
+  {
+    std::ofstream out(tmp_path, std::ios::trunc);
+    if (!out) return GLM_USER_ERROR("cannot write '", tmp_path, "'");
+    nlohmann::json j = {{"command", options.command}, {"options", options.effective}};
+    out << j.dump(2) << '\n';
+    if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", tmp_path, "'");
+  }
+  fs::rename(tmp_path, final_path, ec);
+  if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp_path, "' to '", final_path, "': ", ec.message());
+  return Status::ok();
+}
+
+}  // namespace glm

@@ -1,0 +1,31 @@
+// Command-line and INI options (Boost.Program_options): names follow ms-swift / transformers /
+// DeepSpeed; an INI file gives defaults and the command line overrides it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "mpi/status.h"
+#include "train/train_config.h"
+
+namespace glm {
+
+struct CliOptions {
+  std::string command = "train";
+  bool help = false;
+  std::string config_file;
+  std::string device = "auto";
+  double collective_timeout = 600.0;
+  TrainConfig train;
+  // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.
+  nlohmann::json effective;
+};
+
+// Parses and validates; a bad option, key or value is a user error naming --option or file:line.
+Result<CliOptions> parse_options(int argc, const char* const* argv);
+std::string help_text();
+
+// Writes output_dir/args.json atomically (temporary file, then rename).
+Status write_args_json(const CliOptions& options);
+
+}  // namespace glm

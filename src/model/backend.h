@@ -1,0 +1,107 @@
+// The op interface the model and trainer are written against. The CPU backend (fp32/fp64 reference
+// ops, host memory) implements it now; the CUDA backend (bf16, device memory) implements it later.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/tensor.h"
+#include "mpi/status.h"
+
+namespace glm {
+
+// Owns one allocation of backend memory (RAII); move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Tensor tensor, std::function<void(void*)> release) : tensor_(tensor), release_(std::move(release)) {}
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& other) noexcept : tensor_(other.tensor_), release_(std::move(other.release_)) { other.tensor_ = {}; }
+  Buffer& operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      tensor_ = other.tensor_;
+      release_ = std::move(other.release_);
+      other.tensor_ = {};
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  const Tensor& tensor() const { return tensor_; }
+  Tensor slice(int64_t offset, int64_t count) const { return tensor_.slice(offset, count); }
+  int64_t numel() const { return tensor_.numel; }
+
+ private:
+  void reset() {
+    if (tensor_.data != nullptr && release_) release_(tensor_.data);
+    tensor_ = {};
+  }
+  Tensor tensor_;
+  std::function<void(void*)> release_;
+};
+
+using AttentionShape = cpu::AttentionShape;
+using AdamWStep = cpu::AdamWStep;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Type of parameters, gradients and activations on this backend.
+  virtual DType compute_dtype() const = 0;
+  // Type of optimizer state (fp32 master weights and moments; f64 in the double-precision oracle).
+  virtual DType optimizer_dtype() const = 0;
+  // Type of per-row statistics kept for backward (RMSNorm rstd, attention log-sum-exp).
+  virtual DType stats_dtype() const = 0;
+  virtual bool host_accessible() const = 0;
+
+  virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
+  virtual Status zero(Tensor t) = 0;
+  // Copies between host memory of the same dtype and backend memory.
+  virtual Status upload(Tensor dst, const void* src) = 0;
+  virtual Status download(void* dst, Tensor src) = 0;
+  // dst[i] = src[i] converted between dtypes (compute <-> optimizer copies).
+  virtual Status convert(Tensor dst, Tensor src) = 0;
+  virtual Status synchronize() = 0;
+
+  virtual Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) = 0;
+  virtual Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, int64_t n, int64_t hidden) = 0;
+  virtual Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
+                                 double eps) = 0;
+  virtual Status rmsnorm_backward(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight, Tensor rstd,
+                                  int64_t n, int64_t hidden) = 0;
+  virtual Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
+                                int64_t out_features) = 0;
+  virtual Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight,
+                                 int64_t n, int64_t in_features, int64_t out_features, bool accumulate_din) = 0;
+  virtual Status rope_forward(Tensor qkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
+                              double base) = 0;
+  virtual Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
+                               double base) = 0;
+  virtual Status attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n,
+                                   AttentionShape shape) = 0;
+  virtual Status attention_backward(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, Tensor doc_start,
+                                    int64_t n, AttentionShape shape) = 0;
+  virtual Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) = 0;
+  virtual Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) = 0;
+  virtual Status add(Tensor out, Tensor a, Tensor b, int64_t count) = 0;
+  // Fused lm_head + cross-entropy: losses[t] per token (0 where targets[t] < 0). When dhidden is
+  // non-empty also dhidden = dlogits W and dweight += dlogits^T hidden, with dlogits scaled by grad_scale.
+  virtual Status lm_head_cross_entropy(Tensor losses, Tensor dhidden, Tensor dweight, Tensor hidden, Tensor weight,
+                                       Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
+                                       double grad_scale) = 0;
+  virtual Result<double> sum_squares(Tensor x) = 0;
+  // Updates master (optimizer dtype) and writes the compute-dtype copy into param (may alias master).
+  virtual Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
+                       const AdamWStep& step) = 0;
+};
+
+// dtype: f32 (the CPU backend) or f64 (the gradient-check oracle).
+std::unique_ptr<Backend> make_cpu_backend(DType dtype);
+
+}  // namespace glm

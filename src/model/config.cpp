@@ -1,0 +1,53 @@
+// Model configuration checks: every rejected value is named so the user can fix the config.
+#include "model/config.h"
+
+#include <cmath>
+
+namespace glm {
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t h = hidden_size;
+  const int64_t per_layer = 2 * h + qkv_width() * (h + 1) + q_width() * h + 3 * intermediate_size * h;
+  return 2 * vocab_size * h + h + num_hidden_layers * per_layer;
+}
+
+Status ModelConfig::finalize_and_validate() {
+  auto positive = [](const char* name, int64_t v) -> Status {
+    if (v <= 0) return GLM_USER_ERROR(name, " must be positive, got ", v);
+    return Status::ok();
+  };
+  GLM_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
+  GLM_RETURN_IF_ERROR(positive("hidden_size", hidden_size));
+  GLM_RETURN_IF_ERROR(positive("intermediate_size", intermediate_size));
+  GLM_RETURN_IF_ERROR(positive("num_hidden_layers", num_hidden_layers));
+  GLM_RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
+  GLM_RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
+  GLM_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
+  if (vocab_size > INT32_MAX)
+    return GLM_USER_ERROR("vocab_size ", vocab_size, " does not fit 32-bit token ids");
+  if (num_attention_heads % num_key_value_heads != 0)
+    return GLM_USER_ERROR("num_attention_heads (", num_attention_heads, ") must be divisible by num_key_value_heads (",
+                          num_key_value_heads, ")");
+  if (head_dim == 0) {
+    // Without an explicit head_dim the heads must tile the hidden size exactly.
+    if (hidden_size % num_attention_heads != 0)
+      return GLM_USER_ERROR("hidden_size (", hidden_size, ") must be divisible by num_attention_heads (",
+                            num_attention_heads, ") when head_dim is not set");
+    head_dim = hidden_size / num_attention_heads;
+  }
+  GLM_RETURN_IF_ERROR(positive("head_dim", head_dim));
+  if (!(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0))
+    return GLM_USER_ERROR("partial_rotary_factor must be in (0, 1], got ", partial_rotary_factor);
+  const double rot = static_cast<double>(head_dim) * partial_rotary_factor;
+  if (rot != std::floor(rot) || static_cast<int64_t>(rot) % 2 != 0)
+    return GLM_USER_ERROR("rotary dimension head_dim x partial_rotary_factor = ", head_dim, " x ",
+                          partial_rotary_factor, " = ", rot, " must be an even integer");
+  if (!(rope_theta > 1.0) || !std::isfinite(rope_theta))
+    return GLM_USER_ERROR("rope_theta (10000 x rope_ratio) must be > 1, got ", rope_theta);
+  if (!(rms_norm_eps > 0.0) || !std::isfinite(rms_norm_eps))
+    return GLM_USER_ERROR("rms_norm_eps must be positive, got ", rms_norm_eps);
+  if (!(initializer_range > 0.0)) return GLM_USER_ERROR("initializer_range must be positive, got ", initializer_range);
+  return Status::ok();
+}
+
+}  // namespace glm

@@ -1,0 +1,168 @@
+// The CPU backend: host memory and the reference ops of kernels/cpu, in fp32 or fp64.
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "model/backend.h"
+
+namespace glm {
+namespace {
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, double> ? DType::f64 : DType::f32;
+}
+
+template <typename T>
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return std::is_same_v<T, double> ? "cpu-f64" : "cpu"; }
+  DType compute_dtype() const override { return dtype_of<T>(); }
+  DType optimizer_dtype() const override { return dtype_of<T>(); }
+  DType stats_dtype() const override { return dtype_of<T>(); }
+  bool host_accessible() const override { return true; }
+
+  Result<Buffer> allocate(int64_t numel, DType dtype) override {
+    if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");
+    size_t bytes = static_cast<size_t>(std::max<int64_t>(numel, 1)) * dtype_size(dtype);
+    bytes = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr)
+      return GLM_ERROR(ErrorKind::internal, "out of host memory allocating ", bytes, " bytes");
+    std::memset(p, 0, bytes);
+    return Buffer(Tensor{p, numel, dtype}, [](void* q) { std::free(q); });
+  }
+  Status zero(Tensor t) override {
+    if (!t.empty()) std::memset(t.data, 0, t.bytes());
+    return Status::ok();
+  }
+  Status upload(Tensor dst, const void* src) override {
+    std::memcpy(dst.data, src, dst.bytes());
+    return Status::ok();
+  }
+  Status download(void* dst, Tensor src) override {
+    std::memcpy(dst, src.data, src.bytes());
+    return Status::ok();
+  }
+  Status convert(Tensor dst, Tensor src) override {
+    if (dst.numel != src.numel) return GLM_INTERNAL_ERROR("convert size mismatch ", dst.numel, " vs ", src.numel);
+    if (dst.dtype == src.dtype) {
+      if (dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
+      return Status::ok();
+    }
+    auto load = [&](int64_t i) -> double {
+      return src.dtype == DType::f64 ? src.as<double>()[i] : static_cast<double>(src.as<float>()[i]);
+    };
+    for (int64_t i = 0; i < dst.numel; ++i) {
+      if (dst.dtype == DType::f64)
+        dst.as<double>()[i] = load(i);
+      else
+        dst.as<float>()[i] = static_cast<float>(load(i));
+    }
+    return Status::ok();
+  }
+  Status synchronize() override { return Status::ok(); }
+
+  Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) override {
+    cpu::embedding_forward(p(out), p(table), tokens.as<int32_t>(), n, hidden);
+    return Status::ok();
+  }
+  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, int64_t n, int64_t hidden) override {
+    cpu::embedding_backward(p(dtable), p(dout), tokens.as<int32_t>(), n, hidden);
+    return Status::ok();
+  }
+  Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
+                         double eps) override {
+    cpu::rmsnorm_forward(p(out), p(rstd), p(in), p(weight), n, hidden, eps);
+    return Status::ok();
+  }
+  Status rmsnorm_backward(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight, Tensor rstd, int64_t n,
+                          int64_t hidden) override {
+    cpu::rmsnorm_backward(p(din), p(dweight), p(dout), p(in), p(weight), p(rstd), n, hidden);
+    return Status::ok();
+  }
+  Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
+                        int64_t out_features) override {
+    cpu::linear_forward(p(out), p(in), p(weight), bias.empty() ? nullptr : p(bias), n, in_features, out_features);
+    return Status::ok();
+  }
+  Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
+                         int64_t in_features, int64_t out_features, bool accumulate_din) override {
+    cpu::linear_backward(din.empty() ? nullptr : p(din), dweight.empty() ? nullptr : p(dweight),
+                         dbias.empty() ? nullptr : p(dbias), p(dout), p(in), p(weight), n, in_features, out_features,
+                         accumulate_din);
+    return Status::ok();
+  }
+  Status rope_forward(Tensor qkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
+                      double base) override {
+    cpu::rope_forward(p(qkv), positions.as<int32_t>(), n, shape, rotary_dim, base);
+    return Status::ok();
+  }
+  Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
+                       double base) override {
+    cpu::rope_backward(p(dqkv), positions.as<int32_t>(), n, shape, rotary_dim, base);
+    return Status::ok();
+  }
+  Status attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n,
+                           AttentionShape shape) override {
+    cpu::attention_forward(p(out), p(lse), p(qkv), doc_start.as<int32_t>(), n, shape);
+    return Status::ok();
+  }
+  Status attention_backward(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n,
+                            AttentionShape shape) override {
+    cpu::attention_backward(p(dqkv), p(dout), p(out), p(lse), p(qkv), doc_start.as<int32_t>(), n, shape);
+    return Status::ok();
+  }
+  Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) override {
+    cpu::swiglu_forward(p(out), p(gate_up), n, ffn);
+    return Status::ok();
+  }
+  Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) override {
+    cpu::swiglu_backward(p(dgate_up), p(dout), p(gate_up), n, ffn);
+    return Status::ok();
+  }
+  Status add(Tensor out, Tensor a, Tensor b, int64_t count) override {
+    cpu::add(p(out), p(a), p(b), count);
+    return Status::ok();
+  }
+  Status lm_head_cross_entropy(Tensor losses, Tensor dhidden, Tensor dweight, Tensor hidden, Tensor weight,
+                               Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
+                               double grad_scale) override {
+    // Token chunks bound the logits scratch to kChunk x vocab.
+    constexpr int64_t kChunk = 32;
+    const bool grad = !dhidden.empty();
+    logits_.resize(static_cast<size_t>(kChunk * vocab));
+    if (grad) dlogits_.resize(static_cast<size_t>(kChunk * vocab));
+    for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
+      const int64_t m = std::min(kChunk, n - t0);
+      const T* h = p(hidden) + t0 * hidden_size;
+      cpu::linear_forward(logits_.data(), h, p(weight), static_cast<const T*>(nullptr), m, hidden_size, vocab);
+      cpu::cross_entropy(p(losses) + t0, grad ? dlogits_.data() : static_cast<T*>(nullptr), logits_.data(),
+                         targets.as<int32_t>() + t0, m, vocab, grad_scale);
+      if (grad)
+        cpu::linear_backward(p(dhidden) + t0 * hidden_size, p(dweight), static_cast<T*>(nullptr), dlogits_.data(), h,
+                             p(weight), m, hidden_size, vocab, false);
+    }
+    return Status::ok();
+  }
+  Result<double> sum_squares(Tensor x) override { return cpu::sum_squares(p(x), x.numel); }
+  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
+               const AdamWStep& step) override {
+    cpu::adamw(p(master), p(grad), p(exp_avg), p(exp_avg_sq), master.numel, step);
+    if (param.data != master.data) return convert(param, master);
+    return Status::ok();
+  }
+
+ private:
+  static T* p(const Tensor& t) { return t.as<T>(); }
+  std::vector<T> logits_, dlogits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(DType dtype) {
+  if (dtype == DType::f64) return std::make_unique<CpuBackend<double>>();
+  return std::make_unique<CpuBackend<float>>();
+}
+
+}  // namespace glm

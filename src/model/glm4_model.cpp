@@ -1,0 +1,176 @@
+// GLM-4 forward/backward over the op interface; activation buffers are allocated once in create().
+#include "model/glm4_model.h"
+
+namespace glm {
+
+Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens)
+    : config_(config), layout_(config), backend_(backend), max_tokens_(max_tokens) {
+  shape_.heads = config.num_attention_heads;
+  shape_.kv_heads = config.num_key_value_heads;
+  shape_.head_dim = config.head_dim;
+}
+
+Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend,
+                                                      int64_t max_tokens) {
+  if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
+  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens));
+  GLM_RETURN_IF_ERROR(model->allocate());
+  return model;
+}
+
+Status Glm4Model::allocate() {
+  const int64_t n = max_tokens_, h = config_.hidden_size, f = config_.intermediate_size;
+  const DType act = backend_.compute_dtype(), stats = backend_.stats_dtype();
+  auto alloc = [&](Buffer& b, int64_t numel, DType dtype) -> Status {
+    auto r = backend_.allocate(numel, dtype);
+    if (!r.is_ok()) return r.status();
+    b = r.take();
+    return Status::ok();
+  };
+  residual_.resize(static_cast<size_t>(config_.num_hidden_layers + 1));
+  for (auto& r : residual_) GLM_RETURN_IF_ERROR(alloc(r, n * h, act));
+  layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
+  for (auto& a : layers_) {
+    GLM_RETURN_IF_ERROR(alloc(a.ln1, n * h, act));
+    GLM_RETURN_IF_ERROR(alloc(a.rstd1, n, stats));
+    GLM_RETURN_IF_ERROR(alloc(a.qkv, n * config_.qkv_width(), act));
+    GLM_RETURN_IF_ERROR(alloc(a.attn, n * config_.q_width(), act));
+    GLM_RETURN_IF_ERROR(alloc(a.lse, n * config_.num_attention_heads, stats));
+    GLM_RETURN_IF_ERROR(alloc(a.mid, n * h, act));
+    GLM_RETURN_IF_ERROR(alloc(a.ln2, n * h, act));
+    GLM_RETURN_IF_ERROR(alloc(a.rstd2, n, stats));
+    GLM_RETURN_IF_ERROR(alloc(a.gate_up, n * 2 * f, act));
+    GLM_RETURN_IF_ERROR(alloc(a.act, n * f, act));
+  }
+  GLM_RETURN_IF_ERROR(alloc(final_norm_, n * h, act));
+  GLM_RETURN_IF_ERROR(alloc(final_rstd_, n, stats));
+  GLM_RETURN_IF_ERROR(alloc(losses_, n, stats));
+  GLM_RETURN_IF_ERROR(alloc(d_residual_, n * h, act));
+  GLM_RETURN_IF_ERROR(alloc(d_norm_, n * h, act));
+  GLM_RETURN_IF_ERROR(alloc(d_attn_, n * config_.q_width(), act));
+  GLM_RETURN_IF_ERROR(alloc(d_qkv_, n * config_.qkv_width(), act));
+  GLM_RETURN_IF_ERROR(alloc(d_act_, n * f, act));
+  GLM_RETURN_IF_ERROR(alloc(d_gate_up_, n * 2 * f, act));
+  return Status::ok();
+}
+
+Tensor Glm4Model::view(Tensor unit_base, int entry) const {
+  const ParamEntry& e = layout_.entry(entry);
+  return unit_base.slice(e.offset - layout_.units()[static_cast<size_t>(e.unit)].offset, e.numel);
+}
+
+Status Glm4Model::forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params) {
+  return run(batch, true, grad_scale, params);
+}
+
+Status Glm4Model::forward(const MicroBatch& batch, ParameterProvider& params) {
+  return run(batch, false, 0.0, params);
+}
+
+Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w) {
+  const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
+  const LayerEntries& e = layout_.layer(l);
+  LayerActivations& a = layers_[static_cast<size_t>(l)];
+  Tensor x = rows(residual_[static_cast<size_t>(l)], n, h);
+  Tensor out = rows(residual_[static_cast<size_t>(l + 1)], n, h);
+  Tensor ln1 = rows(a.ln1, n, h), qkv = rows(a.qkv, n, config_.qkv_width());
+  Tensor attn = rows(a.attn, n, config_.q_width()), mid = rows(a.mid, n, h), ln2 = rows(a.ln2, n, h);
+  Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln1, a.rstd1.tensor(), x, view(w, e.input_norm), n, h,
+                                               config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(qkv, ln1, view(w, e.qkv_weight), view(w, e.qkv_bias), n, h,
+                                              config_.qkv_width()));
+  GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
+  GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse.tensor(), qkv, b.doc_start, n, shape_));
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(mid, attn, view(w, e.dense), Tensor{}, n, config_.q_width(), h));
+  GLM_RETURN_IF_ERROR(backend_.add(mid, mid, x, n * h));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln2, a.rstd2.tensor(), mid, view(w, e.post_norm), n, h,
+                                               config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
+  GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(out, act, view(w, e.four_h_to_h), Tensor{}, n, f, h));
+  return backend_.add(out, out, mid, n * h);
+}
+
+// On entry d_residual_ holds dL/d(layer output); on exit dL/d(layer input).
+Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tensor g) {
+  const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
+  const int64_t qkv_w = config_.qkv_width(), q_w = config_.q_width();
+  const LayerEntries& e = layout_.layer(l);
+  LayerActivations& a = layers_[static_cast<size_t>(l)];
+  Tensor x = rows(residual_[static_cast<size_t>(l)], n, h);
+  Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
+  Tensor dact = rows(d_act_, n, f), dgu = rows(d_gate_up_, n, 2 * f);
+  Tensor dattn = rows(d_attn_, n, q_w), dqkv = rows(d_qkv_, n, qkv_w);
+  // MLP branch: out = mid + W_4hh (silu(gate) * up), gate|up = W_h4h ln2(mid).
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dact, view(g, e.four_h_to_h), Tensor{}, dres, rows(a.act, n, f),
+                                               view(w, e.four_h_to_h), n, f, h, false));
+  GLM_RETURN_IF_ERROR(backend_.swiglu_backward(dgu, dact, rows(a.gate_up, n, 2 * f), n, f));
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, view(g, e.h_to_4h), Tensor{}, dgu, rows(a.ln2, n, h),
+                                               view(w, e.h_to_4h), n, h, 2 * f, false));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, view(g, e.post_norm), dnorm, rows(a.mid, n, h),
+                                                view(w, e.post_norm), a.rstd2.tensor(), n, h));
+  // Attention branch: mid = x + W_dense attn(rope(W_qkv ln1(x) + b)).
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dattn, view(g, e.dense), Tensor{}, dres, rows(a.attn, n, q_w),
+                                               view(w, e.dense), n, q_w, h, false));
+  GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse.tensor(),
+                                                  rows(a.qkv, n, qkv_w), b.doc_start, n, shape_));
+  GLM_RETURN_IF_ERROR(backend_.rope_backward(dqkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, view(g, e.qkv_weight), view(g, e.qkv_bias), dqkv,
+                                               rows(a.ln1, n, h), view(w, e.qkv_weight), n, h, qkv_w, false));
+  return backend_.rmsnorm_backward(dres, view(g, e.input_norm), dnorm, x, view(w, e.input_norm), a.rstd1.tensor(),
+                                   n, h);
+}
+
+Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params) {
+  if (b.n <= 0 || b.n > max_tokens_)
+    return GLM_INTERNAL_ERROR("micro-batch of ", b.n, " tokens outside (0, ", max_tokens_, "]");
+  const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
+
+  GLM_ASSIGN_OR_RETURN(Tensor emb, params.acquire_params(layout_.embedding_unit()));
+  GLM_RETURN_IF_ERROR(backend_.embedding_forward(rows(residual_[0], n, h), view(emb, layout_.embedding()), b.tokens,
+                                                 n, h));
+  GLM_RETURN_IF_ERROR(params.release_params(layout_.embedding_unit()));
+  for (int64_t l = 0; l < layers; ++l) {
+    GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(layout_.layer_unit(l)));
+    GLM_RETURN_IF_ERROR(layer_forward(l, b, w));
+    GLM_RETURN_IF_ERROR(params.release_params(layout_.layer_unit(l)));
+  }
+
+  // Head: final RMSNorm, then lm_head fused with cross-entropy (and its backward when training).
+  const int head = layout_.head_unit();
+  GLM_ASSIGN_OR_RETURN(Tensor hw, params.acquire_params(head));
+  Tensor last = rows(residual_[static_cast<size_t>(layers)], n, h);
+  Tensor normed = rows(final_norm_, n, h);
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(), last, view(hw, layout_.final_norm()), n,
+                                               h, config_.rms_norm_eps));
+  Tensor losses = losses_.slice(0, n);
+  if (!with_grad) {
+    GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, Tensor{}, normed, view(hw, layout_.output()),
+                                                       b.targets, n, h, config_.vocab_size, 0.0));
+    return params.release_params(head);
+  }
+  Tensor hg = params.unit_grads(head);
+  Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
+  GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, dnorm, view(hg, layout_.output()), normed,
+                                                     view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
+                                                     grad_scale));
+  GLM_RETURN_IF_ERROR(backend_.zero(dres));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, view(hg, layout_.final_norm()), dnorm, last,
+                                                view(hw, layout_.final_norm()), final_rstd_.tensor(), n, h));
+  GLM_RETURN_IF_ERROR(params.release_params(head));
+  GLM_RETURN_IF_ERROR(params.grads_ready(head));
+
+  for (int64_t l = layers - 1; l >= 0; --l) {
+    const int unit = layout_.layer_unit(l);
+    GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(unit));
+    GLM_RETURN_IF_ERROR(layer_backward(l, b, w, params.unit_grads(unit)));
+    GLM_RETURN_IF_ERROR(params.release_params(unit));
+    GLM_RETURN_IF_ERROR(params.grads_ready(unit));
+  }
+  Tensor eg = params.unit_grads(layout_.embedding_unit());
+  GLM_RETURN_IF_ERROR(backend_.embedding_backward(view(eg, layout_.embedding()), dres, b.tokens, n, h));
+  return params.grads_ready(layout_.embedding_unit());
+}
+
+}  // namespace glm

@@ -1,0 +1,77 @@
+// GLM-4 forward and backward written once against the Backend op interface (GLM4_SPEC.md section 2).
+// The model does not own parameters: a ParameterProvider hands it each unit's weights and gradient
+// slots, which is where ZeRO plugs in.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/backend.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+
+namespace glm {
+
+// One micro-batch of n tokens in backend memory: documents packed back to back.
+struct MicroBatch {
+  Tensor tokens;     // i32 [n]
+  Tensor targets;    // i32 [n]: token to predict at each position, -1 = no loss
+  Tensor positions;  // i32 [n]: RoPE position within its document
+  Tensor doc_start;  // i32 [n]: index of the first token of the document holding token t
+  int64_t n = 0;
+};
+
+class ParameterProvider {
+ public:
+  virtual ~ParameterProvider() = default;
+  // The unit's parameters laid out like ParamLayout::units()[unit], valid until release_params(unit).
+  virtual Result<Tensor> acquire_params(int unit) = 0;
+  virtual Status release_params(int unit) { return Status::ok(); }
+  // Where the model accumulates this unit's gradient (same layout as the parameters).
+  virtual Tensor unit_grads(int unit) = 0;
+  // The unit's gradient contribution of this micro-batch is complete (bucketed reduction hooks here).
+  virtual Status grads_ready(int unit) { return Status::ok(); }
+};
+
+class Glm4Model {
+ public:
+  // Allocates every activation for micro-batches of up to max_tokens tokens, once.
+  static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens);
+
+  const ModelConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  int64_t max_tokens() const { return max_tokens_; }
+
+  // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
+  // provider's gradient slots. Per-token losses land in losses().
+  Status forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params);
+  // Forward only (evaluation): per-token losses in losses().
+  Status forward(const MicroBatch& batch, ParameterProvider& params);
+  Tensor losses() const { return losses_.tensor(); }
+
+ private:
+  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens);
+  Status allocate();
+  Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params);
+  Status layer_forward(int64_t l, const MicroBatch& b, Tensor unit_params);
+  Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads);
+  Tensor view(Tensor unit_base, int entry) const;
+  Tensor rows(const Buffer& buf, int64_t n, int64_t width) const { return buf.slice(0, n * width); }
+
+  ModelConfig config_;
+  ParamLayout layout_;
+  Backend& backend_;
+  int64_t max_tokens_;
+  AttentionShape shape_;
+
+  struct LayerActivations {
+    Buffer ln1, rstd1, qkv, attn, lse, mid, ln2, rstd2, gate_up, act;
+  };
+  std::vector<Buffer> residual_;  // L + 1 residual-stream tensors: layer inputs and the last output
+  std::vector<LayerActivations> layers_;
+  Buffer final_norm_, final_rstd_, losses_;
+  // Backward scratch, reused by every layer.
+  Buffer d_residual_, d_norm_, d_attn_, d_qkv_, d_act_, d_gate_up_;
+};
+
+}  // namespace glm

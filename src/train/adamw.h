@@ -1,0 +1,46 @@
+// AdamW over a contiguous range of the flat parameter layout (the whole model now, a ZeRO shard
+// later): fp32 master weights and moments, no weight decay on norms and biases.
+#pragma once
+
+#include <vector>
+
+#include "model/backend.h"
+#include "model/param_layout.h"
+
+namespace glm {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+class AdamWOptimizer {
+ public:
+  // params/grads cover layout range [offset, offset + params.numel).
+  static Result<AdamWOptimizer> create(Backend& backend, const ParamLayout& layout, Tensor params, int64_t offset,
+                                       const AdamWOptions& options);
+  // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
+  Status step(Tensor grads, double lr, double grad_scale);
+  int64_t steps_taken() const { return step_; }
+  int64_t state_bytes() const;
+
+ private:
+  struct Range {
+    int64_t begin, end;  // relative to the optimizer's range
+    bool decay;
+  };
+  AdamWOptimizer(Backend& backend, Tensor params, AdamWOptions options) : backend_(&backend), params_(params), options_(options) {}
+
+  Backend* backend_;
+  Tensor params_;
+  AdamWOptions options_;
+  Buffer master_buffer_;  // empty when the compute dtype is the optimizer dtype (params are the master)
+  Tensor master_;
+  Buffer exp_avg_, exp_avg_sq_;
+  std::vector<Range> ranges_;
+  int64_t step_ = 0;
+};
+
+}  // namespace glm

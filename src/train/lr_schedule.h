@@ -1,0 +1,26 @@
+// Learning-rate schedules with Hugging Face transformers' semantics (get_*_schedule_with_warmup).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mpi/status.h"
+
+namespace glm {
+
+enum class LrSchedulerType { cosine, linear, constant };
+Result<LrSchedulerType> parse_lr_scheduler_type(const std::string& name);
+
+struct LrSchedule {
+  LrSchedulerType type = LrSchedulerType::cosine;
+  double base_lr = 0;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  // Learning rate used by optimizer step `step` (0-based): linear warmup from 0, then the decay.
+  double at(int64_t step) const;
+};
+
+// warmup_steps > 0 wins; otherwise ceil(warmup_ratio * total_steps), as in transformers.
+int64_t resolve_warmup_steps(int64_t warmup_steps, double warmup_ratio, int64_t total_steps);
+
+}  // namespace glm

@@ -1,0 +1,58 @@
+// Console and jsonl metrics.
+#include "train/metrics_logger.h"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace glm {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--:--";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%02lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+Result<MetricsLogger> MetricsLogger::open(const std::string& output_dir, bool enabled) {
+  MetricsLogger logger;
+  logger.enabled_ = enabled;
+  if (enabled && !output_dir.empty()) {
+    logger.path_ = output_dir + "/logging.jsonl";
+    logger.jsonl_.open(logger.path_, std::ios::out | std::ios::trunc);
+    if (!logger.jsonl_) return GLM_ERROR(ErrorKind::io, "cannot write '", logger.path_, "'");
+  }
+  return logger;
+}
+
+void MetricsLogger::print(const std::string& line) const {
+  if (!enabled_) return;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+Status MetricsLogger::log(const StepMetrics& m) {
+  if (!enabled_) return Status::ok();
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | tokens/s %.0f | elapsed %s | eta %s",
+                static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.lr, m.grad_norm,
+                m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(),
+                format_duration(m.eta_seconds).c_str());
+  print(line);
+  if (jsonl_.is_open()) {
+    nlohmann::json j = {{"step", m.step},           {"max_steps", m.max_steps},
+                        {"loss", m.loss},           {"learning_rate", m.lr},
+                        {"grad_norm", m.grad_norm}, {"tokens_per_second", m.tokens_per_second},
+                        {"tokens", m.tokens},       {"elapsed_seconds", m.elapsed_seconds},
+                        {"eta_seconds", m.eta_seconds}};
+    jsonl_ << j.dump() << '\n';
+    jsonl_.flush();
+    if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
+  }
+  return Status::ok();
+}
+
+}  // namespace glm

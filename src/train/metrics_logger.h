@@ -1,0 +1,39 @@
+// Rank 0's training log: one console line per logging step and the same record in logging.jsonl.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "mpi/status.h"
+
+namespace glm {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based, after the update
+  int64_t max_steps = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_second = 0;
+  double elapsed_seconds = 0;
+  double eta_seconds = 0;
+  int64_t tokens = 0;  // global tokens of this step
+};
+
+class MetricsLogger {
+ public:
+  // Inactive (prints and writes nothing) unless enabled; output_dir empty = console only.
+  static Result<MetricsLogger> open(const std::string& output_dir, bool enabled);
+  Status log(const StepMetrics& m);
+  void print(const std::string& line) const;
+
+ private:
+  bool enabled_ = false;
+  std::ofstream jsonl_;
+  std::string path_;
+};
+
+std::string format_duration(double seconds);
+
+}  // namespace glm

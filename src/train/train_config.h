@@ -1,0 +1,35 @@
+// Everything a training run needs, filled from the options (cli) or directly by tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace glm {
+
+struct TrainConfig {
+  ModelConfig model;
+  std::vector<std::string> datasets;
+  int64_t max_length = 512;
+  int64_t per_device_train_batch_size = 1;
+  int64_t gradient_accumulation_steps = 1;
+  int64_t max_steps = -1;  // > 0 overrides num_train_epochs
+  double num_train_epochs = 1.0;
+  double learning_rate = 1e-4;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;  // <= 0 disables clipping
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;
+  std::string lr_scheduler_type = "cosine";
+  uint64_t seed = 42;
+  int64_t logging_steps = 1;
+  std::string output_dir;  // empty: no files (tests)
+  bool log_to_console = true;
+};
+
+}  // namespace glm

@@ -1,0 +1,30 @@
+// The data-parallel training loop: accumulation, global loss normalisation, gradient all-reduce
+// through the Communicator, clipping, AdamW, LR schedule, metrics.
+#pragma once
+
+#include <vector>
+
+#include "data/dataset.h"
+#include "model/backend.h"
+#include "mpi/communicator.h"
+#include "train/train_config.h"
+
+namespace glm {
+
+struct TrainSummary {
+  std::vector<double> losses;      // global mean target-token loss per optimizer step
+  std::vector<double> grad_norms;  // before clipping
+  int64_t steps = 0;
+  double parameter_checksum = 0;   // sum of squares of the final parameters (equal on every rank)
+};
+
+// Number of optimizer steps the run makes (max_steps or epochs x samples / global batch).
+int64_t total_training_steps(const TrainConfig& config, int64_t dataset_size, int world_size);
+
+Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend);
+
+// Deterministic initialisation independent of layout padding and world size: weights and
+// embeddings N(0, initializer_range) from a stream seeded by (seed, tensor name); norms 1; biases 0.
+Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& backend, Tensor params);
+
+}  // namespace glm
