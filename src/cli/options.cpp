@@ -227,7 +227,9 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   po::variables_map vm;
   Sources src;
   try {
-    po::parsed_options cmd = po::command_line_parser(args).options(table.all()).run();
+    // No prefix guessing: a typo such as --learning_rat must fail, not pick --learning_rate.
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    po::parsed_options cmd = po::command_line_parser(args).options(table.all()).style(style).run();
     for (const auto& opt : cmd.options) src.command_line[opt.string_key] = true;
     po::store(cmd, vm);
     if (vm.count("help")) {

@@ -40,8 +40,8 @@ Status ModelConfig::finalize_and_validate() {
     return GLM_USER_ERROR("partial_rotary_factor must be in (0, 1], got ", partial_rotary_factor);
   const double rot = static_cast<double>(head_dim) * partial_rotary_factor;
   if (rot != std::floor(rot) || static_cast<int64_t>(rot) % 2 != 0)
-    return GLM_USER_ERROR("rotary dimension head_dim x partial_rotary_factor = ", head_dim, " x ",
-                          partial_rotary_factor, " = ", rot, " must be an even integer");
+    return GLM_USER_ERROR("partial_rotary_factor x head_dim = ", partial_rotary_factor, " x ", head_dim, " = ", rot,
+                          " (the rotary dimension) must be an even integer");
   if (!(rope_theta > 1.0) || !std::isfinite(rope_theta))
     return GLM_USER_ERROR("rope_theta (10000 x rope_ratio) must be > 1, got ", rope_theta);
   if (!(rms_norm_eps > 0.0) || !std::isfinite(rms_norm_eps))

@@ -1,0 +1,124 @@
+// The glm_hpc binary as a user runs it: mpirun -np 2 with bad input must print one clear message,
+// exit 2 on every rank and never hang; a good short run writes args.json and logging.jsonl.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace glm::test {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs glm_hpc under mpirun with a hard time limit (a hang shows up as exit code 124).
+RunResult run_glm(const std::string& args, int ranks = 2) {
+  // Open MPI refuses root unless told; CI and the dev machines run as root.
+  const std::string cmd = std::string("cd ") + GLM_TEST_WORKDIR +
+                          " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC +
+                          " --oversubscribe -np " + std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
+  RunResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), pipe) != nullptr) r.output += buf.data();
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string write_file(const std::string& name, const std::string& content) {
+  const auto dir = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / name).string();
+  std::ofstream(path) << content;
+  return path;
+}
+
+int count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t p = haystack.find(needle); p != std::string::npos; p = haystack.find(needle, p + 1)) ++n;
+  return n;
+}
+
+void expect_bad_input(const std::string& args, const std::string& message) {
+  RunResult r = run_glm(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << "expected '" << message << "'\n" << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: error:"), 1) << "exactly one message\n" << r.output;
+  EXPECT_EQ(count(r.output, "step "), 0) << "no training may start\n" << r.output;
+}
+
+const std::string kTiny = "--hidden_size 32 --intermediate_size 48 --head_dim 8 --max_length 512 ";
+
+TEST(CliBadInput, MissingConfigFile) {
+  expect_bad_input("--config /nonexistent/glm4.cfg", "cannot open config file '/nonexistent/glm4.cfg'");
+}
+TEST(CliBadInput, UnknownCommandLineOption) { expect_bad_input("--learning_rat 1e-4", "learning_rat"); }
+TEST(CliBadInput, UnknownConfigKeyNamesFileAndLine) {
+  const std::string cfg = write_file("unknown.cfg", "hidden_size = 64\n# note\nlearnin_rate = 1e-4\n");
+  expect_bad_input("--config " + cfg, "unknown.cfg:3: unknown option 'learnin_rate'");
+}
+TEST(CliBadInput, HeadsNotDivisibleByKvGroups) {
+  const std::string cfg = write_file("gqa.cfg", "num_attention_heads = 4\nnum_key_value_heads = 3\n");
+  expect_bad_input("--config " + cfg, "must be divisible by num_key_value_heads");
+}
+TEST(CliBadInput, OddRotaryDimension) {
+  expect_bad_input("--head_dim 10 --partial_rotary_factor 0.5", "must be an even integer");
+}
+TEST(CliBadInput, HiddenSizeNotMatchingHeads) {
+  expect_bad_input("--head_dim 0 --hidden_size 130", "divisible by num_attention_heads");
+}
+TEST(CliBadInput, BadValue) { expect_bad_input("--max_steps many", "max_steps"); }
+TEST(CliBadInput, MissingDatasetFile) {
+  expect_bad_input(kTiny + "--dataset /nonexistent/train.jsonl", "cannot open dataset file '/nonexistent/train.jsonl'");
+}
+TEST(CliBadInput, BrokenJsonNamesLine) {
+  const std::string data = write_file(
+      "broken.jsonl",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}\n");
+  expect_bad_input(kTiny + "--dataset " + data, "broken.jsonl:2: malformed JSON");
+}
+TEST(CliBadInput, EverySampleTooLong) { expect_bad_input("--max_length 16", "longer than --max_length 16"); }
+TEST(CliBadInput, CudaNotInThisBuild) { expect_bad_input("--device cuda", "--device cuda"); }
+
+TEST(Cli, HelpListsOptionsOnce) {
+  RunResult r = run_glm("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(count(r.output, "--gradient_accumulation_steps"), 1) << "printed by rank 0 only\n" << r.output;
+}
+
+TEST(Cli, ShortRunWritesArgsAndLog) {
+  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "run";
+  std::filesystem::remove_all(out);
+  RunResult r = run_glm(kTiny + "--max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 --output_dir " +
+                        out.string(), 3);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "step "), 3) << r.output;
+  std::ifstream args(out / "args.json");
+  ASSERT_TRUE(args.good());
+  auto j = nlohmann::json::parse(args);
+  EXPECT_EQ(j["options"]["max_steps"]["value"], 3);
+  EXPECT_EQ(j["options"]["max_steps"]["source"], "command_line");
+  EXPECT_EQ(j["options"]["learning_rate"]["source"], "default");
+  std::ifstream log(out / "logging.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(log, line)) {
+    auto rec = nlohmann::json::parse(line);
+    EXPECT_EQ(rec["step"], ++lines);
+    for (const char* key : {"loss", "learning_rate", "grad_norm", "tokens_per_second", "elapsed_seconds", "eta_seconds"})
+      EXPECT_TRUE(rec.contains(key)) << key;
+  }
+  EXPECT_EQ(lines, 3);
+}
+
+}  // namespace
+}  // namespace glm::test

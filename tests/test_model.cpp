@@ -1,0 +1,209 @@
+// The whole GLM-4 model on the fp64 CPU backend: every parameter's gradient against central
+// differences; layout, config validation and determinism of the initialisation.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "model/glm4_model.h"
+#include "test_util.h"
+#include "train/trainer.h"
+
+namespace glm::test {
+namespace {
+
+// Whole-model central differences in double: a few hundred chained ops lose a little more than a
+// single op, so 1e-5 relative; a wrong term shows up as an O(1) relative error.
+constexpr double kModelGradTolerance = 1e-5;
+
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.vocab_size = 19;
+  c.hidden_size = 12;
+  c.intermediate_size = 10;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  c.max_position_embeddings = 64;
+  c.rope_theta = 10000;
+  c.partial_rotary_factor = 0.5;
+  c.rms_norm_eps = 1e-6;
+  EXPECT_TRUE(c.finalize_and_validate().is_ok());
+  return c;
+}
+
+class VectorParameters final : public ParameterProvider {
+ public:
+  VectorParameters(const ParamLayout& layout, std::vector<double>& params, std::vector<double>& grads)
+      : layout_(layout), params_(params), grads_(grads) {}
+  Result<Tensor> acquire_params(int unit) override { return slice(params_, unit); }
+  Tensor unit_grads(int unit) override { return slice(grads_, unit); }
+
+ private:
+  Tensor slice(std::vector<double>& v, int unit) const {
+    const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+    return Tensor{v.data() + u.offset, u.numel, DType::f64};
+  }
+  const ParamLayout& layout_;
+  std::vector<double>& params_;
+  std::vector<double>& grads_;
+};
+
+struct HostBatch {
+  std::vector<int32_t> tokens, targets, positions, doc_start;
+  MicroBatch view() {
+    auto t = [](std::vector<int32_t>& v) { return Tensor{v.data(), static_cast<int64_t>(v.size()), DType::i32}; };
+    return {t(tokens), t(targets), t(positions), t(doc_start), static_cast<int64_t>(tokens.size())};
+  }
+};
+
+HostBatch two_document_batch() {
+  // Documents of 5 and 6 tokens; some positions carry no target.
+  HostBatch b;
+  b.tokens = {3, 17, 5, 0, 9, 11, 2, 18, 7, 7, 14};
+  b.targets = {17, -1, 0, 9, -1, 2, 18, -1, 7, 14, -1};
+  b.positions = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5};
+  b.doc_start = {0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 5};
+  return b;
+}
+
+TEST(Glm4Model, EveryParameterGradientMatchesFiniteDifferences) {
+  ModelConfig config = tiny_config();
+  auto backend = make_cpu_backend(DType::f64);
+  auto model_r = Glm4Model::create(config, *backend, 16);
+  ASSERT_TRUE(model_r.is_ok()) << model_r.status().message();
+  auto model = model_r.take();
+  const ParamLayout& layout = model->layout();
+  // Random parameters everywhere (norm weights near 1, biases non-zero) so no term hides.
+  std::vector<double> params(static_cast<size_t>(layout.total_numel()), 0.0), grads(params.size(), 0.0);
+  auto noise = random_vector(params.size(), 99, 0.5);
+  for (const auto& e : layout.entries())
+    for (int64_t i = 0; i < e.numel; ++i)
+      params[e.offset + i] = (e.kind == ParamKind::norm ? 1.0 : 0.0) + noise[e.offset + i];
+  VectorParameters provider(layout, params, grads);
+  HostBatch hb = two_document_batch();
+  MicroBatch batch = hb.view();
+  const double count = 7;  // targets >= 0
+  auto loss = [&] {
+    EXPECT_TRUE(model->forward(batch, provider).is_ok());
+    const double* l = model->losses().as<double>();
+    return std::accumulate(l, l + batch.n, 0.0) / count;
+  };
+  ASSERT_TRUE(model->forward_backward(batch, 1.0 / count, provider).is_ok());
+  const double* l = model->losses().as<double>();
+  EXPECT_NEAR(std::accumulate(l, l + batch.n, 0.0) / count, loss(), 1e-14) << "forward_backward vs forward";
+  for (const auto& e : layout.entries()) {
+    std::vector<double> x(params.begin() + e.offset, params.begin() + e.offset + e.numel);
+    std::vector<double> analytic(grads.begin() + e.offset, grads.begin() + e.offset + e.numel);
+    auto entry_loss = [&] {
+      std::copy(x.begin(), x.end(), params.begin() + e.offset);
+      return loss();
+    };
+    expect_gradient_matches(entry_loss, x, analytic, kModelGradTolerance, e.name.c_str());
+    std::copy(x.begin(), x.end(), params.begin() + e.offset);
+  }
+}
+
+TEST(Glm4Model, GradientsAccumulateAcrossMicroBatches) {
+  ModelConfig config = tiny_config();
+  auto backend = make_cpu_backend(DType::f64);
+  auto model = Glm4Model::create(config, *backend, 16).take();
+  std::vector<double> params(static_cast<size_t>(model->layout().total_numel())), once(params.size(), 0.0),
+      twice(params.size(), 0.0);
+  ASSERT_TRUE(initialize_parameters(config, 5, *backend, Tensor{params.data(), static_cast<int64_t>(params.size()),
+                                                                DType::f64})
+                  .is_ok());
+  HostBatch hb = two_document_batch();
+  VectorParameters p1(model->layout(), params, once), p2(model->layout(), params, twice);
+  ASSERT_TRUE(model->forward_backward(hb.view(), 0.25, p1).is_ok());
+  ASSERT_TRUE(model->forward_backward(hb.view(), 0.25, p2).is_ok());
+  ASSERT_TRUE(model->forward_backward(hb.view(), 0.25, p2).is_ok());
+  double max_abs = 0;
+  for (size_t i = 0; i < once.size(); ++i) {
+    EXPECT_NEAR(twice[i], 2 * once[i], 1e-12 + 1e-12 * std::fabs(once[i]));
+    max_abs = std::max(max_abs, std::fabs(once[i]));
+  }
+  EXPECT_GT(max_abs, 1e-6);
+}
+
+TEST(ParamLayout, Glm4_9bChatCountMatchesSpec) {
+  ModelConfig c;
+  c.vocab_size = 151552;
+  c.hidden_size = 4096;
+  c.intermediate_size = 13696;
+  c.num_hidden_layers = 40;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 2;
+  c.head_dim = 128;
+  c.max_position_embeddings = 131072;
+  c.rope_theta = 5e6;
+  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  ParamLayout layout(c);
+  EXPECT_EQ(layout.parameter_count(), 9399951360LL);  // GLM4_SPEC.md section 3
+  EXPECT_EQ(c.parameter_count(), 9399951360LL);
+  EXPECT_EQ(layout.entries().size(), 283u);
+  EXPECT_GT(layout.total_numel(), INT32_MAX);  // offsets must be 64-bit
+  for (const auto& e : layout.entries()) EXPECT_EQ(e.offset % ParamLayout::kAlignment, 0) << e.name;
+  c.num_key_value_heads = 4;  // the 1M variant
+  EXPECT_EQ(ParamLayout(c).parameter_count(), 9483857920LL);
+  EXPECT_EQ(layout.entry(layout.layer(3).qkv_weight).shape, (std::vector<int64_t>{4608, 4096}));
+  EXPECT_EQ(layout.find("transformer.output_layer.weight"), layout.output());
+}
+
+TEST(ParamLayout, UnitsAreContiguousAndCoverEveryEntry) {
+  ParamLayout layout(tiny_config());
+  ASSERT_EQ(layout.units().size(), 4u);  // embedding, 2 layers, head
+  int64_t next = 0;
+  for (const auto& u : layout.units()) {
+    EXPECT_EQ(u.offset, next);
+    for (int idx : u.entries) {
+      const auto& e = layout.entry(idx);
+      EXPECT_GE(e.offset, u.offset);
+      EXPECT_LE(e.offset + e.numel, u.offset + u.numel);
+    }
+    next = u.offset + u.numel;
+  }
+  EXPECT_EQ(next, layout.total_numel());
+}
+
+TEST(ModelConfig, RejectsInconsistentShapes) {
+  ModelConfig c = tiny_config();
+  c.num_key_value_heads = 3;
+  EXPECT_NE(c.finalize_and_validate().message().find("divisible by num_key_value_heads"), std::string::npos);
+  c = tiny_config();
+  c.partial_rotary_factor = 0.75;  // 4 x 0.75 = 3
+  EXPECT_NE(c.finalize_and_validate().message().find("even integer"), std::string::npos);
+  c = tiny_config();
+  c.head_dim = 0;
+  c.hidden_size = 14;  // 14 / 4 heads
+  EXPECT_NE(c.finalize_and_validate().message().find("divisible by num_attention_heads"), std::string::npos);
+  c = tiny_config();
+  c.head_dim = 0;
+  c.hidden_size = 16;
+  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  EXPECT_EQ(c.head_dim, 4);
+  c = tiny_config();
+  c.vocab_size = 0;
+  EXPECT_EQ(c.finalize_and_validate().exit_code(), 2);
+}
+
+TEST(Initialisation, DeterministicAndIndependentOfAllocation) {
+  ModelConfig c = tiny_config();
+  auto backend = make_cpu_backend(DType::f64);
+  ParamLayout layout(c);
+  std::vector<double> a(static_cast<size_t>(layout.total_numel()), 3.0), b(a.size(), -1.0);
+  ASSERT_TRUE(initialize_parameters(c, 7, *backend, Tensor{a.data(), static_cast<int64_t>(a.size()), DType::f64}).is_ok());
+  ASSERT_TRUE(initialize_parameters(c, 7, *backend, Tensor{b.data(), static_cast<int64_t>(b.size()), DType::f64}).is_ok());
+  EXPECT_EQ(a, b);
+  const auto& norm = layout.entry(layout.layer(1).post_norm);
+  EXPECT_EQ(a[norm.offset], 1.0);
+  const auto& bias = layout.entry(layout.layer(0).qkv_bias);
+  EXPECT_EQ(a[bias.offset], 0.0);
+  const auto& w = layout.entry(layout.layer(0).dense);
+  double ss = 0;
+  for (int64_t i = 0; i < w.numel; ++i) ss += a[w.offset + i] * a[w.offset + i];
+  EXPECT_NEAR(std::sqrt(ss / w.numel), c.initializer_range, 0.3 * c.initializer_range);
+}
+
+}  // namespace
+}  // namespace glm::test

@@ -1,0 +1,190 @@
+// Pieces of the trainer that need no MPI: LR schedule, chat template targets, loader, options.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "cli/options.h"
+#include "data/chat_template.h"
+#include "data/conversation_reader.h"
+#include "data/sharded_loader.h"
+#include "train/lr_schedule.h"
+
+namespace glm::test {
+namespace {
+
+std::string temp_file(const std::string& name, const std::string& content) {
+  const auto dir = std::filesystem::temp_directory_path() / "glm_hpc_tests";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / name).string();
+  std::ofstream(path, std::ios::binary) << content;
+  return path;
+}
+
+TEST(LrSchedule, WarmupThenCosineLikeTransformers) {
+  LrSchedule s{LrSchedulerType::cosine, 1e-3, 10, 110};
+  EXPECT_EQ(s.at(0), 0.0);  // transformers' first warmup step uses lr 0
+  EXPECT_NEAR(s.at(5), 5e-4, 1e-15);
+  EXPECT_NEAR(s.at(10), 1e-3, 1e-15);
+  EXPECT_NEAR(s.at(60), 5e-4, 1e-12);  // half way through the decay
+  EXPECT_NEAR(s.at(110), 0.0, 1e-15);
+  LrSchedule lin{LrSchedulerType::linear, 1.0, 0, 4};
+  EXPECT_NEAR(lin.at(1), 0.75, 1e-15);
+  EXPECT_EQ(resolve_warmup_steps(0, 0.05, 75), 4);
+  EXPECT_EQ(resolve_warmup_steps(3, 0.5, 75), 3);
+}
+
+TEST(ChatTemplate, TargetsAreAssistantNewlineContentAndTerminator) {
+  ByteTokenizer tok;
+  Conversation c;
+  c.messages = {{Role::system, "S"}, {Role::user, "Q"}, {Role::assistant, "AB"}, {Role::user, "R"},
+                {Role::assistant, "C"}};
+  TokenizedSample s = ChatTemplate(tok).render(c);
+  const int32_t g = tok.special_id(SpecialToken::gmask), sop = tok.special_id(SpecialToken::sop);
+  const int32_t sys = tok.special_id(SpecialToken::system), usr = tok.special_id(SpecialToken::user);
+  const int32_t ast = tok.special_id(SpecialToken::assistant);
+  const std::vector<int32_t> expected = {g, sop, sys, '\n', 'S', usr, '\n', 'Q', ast, '\n', 'A', 'B',
+                                         usr, '\n', 'R', ast, '\n', 'C', usr};
+  const std::vector<uint8_t> mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1};
+  EXPECT_EQ(s.tokens, expected);
+  EXPECT_EQ(s.target_mask, mask);
+  EXPECT_EQ(tok.decode(s.tokens), "[gMASK]<sop><|system|>\nS<|user|>\nQ<|assistant|>\nAB<|user|>\nR<|assistant|>\nC<|user|>");
+  // Special-token text inside content stays ordinary bytes.
+  Conversation lit;
+  lit.messages = {{Role::user, "<|user|>"}, {Role::assistant, "x"}};
+  TokenizedSample t = ChatTemplate(tok).render(lit);
+  EXPECT_EQ(t.tokens[4], '<');
+}
+
+TEST(ShardedLoader, GlobalBatchIsTheSameSetAtEveryWorldSize) {
+  Dataset d;
+  for (int i = 0; i < 37; ++i) {
+    TokenizedSample s;
+    s.tokens = {i, i + 1};
+    s.target_mask = {0, 1};
+    d.samples.push_back(s);
+  }
+  auto collect = [&](int world, int64_t per_device, int64_t accumulation, int64_t step) {
+    std::multiset<int32_t> ids;
+    for (int r = 0; r < world; ++r) {
+      ShardedLoader loader(d, 11, r, world, per_device, accumulation);
+      for (int64_t m = 0; m < accumulation; ++m) {
+        HostMicroBatch b = loader.micro_batch(step, m);
+        for (size_t t = 0; t < b.tokens.size(); t += 2) ids.insert(b.tokens[t]);
+        EXPECT_EQ(b.target_count, per_device);
+      }
+    }
+    return ids;
+  };
+  for (int64_t step : {0, 3, 5}) {  // step 3 crosses into the second epoch
+    auto reference = collect(1, 1, 12, step);
+    EXPECT_EQ(reference.size(), 12u);
+    EXPECT_EQ(collect(2, 2, 3, step), reference);
+    EXPECT_EQ(collect(3, 1, 4, step), reference);
+    EXPECT_EQ(collect(4, 3, 1, step), reference);
+  }
+  // Within one epoch every sample appears exactly once.
+  std::set<int32_t> epoch;
+  ShardedLoader one(d, 11, 0, 1, 37, 1);
+  HostMicroBatch all = one.micro_batch(0, 0);
+  for (size_t t = 0; t < all.tokens.size(); t += 2) epoch.insert(all.tokens[t]);
+  EXPECT_EQ(epoch.size(), 37u);
+}
+
+TEST(ShardedLoader, PackedDocumentsHaveOwnPositionsAndTargets) {
+  TokenizedSample a{{5, 6, 7}, {0, 1, 1}}, b{{8, 9}, {0, 0}};
+  HostMicroBatch batch;
+  append_document(batch, a);
+  append_document(batch, b);
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{6, 7, -1, -1, -1}));
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 0, 1}));
+  EXPECT_EQ(batch.doc_start, (std::vector<int32_t>{0, 0, 0, 3, 3}));
+  EXPECT_EQ(batch.target_count, 2);
+}
+
+TEST(ConversationReader, ReportsEveryBadLineWithFileAndLine) {
+  const std::string path = temp_file(
+      "bad.jsonl",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}\n"
+      "{\"messages\": [{\"role\": \"wizard\", \"content\": \"q\"}]}\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"only a question\"}]}\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n"
+      "[1, 2]\n");
+  auto r = read_conversations(path);
+  ASSERT_FALSE(r.is_ok());
+  const std::string& m = r.status().message();
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_NE(m.find("5 bad sample(s)"), std::string::npos) << m;
+  EXPECT_NE(m.find("bad.jsonl:2: malformed JSON"), std::string::npos) << m;
+  EXPECT_NE(m.find("bad.jsonl:3: messages[0] has unknown role \"wizard\""), std::string::npos) << m;
+  EXPECT_NE(m.find("bad.jsonl:4: no assistant message"), std::string::npos) << m;
+  EXPECT_NE(m.find("bad.jsonl:5: messages[0] has empty content"), std::string::npos) << m;
+  EXPECT_NE(m.find("bad.jsonl:6: expected a JSON object"), std::string::npos) << m;
+  EXPECT_FALSE(read_conversations("/nonexistent/x.jsonl").is_ok());
+}
+
+Result<CliOptions> parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "glm_hpc");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  return parse_options(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(Options, DefaultsAreTheTinyRecipeAndTheCommandLineOverridesTheConfig) {
+  auto d = parse({});
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(d.value().train.model.hidden_size, 128);
+  EXPECT_EQ(d.value().train.model.rope_theta, 5e6);
+  EXPECT_EQ(d.value().effective["hidden_size"]["source"], "default");
+  const std::string cfg = temp_file("ok.cfg", "# comment\nhidden_size = 64\nnum_attention_heads = 4 # inline\n"
+                                              "head_dim = 16\nrope_ratio = 10000\nlearning_rate = 1e-4\n");
+  auto o = parse({"--config", cfg, "--learning_rate", "3e-4"});
+  ASSERT_TRUE(o.is_ok()) << o.status().message();
+  EXPECT_EQ(o.value().train.model.hidden_size, 64);
+  EXPECT_EQ(o.value().train.model.rope_theta, 1e8);
+  EXPECT_DOUBLE_EQ(o.value().train.learning_rate, 3e-4);
+  EXPECT_EQ(o.value().effective["hidden_size"]["source"], "config");
+  EXPECT_EQ(o.value().effective["learning_rate"]["source"], "command_line");
+}
+
+void expect_user_error(const Result<CliOptions>& r, const std::string& needle) {
+  ASSERT_FALSE(r.is_ok()) << "expected an error containing: " << needle;
+  EXPECT_EQ(r.status().exit_code(), 2);
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+}
+
+TEST(Options, BadInputNamesTheOptionOrFileLine) {
+  expect_user_error(parse({"--config", "/nonexistent.cfg"}), "cannot open config file '/nonexistent.cfg'");
+  expect_user_error(parse({"--no_such_option", "1"}), "no_such_option");
+  expect_user_error(parse({"--hidden_size", "abc"}), "hidden_size");
+  expect_user_error(parse({"fly"}), "unknown command 'fly'");
+  expect_user_error(parse({"--config", temp_file("u.cfg", "hidden_size = 64\n\nbogus_key = 1\n")}),
+                    "u.cfg:3: unknown option 'bogus_key'");
+  expect_user_error(parse({"--config", temp_file("v.cfg", "max_steps = 3\nhidden_size = lots\n")}), "v.cfg:2:");
+  expect_user_error(parse({"--config", temp_file("s.cfg", "max_steps 3\n")}), "s.cfg:1: expected 'key = value'");
+  expect_user_error(parse({"--config", temp_file("d.cfg", "max_steps = 3\nmax_steps = 4\n")}),
+                    "d.cfg:2: 'max_steps' is already set on line 1");
+  expect_user_error(parse({"--config", temp_file("k.cfg", "num_attention_heads = 4\nnum_key_value_heads = 3\n")}),
+                    "k.cfg:1: num_attention_heads: invalid model shape");
+  expect_user_error(parse({"--head_dim", "6"}), "even integer");
+  expect_user_error(parse({"--head_dim", "0", "--hidden_size", "130"}), "divisible by num_attention_heads");
+  expect_user_error(parse({"--rope_ratio", "500", "--rope_theta", "10000"}), "contradicts");
+  expect_user_error(parse({"--per_device_train_batch_size", "0"}), "--per_device_train_batch_size must be >= 1");
+  expect_user_error(parse({"--device", "tpu"}), "--device must be auto, cpu or cuda");
+  expect_user_error(parse({"--max_length", "4096", "--max_position_embeddings", "1024"}), "exceeds max_position");
+}
+
+TEST(Options, HelpListsEveryOptionWithDefault) {
+  const std::string h = help_text();
+  for (const char* name : {"--per_device_train_batch_size", "--gradient_accumulation_steps", "--learning_rate",
+                           "--warmup_ratio", "--max_steps", "--device", "--output_dir", "--num_key_value_heads",
+                           "--rope_ratio", "--dataset", "--logging_steps", "--max_grad_norm"})
+    EXPECT_NE(h.find(name), std::string::npos) << name;
+  EXPECT_NE(h.find("(=0.002)"), std::string::npos) << "defaults are shown";
+}
+
+}  // namespace
+}  // namespace glm::test

@@ -1,0 +1,51 @@
+// Shared test helpers: deterministic random data and finite-difference gradient checks.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "data/sharded_loader.h"
+
+namespace glm::test {
+
+// Values in [-scale, scale): never zeros, never a pattern the kernels could special-case.
+inline std::vector<double> random_vector(size_t n, uint64_t seed, double scale = 1.0) {
+  SplitMix64 rng(seed);
+  std::vector<double> v(n);
+  for (auto& x : v) x = scale * (2.0 * rng.uniform() - 1.0);
+  return v;
+}
+
+// Central differences of loss() with respect to every element of x, compared with analytic:
+// |fd - analytic| <= tolerance * max(|fd|, |analytic|) + atol. atol covers the roundoff of the
+// difference quotient itself (~1e-16 x |loss| / step), so near-zero gradients do not flake.
+inline void expect_gradient_matches(const std::function<double()>& loss, std::vector<double>& x,
+                                    const std::vector<double>& analytic, double tolerance, const char* what,
+                                    double step = 1e-5, double atol = 1e-9) {
+  ASSERT_EQ(x.size(), analytic.size()) << what;
+  int failures = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + step;
+    const double up = loss();
+    x[i] = saved - step;
+    const double down = loss();
+    x[i] = saved;
+    const double fd = (up - down) / (2 * step);
+    const double bound = tolerance * std::max(std::fabs(fd), std::fabs(analytic[i])) + atol;
+    if (!(std::fabs(fd - analytic[i]) <= bound) && ++failures <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: finite difference " << fd << " vs analytic " << analytic[i];
+  }
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << x.size() << " gradient entries differ";
+}
+
+inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace glm::test
