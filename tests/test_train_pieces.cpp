@@ -188,3 +188,31 @@ TEST(Options, HelpListsEveryOptionWithDefault) {
 
 }  // namespace
 }  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+TEST(Configs, ShippedConfigsParseWithTheSpecShapes) {
+  const std::string dir = std::string(GLM_SOURCE_DIR) + "/configs/";
+  auto tiny = parse({"--config", dir + "glm4-tiny.cfg"});
+  ASSERT_TRUE(tiny.is_ok()) << tiny.status().message();
+  auto builtin = parse({});
+  ASSERT_TRUE(builtin.is_ok());
+  // The embedded default and configs/glm4-tiny.cfg describe the same model and recipe.
+  for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                          "num_key_value_heads", "head_dim", "rope_theta", "partial_rotary_factor", "max_length",
+                          "per_device_train_batch_size", "learning_rate", "num_train_epochs", "warmup_ratio"})
+    EXPECT_EQ(tiny.value().effective[key]["value"], builtin.value().effective[key]["value"]) << key;
+  auto chat = parse({"--config", dir + "glm4-9b-chat.cfg"});
+  ASSERT_TRUE(chat.is_ok()) << chat.status().message();
+  EXPECT_EQ(chat.value().train.model.parameter_count(), 9399951360LL);
+  EXPECT_EQ(chat.value().train.model.rope_theta, 5e6);
+  EXPECT_EQ(chat.value().train.model.rotary_dim(), 64);
+  auto long_ctx = parse({"--config", dir + "glm4-9b-chat-1m.cfg"});
+  ASSERT_TRUE(long_ctx.is_ok()) << long_ctx.status().message();
+  EXPECT_EQ(long_ctx.value().train.model.parameter_count(), 9483857920LL);
+  EXPECT_EQ(long_ctx.value().train.model.rope_theta, 1e8);
+}
+
+}  // namespace
+}  // namespace glm::test

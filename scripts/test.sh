@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up, builds (warnings are errors) and runs every test: unit, mpi, and gpu (skipped without a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh -DGLM_WERROR=ON
+source scripts/mpi_env.sh
+cd build
+ctest --output-on-failure --parallel 2 "$@"
