@@ -8,9 +8,7 @@ namespace glm {
 
 enum class DType : uint8_t { f32, f64, bf16, i32 };
 
-constexpr size_t dtype_size(DType d) {
-  return d == DType::f64 ? 8 : (d == DType::bf16 ? 2 : 4);
-}
+constexpr size_t dtype_size(DType d) { return d == DType::f64 ? 8 : (d == DType::bf16 ? 2 : 4); }
 constexpr const char* dtype_name(DType d) {
   return d == DType::f32 ? "f32" : d == DType::f64 ? "f64" : d == DType::bf16 ? "bf16" : "i32";
 }

@@ -44,8 +44,8 @@ std::string rank_prefix() {
 
 void fatal(const char* file, int line, const std::string& reason, int exit_code) {
   const char* base = std::strrchr(file, '/');
-  std::fprintf(stderr, "glm_hpc: fatal: %s at %s:%d: %s\n", rank_prefix().c_str(),
-               base != nullptr ? base + 1 : file, line, reason.c_str());
+  std::fprintf(stderr, "glm_hpc: fatal: %s at %s:%d: %s\n", rank_prefix().c_str(), base != nullptr ? base + 1 : file,
+               line, reason.c_str());
   std::fflush(stderr);
   std::vector<std::function<void()>> to_run;
   {

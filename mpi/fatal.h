@@ -23,13 +23,13 @@ std::string rank_prefix();
 
 #define GLM_FATAL(...) ::glm::fatal(__FILE__, __LINE__, ::glm::concat(__VA_ARGS__))
 
-#define GLM_CHECK(cond, ...)                                                           \
-  do {                                                                                 \
+#define GLM_CHECK(cond, ...)                                                                               \
+  do {                                                                                                     \
     if (!(cond)) ::glm::fatal(__FILE__, __LINE__, ::glm::concat("check failed: " #cond " ", __VA_ARGS__)); \
   } while (0)
 
-#define GLM_CHECK_OK(expr)                                  \
-  do {                                                      \
-    ::glm::Status glm_status_ = (expr);                     \
+#define GLM_CHECK_OK(expr)                                      \
+  do {                                                          \
+    ::glm::Status glm_status_ = (expr);                         \
     if (!glm_status_.is_ok()) ::glm::fatal_status(glm_status_); \
   } while (0)

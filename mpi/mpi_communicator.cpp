@@ -14,24 +14,36 @@ namespace glm {
 
 size_t comm_type_size(CommType type) {
   switch (type) {
-    case CommType::f32: return 4;
-    case CommType::f64: return 8;
-    case CommType::bf16: return 2;
-    case CommType::i32: return 4;
-    case CommType::i64: return 8;
-    case CommType::u8: return 1;
+    case CommType::f32:
+      return 4;
+    case CommType::f64:
+      return 8;
+    case CommType::bf16:
+      return 2;
+    case CommType::i32:
+      return 4;
+    case CommType::i64:
+      return 8;
+    case CommType::u8:
+      return 1;
   }
   return 0;
 }
 
 const char* comm_type_name(CommType type) {
   switch (type) {
-    case CommType::f32: return "f32";
-    case CommType::f64: return "f64";
-    case CommType::bf16: return "bf16";
-    case CommType::i32: return "i32";
-    case CommType::i64: return "i64";
-    case CommType::u8: return "u8";
+    case CommType::f32:
+      return "f32";
+    case CommType::f64:
+      return "f64";
+    case CommType::bf16:
+      return "bf16";
+    case CommType::i32:
+      return "i32";
+    case CommType::i64:
+      return "i64";
+    case CommType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -82,12 +94,18 @@ void bf16_min(void* in, void* inout, int* len, MPI_Datatype* t) { bf16_reduce(in
 
 MPI_Datatype mpi_type(CommType type) {
   switch (type) {
-    case CommType::f32: return MPI_FLOAT;
-    case CommType::f64: return MPI_DOUBLE;
-    case CommType::bf16: return MPI_UINT16_T;
-    case CommType::i32: return MPI_INT32_T;
-    case CommType::i64: return MPI_INT64_T;
-    case CommType::u8: return MPI_UINT8_T;
+    case CommType::f32:
+      return MPI_FLOAT;
+    case CommType::f64:
+      return MPI_DOUBLE;
+    case CommType::bf16:
+      return MPI_UINT16_T;
+    case CommType::i32:
+      return MPI_INT32_T;
+    case CommType::i64:
+      return MPI_INT64_T;
+    case CommType::u8:
+      return MPI_UINT8_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -103,9 +121,12 @@ MPI_Op mpi_op(ReduceOp op, CommType type) {
     return ops[index];
   }
   switch (op) {
-    case ReduceOp::sum: return MPI_SUM;
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
@@ -212,8 +233,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::start_all_reduce(const void* send,
 
 std::unique_ptr<CommRequest> MpiCommunicator::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                                                    CommType type, ReduceOp op) {
-  auto req = std::make_unique<MpiRequest>(concat("reduce_scatter(", recv_count, " x ", comm_type_name(type), ")"),
-                                          timeout_);
+  auto req =
+      std::make_unique<MpiRequest>(concat("reduce_scatter(", recv_count, " x ", comm_type_name(type), ")"), timeout_);
   if (recv_count > kMaxMpiCount) {
     req->fail(GLM_ERROR(ErrorKind::internal, "reduce_scatter block of ", recv_count,
                         " elements exceeds MPI's 2^31 count limit; use smaller buckets"));
@@ -231,8 +252,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::start_reduce_scatter(const void* s
 
 std::unique_ptr<CommRequest> MpiCommunicator::start_all_gather(const void* send, void* recv, size_t send_count,
                                                                CommType type) {
-  auto req = std::make_unique<MpiRequest>(concat("all_gather(", send_count, " x ", comm_type_name(type), ")"),
-                                          timeout_);
+  auto req =
+      std::make_unique<MpiRequest>(concat("all_gather(", send_count, " x ", comm_type_name(type), ")"), timeout_);
   if (send_count > kMaxMpiCount) {
     req->fail(GLM_ERROR(ErrorKind::internal, "all_gather block of ", send_count,
                         " elements exceeds MPI's 2^31 count limit; use smaller buckets"));
@@ -240,9 +261,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::start_all_gather(const void* send,
   }
   // In place when send already sits at this rank's block of recv.
   const size_t elem = comm_type_size(type);
-  const void* s = send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * send_count * elem
-                      ? MPI_IN_PLACE
-                      : send;
+  const void* s =
+      send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * send_count * elem ? MPI_IN_PLACE : send;
   MPI_Request mr;
   int rc = MPI_Iallgather(s, static_cast<int>(send_count), mpi_type(type), recv, static_cast<int>(send_count),
                           mpi_type(type), comm_, &mr);
@@ -259,8 +279,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::start_broadcast(void* buffer, size
   for (size_t offset = 0; offset < count; offset += kMaxMpiCount) {
     size_t n = std::min(kMaxMpiCount, count - offset);
     MPI_Request mr;
-    int rc = MPI_Ibcast(static_cast<char*>(buffer) + offset * elem, static_cast<int>(n), mpi_type(type), root, comm_,
-                        &mr);
+    int rc =
+        MPI_Ibcast(static_cast<char*>(buffer) + offset * elem, static_cast<int>(n), mpi_type(type), root, comm_, &mr);
     if (rc != MPI_SUCCESS) {
       req->fail(GLM_ERROR(ErrorKind::comm, "MPI_Ibcast failed: ", mpi_error_string(rc)));
       break;

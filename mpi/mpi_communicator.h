@@ -22,8 +22,8 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<CommRequest> start_all_reduce(const void* send, void* recv, size_t count, CommType type,
                                                 ReduceOp op) override;
-  std::unique_ptr<CommRequest> start_reduce_scatter(const void* send, void* recv, size_t recv_count,
-                                                    CommType type, ReduceOp op) override;
+  std::unique_ptr<CommRequest> start_reduce_scatter(const void* send, void* recv, size_t recv_count, CommType type,
+                                                    ReduceOp op) override;
   std::unique_ptr<CommRequest> start_all_gather(const void* send, void* recv, size_t send_count,
                                                 CommType type) override;
   std::unique_ptr<CommRequest> start_broadcast(void* buffer, size_t count, CommType type, int root) override;

@@ -20,8 +20,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &info_.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &info_.world_size);
   MPI_Comm local = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.rank, MPI_INFO_NULL, &local) !=
-      MPI_SUCCESS)
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.rank, MPI_INFO_NULL, &local) != MPI_SUCCESS)
     GLM_FATAL("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
   MPI_Comm_rank(local, &info_.local_rank);
   MPI_Comm_size(local, &info_.local_size);

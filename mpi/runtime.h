@@ -43,13 +43,13 @@ AgreedStatus agree_on_status(const Status& local, MPI_Comm comm);
 }  // namespace glm
 
 // Checks an MPI call and turns failure into a Status carrying the MPI error string.
-#define GLM_MPI_RETURN_IF_ERROR(call)                                                    \
-  do {                                                                                   \
-    int glm_mpi_rc_ = (call);                                                            \
-    if (glm_mpi_rc_ != MPI_SUCCESS) {                                                    \
-      char glm_mpi_msg_[MPI_MAX_ERROR_STRING] = {0};                                     \
-      int glm_mpi_len_ = 0;                                                              \
-      MPI_Error_string(glm_mpi_rc_, glm_mpi_msg_, &glm_mpi_len_);                        \
-      return GLM_ERROR(::glm::ErrorKind::comm, #call " failed: ", glm_mpi_msg_);         \
-    }                                                                                    \
+#define GLM_MPI_RETURN_IF_ERROR(call)                                            \
+  do {                                                                           \
+    int glm_mpi_rc_ = (call);                                                    \
+    if (glm_mpi_rc_ != MPI_SUCCESS) {                                            \
+      char glm_mpi_msg_[MPI_MAX_ERROR_STRING] = {0};                             \
+      int glm_mpi_len_ = 0;                                                      \
+      MPI_Error_string(glm_mpi_rc_, glm_mpi_msg_, &glm_mpi_len_);                \
+      return GLM_ERROR(::glm::ErrorKind::comm, #call " failed: ", glm_mpi_msg_); \
+    }                                                                            \
   } while (0)

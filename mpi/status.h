@@ -34,7 +34,7 @@ class Status {
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {}  // NOLINT
   bool is_ok() const { return status_.is_ok(); }
   const Status& status() const { return status_; }
@@ -63,15 +63,14 @@ std::string concat(Args&&... args) {
 #define GLM_CONCAT_INNER(a, b) a##b
 #define GLM_CONCAT(a, b) GLM_CONCAT_INNER(a, b)
 
-#define GLM_RETURN_IF_ERROR(expr)                    \
-  do {                                               \
-    ::glm::Status glm_status_ = (expr);              \
-    if (!glm_status_.is_ok()) return glm_status_;   \
+#define GLM_RETURN_IF_ERROR(expr)                 \
+  do {                                            \
+    ::glm::Status glm_status_ = (expr);           \
+    if (!glm_status_.is_ok()) return glm_status_; \
   } while (0)
 
 // GLM_ASSIGN_OR_RETURN(auto x, make_x()); evaluates a Result<T>, returns its status on error.
-#define GLM_ASSIGN_OR_RETURN(lhs, expr)                                  \
-  auto GLM_CONCAT(glm_result_, __LINE__) = (expr);                       \
-  if (!GLM_CONCAT(glm_result_, __LINE__).is_ok())                        \
-    return GLM_CONCAT(glm_result_, __LINE__).status();                   \
+#define GLM_ASSIGN_OR_RETURN(lhs, expr)                                                              \
+  auto GLM_CONCAT(glm_result_, __LINE__) = (expr);                                                   \
+  if (!GLM_CONCAT(glm_result_, __LINE__).is_ok()) return GLM_CONCAT(glm_result_, __LINE__).status(); \
   lhs = GLM_CONCAT(glm_result_, __LINE__).take()

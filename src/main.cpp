@@ -54,8 +54,8 @@ glm::Status choose_backend(const glm::CliOptions& o, std::string& backend) {
   // The CUDA backend arrives with its own issue; until then auto means cpu and cuda is refused.
   const int gpus = gpu_count();
   if (o.device == "cuda")
-    return GLM_USER_ERROR("--device cuda: the CUDA training backend is not part of this build yet (",
-                          gpus, " GPU(s) visible); use --device cpu");
+    return GLM_USER_ERROR("--device cuda: the CUDA training backend is not part of this build yet (", gpus,
+                          " GPU(s) visible); use --device cpu");
   backend = "cpu";
   return glm::Status::ok();
 }
@@ -78,11 +78,10 @@ int main(int argc, char** argv) {
   if (int code = settle(choose_backend(options, backend_name))) return code;
 
   glm::ByteTokenizer tokenizer;
-  glm::Status vocab_ok =
-      options.train.model.vocab_size >= tokenizer.vocab_size()
-          ? glm::Status::ok()
-          : GLM_USER_ERROR("vocab_size (", options.train.model.vocab_size, ") is smaller than the tokenizer's ",
-                           tokenizer.vocab_size(), " ids");
+  glm::Status vocab_ok = options.train.model.vocab_size >= tokenizer.vocab_size()
+                             ? glm::Status::ok()
+                             : GLM_USER_ERROR("vocab_size (", options.train.model.vocab_size,
+                                              ") is smaller than the tokenizer's ", tokenizer.vocab_size(), " ids");
   if (int code = settle(vocab_ok)) return code;
 
   auto dataset = glm::load_dataset(options.train.datasets, tokenizer, options.train.max_length);

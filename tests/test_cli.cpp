@@ -98,8 +98,8 @@ TEST(Cli, HelpListsOptionsOnce) {
 TEST(Cli, ShortRunWritesArgsAndLog) {
   const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "run";
   std::filesystem::remove_all(out);
-  RunResult r = run_glm(kTiny + "--max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 --output_dir " +
-                        out.string(), 3);
+  RunResult r = run_glm(
+      kTiny + "--max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 --output_dir " + out.string(), 3);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count(r.output, "step "), 3) << r.output;
   std::ifstream args(out / "args.json");
@@ -114,7 +114,8 @@ TEST(Cli, ShortRunWritesArgsAndLog) {
   while (std::getline(log, line)) {
     auto rec = nlohmann::json::parse(line);
     EXPECT_EQ(rec["step"], ++lines);
-    for (const char* key : {"loss", "learning_rate", "grad_norm", "tokens_per_second", "elapsed_seconds", "eta_seconds"})
+    for (const char* key :
+         {"loss", "learning_rate", "grad_norm", "tokens_per_second", "elapsed_seconds", "eta_seconds"})
       EXPECT_TRUE(rec.contains(key)) << key;
   }
   EXPECT_EQ(lines, 3);

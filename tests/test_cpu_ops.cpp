@@ -80,13 +80,13 @@ TEST(CpuOps, LinearGradient) {
       EXPECT_NEAR(y[t * out_f + o], r, 1e-12);
     }
   std::vector<double> dx(n * in, 123.0), dweight(weight.size(), 0.0), dbias(out_f, 0.0);
-  cpu::linear_backward(dx.data(), dweight.data(), dbias.data(), w.data(), x.data(), weight.data(), n, in, out_f,
-                       false);
+  cpu::linear_backward(dx.data(), dweight.data(), dbias.data(), w.data(), x.data(), weight.data(), n, in, out_f, false);
   expect_gradient_matches(loss, x, dx, kGradTolerance, "dx");
   expect_gradient_matches(loss, weight, dweight, kGradTolerance, "dweight");
   expect_gradient_matches(loss, bias, dbias, kGradTolerance, "dbias");
   std::vector<double> acc = dx;
-  cpu::linear_backward(acc.data(), static_cast<double*>(nullptr), static_cast<double*>(nullptr), w.data(), x.data(), weight.data(), n, in, out_f, true);
+  cpu::linear_backward(acc.data(), static_cast<double*>(nullptr), static_cast<double*>(nullptr), w.data(), x.data(),
+                       weight.data(), n, in, out_f, true);
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(acc[i], 2 * dx[i], 1e-12);
 }
 

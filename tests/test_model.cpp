@@ -110,9 +110,9 @@ TEST(Glm4Model, GradientsAccumulateAcrossMicroBatches) {
   auto model = Glm4Model::create(config, *backend, 16).take();
   std::vector<double> params(static_cast<size_t>(model->layout().total_numel())), once(params.size(), 0.0),
       twice(params.size(), 0.0);
-  ASSERT_TRUE(initialize_parameters(config, 5, *backend, Tensor{params.data(), static_cast<int64_t>(params.size()),
-                                                                DType::f64})
-                  .is_ok());
+  ASSERT_TRUE(
+      initialize_parameters(config, 5, *backend, Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
+          .is_ok());
   HostBatch hb = two_document_batch();
   VectorParameters p1(model->layout(), params, once), p2(model->layout(), params, twice);
   ASSERT_TRUE(model->forward_backward(hb.view(), 0.25, p1).is_ok());
@@ -192,8 +192,10 @@ TEST(Initialisation, DeterministicAndIndependentOfAllocation) {
   auto backend = make_cpu_backend(DType::f64);
   ParamLayout layout(c);
   std::vector<double> a(static_cast<size_t>(layout.total_numel()), 3.0), b(a.size(), -1.0);
-  ASSERT_TRUE(initialize_parameters(c, 7, *backend, Tensor{a.data(), static_cast<int64_t>(a.size()), DType::f64}).is_ok());
-  ASSERT_TRUE(initialize_parameters(c, 7, *backend, Tensor{b.data(), static_cast<int64_t>(b.size()), DType::f64}).is_ok());
+  ASSERT_TRUE(
+      initialize_parameters(c, 7, *backend, Tensor{a.data(), static_cast<int64_t>(a.size()), DType::f64}).is_ok());
+  ASSERT_TRUE(
+      initialize_parameters(c, 7, *backend, Tensor{b.data(), static_cast<int64_t>(b.size()), DType::f64}).is_ok());
   EXPECT_EQ(a, b);
   const auto& norm = layout.entry(layout.layer(1).post_norm);
   EXPECT_EQ(a[norm.offset], 1.0);

@@ -39,18 +39,19 @@ TEST(LrSchedule, WarmupThenCosineLikeTransformers) {
 TEST(ChatTemplate, TargetsAreAssistantNewlineContentAndTerminator) {
   ByteTokenizer tok;
   Conversation c;
-  c.messages = {{Role::system, "S"}, {Role::user, "Q"}, {Role::assistant, "AB"}, {Role::user, "R"},
-                {Role::assistant, "C"}};
+  c.messages = {
+      {Role::system, "S"}, {Role::user, "Q"}, {Role::assistant, "AB"}, {Role::user, "R"}, {Role::assistant, "C"}};
   TokenizedSample s = ChatTemplate(tok).render(c);
   const int32_t g = tok.special_id(SpecialToken::gmask), sop = tok.special_id(SpecialToken::sop);
   const int32_t sys = tok.special_id(SpecialToken::system), usr = tok.special_id(SpecialToken::user);
   const int32_t ast = tok.special_id(SpecialToken::assistant);
-  const std::vector<int32_t> expected = {g, sop, sys, '\n', 'S', usr, '\n', 'Q', ast, '\n', 'A', 'B',
-                                         usr, '\n', 'R', ast, '\n', 'C', usr};
+  const std::vector<int32_t> expected = {g,   sop, sys, '\n', 'S', usr, '\n', 'Q', ast, '\n',
+                                         'A', 'B', usr, '\n', 'R', ast, '\n', 'C', usr};
   const std::vector<uint8_t> mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1};
   EXPECT_EQ(s.tokens, expected);
   EXPECT_EQ(s.target_mask, mask);
-  EXPECT_EQ(tok.decode(s.tokens), "[gMASK]<sop><|system|>\nS<|user|>\nQ<|assistant|>\nAB<|user|>\nR<|assistant|>\nC<|user|>");
+  EXPECT_EQ(tok.decode(s.tokens),
+            "[gMASK]<sop><|system|>\nS<|user|>\nQ<|assistant|>\nAB<|user|>\nR<|assistant|>\nC<|user|>");
   // Special-token text inside content stays ordinary bytes.
   Conversation lit;
   lit.messages = {{Role::user, "<|user|>"}, {Role::assistant, "x"}};
@@ -139,8 +140,9 @@ TEST(Options, DefaultsAreTheTinyRecipeAndTheCommandLineOverridesTheConfig) {
   EXPECT_EQ(d.value().train.model.hidden_size, 128);
   EXPECT_EQ(d.value().train.model.rope_theta, 5e6);
   EXPECT_EQ(d.value().effective["hidden_size"]["source"], "default");
-  const std::string cfg = temp_file("ok.cfg", "# comment\nhidden_size = 64\nnum_attention_heads = 4 # inline\n"
-                                              "head_dim = 16\nrope_ratio = 10000\nlearning_rate = 1e-4\n");
+  const std::string cfg = temp_file("ok.cfg",
+                                    "# comment\nhidden_size = 64\nnum_attention_heads = 4 # inline\n"
+                                    "head_dim = 16\nrope_ratio = 10000\nlearning_rate = 1e-4\n");
   auto o = parse({"--config", cfg, "--learning_rate", "3e-4"});
   ASSERT_TRUE(o.is_ok()) << o.status().message();
   EXPECT_EQ(o.value().train.model.hidden_size, 64);

@@ -157,8 +157,7 @@ void rope_rotate(T* qkv, const int32_t* positions, int64_t n, AttentionShape sha
 }  // namespace
 
 template <typename T>
-void rope_forward(T* qkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
-                  double base) {
+void rope_forward(T* qkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim, double base) {
   rope_rotate(qkv, positions, n, shape, rotary_dim, base, T(1));
 }
 
@@ -292,7 +291,8 @@ int64_t cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* tar
     const double lse = mx + std::log(sum);
     losses[t] = static_cast<T>(lse - static_cast<double>(z[targets[t]]));
     if (dz != nullptr) {
-      for (int64_t v = 0; v < vocab; ++v) dz[v] = static_cast<T>(std::exp(static_cast<double>(z[v]) - lse) * grad_scale);
+      for (int64_t v = 0; v < vocab; ++v)
+        dz[v] = static_cast<T>(std::exp(static_cast<double>(z[v]) - lse) * grad_scale);
       dz[targets[t]] -= static_cast<T>(grad_scale);
     }
   }
@@ -330,7 +330,7 @@ void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, co
   }
 }
 
-#define GLM_INSTANTIATE_CPU_OPS(T)                                                                              \
+#define GLM_INSTANTIATE_CPU_OPS(T)                                                                             \
   template void embedding_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t);                          \
   template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t);                         \
   template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);                      \

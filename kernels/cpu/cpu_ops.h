@@ -46,8 +46,7 @@ template <typename T>
 void rope_forward(T* qkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim, double base);
 // Gradient of rope_forward: rotation by the negative angle, in place.
 template <typename T>
-void rope_backward(T* dqkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
-                   double base);
+void rope_backward(T* dqkv, const int32_t* positions, int64_t n, AttentionShape shape, int64_t rotary_dim, double base);
 
 // Causal grouped-query attention over packed documents: token t attends to s in [doc_start[t], t].
 // out [n, heads * head_dim]; lse [n, heads] = log-sum-exp of the scaled scores (for backward).

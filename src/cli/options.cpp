@@ -95,18 +95,18 @@ class OptionTable {
     add(model, "max_position_embeddings", &m.max_position_embeddings, "longest supported sequence (seq_length)");
     model.add_options()("rope_ratio", po::value<double>()->value_name("R"),
                         "RoPE base multiplier: rope_theta = 10000 x rope_ratio (default 500)")(
-        "rope_theta", po::value<double>()->value_name("THETA"),
-        "RoPE base (alternative to rope_ratio; default 5e6)");
+        "rope_theta", po::value<double>()->value_name("THETA"), "RoPE base (alternative to rope_ratio; default 5e6)");
     add(model, "partial_rotary_factor", &m.partial_rotary_factor, "fraction of each head's dims that RoPE rotates");
     add(model, "rms_norm_eps", &m.rms_norm_eps, "RMSNorm epsilon (layernorm_epsilon)");
     add(model, "initializer_range", &m.initializer_range, "std of the normal initialisation of weights");
 
     po::options_description data("Data");
-    data.add_options()("dataset", po::value<std::vector<std::string>>(&t.datasets)
-                                      ->multitoken()
-                                      ->composing()
-                                      ->default_value(t.datasets, "data/sample/conversations.jsonl")
-                                      ->value_name("FILE..."),
+    data.add_options()("dataset",
+                       po::value<std::vector<std::string>>(&t.datasets)
+                           ->multitoken()
+                           ->composing()
+                           ->default_value(t.datasets, "data/sample/conversations.jsonl")
+                           ->value_name("FILE..."),
                        "messages-style jsonl conversation files");
     getters_.emplace_back("dataset", [&t] { return nlohmann::json(t.datasets); });
     add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
@@ -196,9 +196,9 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
     const std::string field = msg.substr(0, msg.find_first_of(" ("));
     return GLM_USER_ERROR(src.where(field), ": invalid model shape: ", msg);
   }
-  GLM_RETURN_IF_ERROR(check(t.max_length <= t.model.max_position_embeddings, src, "max_length",
-                            concat("(", t.max_length, ") exceeds max_position_embeddings (",
-                                   t.model.max_position_embeddings, ")")));
+  GLM_RETURN_IF_ERROR(
+      check(t.max_length <= t.model.max_position_embeddings, src, "max_length",
+            concat("(", t.max_length, ") exceeds max_position_embeddings (", t.model.max_position_embeddings, ")")));
   return Status::ok();
 }
 
@@ -277,7 +277,7 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   values["config"] = o.config_file;
   o.effective = nlohmann::json::object();
   for (auto& [name, value] : values.items()) {
-    const char* source = src.command_line.count(name) ? "command_line"
+    const char* source = src.command_line.count(name)   ? "command_line"
                          : src.config_lines.count(name) ? "config"
                                                         : "default";
     o.effective[name] = {{"value", value}, {"source", source}};

@@ -12,10 +12,14 @@ int64_t TokenizedSample::target_count() const {
 namespace {
 SpecialToken role_token(Role r) {
   switch (r) {
-    case Role::system: return SpecialToken::system;
-    case Role::user: return SpecialToken::user;
-    case Role::assistant: return SpecialToken::assistant;
-    case Role::observation: return SpecialToken::observation;
+    case Role::system:
+      return SpecialToken::system;
+    case Role::user:
+      return SpecialToken::user;
+    case Role::assistant:
+      return SpecialToken::assistant;
+    case Role::observation:
+      return SpecialToken::observation;
   }
   return SpecialToken::user;
 }

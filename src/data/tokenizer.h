@@ -12,8 +12,21 @@ namespace glm {
 
 // The 14 GLM-4 special tokens in id order (GLM4_SPEC.md 5.3).
 enum class SpecialToken : int {
-  endoftext, mask, gmask, smask, sop, eop, system, user, assistant, observation,
-  begin_of_image, end_of_image, begin_of_video, end_of_video, count
+  endoftext,
+  mask,
+  gmask,
+  smask,
+  sop,
+  eop,
+  system,
+  user,
+  assistant,
+  observation,
+  begin_of_image,
+  end_of_image,
+  begin_of_video,
+  end_of_video,
+  count
 };
 const char* special_token_text(SpecialToken t);
 

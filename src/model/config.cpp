@@ -23,8 +23,7 @@ Status ModelConfig::finalize_and_validate() {
   GLM_RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
   GLM_RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
   GLM_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
-  if (vocab_size > INT32_MAX)
-    return GLM_USER_ERROR("vocab_size ", vocab_size, " does not fit 32-bit token ids");
+  if (vocab_size > INT32_MAX) return GLM_USER_ERROR("vocab_size ", vocab_size, " does not fit 32-bit token ids");
   if (num_attention_heads % num_key_value_heads != 0)
     return GLM_USER_ERROR("num_attention_heads (", num_attention_heads, ") must be divisible by num_key_value_heads (",
                           num_key_value_heads, ")");

@@ -9,15 +9,15 @@
 namespace glm {
 
 struct ModelConfig {
-  int64_t vocab_size = 0;             // padded_vocab_size
+  int64_t vocab_size = 0;  // padded_vocab_size
   int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;      // ffn_hidden_size (SwiGLU inner width)
+  int64_t intermediate_size = 0;  // ffn_hidden_size (SwiGLU inner width)
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;    // multi_query_group_num
-  int64_t head_dim = 0;               // kv_channels; 0 = hidden_size / num_attention_heads
+  int64_t num_key_value_heads = 0;  // multi_query_group_num
+  int64_t head_dim = 0;             // kv_channels; 0 = hidden_size / num_attention_heads
   int64_t max_position_embeddings = 0;
-  double rope_theta = 0;              // 10000 x rope_ratio
+  double rope_theta = 0;  // 10000 x rope_ratio
   double partial_rotary_factor = 0.5;
   double rms_norm_eps = 1.5625e-07;
   double initializer_range = 0.02;

@@ -27,8 +27,7 @@ class CpuBackend final : public Backend {
     size_t bytes = static_cast<size_t>(std::max<int64_t>(numel, 1)) * dtype_size(dtype);
     bytes = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, bytes);
-    if (p == nullptr)
-      return GLM_ERROR(ErrorKind::internal, "out of host memory allocating ", bytes, " bytes");
+    if (p == nullptr) return GLM_ERROR(ErrorKind::internal, "out of host memory allocating ", bytes, " bytes");
     std::memset(p, 0, bytes);
     return Buffer(Tensor{p, numel, dtype}, [](void* q) { std::free(q); });
   }

@@ -10,8 +10,7 @@ Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_to
   shape_.head_dim = config.head_dim;
 }
 
-Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend,
-                                                      int64_t max_tokens) {
+Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend, int64_t max_tokens) {
   if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
   std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens));
   GLM_RETURN_IF_ERROR(model->allocate());
@@ -63,9 +62,7 @@ Status Glm4Model::forward_backward(const MicroBatch& batch, double grad_scale, P
   return run(batch, true, grad_scale, params);
 }
 
-Status Glm4Model::forward(const MicroBatch& batch, ParameterProvider& params) {
-  return run(batch, false, 0.0, params);
-}
+Status Glm4Model::forward(const MicroBatch& batch, ParameterProvider& params) { return run(batch, false, 0.0, params); }
 
 Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w) {
   const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
@@ -76,16 +73,16 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w) {
   Tensor ln1 = rows(a.ln1, n, h), qkv = rows(a.qkv, n, config_.qkv_width());
   Tensor attn = rows(a.attn, n, config_.q_width()), mid = rows(a.mid, n, h), ln2 = rows(a.ln2, n, h);
   Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln1, a.rstd1.tensor(), x, view(w, e.input_norm), n, h,
-                                               config_.rms_norm_eps));
-  GLM_RETURN_IF_ERROR(backend_.linear_forward(qkv, ln1, view(w, e.qkv_weight), view(w, e.qkv_bias), n, h,
-                                              config_.qkv_width()));
+  GLM_RETURN_IF_ERROR(
+      backend_.rmsnorm_forward(ln1, a.rstd1.tensor(), x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(
+      backend_.linear_forward(qkv, ln1, view(w, e.qkv_weight), view(w, e.qkv_bias), n, h, config_.qkv_width()));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse.tensor(), qkv, b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(mid, attn, view(w, e.dense), Tensor{}, n, config_.q_width(), h));
   GLM_RETURN_IF_ERROR(backend_.add(mid, mid, x, n * h));
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln2, a.rstd2.tensor(), mid, view(w, e.post_norm), n, h,
-                                               config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(
+      backend_.rmsnorm_forward(ln2, a.rstd2.tensor(), mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
   GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(out, act, view(w, e.four_h_to_h), Tensor{}, n, f, h));
@@ -118,8 +115,8 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   GLM_RETURN_IF_ERROR(backend_.rope_backward(dqkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, view(g, e.qkv_weight), view(g, e.qkv_bias), dqkv,
                                                rows(a.ln1, n, h), view(w, e.qkv_weight), n, h, qkv_w, false));
-  return backend_.rmsnorm_backward(dres, view(g, e.input_norm), dnorm, x, view(w, e.input_norm), a.rstd1.tensor(),
-                                   n, h);
+  return backend_.rmsnorm_backward(dres, view(g, e.input_norm), dnorm, x, view(w, e.input_norm), a.rstd1.tensor(), n,
+                                   h);
 }
 
 Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params) {
@@ -128,8 +125,8 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
 
   GLM_ASSIGN_OR_RETURN(Tensor emb, params.acquire_params(layout_.embedding_unit()));
-  GLM_RETURN_IF_ERROR(backend_.embedding_forward(rows(residual_[0], n, h), view(emb, layout_.embedding()), b.tokens,
-                                                 n, h));
+  GLM_RETURN_IF_ERROR(
+      backend_.embedding_forward(rows(residual_[0], n, h), view(emb, layout_.embedding()), b.tokens, n, h));
   GLM_RETURN_IF_ERROR(params.release_params(layout_.embedding_unit()));
   for (int64_t l = 0; l < layers; ++l) {
     GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(layout_.layer_unit(l)));
@@ -142,8 +139,8 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   GLM_ASSIGN_OR_RETURN(Tensor hw, params.acquire_params(head));
   Tensor last = rows(residual_[static_cast<size_t>(layers)], n, h);
   Tensor normed = rows(final_norm_, n, h);
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(), last, view(hw, layout_.final_norm()), n,
-                                               h, config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(), last, view(hw, layout_.final_norm()), n, h,
+                                               config_.rms_norm_eps));
   Tensor losses = losses_.slice(0, n);
   if (!with_grad) {
     GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, Tensor{}, normed, view(hw, layout_.output()),

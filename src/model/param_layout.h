@@ -42,7 +42,7 @@ class ParamLayout {
   const std::vector<ParamEntry>& entries() const { return entries_; }
   const std::vector<ParamUnit>& units() const { return units_; }
   int64_t total_numel() const { return total_; }  // padded
-  int64_t parameter_count() const;                 // unpadded sum of tensor sizes
+  int64_t parameter_count() const;                // unpadded sum of tensor sizes
   int embedding_unit() const { return 0; }
   int layer_unit(int64_t layer) const { return static_cast<int>(layer) + 1; }
   int head_unit() const { return static_cast<int>(units_.size()) - 1; }

@@ -47,9 +47,8 @@ Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale) {
     s.grad_scale = grad_scale;
     s.step = step_;
     const int64_t n = r.end - r.begin;
-    GLM_RETURN_IF_ERROR(backend_->adamw(params_.slice(r.begin, n), master_.slice(r.begin, n),
-                                        grads.slice(r.begin, n), exp_avg_.slice(r.begin, n),
-                                        exp_avg_sq_.slice(r.begin, n), s));
+    GLM_RETURN_IF_ERROR(backend_->adamw(params_.slice(r.begin, n), master_.slice(r.begin, n), grads.slice(r.begin, n),
+                                        exp_avg_.slice(r.begin, n), exp_avg_sq_.slice(r.begin, n), s));
   }
   return Status::ok();
 }

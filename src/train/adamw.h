@@ -31,7 +31,8 @@ class AdamWOptimizer {
     int64_t begin, end;  // relative to the optimizer's range
     bool decay;
   };
-  AdamWOptimizer(Backend& backend, Tensor params, AdamWOptions options) : backend_(&backend), params_(params), options_(options) {}
+  AdamWOptimizer(Backend& backend, Tensor params, AdamWOptions options)
+      : backend_(&backend), params_(params), options_(options) {}
 
   Backend* backend_;
   Tensor params_;

@@ -15,10 +15,11 @@ Result<LrSchedulerType> parse_lr_scheduler_type(const std::string& name) {
 }
 
 double LrSchedule::at(int64_t step) const {
-  if (step < warmup_steps) return base_lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_steps));
+  if (step < warmup_steps)
+    return base_lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_steps));
   if (type == LrSchedulerType::constant) return base_lr;
-  const double progress = static_cast<double>(step - warmup_steps) /
-                          static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));
+  const double progress =
+      static_cast<double>(step - warmup_steps) / static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));
   if (type == LrSchedulerType::linear) return base_lr * std::max(0.0, 1.0 - progress);
   return base_lr * std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
 }

@@ -36,17 +36,20 @@ void MetricsLogger::print(const std::string& line) const {
 Status MetricsLogger::log(const StepMetrics& m) {
   if (!enabled_) return Status::ok();
   char line[512];
-  std::snprintf(line, sizeof(line),
-                "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | tokens/s %.0f | elapsed %s | eta %s",
-                static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.lr, m.grad_norm,
-                m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(),
-                format_duration(m.eta_seconds).c_str());
+  std::snprintf(
+      line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | tokens/s %.0f | elapsed %s | eta %s",
+      static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.lr, m.grad_norm,
+      m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(), format_duration(m.eta_seconds).c_str());
   print(line);
   if (jsonl_.is_open()) {
-    nlohmann::json j = {{"step", m.step},           {"max_steps", m.max_steps},
-                        {"loss", m.loss},           {"learning_rate", m.lr},
-                        {"grad_norm", m.grad_norm}, {"tokens_per_second", m.tokens_per_second},
-                        {"tokens", m.tokens},       {"elapsed_seconds", m.elapsed_seconds},
+    nlohmann::json j = {{"step", m.step},
+                        {"max_steps", m.max_steps},
+                        {"loss", m.loss},
+                        {"learning_rate", m.lr},
+                        {"grad_norm", m.grad_norm},
+                        {"tokens_per_second", m.tokens_per_second},
+                        {"tokens", m.tokens},
+                        {"elapsed_seconds", m.elapsed_seconds},
                         {"eta_seconds", m.eta_seconds}};
     jsonl_ << j.dump() << '\n';
     jsonl_.flush();

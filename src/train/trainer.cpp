@@ -39,10 +39,14 @@ uint64_t fnv1a(const std::string& s) {
 
 CommType comm_type(DType d) {
   switch (d) {
-    case DType::f64: return CommType::f64;
-    case DType::bf16: return CommType::bf16;
-    case DType::i32: return CommType::i32;
-    case DType::f32: break;
+    case DType::f64:
+      return CommType::f64;
+    case DType::bf16:
+      return CommType::bf16;
+    case DType::i32:
+      return CommType::i32;
+    case DType::f32:
+      break;
   }
   return CommType::f32;
 }
@@ -56,7 +60,8 @@ struct DeviceBatch {
 int64_t total_training_steps(const TrainConfig& c, int64_t dataset_size, int world_size) {
   if (c.max_steps > 0) return c.max_steps;
   const double global = static_cast<double>(c.per_device_train_batch_size * world_size * c.gradient_accumulation_steps);
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(dataset_size) / global)));
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(dataset_size) / global)));
 }
 
 Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& backend, Tensor params) {
@@ -70,9 +75,15 @@ Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& 
     SplitMix64 rng(seed ^ fnv1a(e.name));
     for (int64_t i = 0; i < e.numel; ++i) {
       switch (e.kind) {
-        case ParamKind::norm: host[i] = 1.0; break;
-        case ParamKind::bias: host[i] = 0.0; break;
-        default: host[i] = config.initializer_range * rng.normal(); break;
+        case ParamKind::norm:
+          host[i] = 1.0;
+          break;
+        case ParamKind::bias:
+          host[i] = 0.0;
+          break;
+        default:
+          host[i] = config.initializer_range * rng.normal();
+          break;
       }
     }
     Tensor s = staging.slice(0, e.numel);
@@ -115,14 +126,14 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   ShardedLoader loader(dataset, config.seed, rank, world, config.per_device_train_batch_size,
                        config.gradient_accumulation_steps);
   const auto& rep = dataset.report;
-  logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ",
-                      layout.parameter_count(), " parameters (", config.model.num_hidden_layers, " layers, hidden ",
-                      config.model.hidden_size, ")"));
+  logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ", layout.parameter_count(),
+                      " parameters (", config.model.num_hidden_layers, " layers, hidden ", config.model.hidden_size,
+                      ")"));
   logger.print(concat("glm_hpc: dataset ", rep.kept, " samples (", rep.deleted_too_long, " of ", rep.read,
                       " deleted: longer than max_length ", config.max_length, "), ", rep.tokens, " tokens, ",
                       rep.target_tokens, " trained"));
-  logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(), " samples = ",
-                      config.per_device_train_batch_size, " per device x ", world, " ranks x ",
+  logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(),
+                      " samples = ", config.per_device_train_batch_size, " per device x ", world, " ranks x ",
                       config.gradient_accumulation_steps, " accumulation; ", total_steps, " steps, warmup ",
                       schedule.warmup_steps));
 
@@ -162,16 +173,16 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       }
     }
     if (world > 1) {
-      GLM_RETURN_IF_ERROR(comm.all_reduce(grads.tensor().data, grads.tensor().data,
-                                          static_cast<size_t>(grads.numel()), comm_type(dtype), ReduceOp::sum));
+      GLM_RETURN_IF_ERROR(comm.all_reduce(grads.tensor().data, grads.tensor().data, static_cast<size_t>(grads.numel()),
+                                          comm_type(dtype), ReduceOp::sum));
     }
     GLM_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
     const double loss = counts[0] > 0 ? loss_sum / static_cast<double>(counts[0]) : 0.0;
     GLM_ASSIGN_OR_RETURN(double sq, backend.sum_squares(grads.tensor()));
     const double grad_norm = std::sqrt(sq);
     if (!std::isfinite(loss) || !std::isfinite(grad_norm))
-      return GLM_ERROR(ErrorKind::internal, "non-finite loss (", loss, ") or gradient norm (", grad_norm,
-                       ") at step ", step + 1, "; lower --learning_rate or check the data");
+      return GLM_ERROR(ErrorKind::internal, "non-finite loss (", loss, ") or gradient norm (", grad_norm, ") at step ",
+                       step + 1, "; lower --learning_rate or check the data");
     const double clip = config.max_grad_norm > 0 ? std::min(1.0, config.max_grad_norm / (grad_norm + 1e-6)) : 1.0;
     const double lr = schedule.at(step);
     GLM_RETURN_IF_ERROR(optimizer.step(grads.tensor(), lr, clip));

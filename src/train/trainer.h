@@ -15,7 +15,7 @@ struct TrainSummary {
   std::vector<double> losses;      // global mean target-token loss per optimizer step
   std::vector<double> grad_norms;  // before clipping
   int64_t steps = 0;
-  double parameter_checksum = 0;   // sum of squares of the final parameters (equal on every rank)
+  double parameter_checksum = 0;  // sum of squares of the final parameters (equal on every rank)
 };
 
 // Number of optimizer steps the run makes (max_steps or epochs x samples / global batch).
