@@ -49,7 +49,9 @@ TEST(ChatTemplate, TargetsAreAssistantNewlineContentAndTerminator) {
                                          'A', 'B', usr, '\n', 'R', ast, '\n', 'C', usr};
   const std::vector<uint8_t> mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1};
   EXPECT_EQ(s.tokens, expected);
-  EXPECT_EQ(s.target_mask, mask);
+  ASSERT_EQ(s.labels.size(), mask.size());
+  for (size_t t = 0; t < mask.size(); ++t) EXPECT_EQ(s.labels[t], mask[t] ? expected[t] : -1) << t;
+  EXPECT_EQ(s.target_count(), 7);
   EXPECT_EQ(tok.decode(s.tokens),
             "[gMASK]<sop><|system|>\nS<|user|>\nQ<|assistant|>\nAB<|user|>\nR<|assistant|>\nC<|user|>");
   // Special-token text inside content stays ordinary bytes.
@@ -64,7 +66,7 @@ TEST(ShardedLoader, GlobalBatchIsTheSameSetAtEveryWorldSize) {
   for (int i = 0; i < 37; ++i) {
     TokenizedSample s;
     s.tokens = {i, i + 1};
-    s.target_mask = {0, 1};
+    s.labels = {-1, i + 1};
     d.samples.push_back(s);
   }
   auto collect = [&](int world, int64_t per_device, int64_t accumulation, int64_t step) {
@@ -95,11 +97,11 @@ TEST(ShardedLoader, GlobalBatchIsTheSameSetAtEveryWorldSize) {
 }
 
 TEST(ShardedLoader, PackedDocumentsHaveOwnPositionsAndTargets) {
-  TokenizedSample a{{5, 6, 7}, {0, 1, 1}}, b{{8, 9}, {0, 0}};
+  TokenizedSample a{{5, 6, 7}, {-1, 6, 99}}, b{{8, 9}, {-1, -1}};
   HostMicroBatch batch;
   append_document(batch, a);
   append_document(batch, b);
-  EXPECT_EQ(batch.targets, (std::vector<int32_t>{6, 7, -1, -1, -1}));
+  EXPECT_EQ(batch.targets, (std::vector<int32_t>{6, 99, -1, -1, -1}));  // labels may differ from tokens
   EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 0, 1}));
   EXPECT_EQ(batch.doc_start, (std::vector<int32_t>{0, 0, 0, 3, 3}));
   EXPECT_EQ(batch.target_count, 2);

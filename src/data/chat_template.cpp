@@ -5,7 +5,7 @@ namespace glm {
 
 int64_t TokenizedSample::target_count() const {
   int64_t n = 0;
-  for (uint8_t m : target_mask) n += m;
+  for (size_t t = 1; t < labels.size(); ++t) n += labels[t] >= 0 ? 1 : 0;
   return n;
 }
 
@@ -29,7 +29,7 @@ TokenizedSample ChatTemplate::render(const Conversation& conversation) const {
   TokenizedSample s;
   auto push = [&](int32_t id, bool target) {
     s.tokens.push_back(id);
-    s.target_mask.push_back(target ? 1 : 0);
+    s.labels.push_back(target ? id : -1);
   };
   push(tokenizer_.special_id(SpecialToken::gmask), false);
   push(tokenizer_.special_id(SpecialToken::sop), false);

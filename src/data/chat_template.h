@@ -21,11 +21,13 @@ struct Conversation {
   std::string source;  // file:line, for messages about this sample
 };
 
-// tokens and, per token, whether it is a trained target (predicted from the previous position).
+// tokens and labels in the transformers convention: labels[t] is the token the model must produce
+// at position t (predicted from position t - 1), or -1 where there is no loss (-100 in jsonl).
+// Usually labels[t] is tokens[t] or -1, but pre-tokenized data may set other labels.
 struct TokenizedSample {
   std::vector<int32_t> tokens;
-  std::vector<uint8_t> target_mask;
-  int64_t target_count() const;
+  std::vector<int32_t> labels;
+  int64_t target_count() const;  // labels >= 0 after the first position
 };
 
 class ChatTemplate {

@@ -27,8 +27,9 @@ void append_document(HostMicroBatch& batch, const TokenizedSample& sample) {
   const size_t n = sample.tokens.size();
   for (size_t i = 0; i < n; ++i) {
     batch.tokens.push_back(sample.tokens[i]);
-    const bool trained = i + 1 < n && sample.target_mask[i + 1] != 0;
-    batch.targets.push_back(trained ? sample.tokens[i + 1] : -1);
+    const int32_t target = i + 1 < n ? sample.labels[i + 1] : -1;
+    const bool trained = target >= 0;
+    batch.targets.push_back(trained ? target : -1);
     batch.target_count += trained ? 1 : 0;
     batch.positions.push_back(static_cast<int32_t>(i));
     batch.doc_start.push_back(start);

@@ -16,7 +16,7 @@ struct HostMicroBatch {
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
-// Appends one sample as its own document; targets[t] = tokens[t + 1] where that token is trained.
+// Appends one sample as its own document; targets[t] = labels[t + 1] (the transformers shift).
 void append_document(HostMicroBatch& batch, const TokenizedSample& sample);
 
 class ShardedLoader {

@@ -119,11 +119,10 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
                                    h);
 }
 
-Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params) {
+Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params) {
   if (b.n <= 0 || b.n > max_tokens_)
     return GLM_INTERNAL_ERROR("micro-batch of ", b.n, " tokens outside (0, ", max_tokens_, "]");
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
-
   GLM_ASSIGN_OR_RETURN(Tensor emb, params.acquire_params(layout_.embedding_unit()));
   GLM_RETURN_IF_ERROR(
       backend_.embedding_forward(rows(residual_[0], n, h), view(emb, layout_.embedding()), b.tokens, n, h));
@@ -133,6 +132,26 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     GLM_RETURN_IF_ERROR(layer_forward(l, b, w));
     GLM_RETURN_IF_ERROR(params.release_params(layout_.layer_unit(l)));
   }
+  return Status::ok();
+}
+
+Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params, Tensor logits) {
+  GLM_RETURN_IF_ERROR(forward_layers(b, params));
+  const int64_t n = b.n, h = config_.hidden_size;
+  const int head = layout_.head_unit();
+  GLM_ASSIGN_OR_RETURN(Tensor hw, params.acquire_params(head));
+  Tensor normed = rows(final_norm_, n, h);
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(),
+                                               rows(residual_[static_cast<size_t>(config_.num_hidden_layers)], n, h),
+                                               view(hw, layout_.final_norm()), n, h, config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(
+      backend_.linear_forward(logits, normed, view(hw, layout_.output()), Tensor{}, n, h, config_.vocab_size));
+  return params.release_params(head);
+}
+
+Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params) {
+  GLM_RETURN_IF_ERROR(forward_layers(b, params));
+  const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
 
   // Head: final RMSNorm, then lm_head fused with cross-entropy (and its backward when training).
   const int head = layout_.head_unit();

@@ -48,11 +48,15 @@ class Glm4Model {
   // Forward only (evaluation): per-token losses in losses().
   Status forward(const MicroBatch& batch, ParameterProvider& params);
   Tensor losses() const { return losses_.tensor(); }
+  // Forward to the logits [n, vocab] in compute dtype (evaluation against other implementations).
+  Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits);
 
  private:
   Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params);
+  // Embedding and every layer; the last layer's output is residual_[L].
+  Status forward_layers(const MicroBatch& batch, ParameterProvider& params);
   Status layer_forward(int64_t l, const MicroBatch& b, Tensor unit_params);
   Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads);
   Tensor view(Tensor unit_base, int entry) const;

@@ -53,6 +53,11 @@ Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale) {
   return Status::ok();
 }
 
+Status AdamWOptimizer::reset_master() {
+  if (master_.data == params_.data) return Status::ok();
+  return backend_->convert(master_, params_);
+}
+
 int64_t AdamWOptimizer::state_bytes() const {
   return static_cast<int64_t>(exp_avg_.tensor().bytes() + exp_avg_sq_.tensor().bytes() +
                               (master_buffer_.numel() > 0 ? master_buffer_.tensor().bytes() : 0));

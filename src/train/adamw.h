@@ -24,6 +24,8 @@ class AdamWOptimizer {
   // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
   Status step(Tensor grads, double lr, double grad_scale);
   int64_t steps_taken() const { return step_; }
+  // Copies the parameters into the fp32 master after they were written from outside (import).
+  Status reset_master();
   int64_t state_bytes() const;
 
  private:

@@ -2,6 +2,7 @@
 // through the Communicator, clipping, AdamW, LR schedule, metrics.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "data/dataset.h"
@@ -21,7 +22,12 @@ struct TrainSummary {
 // Number of optimizer steps the run makes (max_steps or epochs x samples / global batch).
 int64_t total_training_steps(const TrainConfig& config, int64_t dataset_size, int world_size);
 
-Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend);
+class TrainingEngine;
+// Writes the starting weights into the engine (HF import); empty = random initialisation.
+using WeightLoader = std::function<Status(TrainingEngine&)>;
+
+Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
+                           const WeightLoader& load_weights = {});
 
 // Deterministic initialisation independent of layout padding and world size: weights and
 // embeddings N(0, initializer_range) from a stream seeded by (seed, tensor name); norms 1; biases 0.

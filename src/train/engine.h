@@ -1,0 +1,68 @@
+// The training engine: model, flat parameters and gradients, optimizer and the data-parallel
+// gradient reduction. One call to step() is one optimizer step over a window of micro-batches.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "data/sharded_loader.h"
+#include "model/glm4_model.h"
+#include "mpi/communicator.h"
+#include "train/adamw.h"
+
+namespace glm {
+
+struct StepResult {
+  double loss = 0;       // global mean target-token loss of the window
+  double grad_norm = 0;  // global, before clipping
+  int64_t tokens = 0;    // global tokens of the window
+  int64_t targets = 0;   // global target tokens of the window
+};
+
+struct EvalResult {
+  double loss_sum = 0;  // global sum of target-token losses
+  int64_t targets = 0;  // global target-token count
+  double mean_loss() const { return targets > 0 ? loss_sum / static_cast<double>(targets) : 0.0; }
+};
+
+class TrainingEngine {
+ public:
+  static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend,
+                                                        Communicator& comm, int64_t max_tokens,
+                                                        const AdamWOptions& adam, double max_grad_norm);
+
+  const ParamLayout& layout() const { return model_->layout(); }
+  const ModelConfig& config() const { return model_->config(); }
+  Tensor parameters() const { return params_.tensor(); }
+  Tensor gradients() const { return grads_.tensor(); }
+  Backend& backend() { return backend_; }
+
+  Status initialize_parameters(uint64_t seed);
+  // Call after writing parameters() directly (weight import) so the fp32 master copy follows.
+  Status parameters_updated();
+
+  // Forward/backward over this rank's micro-batches, global loss normalisation, gradient
+  // all-reduce, clipping to max_grad_norm, AdamW with learning rate lr.
+  Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr);
+  // Loss of this rank's batch summed over all ranks (every rank must call it).
+  Result<EvalResult> evaluate(const HostMicroBatch& batch);
+  // Logits [n, vocab] of one batch (this rank only), converted to f32 on the host.
+  Status logits(const HostMicroBatch& batch, std::vector<float>& out);
+
+ private:
+  TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
+  Result<MicroBatch> upload(const HostMicroBatch& batch);
+  Result<double> local_loss_sum(int64_t n);
+
+  Backend& backend_;
+  Communicator& comm_;
+  std::unique_ptr<Glm4Model> model_;
+  Buffer params_, grads_;
+  Buffer tokens_, targets_, positions_, doc_start_, logits_;
+  std::unique_ptr<ParameterProvider> provider_;
+  std::unique_ptr<AdamWOptimizer> optimizer_;
+  double max_grad_norm_ = 0;
+};
+
+}  // namespace glm
