@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
                                               ") is smaller than the tokenizer's ", tokenizer.vocab_size(), " ids");
   if (int code = settle(vocab_ok)) return code;
 
-  auto dataset = glm::load_dataset(options.train.datasets, tokenizer, options.train.max_length);
+  auto dataset =
+      glm::load_dataset(options.train.datasets, tokenizer, options.train.max_length, options.train.model.vocab_size);
   if (int code = settle(dataset.status())) return code;
   if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;
 

@@ -14,6 +14,12 @@ Status parse_line(const std::string& line, Conversation& out) {
   } catch (const nlohmann::json::parse_error& e) {
     return GLM_USER_ERROR("malformed JSON (", e.what(), ")");
   }
+  return parse_conversation(j, out);
+}
+
+}  // namespace
+
+Status parse_conversation(const nlohmann::json& j, Conversation& out) {
   if (!j.is_object()) return GLM_USER_ERROR("expected a JSON object");
   auto it = j.find("messages");
   if (it == j.end()) return GLM_USER_ERROR("missing field \"messages\"");
@@ -48,8 +54,6 @@ Status parse_line(const std::string& line, Conversation& out) {
   if (!has_assistant) return GLM_USER_ERROR("no assistant message: the sample has nothing to train on");
   return Status::ok();
 }
-
-}  // namespace
 
 Result<std::vector<Conversation>> read_conversations(const std::string& path, int max_errors) {
   std::ifstream in(path, std::ios::binary);

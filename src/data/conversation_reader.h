@@ -1,6 +1,7 @@
 // Reads messages-style jsonl conversations ({"messages": [{"role", "content"}, ...]}), one per line.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,9 @@
 #include "mpi/status.h"
 
 namespace glm {
+
+// One {"messages": [...]} object; the message says what is wrong (no location).
+Status parse_conversation(const nlohmann::json& j, Conversation& out);
 
 // Every problem is reported as file:line: reason; up to max_errors are listed in one user error.
 Result<std::vector<Conversation>> read_conversations(const std::string& path, int max_errors = 20);

@@ -1,28 +1,104 @@
-// Dataset loading: read, render, length control.
+// Dataset loading: read (conversations or pre-tokenized), render, length control.
 #include "data/dataset.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "data/conversation_reader.h"
 
 namespace glm {
+namespace {
+constexpr int kMaxListedErrors = 20;
+}
 
-Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer, int64_t max_length) {
+Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, TokenizedSample& out) {
+  const auto& ids = j["input_ids"];
+  if (!ids.is_array() || ids.empty()) return GLM_USER_ERROR("\"input_ids\" must be a non-empty array of integers");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i].is_number_integer() || ids[i].get<int64_t>() < 0 || ids[i].get<int64_t>() >= vocab_size)
+      return GLM_USER_ERROR("input_ids[", i, "] = ", ids[i].dump(), " is not a token id below vocab_size ", vocab_size);
+    out.tokens.push_back(ids[i].get<int32_t>());
+  }
+  if (j.contains("labels")) {
+    const auto& labels = j["labels"];
+    if (!labels.is_array() || labels.size() != ids.size())
+      return GLM_USER_ERROR("\"labels\" must be an array as long as input_ids (", ids.size(), ")");
+    for (size_t i = 0; i < labels.size(); ++i) {
+      const bool ok =
+          labels[i].is_number_integer() && (labels[i].get<int64_t>() == -100 ||
+                                            (labels[i].get<int64_t>() >= 0 && labels[i].get<int64_t>() < vocab_size));
+      if (!ok) return GLM_USER_ERROR("labels[", i, "] = ", labels[i].dump(), " is neither -100 nor a token id");
+      out.labels.push_back(labels[i].get<int32_t>() == -100 ? -1 : labels[i].get<int32_t>());
+    }
+  } else {
+    out.labels = out.tokens;
+  }
+  if (j.contains("attention_mask")) {
+    const auto& mask = j["attention_mask"];
+    if (!mask.is_array() || mask.size() != ids.size())
+      return GLM_USER_ERROR("\"attention_mask\" must be as long as input_ids");
+    for (const auto& m : mask)
+      if (m != 1) return GLM_USER_ERROR("attention_mask holds zeros: remove the padding, one sequence per line");
+  }
+  if (out.target_count() == 0) return GLM_USER_ERROR("no label after the first position: nothing to learn or score");
+  return Status::ok();
+}
+
+Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer, int64_t max_length,
+                             int64_t vocab_size) {
   if (paths.empty()) return GLM_USER_ERROR("no --dataset given");
   Dataset d;
   ChatTemplate chat(tokenizer);
   for (const auto& path : paths) {
-    GLM_ASSIGN_OR_RETURN(auto conversations, read_conversations(path));
-    for (const auto& c : conversations) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");
+    std::string line, errors;
+    int64_t line_no = 0, error_count = 0, samples_in_file = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") == std::string::npos) continue;
+      TokenizedSample sample;
+      Status s;
+      try {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (j.is_object() && j.contains("input_ids")) {
+          s = parse_pretokenized(j, vocab_size, sample);
+        } else {
+          Conversation c;
+          s = parse_conversation(j, c);
+          if (s.is_ok()) sample = chat.render(c);
+          for (int32_t id : sample.tokens)
+            if (id >= vocab_size) {
+              s = GLM_USER_ERROR("token id ", id, " of the chat template exceeds vocab_size ", vocab_size);
+              break;
+            }
+        }
+      } catch (const nlohmann::json::parse_error& e) {
+        s = GLM_USER_ERROR("malformed JSON (", e.what(), ")");
+      }
+      if (!s.is_ok()) {
+        if (error_count < kMaxListedErrors) errors += concat("\n  ", path, ":", line_no, ": ", s.message());
+        ++error_count;
+        continue;
+      }
+      ++samples_in_file;
       ++d.report.read;
-      TokenizedSample s = chat.render(c);
-      if (static_cast<int64_t>(s.tokens.size()) > max_length) {
+      if (static_cast<int64_t>(sample.tokens.size()) > max_length) {
         ++d.report.deleted_too_long;
         continue;
       }
-      d.report.tokens += static_cast<int64_t>(s.tokens.size());
-      d.report.target_tokens += s.target_count();
-      d.report.max_tokens = std::max<int64_t>(d.report.max_tokens, static_cast<int64_t>(s.tokens.size()));
-      d.samples.push_back(std::move(s));
+      d.report.tokens += static_cast<int64_t>(sample.tokens.size());
+      d.report.target_tokens += sample.target_count();
+      d.report.max_tokens = std::max<int64_t>(d.report.max_tokens, static_cast<int64_t>(sample.tokens.size()));
+      d.samples.push_back(std::move(sample));
     }
+    if (in.bad()) return GLM_USER_ERROR("error reading dataset file '", path, "'");
+    if (error_count > 0)
+      return GLM_USER_ERROR(
+          error_count, " bad sample(s) in '", path, "'", errors,
+          error_count > kMaxListedErrors ? concat("\n  ... and ", error_count - kMaxListedErrors, " more") : "");
+    if (samples_in_file == 0) return GLM_USER_ERROR("dataset file '", path, "' holds no samples");
   }
   d.report.kept = static_cast<int64_t>(d.samples.size());
   if (d.samples.empty())

@@ -1,7 +1,8 @@
-// A tokenized dataset in memory: samples with targets, after length control.
+// A tokenized dataset in memory: samples with labels, after length control.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,14 @@ struct Dataset {
   DatasetReport report;
 };
 
-// Reads every file, renders with the chat template and deletes samples longer than max_length.
-Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer, int64_t max_length);
+// Reads jsonl files whose lines are either conversations ({"messages": [...]}, rendered with the
+// GLM-4 chat template) or pre-tokenized samples ({"input_ids": [...], "labels": [...]}, labels
+// -100 = no loss, labels defaulting to input_ids). Token ids must be below vocab_size. Samples
+// longer than max_length are deleted and counted. Every bad line is reported as file:line.
+Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer, int64_t max_length,
+                             int64_t vocab_size);
+
+// One pre-tokenized line's object.
+Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, TokenizedSample& out);
 
 }  // namespace glm

@@ -26,10 +26,14 @@ class ReplicatedParameters final : public ParameterProvider {
 
 CommType comm_type(DType d) {
   switch (d) {
-    case DType::f64: return CommType::f64;
-    case DType::bf16: return CommType::bf16;
-    case DType::i32: return CommType::i32;
-    case DType::f32: break;
+    case DType::f64:
+      return CommType::f64;
+    case DType::bf16:
+      return CommType::bf16;
+    case DType::i32:
+      return CommType::i32;
+    case DType::f32:
+      break;
   }
   return CommType::f32;
 }
@@ -58,6 +62,15 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
 Status TrainingEngine::initialize_parameters(uint64_t seed) {
   GLM_RETURN_IF_ERROR(glm::initialize_parameters(config(), seed, backend_, params_.tensor()));
   return parameters_updated();
+}
+
+Status TrainingEngine::set_parameter(int entry, std::span<const float> values) {
+  const ParamEntry& e = layout().entry(entry);
+  if (static_cast<int64_t>(values.size()) != e.numel)
+    return GLM_INTERNAL_ERROR("set_parameter(", e.name, "): ", values.size(), " values for ", e.numel, " elements");
+  GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(e.numel, DType::f32));
+  GLM_RETURN_IF_ERROR(backend_.upload(staging.tensor(), values.data()));
+  return backend_.convert(params_.slice(e.offset, e.numel), staging.tensor());
 }
 
 Status TrainingEngine::parameters_updated() { return optimizer_->reset_master(); }
@@ -109,8 +122,9 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     loss_sum += s;
   }
   if (comm_.size() > 1) {
-    GLM_RETURN_IF_ERROR(comm_.all_reduce(grads_.tensor().data, grads_.tensor().data, static_cast<size_t>(grads_.numel()),
-                                         comm_type(grads_.tensor().dtype), ReduceOp::sum));
+    GLM_RETURN_IF_ERROR(comm_.all_reduce(grads_.tensor().data, grads_.tensor().data,
+                                         static_cast<size_t>(grads_.numel()), comm_type(grads_.tensor().dtype),
+                                         ReduceOp::sum));
   }
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
   StepResult r;

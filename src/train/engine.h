@@ -28,9 +28,9 @@ struct EvalResult {
 
 class TrainingEngine {
  public:
-  static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend,
-                                                        Communicator& comm, int64_t max_tokens,
-                                                        const AdamWOptions& adam, double max_grad_norm);
+  static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
+                                                        int64_t max_tokens, const AdamWOptions& adam,
+                                                        double max_grad_norm);
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
@@ -39,6 +39,8 @@ class TrainingEngine {
   Backend& backend() { return backend_; }
 
   Status initialize_parameters(uint64_t seed);
+  // Writes one layout entry from f32 host values (weight import); call parameters_updated() after.
+  Status set_parameter(int entry, std::span<const float> values);
   // Call after writing parameters() directly (weight import) so the fp32 master copy follows.
   Status parameters_updated();
 

@@ -1,0 +1,165 @@
+// Parity with Hugging Face transformers' GlmForCausalLM: fixtures written by
+// tools/make_parity_fixtures.py (transformers 5.17, float32 on the CPU) hold random models, a
+// batch with ignored positions, logits, the loss, every parameter's gradient and a 10-step AdamW
+// loss trajectory. The CPU backend must reproduce them from the safetensors checkpoints, in both
+// the transformers `glm` layout and the THUDM `chatglm` layout.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/hf_import.h"
+#include "io/safetensors.h"
+#include "mpi/local_communicator.h"
+#include "train/engine.h"
+
+namespace glm::test {
+namespace {
+
+// fp32 against fp32 in another summation order: ~1e-7 relative per op, ~1e-6 through the model;
+// the bound is 1e-5 (norm-wise per tensor: ||ours - theirs|| / ||theirs||).
+constexpr double kFp32Relative = 1e-5;
+// Ten AdamW steps amplify fp32 differences (v is tiny early on): the bound is 1e-4.
+constexpr double kTrajectoryRelative = 1e-4;
+
+const std::string kData = std::string(GLM_SOURCE_DIR) + "/tests/data/";
+
+double relative_error(std::span<const float> ours, std::span<const float> theirs) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    diff += (static_cast<double>(ours[i]) - theirs[i]) * (static_cast<double>(ours[i]) - theirs[i]);
+    ref += static_cast<double>(theirs[i]) * theirs[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
+}
+
+std::vector<float> golden_tensor(const SafetensorsFile& f, const std::string& name) {
+  const StTensorInfo* t = f.find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (t == nullptr) return {};
+  std::vector<float> v(static_cast<size_t>(t->numel()));
+  EXPECT_TRUE(read_as_f32(f, *t, v).is_ok());
+  return v;
+}
+
+struct Fixture {
+  HfModel model;
+  nlohmann::json golden;
+  HostMicroBatch batch;
+};
+
+Fixture load(const std::string& model_dir, const std::string& golden_dir) {
+  Fixture fx;
+  auto m = read_hf_config(kData + model_dir);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  fx.model = m.take();
+  std::ifstream in(kData + golden_dir + "/golden.json");
+  fx.golden = nlohmann::json::parse(in);
+  const auto& ids = fx.golden["input_ids"];
+  const auto& labels = fx.golden["labels"];
+  for (size_t row = 0; row < ids.size(); ++row) {
+    TokenizedSample s;
+    for (size_t t = 0; t < ids[row].size(); ++t) {
+      s.tokens.push_back(ids[row][t].get<int32_t>());
+      const int32_t l = labels[row][t].get<int32_t>();
+      s.labels.push_back(l == -100 ? -1 : l);
+    }
+    append_document(fx.batch, s);  // each row is its own causal sequence
+  }
+  return fx;
+}
+
+std::unique_ptr<TrainingEngine> make_engine(const Fixture& fx, Backend& backend, Communicator& comm) {
+  const auto& a = fx.golden["adamw"];
+  AdamWOptions adam{a["betas"][0].get<double>(), a["betas"][1].get<double>(), a["eps"].get<double>(),
+                    a["weight_decay"].get<double>()};
+  auto e =
+      TrainingEngine::create(fx.model.config, backend, comm, fx.batch.size(), adam, a["max_grad_norm"].get<double>());
+  EXPECT_TRUE(e.is_ok()) << e.status().message();
+  auto engine = e.take();
+  Status s = load_hf_weights(fx.model, engine->layout(),
+                             [&](int entry, std::span<const float> v) { return engine->set_parameter(entry, v); });
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  EXPECT_TRUE(engine->parameters_updated().is_ok());
+  return engine;
+}
+
+void check_fixture(const std::string& model_dir, const std::string& golden_dir) {
+  Fixture fx = load(model_dir, golden_dir);
+  auto golden_file = SafetensorsFile::open(kData + golden_dir + "/golden.safetensors");
+  ASSERT_TRUE(golden_file.is_ok()) << golden_file.status().message();
+  const SafetensorsFile& golden = golden_file.value();
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  auto engine = make_engine(fx, *backend, comm);
+
+  std::vector<float> logits;
+  ASSERT_TRUE(engine->logits(fx.batch, logits).is_ok());
+  const double logits_error = relative_error(logits, golden_tensor(golden, "logits"));
+  EXPECT_LT(logits_error, kFp32Relative) << "logits";
+  double worst_grad = 0, worst_step = 0;
+
+  const auto& adamw = fx.golden["adamw"];
+  const double lr = adamw["lr"].get<double>();
+  std::vector<HostMicroBatch> window = {fx.batch};
+  auto first = engine->step(window, lr);
+  ASSERT_TRUE(first.is_ok()) << first.status().message();
+  const double loss = fx.golden["loss"].get<double>();
+  EXPECT_NEAR(first.value().loss, loss, kFp32Relative * loss) << "loss";
+
+  // Gradients of the first step (before the update touched them) against transformers', by name.
+  HfModel glm_names = fx.model;
+  glm_names.layout = HfLayout::glm;
+  const ParamLayout& layout = engine->layout();
+  const float* grads = engine->gradients().as<float>();
+  for (int i = 0; i < static_cast<int>(layout.entries().size()); ++i) {
+    const ParamEntry& e = layout.entry(i);
+    for (const HfPiece& piece : hf_pieces(glm_names, layout, i)) {
+      std::vector<float> theirs = golden_tensor(golden, "grad." + piece.name);
+      std::span<const float> ours(grads + e.offset + piece.offset, theirs.size());
+      const double err = relative_error(ours, theirs);
+      worst_grad = std::max(worst_grad, err);
+      EXPECT_LT(err, kFp32Relative) << piece.name << " (our " << e.name << ")";
+    }
+  }
+
+  std::vector<double> losses = {first.value().loss}, norms = {first.value().grad_norm};
+  for (size_t s = 1; s < adamw["losses"].size(); ++s) {
+    auto r = engine->step(window, lr);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    losses.push_back(r.value().loss);
+    norms.push_back(r.value().grad_norm);
+  }
+  for (size_t s = 0; s < losses.size(); ++s) {
+    const double ref = adamw["losses"][s].get<double>();
+    EXPECT_NEAR(losses[s], ref, kTrajectoryRelative * ref) << "AdamW step " << s + 1;
+    worst_step = std::max(worst_step, std::fabs(losses[s] - ref) / ref);
+    const double ref_norm = adamw["grad_norms"][s].get<double>();
+    EXPECT_NEAR(norms[s], ref_norm, kTrajectoryRelative * 10 * ref_norm) << "grad_norm at step " << s + 1;
+  }
+  std::printf("%s vs transformers: logits %.1e, loss %.1e, worst gradient %.1e, worst of 10 AdamW losses %.1e\n",
+              model_dir.c_str(), logits_error, std::fabs(first.value().loss - loss) / loss, worst_grad, worst_step);
+}
+
+TEST(Parity, TransformersLayoutTwoKvGroups) { check_fixture("glm_a", "glm_a"); }
+TEST(Parity, ThudmLayoutShardedCheckpoint) { check_fixture("chatglm_a", "glm_a"); }
+TEST(Parity, FourKvGroupsLongSequence) { check_fixture("glm_b", "glm_b"); }
+
+TEST(Parity, ConfigsOfBothLayoutsAgree) {
+  auto a = read_hf_config(kData + "glm_a");
+  auto t = read_hf_config(kData + "chatglm_a");
+  ASSERT_TRUE(a.is_ok() && t.is_ok());
+  const ModelConfig& x = a.value().config;
+  const ModelConfig& y = t.value().config;
+  EXPECT_EQ(x.rope_theta, 5e6);
+  EXPECT_EQ(y.rope_theta, 5e6);
+  EXPECT_EQ(x.num_key_value_heads, 2);
+  EXPECT_EQ(y.num_key_value_heads, 2);
+  EXPECT_EQ(x.rotary_dim(), 16);
+  EXPECT_EQ(x.parameter_count(), y.parameter_count());
+  EXPECT_EQ(x.rms_norm_eps, y.rms_norm_eps);
+}
+
+}  // namespace
+}  // namespace glm::test
