@@ -1,14 +1,18 @@
-// glm_hpc entry point: MPI bootstrap, options, data, backend, and the training run.
+// glm_hpc entry point: MPI bootstrap, options, model source, data, backend, and the command.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "cli/options.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "io/hf_import.h"
 #include "model/backend.h"
 #include "mpi/fatal.h"
 #include "mpi/mpi_communicator.h"
 #include "mpi/runtime.h"
+#include "train/engine.h"
 #include "train/trainer.h"
 
 #ifdef GLM_HAVE_CUDA
@@ -37,26 +41,92 @@ int gpu_count() {
 #endif
 }
 
-glm::Status resolve_paths(glm::CliOptions& o) {
+void resolve_paths(glm::CliOptions& o) {
   // The embedded default dataset is found from any working directory.
-  if (o.effective["dataset"]["source"] == "default") {
-    for (auto& path : o.train.datasets) {
-      if (!std::filesystem::exists(path)) {
-        const std::string bundled = std::string(GLM_SOURCE_DIR) + "/" + path;
-        if (std::filesystem::exists(bundled)) path = bundled;
-      }
+  if (o.effective["dataset"]["source"] != "default") return;
+  for (auto& path : o.train.datasets) {
+    if (!std::filesystem::exists(path)) {
+      const std::string bundled = std::string(GLM_SOURCE_DIR) + "/" + path;
+      if (std::filesystem::exists(bundled)) path = bundled;
     }
   }
+}
+
+glm::Status choose_backend(const glm::CliOptions& o) {
+  // The CUDA backend arrives with its own issue; until then auto means cpu and cuda is refused.
+  if (o.device == "cuda")
+    return GLM_USER_ERROR("--device cuda: the CUDA training backend is not part of this build yet (", gpu_count(),
+                          " GPU(s) visible); use --device cpu");
   return glm::Status::ok();
 }
 
-glm::Status choose_backend(const glm::CliOptions& o, std::string& backend) {
-  // The CUDA backend arrives with its own issue; until then auto means cpu and cuda is refused.
-  const int gpus = gpu_count();
-  if (o.device == "cuda")
-    return GLM_USER_ERROR("--device cuda: the CUDA training backend is not part of this build yet (", gpus,
-                          " GPU(s) visible); use --device cpu");
-  backend = "cpu";
+// The model comes from --model_id_or_path's config.json when given; args.json says so.
+glm::Result<std::optional<glm::HfModel>> resolve_model(glm::CliOptions& o) {
+  if (o.model_id_or_path.empty()) return std::optional<glm::HfModel>();
+  GLM_ASSIGN_OR_RETURN(glm::HfModel hf, glm::read_hf_config(o.model_id_or_path));
+  const glm::ModelConfig& c = hf.config;
+  o.train.model = c;
+  const std::pair<const char*, nlohmann::json> values[] = {{"vocab_size", c.vocab_size},
+                                                           {"hidden_size", c.hidden_size},
+                                                           {"intermediate_size", c.intermediate_size},
+                                                           {"num_hidden_layers", c.num_hidden_layers},
+                                                           {"num_attention_heads", c.num_attention_heads},
+                                                           {"num_key_value_heads", c.num_key_value_heads},
+                                                           {"head_dim", c.head_dim},
+                                                           {"max_position_embeddings", c.max_position_embeddings},
+                                                           {"rope_theta", c.rope_theta},
+                                                           {"partial_rotary_factor", c.partial_rotary_factor},
+                                                           {"rms_norm_eps", c.rms_norm_eps}};
+  for (const auto& [name, value] : values) o.effective[name] = {{"value", value}, {"source", "model_id_or_path"}};
+  if (o.command == "train" && o.train.max_length > c.max_position_embeddings)
+    return GLM_USER_ERROR("--max_length ", o.train.max_length, " exceeds the model's max_position_embeddings ",
+                          c.max_position_embeddings);
+  return std::optional<glm::HfModel>(std::move(hf));
+}
+
+// Our byte tokenizer serves models without tokenizer files (ours); a GLM-4 tokenizer file means
+// conversations need that tokenizer, which the data issue brings.
+const glm::Tokenizer* choose_tokenizer(const std::optional<glm::HfModel>& hf, const glm::ByteTokenizer& bytes) {
+  if (!hf) return &bytes;
+  for (const char* f : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json"})
+    if (std::filesystem::exists(std::filesystem::path(hf->dir) / f)) return nullptr;
+  return hf->config.vocab_size >= bytes.vocab_size() ? &bytes : nullptr;
+}
+
+glm::WeightLoader weight_loader(const std::optional<glm::HfModel>& hf) {
+  if (!hf) return {};
+  return [model = *hf](glm::TrainingEngine& engine) -> glm::Status {
+    GLM_RETURN_IF_ERROR(glm::load_hf_weights(
+        model, engine.layout(), [&](int entry, std::span<const float> v) { return engine.set_parameter(entry, v); }));
+    return engine.parameters_updated();
+  };
+}
+
+// Mean loss over every target token of the dataset, samples spread over the ranks.
+glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const std::optional<glm::HfModel>& hf,
+                     glm::Communicator& comm, glm::Backend& backend) {
+  const int64_t per_device = o.per_device_eval_batch_size;
+  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(o.train.model, backend, comm,
+                                                                per_device * data.report.max_tokens, {}, 0.0));
+  GLM_RETURN_IF_ERROR(weight_loader(hf)(*engine));
+  const int64_t n = static_cast<int64_t>(data.samples.size()), per_round = per_device * comm.size();
+  glm::EvalResult total;
+  for (int64_t first = 0; first < n; first += per_round) {
+    glm::HostMicroBatch batch;
+    for (int64_t b = 0; b < per_device; ++b) {
+      const int64_t index = first + comm.rank() * per_device + b;
+      if (index < n) glm::append_document(batch, data.samples[static_cast<size_t>(index)]);
+    }
+    GLM_ASSIGN_OR_RETURN(glm::EvalResult r, engine->evaluate(batch));
+    total.loss_sum += r.loss_sum;
+    total.targets += r.targets;
+  }
+  if (comm.rank() == 0) {
+    std::printf("glm_hpc: eval of %s on %lld samples, %lld target tokens\n", o.model_id_or_path.c_str(),
+                static_cast<long long>(n), static_cast<long long>(total.targets));
+    std::printf("eval_loss: %.8f\neval_ppl: %.8f\n", total.mean_loss(), std::exp(total.mean_loss()));
+    std::fflush(stdout);
+  }
   return glm::Status::ok();
 }
 
@@ -73,26 +143,41 @@ int main(int argc, char** argv) {
     if (proc.rank == 0) std::printf("%s", glm::help_text().c_str());
     return 0;
   }
-  std::string backend_name;
-  if (int code = settle(resolve_paths(options))) return code;
-  if (int code = settle(choose_backend(options, backend_name))) return code;
+  resolve_paths(options);
+  if (int code = settle(choose_backend(options))) return code;
+  auto hf = resolve_model(options);
+  if (int code = settle(hf.status())) return code;
+  if (hf.value()) {
+    if (int code = settle(glm::verify_hf_weights(*hf.value(), glm::ParamLayout(options.train.model)))) return code;
+  }
 
-  glm::ByteTokenizer tokenizer;
-  glm::Status vocab_ok = options.train.model.vocab_size >= tokenizer.vocab_size()
+  glm::ByteTokenizer byte_tokenizer;
+  const glm::Tokenizer* tokenizer = choose_tokenizer(hf.value(), byte_tokenizer);
+  const glm::ModelConfig& model = options.train.model;
+  glm::Status vocab_ok = tokenizer == nullptr || model.vocab_size >= tokenizer->vocab_size()
                              ? glm::Status::ok()
-                             : GLM_USER_ERROR("vocab_size (", options.train.model.vocab_size,
-                                              ") is smaller than the tokenizer's ", tokenizer.vocab_size(), " ids");
+                             : GLM_USER_ERROR("vocab_size (", model.vocab_size, ") is smaller than the tokenizer's ",
+                                              tokenizer->vocab_size(), " ids");
   if (int code = settle(vocab_ok)) return code;
-
-  auto dataset =
-      glm::load_dataset(options.train.datasets, tokenizer, options.train.max_length, options.train.model.vocab_size);
+  // Evaluation scores every sample unless --max_length was given explicitly.
+  const bool eval = options.command == "eval";
+  const int64_t max_length =
+      eval && options.effective["max_length"]["source"] == "default" ? 0 : options.train.max_length;
+  auto dataset = glm::load_dataset(options.train.datasets, tokenizer, max_length, model.vocab_size);
   if (int code = settle(dataset.status())) return code;
-  if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;
+  if (!eval) {
+    if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;
+  }
 
   glm::MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::duration<double>(options.collective_timeout));
   auto backend = glm::make_cpu_backend(glm::DType::f32);
-  auto result = glm::train(options.train, dataset.value(), comm, *backend);
-  // A failure here may leave peers inside a collective: take the fatal path, which aborts them.
+  if (eval) {
+    // A failure here may leave peers inside a collective: the fatal path aborts them all.
+    glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, *backend);
+    if (!s.is_ok()) glm::fatal_status(s);
+    return 0;
+  }
+  auto result = glm::train(options.train, dataset.value(), comm, *backend, weight_loader(hf.value()));
   if (!result.is_ok()) glm::fatal_status(result.status());
   if (proc.rank == 0) {
     const auto& s = result.value();

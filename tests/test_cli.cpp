@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,42 @@ TEST(CliBadInput, BrokenJsonNamesLine) {
 }
 TEST(CliBadInput, EverySampleTooLong) { expect_bad_input("--max_length 16", "longer than --max_length 16"); }
 TEST(CliBadInput, CudaNotInThisBuild) { expect_bad_input("--device cuda", "--device cuda"); }
+
+TEST(CliBadInput, EvalNeedsAModel) { expect_bad_input("eval", "--model_id_or_path is required"); }
+TEST(CliBadInput, ModelShapeConflictsWithCheckpoint) {
+  expect_bad_input(std::string("--model_id_or_path ") + GLM_TEST_WORKDIR + "/tests/data/glm_a --num_hidden_layers 4",
+                   "--num_hidden_layers conflicts with --model_id_or_path");
+}
+TEST(CliBadInput, CheckpointMissingATensor) {
+  const auto dir = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "three_layers";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_b", dir);
+  std::ifstream in(dir / "config.json");
+  std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  cfg.replace(cfg.find("\"num_hidden_layers\": 3"), 22, "\"num_hidden_layers\": 4");
+  std::ofstream(dir / "config.json", std::ios::trunc) << cfg;
+  expect_bad_input("eval --model_id_or_path " + dir.string(), "has no tensor 'model.layers.3.input_layernorm.weight'");
+}
+
+// glm_hpc eval on a pre-tokenized file reproduces the loss transformers computed for the fixture.
+TEST(Cli, EvalMatchesTransformersLoss) {
+  std::ifstream in(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a/golden.json");
+  auto golden = nlohmann::json::parse(in);
+  std::string lines;
+  for (size_t row = 0; row < golden["input_ids"].size(); ++row)
+    lines += nlohmann::json({{"input_ids", golden["input_ids"][row]}, {"labels", golden["labels"][row]}}).dump() + "\n";
+  const std::string data = write_file("golden_a.jsonl", lines);
+  RunResult r = run_glm(std::string("eval --model_id_or_path ") + GLM_TEST_WORKDIR +
+                        "/tests/data/chatglm_a --dataset " + data + " --per_device_eval_batch_size 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto at = r.output.find("eval_loss: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const double loss = std::stod(r.output.substr(at + 11));
+  EXPECT_NEAR(loss, golden["loss"].get<double>(), 1e-5 * golden["loss"].get<double>());
+  const auto ppl = r.output.find("eval_ppl: ");
+  ASSERT_NE(ppl, std::string::npos);
+  EXPECT_NEAR(std::stod(r.output.substr(ppl + 10)), std::exp(loss), 1e-4 * std::exp(loss));
+}
 
 TEST(Cli, HelpListsOptionsOnce) {
   RunResult r = run_glm("--help");

@@ -44,7 +44,7 @@ TrainConfig small_config() {
 const Dataset& dataset() {
   static ByteTokenizer tokenizer;
   static Dataset d = [] {
-    auto r = load_dataset(small_config().datasets, tokenizer, 512, 272);
+    auto r = load_dataset(small_config().datasets, &tokenizer, 512, 272);
     EXPECT_TRUE(r.is_ok()) << r.status().message();
     return r.take();
   }();

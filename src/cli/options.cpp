@@ -78,6 +78,8 @@ class OptionTable {
         "config", po::value<std::string>(&o_.config_file)->value_name("FILE"),
         "INI file of option defaults (key = value per line); the command line overrides it");
     add(general, "device", &o_.device, "backend: auto (cuda when a GPU and the CUDA backend exist), cpu or cuda");
+    add(general, "model_id_or_path", &o_.model_id_or_path,
+        "Hugging Face model directory (config.json + safetensors, layout glm or chatglm) to start from");
     add(general, "output_dir", &t.output_dir, "directory for args.json and logging.jsonl");
     add(general, "seed", &t.seed, "seed for initialisation and data shuffling");
     add(general, "logging_steps", &t.logging_steps, "log every N optimizer steps (and the last)");
@@ -125,6 +127,7 @@ class OptionTable {
     add(train, "adam_beta2", &t.adam_beta2, "AdamW beta2");
     add(train, "adam_epsilon", &t.adam_epsilon, "AdamW epsilon");
     add(train, "max_grad_norm", &t.max_grad_norm, "global gradient-norm clipping; <= 0 disables");
+    add(train, "per_device_eval_batch_size", &o_.per_device_eval_batch_size, "samples per rank per evaluation batch");
 
     all_.add(general).add(model).add(data).add(train);
   }
@@ -133,6 +136,19 @@ class OptionTable {
   po::options_description all_{"glm_hpc options", 100, 50};
   std::vector<std::pair<std::string, std::function<nlohmann::json()>>> getters_;
 };
+
+constexpr const char* kModelShapeOptions[] = {"vocab_size",
+                                              "hidden_size",
+                                              "intermediate_size",
+                                              "num_hidden_layers",
+                                              "num_attention_heads",
+                                              "num_key_value_heads",
+                                              "head_dim",
+                                              "max_position_embeddings",
+                                              "rope_ratio",
+                                              "rope_theta",
+                                              "partial_rotary_factor",
+                                              "rms_norm_eps"};
 
 std::string strip_dashes(std::string s) {
   while (!s.empty() && s.front() == '-') s.erase(s.begin());
@@ -180,6 +196,17 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                             src, "lr_scheduler_type",
                             "must be cosine, linear or constant_with_warmup, got '" + t.lr_scheduler_type + "'"));
   GLM_RETURN_IF_ERROR(check(!t.datasets.empty(), src, "dataset", "needs at least one file"));
+  GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(o.command != "eval" || !o.model_id_or_path.empty(), src, "model_id_or_path",
+                            "is required by 'glm_hpc eval'"));
+  if (!o.model_id_or_path.empty()) {
+    // The checkpoint's config.json defines the model: a shape given here as well is a contradiction.
+    for (const char* name : kModelShapeOptions)
+      if (src.command_line.count(name) || src.config_lines.count(name))
+        return GLM_USER_ERROR(src.where(name), " conflicts with --model_id_or_path: the model's config.json ",
+                              "defines the architecture");
+    return Status::ok();
+  }
 
   // RoPE base: rope_theta, or 10000 x rope_ratio; both given must agree.
   const bool has_theta = vm.count("rope_theta") > 0, has_ratio = vm.count("rope_ratio") > 0;
@@ -208,9 +235,11 @@ std::string help_text() {
   CliOptions o;
   OptionTable table(o);
   std::ostringstream s;
-  s << "usage: mpirun -np N glm_hpc [train] [--config FILE] [--option value ...]\n\n"
+  s << "usage: mpirun -np N glm_hpc [train] [--config FILE] [--option value ...]\n"
+    << "       mpirun -np N glm_hpc eval --model_id_or_path DIR --dataset FILE [--option value ...]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
-    << "embedded tiny GLM-4 on data/sample/conversations.jsonl.\n\n"
+    << "embedded tiny GLM-4 on data/sample/conversations.jsonl. 'eval' prints eval_loss and eval_ppl\n"
+    << "(mean loss over all target tokens of the dataset) for a Hugging Face model directory.\n\n"
     << table.all();
   return s.str();
 }
@@ -222,7 +251,8 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   if (!args.empty() && !args.front().empty() && args.front().front() != '-') {
     o.command = args.front();
     args.erase(args.begin());
-    if (o.command != "train") return GLM_USER_ERROR("unknown command '", o.command, "' (available: train)");
+    if (o.command != "train" && o.command != "eval")
+      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval)");
   }
   po::variables_map vm;
   Sources src;

@@ -16,6 +16,8 @@ struct CliOptions {
   std::string config_file;
   std::string device = "auto";
   double collective_timeout = 600.0;
+  std::string model_id_or_path;
+  int64_t per_device_eval_batch_size = 8;
   TrainConfig train;
   // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.
   nlohmann::json effective;

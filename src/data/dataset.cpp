@@ -44,11 +44,12 @@ Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, Tokenized
   return Status::ok();
 }
 
-Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer, int64_t max_length,
+Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
                              int64_t vocab_size) {
   if (paths.empty()) return GLM_USER_ERROR("no --dataset given");
   Dataset d;
-  ChatTemplate chat(tokenizer);
+  static const ByteTokenizer unused;
+  ChatTemplate chat(tokenizer != nullptr ? *tokenizer : unused);
   for (const auto& path : paths) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");
@@ -64,6 +65,9 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         const nlohmann::json j = nlohmann::json::parse(line);
         if (j.is_object() && j.contains("input_ids")) {
           s = parse_pretokenized(j, vocab_size, sample);
+        } else if (tokenizer == nullptr) {
+          s = GLM_USER_ERROR("a conversation needs the model's tokenizer, and the GLM-4 tokenizer is not supported ",
+                             "yet: give pre-tokenized {\"input_ids\": [...], \"labels\": [...]} lines");
         } else {
           Conversation c;
           s = parse_conversation(j, c);
@@ -84,7 +88,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
       }
       ++samples_in_file;
       ++d.report.read;
-      if (static_cast<int64_t>(sample.tokens.size()) > max_length) {
+      if (max_length > 0 && static_cast<int64_t>(sample.tokens.size()) > max_length) {
         ++d.report.deleted_too_long;
         continue;
       }

@@ -29,8 +29,9 @@ struct Dataset {
 // Reads jsonl files whose lines are either conversations ({"messages": [...]}, rendered with the
 // GLM-4 chat template) or pre-tokenized samples ({"input_ids": [...], "labels": [...]}, labels
 // -100 = no loss, labels defaulting to input_ids). Token ids must be below vocab_size. Samples
-// longer than max_length are deleted and counted. Every bad line is reported as file:line.
-Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer& tokenizer, int64_t max_length,
+// longer than max_length (> 0) are deleted and counted. Every bad line is reported as file:line.
+// Without a tokenizer (null), conversation lines are errors that say why.
+Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
                              int64_t vocab_size);
 
 // One pre-tokenized line's object.

@@ -180,14 +180,16 @@ std::vector<HfPiece> hf_pieces(const HfModel& m, const ParamLayout& layout, int 
   return {};
 }
 
-Status load_hf_weights(const HfModel& m, const ParamLayout& layout,
-                       const std::function<Status(int entry, std::span<const float> values)>& sink) {
+namespace {
+
+Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
+                        const std::function<Status(int entry, std::span<const float> values)>* sink) {
   GLM_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(m.dir));
   std::set<std::string> used;
   std::vector<float> values;
   for (int i = 0; i < static_cast<int>(layout.entries().size()); ++i) {
     const ParamEntry& e = layout.entry(i);
-    values.assign(static_cast<size_t>(e.numel), 0.0f);
+    if (sink != nullptr) values.assign(static_cast<size_t>(e.numel), 0.0f);
     const bool is_qkv_bias = e.kind == ParamKind::bias;
     for (const HfPiece& piece : hf_pieces(m, layout, i)) {
       auto found = ckpt.find(piece.name);
@@ -202,10 +204,15 @@ Status load_hf_weights(const HfModel& m, const ParamLayout& layout,
                               nlohmann::json(piece.shape).dump());
       }
       used.insert(piece.name);
+      const StDType dt = found.info->dtype;
+      if (dt != StDType::F32 && dt != StDType::BF16 && dt != StDType::F16 && dt != StDType::F64)
+        return GLM_USER_ERROR("tensor '", piece.name, "' in '", found.file->path(), "' has dtype ", st_dtype_name(dt),
+                              "; expected F32, BF16, F16 or F64");
+      if (sink == nullptr) continue;
       std::span<float> out(values.data() + piece.offset, static_cast<size_t>(found.info->numel()));
       GLM_RETURN_IF_ERROR(read_as_f32(*found.file, *found.info, out));
     }
-    GLM_RETURN_IF_ERROR(sink(i, values));
+    if (sink != nullptr) GLM_RETURN_IF_ERROR((*sink)(i, values));
   }
   for (const auto& name : ckpt.names()) {
     // The THUDM checkpoint carries an unused rotary buffer (GLM4_SPEC.md 4.1).
@@ -216,5 +223,14 @@ Status load_hf_weights(const HfModel& m, const ParamLayout& layout,
   }
   return Status::ok();
 }
+
+}  // namespace
+
+Status load_hf_weights(const HfModel& m, const ParamLayout& layout,
+                       const std::function<Status(int entry, std::span<const float> values)>& sink) {
+  return visit_hf_weights(m, layout, &sink);
+}
+
+Status verify_hf_weights(const HfModel& m, const ParamLayout& layout) { return visit_hf_weights(m, layout, nullptr); }
 
 }  // namespace glm

@@ -39,5 +39,8 @@ std::vector<HfPiece> hf_pieces(const HfModel& model, const ParamLayout& layout, 
 // A missing tensor, a wrong shape or a tensor the model does not use is a user error naming it.
 Status load_hf_weights(const HfModel& model, const ParamLayout& layout,
                        const std::function<Status(int entry, std::span<const float> values)>& sink);
+// The same checks as load_hf_weights (names, shapes, dtypes, unused tensors) without reading data,
+// so every rank can agree on bad input before any collective starts.
+Status verify_hf_weights(const HfModel& model, const ParamLayout& layout);
 
 }  // namespace glm
