@@ -42,7 +42,7 @@ CommType comm_type(DType d) {
 
 Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig& config, Backend& backend,
                                                                Communicator& comm, int64_t max_tokens,
-                                                               const AdamWOptions& adam, double max_grad_norm) {
+                                                               std::optional<AdamWOptions> adam, double max_grad_norm) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
   GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens));
@@ -53,9 +53,11 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
     GLM_ASSIGN_OR_RETURN(*b, backend.allocate(max_tokens, DType::i32));
   }
   e->provider_ = std::make_unique<ReplicatedParameters>(e->model_->layout(), e->params_.tensor(), e->grads_.tensor());
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
-                       AdamWOptimizer::create(backend, e->model_->layout(), e->params_.tensor(), 0, adam));
-  e->optimizer_ = std::make_unique<AdamWOptimizer>(std::move(opt));
+  if (adam) {
+    GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
+                         AdamWOptimizer::create(backend, e->model_->layout(), e->params_.tensor(), 0, *adam));
+    e->optimizer_ = std::make_unique<AdamWOptimizer>(std::move(opt));
+  }
   return e;
 }
 
@@ -73,7 +75,7 @@ Status TrainingEngine::set_parameter(int entry, std::span<const float> values) {
   return backend_.convert(params_.slice(e.offset, e.numel), staging.tensor());
 }
 
-Status TrainingEngine::parameters_updated() { return optimizer_->reset_master(); }
+Status TrainingEngine::parameters_updated() { return optimizer_ ? optimizer_->reset_master() : Status::ok(); }
 
 Result<MicroBatch> TrainingEngine::upload(const HostMicroBatch& hb) {
   const int64_t n = hb.size();
@@ -104,6 +106,7 @@ Result<double> TrainingEngine::local_loss_sum(int64_t n) {
 }
 
 Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, double lr) {
+  if (!optimizer_) return GLM_INTERNAL_ERROR("step() on an engine created without an optimizer");
   // Loss normalisation needs the global target count of the whole window before any backward.
   int64_t counts[2] = {0, 0};  // targets, tokens
   for (const auto& m : micro) {

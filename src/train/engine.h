@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -28,8 +29,9 @@ struct EvalResult {
 
 class TrainingEngine {
  public:
+  // adam == nullopt: no optimizer state (evaluation only; step() is then an error).
   static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
-                                                        int64_t max_tokens, const AdamWOptions& adam,
+                                                        int64_t max_tokens, std::optional<AdamWOptions> adam,
                                                         double max_grad_norm);
 
   const ParamLayout& layout() const { return model_->layout(); }
