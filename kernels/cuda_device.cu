@@ -3,9 +3,9 @@
 
 #include "kernels/cuda_device.h"
 
-namespace glm {
+namespace glm::cuda {
 
-int cuda_device_count() {
+int cuda_device_count_impl() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error
@@ -14,4 +14,4 @@ int cuda_device_count() {
   return count;
 }
 
-}  // namespace glm
+}  // namespace glm::cuda

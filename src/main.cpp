@@ -15,10 +15,6 @@
 #include "train/engine.h"
 #include "train/trainer.h"
 
-#ifdef GLM_HAVE_CUDA
-#include "kernels/cuda_device.h"
-#endif
-
 namespace {
 
 // Bad input is detected on every rank; all ranks agree, one prints, all exit with the same code.
@@ -33,14 +29,6 @@ int settle(const glm::Status& local) {
   return agreed.status.exit_code();
 }
 
-int gpu_count() {
-#ifdef GLM_HAVE_CUDA
-  return glm::cuda_device_count();
-#else
-  return 0;
-#endif
-}
-
 void resolve_paths(glm::CliOptions& o) {
   // The embedded default dataset is found from any working directory.
   if (o.effective["dataset"]["source"] != "default") return;
@@ -52,12 +40,17 @@ void resolve_paths(glm::CliOptions& o) {
   }
 }
 
-glm::Status choose_backend(const glm::CliOptions& o) {
-  // The CUDA backend arrives with its own issue; until then auto means cpu and cuda is refused.
-  if (o.device == "cuda")
-    return GLM_USER_ERROR("--device cuda: the CUDA training backend is not part of this build yet (", gpu_count(),
-                          " GPU(s) visible); use --device cpu");
-  return glm::Status::ok();
+// auto: cuda when this build has CUDA and a GPU is visible, else cpu. Each rank takes the GPU of
+// its local rank. Multi-GPU gradient reduction needs NCCL (the distributed issue): until then the
+// CUDA backend runs one rank.
+glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions& o, const glm::ProcessInfo& proc) {
+  const int gpus = glm::cuda_device_count();
+  const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0);
+  if (!cuda) return glm::make_cpu_backend(glm::DType::f32);
+  if (proc.world_size > 1)
+    return GLM_USER_ERROR("the CUDA backend runs one rank until NCCL gradient reduction lands; use -np 1 or "
+                          "--device cpu");
+  return glm::make_cuda_backend(gpus > 0 ? proc.local_rank % gpus : 0);
 }
 
 // The model comes from --model_id_or_path's config.json when given; args.json says so.
@@ -145,7 +138,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   resolve_paths(options);
-  if (int code = settle(choose_backend(options))) return code;
+  auto backend = choose_backend(options, proc);
+  if (int code = settle(backend.status())) return code;
   auto hf = resolve_model(options);
   if (int code = settle(hf.status())) return code;
   if (hf.value()) {
@@ -171,14 +165,13 @@ int main(int argc, char** argv) {
   }
 
   glm::MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::duration<double>(options.collective_timeout));
-  auto backend = glm::make_cpu_backend(glm::DType::f32);
   if (eval) {
     // A failure here may leave peers inside a collective: the fatal path aborts them all.
-    glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, *backend);
+    glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, *backend.value());
     if (!s.is_ok()) glm::fatal_status(s);
     return 0;
   }
-  auto result = glm::train(options.train, dataset.value(), comm, *backend, weight_loader(hf.value()));
+  auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(hf.value()));
   if (!result.is_ok()) glm::fatal_status(result.status());
   if (proc.rank == 0) {
     const auto& s = result.value();

@@ -104,4 +104,10 @@ class Backend {
 // dtype: f32 (the CPU backend) or f64 (the gradient-check oracle).
 std::unique_ptr<Backend> make_cpu_backend(DType dtype);
 
+// bf16 compute on CUDA device `device` (fp32 master weights, moments and statistics).
+// An error when the build has no CUDA or the device cannot be used.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
+// Usable CUDA devices (0 without CUDA in the build or without a driver).
+int cuda_device_count();
+
 }  // namespace glm

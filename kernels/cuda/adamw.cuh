@@ -1,0 +1,17 @@
+// Fused AdamW over flat buffers: fp32 master weights and moments, bf16 gradients and working copy.
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace glm::cuda {
+
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  float bias_correction1, bias_correction2_sqrt;  // 1 - beta1^t, sqrt(1 - beta2^t)
+};
+
+// master, exp_avg, exp_avg_sq updated in place; param (may be null) gets the bf16 copy.
+cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                  const AdamWArgs& args, cudaStream_t stream);
+
+}  // namespace glm::cuda

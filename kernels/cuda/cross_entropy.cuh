@@ -1,0 +1,14 @@
+// Cross-entropy over a chunk of fp32 logits rows (the lm_head GEMM writes them chunk by chunk, so
+// the full [n, vocab] fp32 logits never exist at once).
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace glm::cuda {
+
+// losses[r] = logsumexp(logits[r]) - logits[r, targets[r]] (0 where targets[r] < 0). When dlogits
+// is non-null: dlogits[r] = (softmax - onehot) * grad_scale in bf16 (0 on ignored rows).
+cudaError_t cross_entropy(float* losses, bf16* dlogits, const float* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, float grad_scale, cudaStream_t stream);
+
+}  // namespace glm::cuda

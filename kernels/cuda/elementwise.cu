@@ -1,0 +1,136 @@
+// Element-wise kernels; 64-bit indices throughout.
+#include <algorithm>
+
+#include "kernels/cuda/elementwise.cuh"
+
+namespace glm::cuda {
+namespace {
+
+__global__ void add_kernel(bf16* out, const bf16* a, const bf16* b, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+template <typename D, typename S>
+__device__ __forceinline__ D cast(S v);
+template <>
+__device__ __forceinline__ float cast<float, float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float cast<float, double>(double v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ float cast<float, bf16>(bf16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ double cast<double, float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ double cast<double, double>(double v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ double cast<double, bf16>(bf16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ bf16 cast<bf16, float>(float v) {
+  return __float2bfloat16(v);
+}
+template <>
+__device__ __forceinline__ bf16 cast<bf16, double>(double v) {
+  return __double2bfloat16(v);
+}
+template <>
+__device__ __forceinline__ bf16 cast<bf16, bf16>(bf16 v) {
+  return v;
+}
+
+template <typename D, typename S>
+__global__ void convert_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = cast<D, S>(src[i]);
+}
+
+template <typename D, typename S>
+cudaError_t launch_convert(void* dst, const void* src, int64_t n, cudaStream_t stream) {
+  convert_kernel<D, S><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<D*>(dst), static_cast<const S*>(src), n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+__global__ void sum_squares_kernel(double* result, const T* x, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = cast<float, T>(x[i]);
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) atomicAdd(result, static_cast<double>(acc));
+}
+
+__global__ void column_sum_kernel(bf16* out, const bf16* in, int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float acc = __bfloat162float(out[c]);
+  for (int64_t r = 0; r < rows; ++r) acc += __bfloat162float(in[r * cols + c]);
+  out[c] = __float2bfloat16(acc);
+}
+
+__global__ void accumulate_kernel(bf16* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16(__bfloat162float(dst[i]) + src[i]);
+}
+
+}  // namespace
+
+cudaError_t accumulate_into_bf16(bf16* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  accumulate_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, src, n);
+  return cudaGetLastError();
+}
+
+cudaError_t add_bf16(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream) {
+  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, a, b, n);
+  return cudaGetLastError();
+}
+
+cudaError_t convert(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  // 0 f32, 1 f64, 2 bf16
+  if (dst_dtype == 0 && src_dtype == 0) return launch_convert<float, float>(dst, src, n, stream);
+  if (dst_dtype == 0 && src_dtype == 1) return launch_convert<float, double>(dst, src, n, stream);
+  if (dst_dtype == 0 && src_dtype == 2) return launch_convert<float, bf16>(dst, src, n, stream);
+  if (dst_dtype == 1 && src_dtype == 0) return launch_convert<double, float>(dst, src, n, stream);
+  if (dst_dtype == 1 && src_dtype == 1) return launch_convert<double, double>(dst, src, n, stream);
+  if (dst_dtype == 1 && src_dtype == 2) return launch_convert<double, bf16>(dst, src, n, stream);
+  if (dst_dtype == 2 && src_dtype == 0) return launch_convert<bf16, float>(dst, src, n, stream);
+  if (dst_dtype == 2 && src_dtype == 1) return launch_convert<bf16, double>(dst, src, n, stream);
+  if (dst_dtype == 2 && src_dtype == 2) return launch_convert<bf16, bf16>(dst, src, n, stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t sum_squares_bf16(double* result, const bf16* x, int64_t n, cudaStream_t stream) {
+  sum_squares_kernel<bf16><<<std::min<unsigned int>(grid_for(n, 512), 1024), 512, 0, stream>>>(result, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t sum_squares_f32(double* result, const float* x, int64_t n, cudaStream_t stream) {
+  sum_squares_kernel<float><<<std::min<unsigned int>(grid_for(n, 512), 1024), 512, 0, stream>>>(result, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t column_sum_accumulate(bf16* out, const bf16* in, int64_t rows, int64_t cols, cudaStream_t stream) {
+  column_sum_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(out, in, rows, cols);
+  return cudaGetLastError();
+}
+
+}  // namespace glm::cuda

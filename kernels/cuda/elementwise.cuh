@@ -1,0 +1,19 @@
+// Element-wise kernels over flat buffers: add, dtype conversion, sum of squares, zero-copy helpers.
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace glm::cuda {
+
+cudaError_t add_bf16(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
+// dtype codes follow glm::DType: 0 f32, 1 f64, 2 bf16.
+cudaError_t convert(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n, cudaStream_t stream);
+// result[0] += sum of squares (fp64 accumulation); result is device memory.
+cudaError_t sum_squares_bf16(double* result, const bf16* x, int64_t n, cudaStream_t stream);
+cudaError_t sum_squares_f32(double* result, const float* x, int64_t n, cudaStream_t stream);
+// dst[i] += src[i] (fp32 partial sums into a bf16 gradient).
+cudaError_t accumulate_into_bf16(bf16* dst, const float* src, int64_t n, cudaStream_t stream);
+// out[c] += sum over rows of in[r, c] (bf16 in, fp32 accumulation, bf16 out): bias gradients.
+cudaError_t column_sum_accumulate(bf16* out, const bf16* in, int64_t rows, int64_t cols, cudaStream_t stream);
+
+}  // namespace glm::cuda

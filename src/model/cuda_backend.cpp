@@ -1,0 +1,293 @@
+// The CUDA backend: bf16 parameters, gradients and activations in device memory, fp32 statistics,
+// master weights and moments; kernels from kernels/cuda, GEMMs through cuBLASLt; one stream.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cuda/adamw.cuh"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/cross_entropy.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/swiglu.cuh"
+#include "kernels/cuda_device.h"
+#include "model/backend.h"
+
+#define GLM_CUDA_RETURN(call)                                                                               \
+  do {                                                                                                      \
+    cudaError_t glm_cuda_error_ = (call);                                                                   \
+    if (glm_cuda_error_ != cudaSuccess)                                                                     \
+      return GLM_ERROR(::glm::ErrorKind::internal, #call " failed: ", cudaGetErrorString(glm_cuda_error_)); \
+  } while (0)
+
+#define GLM_CUBLAS_RETURN(call)                                                     \
+  do {                                                                              \
+    cublasStatus_t glm_cublas_status_ = (call);                                     \
+    if (glm_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                \
+      return GLM_ERROR(::glm::ErrorKind::internal, #call " failed: cuBLAS status ", \
+                       static_cast<int>(glm_cublas_status_));                       \
+  } while (0)
+
+namespace glm {
+namespace {
+
+using cuda::bf16;
+
+int dtype_code(DType d) { return d == DType::f32 ? 0 : (d == DType::f64 ? 1 : (d == DType::bf16 ? 2 : -1)); }
+
+// Grow-only device scratch: allocated on first use at the largest size asked for.
+class Scratch {
+ public:
+  ~Scratch() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  Result<void*> get(size_t bytes) {
+    if (bytes > bytes_) {
+      if (ptr_ != nullptr) cudaFree(ptr_);
+      ptr_ = nullptr;
+      bytes_ = 0;
+      if (cudaMalloc(&ptr_, bytes) != cudaSuccess)
+        return GLM_ERROR(ErrorKind::internal, "out of device memory allocating ", bytes, " bytes of scratch");
+      bytes_ = bytes;
+    }
+    return ptr_;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  ~CudaBackend() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  Status init() {
+    GLM_CUDA_RETURN(cudaSetDevice(device_));
+    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const std::string err = gemm_.init();
+    if (!err.empty()) return GLM_ERROR(ErrorKind::internal, err);
+    return Status::ok();
+  }
+
+  std::string name() const override { return "cuda"; }
+  DType compute_dtype() const override { return DType::bf16; }
+  DType optimizer_dtype() const override { return DType::f32; }
+  DType stats_dtype() const override { return DType::f32; }
+  bool host_accessible() const override { return false; }
+
+  Result<Buffer> allocate(int64_t numel, DType dtype) override {
+    if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");
+    const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 256);
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      return GLM_ERROR(ErrorKind::internal, "out of device memory allocating ", bytes, " bytes (", free_bytes, " of ",
+                       total, " free)");
+    }
+    if (cudaMemset(p, 0, bytes) != cudaSuccess) {
+      cudaFree(p);
+      return GLM_ERROR(ErrorKind::internal, "cudaMemset failed");
+    }
+    return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFree(q); });
+  }
+  Status zero(Tensor t) override {
+    if (!t.empty()) GLM_CUDA_RETURN(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
+    return Status::ok();
+  }
+  Status upload(Tensor dst, const void* src) override {
+    GLM_CUDA_RETURN(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+    return synchronize();
+  }
+  Status download(void* dst, Tensor src) override {
+    GLM_CUDA_RETURN(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+    return synchronize();
+  }
+  Status convert(Tensor dst, Tensor src) override {
+    if (dst.numel != src.numel) return GLM_INTERNAL_ERROR("convert size mismatch ", dst.numel, " vs ", src.numel);
+    if (dst.dtype == src.dtype) {
+      if (dst.data != src.data)
+        GLM_CUDA_RETURN(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+      return Status::ok();
+    }
+    GLM_CUDA_RETURN(
+        cuda::convert(dst.data, dtype_code(dst.dtype), src.data, dtype_code(src.dtype), dst.numel, stream_));
+    return Status::ok();
+  }
+  Status synchronize() override {
+    GLM_CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return Status::ok();
+  }
+
+  Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) override {
+    GLM_CUDA_RETURN(cuda::embedding_forward(b(out), b(table), tokens.as<int32_t>(), n, hidden, stream_));
+    return Status::ok();
+  }
+  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, int64_t n, int64_t hidden) override {
+    GLM_CUDA_RETURN(cuda::embedding_backward(b(dtable), b(dout), tokens.as<int32_t>(), n, hidden, stream_));
+    return Status::ok();
+  }
+  Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
+                         double eps) override {
+    GLM_CUDA_RETURN(
+        cuda::rmsnorm_forward(b(out), rstd.as<float>(), b(in), b(weight), n, hidden, static_cast<float>(eps), stream_));
+    return Status::ok();
+  }
+  Status rmsnorm_backward(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight, Tensor rstd, int64_t n,
+                          int64_t hidden) override {
+    GLM_ASSIGN_OR_RETURN(void* acc, norm_scratch_.get(sizeof(float) * static_cast<size_t>(hidden)));
+    GLM_CUDA_RETURN(cudaMemsetAsync(acc, 0, sizeof(float) * static_cast<size_t>(hidden), stream_));
+    GLM_CUDA_RETURN(cuda::rmsnorm_backward(b(din), static_cast<float*>(acc), b(dout), b(in), b(weight),
+                                           rstd.as<float>(), n, hidden, stream_));
+    GLM_CUDA_RETURN(cuda::accumulate_into_bf16(b(dweight), static_cast<float*>(acc), hidden, stream_));
+    return Status::ok();
+  }
+  Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
+                        int64_t out_features) override {
+    GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, out.dtype == DType::f32, b(in), b(weight),
+                                           bias.empty() ? nullptr : b(bias), n, in_features, out_features, stream_));
+    return Status::ok();
+  }
+  Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
+                         int64_t in_features, int64_t out_features, bool accumulate_din) override {
+    if (!din.empty())
+      GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(din), b(dout), b(weight), n, in_features, out_features,
+                                                    accumulate_din, stream_));
+    if (!dweight.empty())
+      GLM_CUBLAS_RETURN(
+          gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features, stream_));
+    if (!dbias.empty()) GLM_CUDA_RETURN(cuda::column_sum_accumulate(b(dbias), b(dout), n, out_features, stream_));
+    return Status::ok();
+  }
+  Status rope_forward(Tensor qkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim,
+                      double base) override {
+    GLM_CUDA_RETURN(cuda::rope(b(qkv), positions.as<int32_t>(), n, s.heads, s.kv_heads, s.head_dim, rotary_dim,
+                               static_cast<float>(base), 1.0f, stream_));
+    return Status::ok();
+  }
+  Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim,
+                       double base) override {
+    GLM_CUDA_RETURN(cuda::rope(b(dqkv), positions.as<int32_t>(), n, s.heads, s.kv_heads, s.head_dim, rotary_dim,
+                               static_cast<float>(base), -1.0f, stream_));
+    return Status::ok();
+  }
+  Status attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n, AttentionShape s) override {
+    if (s.head_dim > cuda::kAttentionMaxHeadDim)
+      return GLM_USER_ERROR("head_dim ", s.head_dim, " exceeds the CUDA attention kernel's ",
+                            cuda::kAttentionMaxHeadDim);
+    GLM_CUDA_RETURN(cuda::attention_forward(b(out), lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n, s.heads,
+                                            s.kv_heads, s.head_dim, stream_));
+    return Status::ok();
+  }
+  Status attention_backward(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n,
+                            AttentionShape s) override {
+    GLM_ASSIGN_OR_RETURN(void* acc, attention_scratch_.get(sizeof(float) * static_cast<size_t>(n * s.heads)));
+    GLM_CUDA_RETURN(cuda::attention_backward(b(dqkv), static_cast<float*>(acc), b(dout), b(out), lse.as<float>(),
+                                             b(qkv), doc_start.as<int32_t>(), n, s.heads, s.kv_heads, s.head_dim,
+                                             stream_));
+    return Status::ok();
+  }
+  Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) override {
+    GLM_CUDA_RETURN(cuda::swiglu_forward(b(out), b(gate_up), n, ffn, stream_));
+    return Status::ok();
+  }
+  Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) override {
+    GLM_CUDA_RETURN(cuda::swiglu_backward(b(dgate_up), b(dout), b(gate_up), n, ffn, stream_));
+    return Status::ok();
+  }
+  Status add(Tensor out, Tensor a, Tensor c, int64_t count) override {
+    GLM_CUDA_RETURN(cuda::add_bf16(b(out), b(a), b(c), count, stream_));
+    return Status::ok();
+  }
+  Status lm_head_cross_entropy(Tensor losses, Tensor dhidden, Tensor dweight, Tensor hidden, Tensor weight,
+                               Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
+                               double grad_scale) override {
+    // Rows per chunk so that fp32 logits plus bf16 dlogits stay near 512 MiB.
+    const int64_t budget = int64_t{512} << 20;
+    const int64_t chunk = std::clamp<int64_t>(budget / (vocab * 6), 1, n);
+    const bool grad = !dhidden.empty();
+    GLM_ASSIGN_OR_RETURN(void* logits, logits_scratch_.get(sizeof(float) * static_cast<size_t>(chunk * vocab)));
+    void* dlogits = nullptr;
+    if (grad) {
+      GLM_ASSIGN_OR_RETURN(dlogits, dlogits_scratch_.get(sizeof(bf16) * static_cast<size_t>(chunk * vocab)));
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+      const int64_t m = std::min(chunk, n - t0);
+      const bf16* h = b(hidden) + t0 * hidden_size;
+      GLM_CUBLAS_RETURN(gemm_.linear_forward(logits, true, h, b(weight), nullptr, m, hidden_size, vocab, stream_));
+      GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0, static_cast<bf16*>(dlogits),
+                                          static_cast<float*>(logits), targets.as<int32_t>() + t0, m, vocab,
+                                          static_cast<float>(grad_scale), stream_));
+      if (grad) {
+        GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, static_cast<bf16*>(dlogits),
+                                                      b(weight), m, hidden_size, vocab, false, stream_));
+        GLM_CUBLAS_RETURN(
+            gemm_.linear_backward_weight(b(dweight), static_cast<bf16*>(dlogits), h, m, hidden_size, vocab, stream_));
+      }
+    }
+    return Status::ok();
+  }
+  Result<double> sum_squares(Tensor x) override {
+    GLM_ASSIGN_OR_RETURN(void* acc, sum_scratch_.get(sizeof(double)));
+    GLM_CUDA_RETURN(cudaMemsetAsync(acc, 0, sizeof(double), stream_));
+    if (x.dtype == DType::bf16) {
+      GLM_CUDA_RETURN(cuda::sum_squares_bf16(static_cast<double*>(acc), b(x), x.numel, stream_));
+    } else if (x.dtype == DType::f32) {
+      GLM_CUDA_RETURN(cuda::sum_squares_f32(static_cast<double*>(acc), x.as<float>(), x.numel, stream_));
+    } else {
+      return GLM_INTERNAL_ERROR("sum_squares of ", dtype_name(x.dtype));
+    }
+    double result = 0;
+    GLM_CUDA_RETURN(cudaMemcpyAsync(&result, acc, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    GLM_RETURN_IF_ERROR(synchronize());
+    return result;
+  }
+  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
+               const AdamWStep& step) override {
+    cuda::AdamWArgs a;
+    a.lr = static_cast<float>(step.lr);
+    a.beta1 = static_cast<float>(step.beta1);
+    a.beta2 = static_cast<float>(step.beta2);
+    a.eps = static_cast<float>(step.eps);
+    a.weight_decay = static_cast<float>(step.weight_decay);
+    a.grad_scale = static_cast<float>(step.grad_scale);
+    a.bias_correction1 = static_cast<float>(1.0 - std::pow(step.beta1, static_cast<double>(step.step)));
+    a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(step.beta2, static_cast<double>(step.step))));
+    GLM_CUDA_RETURN(cuda::adamw(param.data == master.data ? nullptr : b(param), master.as<float>(), b(grad),
+                                exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a, stream_));
+    return Status::ok();
+  }
+
+ private:
+  static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cuda::Gemm gemm_;
+  Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+  const int count = cuda::cuda_device_count_impl();
+  if (count == 0) return GLM_USER_ERROR("--device cuda: no CUDA device is visible");
+  if (device < 0 || device >= count) return GLM_INTERNAL_ERROR("CUDA device ", device, " of ", count);
+  auto backend = std::make_unique<CudaBackend>(device);
+  GLM_RETURN_IF_ERROR(backend->init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+int cuda_device_count() { return cuda::cuda_device_count_impl(); }
+
+}  // namespace glm
