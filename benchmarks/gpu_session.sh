@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build for sm_90a, run the gpu and unit tests, compare the tiny
+# model's 50-step loss curve on CUDA with the CPU backend, and time a GLM-4-9B-shaped model cut to
+# 12 layers at seq 4096 (micro-batch 1). Prints a short table last; logs go to $OUT.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+# PCRE2 headers are missing on the GPU image: use Debian's libpcre2-dev carried in .deb/.
+if ! pkg-config --exists libpcre2-8 2>/dev/null; then
+  mkdir -p /tmp/pcre2 && dpkg -x .deb/libpcre2-dev_*.deb /tmp/pcre2
+  pc=/tmp/pcre2/usr/lib/x86_64-linux-gnu/pkgconfig
+  sed -i "s|^prefix=.*|prefix=/tmp/pcre2/usr|" "$pc/libpcre2-8.pc"
+  ln -sf /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 /tmp/pcre2/usr/lib/x86_64-linux-gnu/libpcre2-8.so
+  export PKG_CONFIG_PATH=$pc
+fi
+
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a >"$OUT/cmake.log" 2>&1 ||
+  { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+
+(cd build-gpu && ctest -L gpu --output-on-failure >"$OUT/ctest_gpu.log" 2>&1; echo "gpu tests rc=$?")
+grep -E "tests passed|Failed|\*\*\*|vs transformers|on CUDA" "$OUT/ctest_gpu.log" | head -30
+(cd build-gpu && ctest -L unit -j 8 >"$OUT/ctest_unit.log" 2>&1; echo "unit tests rc=$?")
+grep -E "tests passed" "$OUT/ctest_unit.log"
+
+# Tiny model: the same 50 steps on CUDA and on the CPU backend.
+for dev in cuda cpu; do
+  mpirun -np 1 build-gpu/glm_hpc --device $dev --max_steps 50 --logging_steps 1 --output_dir /tmp/tiny_$dev \
+    >"$OUT/tiny_$dev.log" 2>&1 || { echo "tiny $dev failed"; tail -5 "$OUT/tiny_$dev.log"; }
+done
+
+# GLM-4-9B shapes, 12 layers, seq 4096, micro-batch 1, random tokens.
+python3 - <<'PY'
+import json, random
+random.seed(0)
+with open("/tmp/bench4096.jsonl", "w") as f:
+    for _ in range(16):
+        ids = [random.randrange(151552) for _ in range(4096)]
+        f.write(json.dumps({"input_ids": ids}) + "\n")
+PY
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$OUT/mem.csv" 2>/dev/null &
+smi=$!
+mpirun -np 1 build-gpu/glm_hpc --device cuda --config configs/glm4-9b-chat.cfg --num_hidden_layers 12 \
+  --dataset /tmp/bench4096.jsonl --max_length 4096 --gradient_accumulation_steps 1 --max_steps 6 \
+  --logging_steps 1 --warmup_steps 0 --output_dir /tmp/e2e >"$OUT/e2e.log" 2>&1 || { echo "e2e failed"; tail -8 "$OUT/e2e.log"; }
+kill $smi 2>/dev/null
+tail -4 "$OUT/e2e.log"
+
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+def losses(path):
+    try:
+        return [json.loads(l) for l in open(path)]
+    except OSError:
+        return []
+g, c = losses("/tmp/tiny_cuda/logging.jsonl"), losses("/tmp/tiny_cpu/logging.jsonl")
+rows = []
+if g and c:
+    worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(g, c))
+    rows.append(("tiny 50 steps: loss first/last cuda", f"{g[0]['loss']:.4f} / {g[-1]['loss']:.4f}"))
+    rows.append(("tiny 50 steps: loss first/last cpu", f"{c[0]['loss']:.4f} / {c[-1]['loss']:.4f}"))
+    rows.append(("tiny: worst relative loss gap", f"{worst:.2e}"))
+e = losses("/tmp/e2e/logging.jsonl")
+if len(e) > 2:
+    steady = e[2:]
+    tps = sum(r["tokens_per_second"] for r in steady) / len(steady)
+    L, H, S = 12, 4096, 4096
+    n_mm = L * 203948032 + 620756992
+    flops = 6 * n_mm + 6 * L * H * S  # causal-skipping attention, the peer's convention
+    rows.append(("e2e 12L seq4096 tokens/s", f"{tps:.0f}"))
+    rows.append(("e2e model TFLOP/s, MFU (989)", f"{tps * flops / 1e12:.1f}, {100 * tps * flops / 989e12:.1f}%"))
+    rows.append(("e2e vs peer 20,720 tok/s (torch.compile)", f"{tps / 20720:.3f}x"))
+try:
+    mem = [int(x) for x in open(f"{out}/mem.csv").read().split() if x.strip().isdigit()]
+    rows.append(("e2e peak GPU memory (nvidia-smi)", f"{max(mem) / 1024:.1f} GiB"))
+except (OSError, ValueError):
+    pass
+print("\n== summary ==")
+for k, v in rows:
+    print(f"{k:45s} {v}")
+PY
