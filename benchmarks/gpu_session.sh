@@ -19,8 +19,19 @@ if ! pkg-config --exists libpcre2-8 2>/dev/null; then
   export PKG_CONFIG_PATH=$pc
 fi
 
+# The GPU image has Boost's headers but no program_options library: use Debian's 1.74 (headers,
+# static library and CMake config) carried in .deb/, consistently for all of Boost.
+boost_args=()
+if [ ! -e /usr/lib/x86_64-linux-gnu/libboost_program_options.so ] && ls .deb/libboost1.74-dev_*.deb >/dev/null 2>&1; then
+  mkdir -p /tmp/boost174
+  for d in .deb/libboost1.74-dev_*.deb .deb/libboost-program-options1.74-dev_*.deb \
+    .deb/libboost-program-options1.74.0_*.deb; do dpkg -x "$d" /tmp/boost174; done
+  boost_args=(-DBoost_DIR=/tmp/boost174/usr/lib/x86_64-linux-gnu/cmake/Boost-1.74.0 -DBoost_USE_STATIC_LIBS=ON)
+fi
+
 t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a >"$OUT/cmake.log" 2>&1 ||
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a "${boost_args[@]}" \
+  >"$OUT/cmake.log" 2>&1 ||
   { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
