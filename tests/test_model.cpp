@@ -2,6 +2,7 @@
 // differences; layout, config validation and determinism of the initialisation.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <numeric>
 
 #include "model/glm4_model.h"

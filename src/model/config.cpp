@@ -2,6 +2,7 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <cstdint>
 
 namespace glm {
 
