@@ -33,7 +33,7 @@ t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a "${boost_args[@]}" \
   >"$OUT/cmake.log" 2>&1 ||
   { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+cmake --build build-gpu -j 16 -- -k 0 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 (cd build-gpu && ctest -L gpu --output-on-failure >"$OUT/ctest_gpu.log" 2>&1; echo "gpu tests rc=$?")
