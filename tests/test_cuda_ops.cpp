@@ -24,6 +24,10 @@ constexpr double kBf16OpTolerance = 1e-2;
 // Through the whole model bf16 activations compound: loss to 1e-2, gradients to 5e-2.
 constexpr double kBf16LossTolerance = 1e-2;
 constexpr double kBf16GradTolerance = 5e-2;
+// Over many steps the trajectories drift: bf16 working weights round small updates away (a norm
+// weight near 1 moves in steps of 2^-7), so the GPU learns a little slower than the fp32 CPU.
+// Measured on an H200: 1.2% apart after 20 steps at lr 2e-3 on one repeated batch.
+constexpr double kBf16TrajectoryTolerance = 3e-2;
 
 #define REQUIRE_GPU()                                                       \
   do {                                                                      \
@@ -366,8 +370,9 @@ TEST(CudaModel, StepMatchesCpuBackend) {
       }
     }
   }
-  for (size_t s = 0; s < cpu_losses.size(); ++s)
-    EXPECT_NEAR(gpu_losses[s], cpu_losses[s], kBf16LossTolerance * cpu_losses[s]) << "step " << s + 1;
+  EXPECT_NEAR(gpu_losses[0], cpu_losses[0], kBf16LossTolerance * cpu_losses[0]) << "first step";
+  for (size_t s = 1; s < cpu_losses.size(); ++s)
+    EXPECT_NEAR(gpu_losses[s], cpu_losses[s], kBf16TrajectoryTolerance * cpu_losses[s]) << "step " << s + 1;
   EXPECT_LT(gpu_losses.back(), gpu_losses.front() - 0.5);
 }
 
