@@ -1,6 +1,7 @@
 // Element-wise kernels; 64-bit indices throughout.
 #include <algorithm>
 
+#include "kernels/counter_rng.h"
 #include "kernels/cuda/elementwise.cuh"
 
 namespace glm::cuda {
@@ -90,7 +91,40 @@ __global__ void accumulate_kernel(bf16* dst, const float* src, int64_t n) {
     dst[i] = __float2bfloat16(__bfloat162float(dst[i]) + src[i]);
 }
 
+template <typename D>
+__global__ void fill_kernel(D* dst, int64_t n, double value, bool normal, uint64_t key, int64_t offset) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double v = normal ? value * counter_normal(key, static_cast<uint64_t>(offset + i)) : value;
+    dst[i] = cast<D, double>(v);
+  }
+}
+
+cudaError_t launch_fill(void* dst, int dst_dtype, int64_t n, double value, bool normal, uint64_t key, int64_t offset,
+                        cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned int grid = std::min<unsigned int>(grid_for(n, 256), 4096);
+  if (dst_dtype == 0)
+    fill_kernel<float><<<grid, 256, 0, stream>>>(static_cast<float*>(dst), n, value, normal, key, offset);
+  else if (dst_dtype == 1)
+    fill_kernel<double><<<grid, 256, 0, stream>>>(static_cast<double*>(dst), n, value, normal, key, offset);
+  else if (dst_dtype == 2)
+    fill_kernel<bf16><<<grid, 256, 0, stream>>>(static_cast<bf16*>(dst), n, value, normal, key, offset);
+  else
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t fill(void* dst, int dst_dtype, int64_t n, double value, cudaStream_t stream) {
+  return launch_fill(dst, dst_dtype, n, value, false, 0, 0, stream);
+}
+
+cudaError_t fill_normal(void* dst, int dst_dtype, int64_t n, uint64_t key, int64_t offset, double std,
+                        cudaStream_t stream) {
+  return launch_fill(dst, dst_dtype, n, std, true, key, offset, stream);
+}
 
 cudaError_t accumulate_into_bf16(bf16* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;

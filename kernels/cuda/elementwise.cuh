@@ -11,6 +11,10 @@ cudaError_t convert(void* dst, int dst_dtype, const void* src, int src_dtype, in
 // result[0] += sum of squares (fp64 accumulation); result is device memory.
 cudaError_t sum_squares_bf16(double* result, const bf16* x, int64_t n, cudaStream_t stream);
 cudaError_t sum_squares_f32(double* result, const float* x, int64_t n, cudaStream_t stream);
+// dst[i] = value, or std * counter_normal(key, offset + i), in dtype code dst_dtype.
+cudaError_t fill(void* dst, int dst_dtype, int64_t n, double value, cudaStream_t stream);
+cudaError_t fill_normal(void* dst, int dst_dtype, int64_t n, uint64_t key, int64_t offset, double std,
+                        cudaStream_t stream);
 // dst[i] += src[i] (fp32 partial sums into a bf16 gradient).
 cudaError_t accumulate_into_bf16(bf16* dst, const float* src, int64_t n, cudaStream_t stream);
 // out[c] += sum over rows of in[r, c] (bf16 in, fp32 accumulation, bf16 out): bias gradients.

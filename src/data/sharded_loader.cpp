@@ -15,13 +15,6 @@ uint64_t SplitMix64::next() {
 
 double SplitMix64::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
-double SplitMix64::normal() {
-  double u1 = uniform();
-  while (u1 <= 0.0) u1 = uniform();
-  const double u2 = uniform();
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-}
-
 void append_document(HostMicroBatch& batch, const TokenizedSample& sample) {
   const int32_t start = static_cast<int32_t>(batch.tokens.size());
   const size_t n = sample.tokens.size();

@@ -47,7 +47,6 @@ class SplitMix64 {
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
   uint64_t next();
   double uniform();  // [0, 1)
-  double normal();   // standard normal (Box-Muller)
  private:
   uint64_t state_;
 };

@@ -96,6 +96,9 @@ class Backend {
                                        Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                        double grad_scale) = 0;
   virtual Result<double> sum_squares(Tensor x) = 0;
+  // dst[i] = value; dst[i] = std * counter_normal(key, offset + i) (kernels/counter_rng.h).
+  virtual Status fill(Tensor dst, double value) = 0;
+  virtual Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) = 0;
   // Updates master (optimizer dtype) and writes the compute-dtype copy into param (may alias master).
   virtual Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                        const AdamWStep& step) = 0;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/counter_rng.h"
 #include "model/backend.h"
 
 namespace glm {
@@ -145,6 +146,16 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
   Result<double> sum_squares(Tensor x) override { return cpu::sum_squares(p(x), x.numel); }
+  Status fill(Tensor dst, double value) override {
+    std::fill(p(dst), p(dst) + dst.numel, static_cast<T>(value));
+    return Status::ok();
+  }
+  Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) override {
+    T* out = p(dst);
+    for (int64_t i = 0; i < dst.numel; ++i)
+      out[i] = static_cast<T>(std * counter_normal(key, static_cast<uint64_t>(offset + i)));
+    return Status::ok();
+  }
   Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                const AdamWStep& step) override {
     cpu::adamw(p(master), p(grad), p(exp_avg), p(exp_avg_sq), master.numel, step);

@@ -252,6 +252,14 @@ class CudaBackend final : public Backend {
     GLM_RETURN_IF_ERROR(synchronize());
     return result;
   }
+  Status fill(Tensor dst, double value) override {
+    GLM_CUDA_RETURN(cuda::fill(dst.data, dtype_code(dst.dtype), dst.numel, value, stream_));
+    return Status::ok();
+  }
+  Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) override {
+    GLM_CUDA_RETURN(cuda::fill_normal(dst.data, dtype_code(dst.dtype), dst.numel, key, offset, std, stream_));
+    return Status::ok();
+  }
   Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                const AdamWStep& step) override {
     cuda::AdamWArgs a;

@@ -4,8 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <numbers>
-#include <thread>
 
 #include "data/sharded_loader.h"
 #include "train/engine.h"
@@ -30,69 +28,19 @@ int64_t total_training_steps(const TrainConfig& c, int64_t dataset_size, int wor
       1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(dataset_size) / global)));
 }
 
-namespace {
-
-// Counter-based N(0, 1): element i of a tensor depends only on (key, i), so the values do not
-// depend on chunking, thread count or backend.
-double counter_normal(uint64_t key, uint64_t i) {
-  SplitMix64 a(key ^ (2 * i) * 0x9e3779b97f4a7c15ULL), b(key ^ (2 * i + 1) * 0x9e3779b97f4a7c15ULL);
-  double u1 = a.uniform();
-  if (u1 <= 0.0) u1 = 0x1.0p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * b.uniform());
-}
-
-template <typename T>
-void fill_chunk(std::vector<T>& host, const ParamEntry& e, int64_t begin, int64_t count, uint64_t key, double std) {
-  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  auto work = [&](unsigned w) {
-    for (int64_t i = w; i < count; i += threads) {
-      double v = 0.0;
-      if (e.kind == ParamKind::norm)
-        v = 1.0;
-      else if (e.kind != ParamKind::bias)
-        v = std * counter_normal(key, static_cast<uint64_t>(begin + i));
-      host[static_cast<size_t>(i)] = static_cast<T>(v);
-    }
-  };
-  if (count < (1 << 16)) {
-    for (unsigned w = 0; w < threads; ++w) work(w);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < threads; ++w) pool.emplace_back(work, w);
-  for (auto& t : pool) t.join();
-}
-
-template <typename T>
-Status initialize_as(const ParamLayout& layout, const ModelConfig& config, uint64_t seed, Backend& backend,
-                     Tensor params, DType staging_dtype) {
-  constexpr int64_t kChunk = int64_t{1} << 24;
-  int64_t largest = 0;
-  for (const auto& e : layout.entries()) largest = std::max(largest, std::min(e.numel, kChunk));
-  GLM_ASSIGN_OR_RETURN(Buffer staging, backend.allocate(largest, staging_dtype));
-  std::vector<T> host(static_cast<size_t>(largest));
-  for (const auto& e : layout.entries()) {
-    const uint64_t key = seed ^ fnv1a(e.name);
-    for (int64_t begin = 0; begin < e.numel; begin += kChunk) {
-      const int64_t count = std::min(kChunk, e.numel - begin);
-      fill_chunk(host, e, begin, count, key, config.initializer_range);
-      Tensor s = staging.slice(0, count);
-      GLM_RETURN_IF_ERROR(backend.upload(s, host.data()));
-      GLM_RETURN_IF_ERROR(backend.convert(params.slice(e.offset + begin, count), s));
-    }
-  }
-  return Status::ok();
-}
-
-}  // namespace
-
 Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& backend, Tensor params) {
+  // Generated where the parameters live (counter-based, so every backend draws the same values).
   ParamLayout layout(config);
   GLM_RETURN_IF_ERROR(backend.zero(params));
-  // Generated in the optimizer's precision (f64 for the gradient-check oracle, else f32).
-  if (backend.optimizer_dtype() == DType::f64)
-    return initialize_as<double>(layout, config, seed, backend, params, DType::f64);
-  return initialize_as<float>(layout, config, seed, backend, params, DType::f32);
+  for (const auto& e : layout.entries()) {
+    Tensor t = params.slice(e.offset, e.numel);
+    if (e.kind == ParamKind::norm) {
+      GLM_RETURN_IF_ERROR(backend.fill(t, 1.0));
+    } else if (e.kind != ParamKind::bias) {
+      GLM_RETURN_IF_ERROR(backend.fill_normal(t, seed ^ fnv1a(e.name), 0, config.initializer_range));
+    }
+  }
+  return backend.synchronize();
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
@@ -126,8 +74,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   logger.print(concat("glm_hpc: dataset ", rep.kept, " samples (", rep.deleted_too_long, " of ", rep.read,
                       " deleted: longer than max_length ", config.max_length, "), ", rep.tokens, " tokens, ",
                       rep.target_tokens, " trained"));
-  logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(), " samples = ",
-                      config.per_device_train_batch_size, " per device x ", world, " ranks x ",
+  logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(),
+                      " samples = ", config.per_device_train_batch_size, " per device x ", world, " ranks x ",
                       config.gradient_accumulation_steps, " accumulation; ", total_steps, " steps, warmup ",
                       schedule.warmup_steps));
 
