@@ -102,7 +102,9 @@ TEST(CliBadInput, CheckpointMissingATensor) {
   std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_b", dir);
   std::ifstream in(dir / "config.json");
   std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  cfg.replace(cfg.find("\"num_hidden_layers\": 3"), 22, "\"num_hidden_layers\": 4");
+  const auto at = cfg.find("\"num_hidden_layers\": 3");
+  ASSERT_NE(at, std::string::npos);
+  cfg = cfg.substr(0, at) + "\"num_hidden_layers\": 4" + cfg.substr(at + 22);
   std::ofstream(dir / "config.json", std::ios::trunc) << cfg;
   expect_bad_input("eval --model_id_or_path " + dir.string(), "has no tensor 'model.layers.3.input_layernorm.weight'");
 }
