@@ -192,12 +192,17 @@ TEST_F(Ops, Linear) {
   expect_close(dx, "linear din accumulated");
 }
 
-TEST_F(Ops, RopeAndAttentionWithDocumentsAndGqa) {
-  AttentionShape s{8, 2, 40};  // 4 query heads per KV group, head_dim not a multiple of 32
-  const int64_t rot = 20;
+// head_dim 40 takes the warp-per-row kernel; 32, 64 and 128 the tensor-core flash kernel, here
+// with documents that straddle its 64-token tiles and a length that is no multiple of 64.
+class Attention : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {};
+
+TEST_P(Attention, RopeAndAttentionWithDocumentsAndGqa) {
+  const auto [heads, kv_heads, head_dim, length] = GetParam();
+  AttentionShape s{heads, kv_heads, head_dim};
+  const int64_t rot = head_dim / 2;
   std::vector<int32_t> doc, pos;
-  for (int t = 0; t < 70; ++t) {  // documents of 31, 1 and 38 tokens
-    const int start = t < 31 ? 0 : (t < 32 ? 31 : 32);
+  for (int t = 0; t < length; ++t) {  // documents of 31, 1, 100 tokens, then the rest
+    const int start = t < 31 ? 0 : (t < 32 ? 31 : (t < 132 ? 32 : 132));
     doc.push_back(start);
     pos.push_back(t - start);
   }
@@ -234,6 +239,11 @@ TEST_F(Ops, RopeAndAttentionWithDocumentsAndGqa) {
   ASSERT_TRUE(gpu_->rope_backward(g.gpu.tensor(), positions.gpu.tensor(), n, s, rot, 5e6).is_ok());
   expect_close(g, "rope backward");
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
+                         ::testing::Values(std::make_tuple(8, 2, 40, 70), std::make_tuple(4, 2, 32, 150),
+                                           std::make_tuple(8, 4, 64, 200), std::make_tuple(32, 2, 128, 333),
+                                           std::make_tuple(6, 6, 128, 65)));
 
 TEST_F(Ops, SwigluAndAdd) {
   const int64_t n = 13, ffn = 111;
@@ -312,9 +322,9 @@ ModelConfig small_model() {
   c.hidden_size = 128;
   c.intermediate_size = 224;
   c.num_hidden_layers = 3;
-  c.num_attention_heads = 8;
+  c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
-  c.head_dim = 16;
+  c.head_dim = 32;
   c.max_position_embeddings = 1024;
   c.rope_theta = 5e6;
   EXPECT_TRUE(c.finalize_and_validate().is_ok());

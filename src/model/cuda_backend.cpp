@@ -11,6 +11,7 @@
 #include "kernels/cuda/cross_entropy.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
@@ -185,13 +186,27 @@ class CudaBackend final : public Backend {
     if (s.head_dim > cuda::kAttentionMaxHeadDim)
       return GLM_USER_ERROR("head_dim ", s.head_dim, " exceeds the CUDA attention kernel's ",
                             cuda::kAttentionMaxHeadDim);
+    // Tensor-core flash attention where the head size allows, the warp-per-row kernel elsewhere.
+    if (cuda::flash_attention_supports(s.head_dim)) {
+      GLM_CUDA_RETURN(cuda::flash_attention_forward(b(out), lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n,
+                                                    s.heads, s.kv_heads, s.head_dim, stream_));
+      return Status::ok();
+    }
     GLM_CUDA_RETURN(cuda::attention_forward(b(out), lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n, s.heads,
                                             s.kv_heads, s.head_dim, stream_));
     return Status::ok();
   }
   Status attention_backward(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n,
                             AttentionShape s) override {
-    GLM_ASSIGN_OR_RETURN(void* acc, attention_scratch_.get(sizeof(float) * static_cast<size_t>(n * s.heads)));
+    const bool flash = cuda::flash_attention_supports(s.head_dim);
+    const int64_t scratch = flash ? cuda::flash_attention_scratch(n, s.heads, s.kv_heads, s.head_dim) : n * s.heads;
+    GLM_ASSIGN_OR_RETURN(void* acc, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
+    if (flash) {
+      GLM_CUDA_RETURN(cuda::flash_attention_backward(b(dqkv), static_cast<float*>(acc), b(dout), b(out),
+                                                     lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n, s.heads,
+                                                     s.kv_heads, s.head_dim, stream_));
+      return Status::ok();
+    }
     GLM_CUDA_RETURN(cuda::attention_backward(b(dqkv), static_cast<float*>(acc), b(dout), b(out), lse.as<float>(),
                                              b(qkv), doc_start.as<int32_t>(), n, s.heads, s.kv_heads, s.head_dim,
                                              stream_));

@@ -1,0 +1,24 @@
+// Tensor-core (WMMA bf16, fp32 accumulation) flash attention, forward and backward, for head_dim
+// 32, 64 or 128: causal, grouped-query, packed documents (token t sees [doc_start[t], t]). Never
+// materialises the n x n scores; softmax statistics (lse) in fp32. attention.cuh dispatches here.
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace glm::cuda {
+
+bool flash_attention_supports(int64_t head_dim);
+
+cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
+                                    int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+
+// dqkv overwritten. scratch: fp32 device memory of flash_attention_scratch(...) elements (dQ, dK
+// and dV accumulators and the row statistic delta = dout . out).
+inline int64_t flash_attention_scratch(int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return n * heads * (head_dim + 1) + 2 * n * kv_heads * head_dim;
+}
+cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
+                                     const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
+                                     int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+
+}  // namespace glm::cuda
