@@ -114,9 +114,8 @@ __global__ void __launch_bounds__(kThreads)
     bf16* prow = Ps + my_row * kPld + half * 32;
     for (int c = 0; c < 32; ++c) {
       const float p = m_new == -INFINITY ? 0.0f : __expf(srow[c] - m_new);
-      const bf16 pb = __float2bfloat16(p);
-      prow[c] = pb;
-      sum += __bfloat162float(pb);
+      prow[c] = __float2bfloat16(p);
+      sum += p;  // the normaliser in fp32, as FlashAttention-2 keeps it
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     const float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
