@@ -1,0 +1,230 @@
+// CUDA kernels on GLM-4-9B shapes (seq 4096 and 8192, one micro-batch) through the Backend
+// interface, next to two ceilings measured in the same run: a large device-to-device copy (GB/s,
+// bytes read + written) and a large bf16 GEMM through cuBLASLt (TFLOP/s). Each row reports its
+// achieved rate and the fraction of the matching ceiling. Skips when no GPU is visible.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "model/backend.h"
+
+namespace {
+
+using glm::AttentionShape;
+using glm::Backend;
+using glm::Buffer;
+using glm::DType;
+using glm::Tensor;
+
+Backend* gpu() {
+  static std::unique_ptr<Backend> backend = [] {
+    if (glm::cuda_device_count() == 0) return std::unique_ptr<Backend>();
+    auto r = glm::make_cuda_backend(0);
+    return r.is_ok() ? r.take() : std::unique_ptr<Backend>();
+  }();
+  return backend.get();
+}
+
+double g_copy_gbs = 0, g_gemm_tflops = 0;  // ceilings, measured first
+
+Buffer filled(int64_t n, DType dtype, double value_std = 0.5, uint64_t key = 1) {
+  Buffer b = gpu()->allocate(n, dtype).take();
+  if (dtype == DType::i32) return b;
+  if (!gpu()->fill_normal(b.tensor(), key, 0, value_std).is_ok()) std::abort();
+  return b;
+}
+
+// Runs fn once to warm up, then times iterations with device synchronisation around each batch.
+template <typename Fn>
+void time_loop(benchmark::State& state, Fn&& fn) {
+  if (!fn().is_ok()) {
+    state.SkipWithError("op failed");
+    return;
+  }
+  (void)gpu()->synchronize();
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 5; ++i) (void)fn();
+    (void)gpu()->synchronize();
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5);
+  }
+}
+
+void report_bytes(benchmark::State& state, double bytes) {
+  state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  if (g_copy_gbs > 0)
+    state.counters["%copy"] =
+        benchmark::Counter(100.0 * bytes / 1e9 / g_copy_gbs, benchmark::Counter::kIsIterationInvariantRate);
+}
+void report_flops(benchmark::State& state, double flops) {
+  state.counters["TFLOP/s"] = benchmark::Counter(flops / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  if (g_gemm_tflops > 0)
+    state.counters["%gemm"] =
+        benchmark::Counter(100.0 * flops / 1e12 / g_gemm_tflops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+#define REQUIRE_GPU(state)                         \
+  if (gpu() == nullptr) {                          \
+    state.SkipWithError("no CUDA device visible"); \
+    return;                                        \
+  }
+
+void BM_CeilingCopy(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = int64_t{1} << 30;  // 2 GiB of bf16
+  Buffer a = filled(n, DType::bf16), b = gpu()->allocate(n, DType::bf16).take();
+  time_loop(state, [&] { return gpu()->convert(b.tensor(), a.tensor()); });
+  report_bytes(state, 2.0 * 2 * n);  // read + write
+}
+
+void BM_CeilingGemm(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t m = 8192;
+  Buffer x = filled(m * m, DType::bf16), w = filled(m * m, DType::bf16, 0.02, 2), y = filled(m * m, DType::bf16);
+  time_loop(state, [&] { return gpu()->linear_forward(y.tensor(), x.tensor(), w.tensor(), Tensor{}, m, m, m); });
+  report_flops(state, 2.0 * m * m * m);
+}
+
+constexpr int64_t kHidden = 4096, kFfn = 13696, kHeads = 32, kKv = 2, kHeadDim = 128, kVocab = 151552;
+
+void BM_RmsNormForward(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0);
+  Buffer x = filled(n * kHidden, DType::bf16), w = filled(kHidden, DType::bf16), y = filled(n * kHidden, DType::bf16),
+         r = filled(n, DType::f32);
+  time_loop(state, [&] {
+    return gpu()->rmsnorm_forward(y.tensor(), r.tensor(), x.tensor(), w.tensor(), n, kHidden, 1.5625e-7);
+  });
+  report_bytes(state, 2.0 * 2 * n * kHidden);
+}
+
+void BM_RmsNormBackward(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0);
+  Buffer x = filled(n * kHidden, DType::bf16), w = filled(kHidden, DType::bf16), dy = filled(n * kHidden, DType::bf16),
+         dx = filled(n * kHidden, DType::bf16), dw = filled(kHidden, DType::bf16), r = filled(n, DType::f32, 0.1);
+  time_loop(state, [&] {
+    return gpu()->rmsnorm_backward(dx.tensor(), dw.tensor(), dy.tensor(), x.tensor(), w.tensor(), r.tensor(), n,
+                                   kHidden);
+  });
+  report_bytes(state, 2.0 * 4 * n * kHidden);  // read x, dy, dx; write dx
+}
+
+void BM_SwigluForward(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0);
+  Buffer gu = filled(n * 2 * kFfn, DType::bf16), y = filled(n * kFfn, DType::bf16);
+  time_loop(state, [&] { return gpu()->swiglu_forward(y.tensor(), gu.tensor(), n, kFfn); });
+  report_bytes(state, 2.0 * 3 * n * kFfn);
+}
+
+void BM_SwigluBackward(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0);
+  Buffer gu = filled(n * 2 * kFfn, DType::bf16), dy = filled(n * kFfn, DType::bf16),
+         dgu = filled(n * 2 * kFfn, DType::bf16);
+  time_loop(state, [&] { return gpu()->swiglu_backward(dgu.tensor(), dy.tensor(), gu.tensor(), n, kFfn); });
+  report_bytes(state, 2.0 * 5 * n * kFfn);
+}
+
+void BM_Rope(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0), width = (kHeads + 2 * kKv) * kHeadDim;
+  Buffer qkv = filled(n * width, DType::bf16), pos = gpu()->allocate(n, DType::i32).take();
+  time_loop(state, [&] {
+    return gpu()->rope_forward(qkv.tensor(), pos.tensor(), n, AttentionShape{kHeads, kKv, kHeadDim}, 64, 5e6);
+  });
+  report_bytes(state, 2.0 * 2 * n * (kHeads + kKv) * 64);  // the rotated half of q and k, read and written
+}
+
+Buffer doc_starts(int64_t n) { return gpu()->allocate(n, DType::i32).take(); }  // zeros: one document
+
+void BM_AttentionForward(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0), width = (kHeads + 2 * kKv) * kHeadDim;
+  Buffer qkv = filled(n * width, DType::bf16), out = filled(n * kHeads * kHeadDim, DType::bf16),
+         lse = filled(n * kHeads, DType::f32), doc = doc_starts(n);
+  time_loop(state, [&] {
+    return gpu()->attention_forward(out.tensor(), lse.tensor(), qkv.tensor(), doc.tensor(), n,
+                                    AttentionShape{kHeads, kKv, kHeadDim});
+  });
+  report_flops(state, 2.0 * n * n * kHeadDim * kHeads);  // causal: half of 4 n^2 d per head
+}
+
+void BM_AttentionBackward(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0), width = (kHeads + 2 * kKv) * kHeadDim;
+  const AttentionShape s{kHeads, kKv, kHeadDim};
+  Buffer qkv = filled(n * width, DType::bf16), out = filled(n * kHeads * kHeadDim, DType::bf16),
+         lse = filled(n * kHeads, DType::f32), doc = doc_starts(n), dout = filled(n * kHeads * kHeadDim, DType::bf16),
+         dqkv = filled(n * width, DType::bf16);
+  if (!gpu()->attention_forward(out.tensor(), lse.tensor(), qkv.tensor(), doc.tensor(), n, s).is_ok()) std::abort();
+  time_loop(state, [&] {
+    return gpu()->attention_backward(dqkv.tensor(), dout.tensor(), out.tensor(), lse.tensor(), qkv.tensor(),
+                                     doc.tensor(), n, s);
+  });
+  report_flops(state, 5.0 * n * n * kHeadDim * kHeads);  // causal: 2.5 x the forward
+}
+
+void BM_LmHeadCrossEntropy(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0);
+  Buffer h = filled(n * kHidden, DType::bf16), w = filled(kVocab * kHidden, DType::bf16, 0.02),
+         dw = filled(kVocab * kHidden, DType::bf16, 0.0), dh = filled(n * kHidden, DType::bf16),
+         losses = filled(n, DType::f32), targets = gpu()->allocate(n, DType::i32).take();
+  time_loop(state, [&] {
+    return gpu()->lm_head_cross_entropy(losses.tensor(), dh.tensor(), dw.tensor(), h.tensor(), w.tensor(),
+                                        targets.tensor(), n, kHidden, kVocab, 1.0 / n);
+  });
+  report_flops(state, 6.0 * n * kHidden * kVocab);
+}
+
+void BM_AdamW(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = int64_t{1} << 28;
+  Buffer p = filled(n, DType::bf16), g = filled(n, DType::bf16), master = filled(n, DType::f32),
+         m = filled(n, DType::f32, 0.0), v = filled(n, DType::f32, 0.0);
+  glm::AdamWStep step;
+  step.lr = 1e-5;
+  step.step = 10;
+  time_loop(state, [&] { return gpu()->adamw(p.tensor(), master.tensor(), g.tensor(), m.tensor(), v.tensor(), step); });
+  report_bytes(state, 28.0 * n);  // read grad 2, master 4, m 4, v 4; write master, m, v 12, param 2
+}
+
+// The ceilings must be known before the rest: run them first and keep their rates.
+class CeilingReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& r : runs) {
+      if (r.benchmark_name().rfind("BM_CeilingCopy", 0) == 0 && r.counters.count("GB/s"))
+        g_copy_gbs = r.counters.at("GB/s");
+      if (r.benchmark_name().rfind("BM_CeilingGemm", 0) == 0 && r.counters.count("TFLOP/s"))
+        g_gemm_tflops = r.counters.at("TFLOP/s");
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+BENCHMARK(BM_CeilingCopy)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CeilingGemm)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RmsNormForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RmsNormBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SwigluForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SwigluBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Rope)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AttentionForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  CeilingReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}

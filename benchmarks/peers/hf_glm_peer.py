@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The PyTorch peer for the end-to-end benchmark: transformers GlmForCausalLM with GLM-4-9B shapes
+cut to N layers (default 12), random init, seq 4096, micro-batch 1, SDPA attention, bf16 autocast
+over fp32 weights, fused AdamW, no activation checkpointing; eager, then torch.compile.
+Prints tokens/s, model TFLOP/s, MFU against 989 TFLOP/s and peak memory, with the FLOP count of
+GLM4_SPEC.md section 3 (6 x matmul parameters + 6 x layers x 4096 x seq)."""
+import argparse
+import time
+
+import torch
+from transformers import GlmConfig, GlmForCausalLM
+
+
+def run(model, opt, ids, steps, warmup):
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps, torch.cuda.max_memory_allocated()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--modes", default="eager,compile")
+    a = p.parse_args()
+    cfg = GlmConfig(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=a.layers,
+                    num_attention_heads=32, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+                    rms_norm_eps=1.5625e-07, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
+                    rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5})
+    cfg._attn_implementation = "sdpa"
+    n_mm = a.layers * 203948032 + 620756992
+    flops = 6 * n_mm + 6 * a.layers * 4096 * a.seq
+    ids = torch.randint(0, cfg.vocab_size, (1, a.seq), device="cuda")
+    for mode in a.modes.split(","):
+        torch.manual_seed(0)
+        model = GlmForCausalLM(cfg).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        runner = torch.compile(model) if mode == "compile" else model
+        secs, peak = run(runner, opt, ids, a.steps, warmup=3 if mode == "eager" else 4)
+        tps = a.seq / secs
+        print(f"peer {mode}: {tps:.0f} tokens/s, {tps * flops / 1e12:.1f} TFLOP/s, MFU {100 * tps * flops / 989e12:.1f}%, "
+              f"peak {peak / 2**30:.1f} GiB")
+        del model, opt, runner
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
