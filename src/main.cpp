@@ -42,11 +42,17 @@ void resolve_paths(glm::CliOptions& o) {
 
 // auto: cuda when this build has CUDA and a GPU is visible, else cpu. Each rank takes the GPU of
 // its local rank. Multi-GPU gradient reduction needs NCCL (the distributed issue): until then the
-// CUDA backend runs one rank.
+// CUDA backend runs one rank, and auto with several ranks means cpu.
 glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions& o, const glm::ProcessInfo& proc) {
   const int gpus = glm::cuda_device_count();
-  const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0);
-  if (!cuda) return glm::make_cpu_backend(glm::DType::f32);
+  const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0 && proc.world_size == 1);
+  if (!cuda) {
+    if (o.device == "auto" && gpus > 0 && proc.rank == 0)
+      std::printf("glm_hpc: --device auto chose cpu: %d ranks, and the CUDA backend runs one rank until NCCL "
+                  "gradient reduction lands\n",
+                  proc.world_size);
+    return glm::make_cpu_backend(glm::DType::f32);
+  }
   if (proc.world_size > 1)
     return GLM_USER_ERROR("the CUDA backend runs one rank until NCCL gradient reduction lands; use -np 1 or "
                           "--device cpu");
