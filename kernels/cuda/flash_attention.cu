@@ -36,122 +36,155 @@ __device__ void load_rows(bf16* dst, int ld, const bf16* src, int64_t src_stride
   }
 }
 
-template <int D>
-struct ForwardSmem {
-  static constexpr int ld = D + kPadB, old = D + kPadF;
-  static constexpr size_t bytes = sizeof(bf16) * 3 * kTile * ld + sizeof(float) * kTile * kSld +
-                                  sizeof(bf16) * kTile * kPld + sizeof(float) * 2 * kTile * old +
-                                  sizeof(float) * 3 * kTile;
-};
+// One m16n8k16 bf16 tensor-core MMA with fp32 accumulation (PTX ISA "mma.sync.aligned.m16n8k16").
+// Fragment layouts (lane = 4 * group + quad): A regs {row g, cols 2q..2q+1}, {row g+8, same},
+// {row g, cols +8}, {row g+8, cols +8}; B regs {k 2q..2q+1, n g}, {k +8}; C {row g, cols 2q..2q+1},
+// {row g+8, same}.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(bf16 lo, bf16 hi) {
+  __nv_bfloat162 v;
+  v.x = lo;
+  v.y = hi;
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t load_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// FlashAttention-2 forward on raw MMAs: each warp keeps its 16 query rows, their scores,
+// probabilities and output accumulators in registers; only K and V tiles go through shared memory.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
                          int64_t kv_heads, float scale) {
-  using S = ForwardSmem<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* Ks = Qs + kTile * S::ld;
-  bf16* Vs = Ks + kTile * S::ld;
-  float* Ss = reinterpret_cast<float*>(Vs + kTile * S::ld);
-  bf16* Ps = reinterpret_cast<bf16*>(Ss + kTile * kSld);
-  float* Ot = reinterpret_cast<float*>(Ps + kTile * kPld);
-  float* Os = Ot + kTile * S::old;
-  float* row_m = Os + kTile * S::old;
-  float* row_l = row_m + kTile;
-  float* row_c = row_l + kTile;
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int ld = D + kPadB;
+  __shared__ __align__(16) bf16 Ks[kTile * ld];
+  __shared__ __align__(16) bf16 Vs[kTile * ld];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile, h = blockIdx.y;
   const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * D;
   const int q_valid = static_cast<int>(min(static_cast<int64_t>(kTile), n - q0));
-  load_rows<D>(Qs, S::ld, qkv + q0 * width + h * D, width, q_valid);
-  for (int i = threadIdx.x; i < kTile * S::old; i += kThreads) Os[i] = 0.0f;
-  for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    row_m[i] = -INFINITY;
-    row_l[i] = 0.0f;
-  }
-  const int64_t k_lo = doc_start[q0], k_hi = q0 + q_valid - 1;
-  // This lane's row and half of the tile for the softmax step.
-  const int my_row = warp * 16 + (lane >> 1), half = lane & 1;
-  const int64_t t = q0 + my_row;
-  const int64_t t_doc = t < n ? doc_start[t] : INT64_MAX;
+  const int64_t r_lo = q0 + warp * 16 + grp, r_hi = r_lo + 8;
+  const int64_t doc_lo = r_lo < n ? doc_start[r_lo] : INT64_MAX, doc_hi = r_hi < n ? doc_start[r_hi] : INT64_MAX;
 
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kt = 0; kt < D / 16; ++kt) {
+    const int col = kt * 16 + quad * 2;
+    const bf16* lo = qkv + r_lo * width + h * D + col;
+    const bf16* hi = qkv + r_hi * width + h * D + col;
+    qf[kt][0] = r_lo < n ? load_pair(lo) : 0u;
+    qf[kt][1] = r_hi < n ? load_pair(hi) : 0u;
+    qf[kt][2] = r_lo < n ? load_pair(lo + 8) : 0u;
+    qf[kt][3] = r_hi < n ? load_pair(hi + 8) : 0u;
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+
+  const int64_t k_lo = doc_start[q0], k_hi = q0 + q_valid - 1;
   for (int64_t k0 = k_lo; k0 <= k_hi; k0 += kTile) {
     const int k_valid = static_cast<int>(min(static_cast<int64_t>(kTile), k_hi - k0 + 1));
     __syncthreads();
-    load_rows<D>(Ks, S::ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
-    load_rows<D>(Vs, S::ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
+    load_rows<D>(Ks, ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
+    load_rows<D>(Vs, ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
     __syncthreads();
-    // Scores of this warp's 16 queries against the 64 keys.
-    for (int c0 = 0; c0 < kTile; c0 += 16) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
+    float s[kTile / 8][4];
 #pragma unroll
-      for (int d0 = 0; d0 < D; d0 += 16) {
-        FragA a;
-        FragBc b;
-        wmma::load_matrix_sync(a, Qs + warp * 16 * S::ld + d0, S::ld);
-        wmma::load_matrix_sync(b, Ks + c0 * S::ld + d0, S::ld);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(Ss + warp * 16 * kSld + c0, acc, kSld, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Online softmax: two lanes per row, 32 columns each.
-    float mx = -INFINITY;
-    float* srow = Ss + my_row * kSld + half * 32;
-    for (int c = 0; c < 32; ++c) {
-      const int64_t s = k0 + half * 32 + c;
-      const bool ok = s <= t && s >= t_doc && s - k0 < k_valid;
-      const float v = ok ? srow[c] * scale : -INFINITY;
-      srow[c] = v;
-      mx = fmaxf(mx, v);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_old = row_m[my_row], m_new = fmaxf(m_old, mx);
-    float sum = 0.0f;
-    bf16* prow = Ps + my_row * kPld + half * 32;
-    for (int c = 0; c < 32; ++c) {
-      const float p = m_new == -INFINITY ? 0.0f : __expf(srow[c] - m_new);
-      prow[c] = __float2bfloat16(p);
-      sum += p;  // the normaliser in fp32, as FlashAttention-2 keeps it
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-    __syncwarp();
-    if (half == 0) {
-      row_m[my_row] = m_new;
-      row_l[my_row] = row_l[my_row] * corr + sum;
-      row_c[my_row] = corr;
-    }
-    // P V for this warp's rows.
-    float* ot = Ot + warp * 16 * S::old;
-    for (int d0 = 0; d0 < D; d0 += 16) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
+    for (int jt = 0; jt < kTile / 8; ++jt) {
+      s[jt][0] = s[jt][1] = s[jt][2] = s[jt][3] = 0.0f;
+      const bf16* krow = Ks + (jt * 8 + grp) * ld + quad * 2;
 #pragma unroll
-      for (int c0 = 0; c0 < kTile; c0 += 16) {
-        FragA a;
-        FragBr b;
-        wmma::load_matrix_sync(a, Ps + warp * 16 * kPld + c0, kPld);
-        wmma::load_matrix_sync(b, Vs + c0 * S::ld + d0, S::ld);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(ot + d0, acc, S::old, wmma::mem_row_major);
+      for (int kt = 0; kt < D / 16; ++kt)
+        mma_bf16(s[jt], qf[kt], load_pair(krow + kt * 16), load_pair(krow + kt * 16 + 8));
     }
-    __syncwarp();
-    for (int i = lane; i < 16 * D; i += 32) {
-      const int r = warp * 16 + i / D, j = i % D;
-      Os[r * S::old + j] = Os[r * S::old + j] * row_c[r] + ot[(i / D) * S::old + j];
+    // Mask (causal, document, tile end), scale, and the running maxima of rows lo and hi.
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int jt = 0; jt < kTile / 8; ++jt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = k0 + jt * 8 + quad * 2 + (e & 1);
+        const int64_t row = e < 2 ? r_lo : r_hi, doc = e < 2 ? doc_lo : doc_hi;
+        const bool ok = key - k0 < k_valid && key <= row && key >= doc;
+        s[jt][e] = ok ? s[jt][e] * scale : -INFINITY;
+      }
+      mx_lo = fmaxf(mx_lo, fmaxf(s[jt][0], s[jt][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[jt][2], s[jt][3]));
+    }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    const float c_lo = m_lo == -INFINITY ? 0.0f : __expf(m_lo - mn_lo);
+    const float c_hi = m_hi == -INFINITY ? 0.0f : __expf(m_hi - mn_hi);
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+    for (int jt = 0; jt < kTile / 8; ++jt) {
+      s[jt][0] = mn_lo == -INFINITY ? 0.0f : __expf(s[jt][0] - mn_lo);
+      s[jt][1] = mn_lo == -INFINITY ? 0.0f : __expf(s[jt][1] - mn_lo);
+      s[jt][2] = mn_hi == -INFINITY ? 0.0f : __expf(s[jt][2] - mn_hi);
+      s[jt][3] = mn_hi == -INFINITY ? 0.0f : __expf(s[jt][3] - mn_hi);
+      sum_lo += s[jt][0] + s[jt][1];
+      sum_hi += s[jt][2] + s[jt][3];
+    }
+    sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
+    sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
+    sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 1);
+    sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 2);
+    l_lo = l_lo * c_lo + sum_lo;
+    l_hi = l_hi * c_hi + sum_hi;
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][0] *= c_lo;
+      o[dt][1] *= c_lo;
+      o[dt][2] *= c_hi;
+      o[dt][3] *= c_hi;
+    }
+    // O += P V: the score accumulators are already laid out as the A operand.
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const bf16* v0 = Vs + (kk * 16 + quad * 2) * ld + grp;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const bf16* v = v0 + dt * 8;
+        mma_bf16(o[dt], a, pack_bf16(v[0], v[ld]), pack_bf16(v[8 * ld], v[9 * ld]));
+      }
     }
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < q_valid * D; i += kThreads) {
-    const int r = i / D, j = i % D;
-    out[(q0 + r) * heads * D + h * D + j] = __float2bfloat16(Os[r * S::old + j] / row_l[r]);
+  const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + quad * 2;
+    if (r_lo < n)
+      *reinterpret_cast<uint32_t*>(out + r_lo * heads * D + h * D + col) =
+          pack_bf16(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
+    if (r_hi < n)
+      *reinterpret_cast<uint32_t*>(out + r_hi * heads * D + h * D + col) =
+          pack_bf16(o[dt][2] * inv_hi, o[dt][3] * inv_hi);
   }
-  for (int r = threadIdx.x; r < q_valid; r += kThreads) lse[(q0 + r) * heads + h] = row_m[r] + __logf(row_l[r]);
+  if (quad == 0) {
+    if (r_lo < n) lse[r_lo * heads + h] = m_lo + __logf(l_lo);
+    if (r_hi < n) lse[r_hi * heads + h] = m_hi + __logf(l_hi);
+  }
 }
 
 // delta[t, h] = dout . out (fp32), and the dQ accumulators cleared.
@@ -341,13 +374,9 @@ __global__ void write_dqkv_kernel(bf16* dqkv, const float* dq_acc, const float* 
 template <int D>
 cudaError_t forward_impl(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
                          int64_t kv_heads, cudaStream_t stream) {
-  const size_t smem = ForwardSmem<D>::bytes;
-  cudaError_t e = cudaFuncSetAttribute(flash_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
   dim3 grid(static_cast<unsigned int>((n + kTile - 1) / kTile), static_cast<unsigned int>(heads));
-  flash_forward_kernel<D><<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, n, heads, kv_heads,
-                                                            1.0f / sqrtf(static_cast<float>(D)));
+  flash_forward_kernel<D><<<grid, kThreads, 0, stream>>>(out, lse, qkv, doc_start, n, heads, kv_heads,
+                                                         1.0f / sqrtf(static_cast<float>(D)));
   return cudaGetLastError();
 }
 
