@@ -1,28 +1,16 @@
-// FlashAttention-2 style tiling with WMMA 16x16x16 bf16 fragments. Blocks of 64 queries (forward,
-// dQ) or 64 keys (dK/dV); 4 warps, each owning 16 rows of the tile. Scores, probabilities and
-// accumulators live in shared memory so that row-wise rescaling needs no fragment layout.
-#include <mma.h>
-
+// FlashAttention-2 tiling on m16n8k16 bf16 tensor-core MMAs (fp32 accumulation). Blocks of 64
+// queries (forward) or 64 keys (backward), 4 warps of 16 rows each; scores, probabilities and
+// accumulators stay in registers, in the MMA fragment layout; K/V/Q/dO tiles in shared memory.
 #include "kernels/cuda/flash_attention.cuh"
 
 namespace glm::cuda {
 namespace {
 
-using namespace nvcuda;
-
 constexpr int kTile = 64;  // queries per forward block, keys per backward block, keys/queries per step
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kPadB = 8;             // bf16 padding per row (keeps WMMA's 16-byte ldm and spreads banks)
-constexpr int kPadF = 4;             // fp32 padding per row
-constexpr int kSld = kTile + kPadF;  // fp32 score tiles
-constexpr int kPld = kTile + kPadB;  // bf16 probability tiles
-
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragAc = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
-using FragBr = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBc = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+constexpr int kPadB = 8;             // bf16 padding per row: 16-byte aligned rows, spread banks
+constexpr int kPld = kTile + kPadB;  // bf16 dS^T tile
 
 // rows x D bf16 rows of a strided global matrix into shared memory; rows past `valid` become 0.
 template <int D>
@@ -202,45 +190,32 @@ __global__ void delta_kernel(float* delta, float* dq_acc, const bf16* dout, cons
   if (lane == 0) delta[row] = acc;
 }
 
-template <int D>
-struct BackwardSmem {
-  static constexpr int ld = D + kPadB, old = D + kPadF;
-  static constexpr size_t bytes = sizeof(bf16) * 4 * kTile * ld + sizeof(float) * 2 * kTile * old +
-                                  sizeof(float) * 2 * kTile * kSld + sizeof(bf16) * 2 * kTile * kPld +
-                                  sizeof(float) * kWarps * 16 * 20 + sizeof(float) * 2 * kTile;
-};
-
-// One block per (64 keys, query head): loops over the query tiles that can see these keys. dK/dV
-// accumulate in shared memory, then into fp32 accumulators shared by the KV group's heads; dQ goes
-// to fp32 accumulators with atomics.
+// FlashAttention-2 backward on raw MMAs. One block per (64 keys, query head); each warp owns 16
+// keys and keeps their dK and dV accumulators in registers while the block walks the query tiles
+// that can see them. S^T, P^T, dP^T and dS^T live in registers; dS^T goes through shared memory
+// once so that dQ (summed over the block's keys) can be formed and added to fp32 accumulators.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                           const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                           float scale) {
-  using S = BackwardSmem<D>;
+  constexpr int ld = D + kPadB;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);
-  bf16* Vs = Ks + kTile * S::ld;
-  bf16* Qs = Vs + kTile * S::ld;
-  bf16* dOs = Qs + kTile * S::ld;
-  float* dKs = reinterpret_cast<float*>(dOs + kTile * S::ld);
-  float* dVs = dKs + kTile * S::old;
-  float* Ss = dVs + kTile * S::old;  // P in fp32
-  float* dPs = Ss + kTile * kSld;
-  bf16* Ps = reinterpret_cast<bf16*>(dPs + kTile * kSld);
-  bf16* dSs = Ps + kTile * kPld;
-  float* tmp = reinterpret_cast<float*>(dSs + kTile * kPld);
-  float* row_lse = tmp + kWarps * 16 * 20;
-  float* row_delta = row_lse + kTile;
+  bf16* Vs = Ks + kTile * ld;
+  bf16* Qs = Vs + kTile * ld;
+  bf16* dOs = Qs + kTile * ld;
+  bf16* dSs = dOs + kTile * ld;  // dS^T [key][query]
+  float* q_lse = reinterpret_cast<float*>(dSs + kTile * kPld);
+  float* q_delta = q_lse + kTile;
+  int64_t* q_doc = reinterpret_cast<int64_t*>(q_delta + kTile);
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile, h = blockIdx.y;
   const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * D;
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kTile), n - k0));
   const int64_t k_last = k0 + k_valid - 1;
-  // Queries that can see these keys: from k0 to the end of the document holding k_last.
-  int64_t lo = k_last, hi = n;  // first t with doc_start[t] > k_last
+  int64_t lo = k_last, hi = n;  // first query whose document starts after the last key
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
     if (doc_start[mid] <= k_last)
@@ -249,108 +224,134 @@ __global__ void __launch_bounds__(kThreads)
       hi = mid;
   }
   const int64_t q_end = lo;
+  load_rows<D>(Ks, ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
+  load_rows<D>(Vs, ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
+  const int key_lo = warp * 16 + grp, key_hi = key_lo + 8;  // rows of this thread in the key tile
 
-  load_rows<D>(Ks, S::ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
-  load_rows<D>(Vs, S::ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
-  for (int i = threadIdx.x; i < kTile * S::old; i += kThreads) dKs[i] = dVs[i] = 0.0f;
-  const int my_row = warp * 16 + (lane >> 1), half = lane & 1;
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
 
-  {
-    for (int64_t q0 = k0; q0 < q_end; q0 += kTile) {
-      const int q_valid = static_cast<int>(min(static_cast<int64_t>(kTile), q_end - q0));
-      __syncthreads();
-      load_rows<D>(Qs, S::ld, qkv + q0 * width + h * D, width, q_valid);
-      load_rows<D>(dOs, S::ld, dout + q0 * heads * D + h * D, heads * D, q_valid);
-      for (int r = threadIdx.x; r < kTile; r += kThreads) {
-        row_lse[r] = r < q_valid ? lse[(q0 + r) * heads + h] : 0.0f;
-        row_delta[r] = r < q_valid ? delta[(q0 + r) * heads + h] : 0.0f;
-      }
-      __syncthreads();
-      // S = Q K^T and dP = dO V^T for this warp's 16 queries.
-      for (int c0 = 0; c0 < kTile; c0 += 16) {
-        FragC s_acc, dp_acc;
-        wmma::fill_fragment(s_acc, 0.0f);
-        wmma::fill_fragment(dp_acc, 0.0f);
+  for (int64_t q0 = k0; q0 < q_end; q0 += kTile) {
+    const int q_valid = static_cast<int>(min(static_cast<int64_t>(kTile), q_end - q0));
+    __syncthreads();
+    load_rows<D>(Qs, ld, qkv + q0 * width + h * D, width, q_valid);
+    load_rows<D>(dOs, ld, dout + q0 * heads * D + h * D, heads * D, q_valid);
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      const bool in = r < q_valid;
+      q_lse[r] = in ? lse[(q0 + r) * heads + h] : 0.0f;
+      q_delta[r] = in ? delta[(q0 + r) * heads + h] : 0.0f;
+      q_doc[r] = in ? doc_start[q0 + r] : INT64_MAX;
+    }
+    __syncthreads();
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys against the 64 queries.
+    float st[kTile / 8][4], dpt[kTile / 8][4];
 #pragma unroll
-        for (int d0 = 0; d0 < D; d0 += 16) {
-          FragA a;
-          FragBc b;
-          wmma::load_matrix_sync(a, Qs + warp * 16 * S::ld + d0, S::ld);
-          wmma::load_matrix_sync(b, Ks + c0 * S::ld + d0, S::ld);
-          wmma::mma_sync(s_acc, a, b, s_acc);
-          wmma::load_matrix_sync(a, dOs + warp * 16 * S::ld + d0, S::ld);
-          wmma::load_matrix_sync(b, Vs + c0 * S::ld + d0, S::ld);
-          wmma::mma_sync(dp_acc, a, b, dp_acc);
-        }
-        wmma::store_matrix_sync(Ss + warp * 16 * kSld + c0, s_acc, kSld, wmma::mem_row_major);
-        wmma::store_matrix_sync(dPs + warp * 16 * kSld + c0, dp_acc, kSld, wmma::mem_row_major);
-      }
-      __syncwarp();
-      {
-        const int64_t t = q0 + my_row;
-        const int64_t t_doc = my_row < q_valid ? doc_start[t] : INT64_MAX;
-        for (int c = half * 32; c < half * 32 + 32; ++c) {
-          const int64_t s = k0 + c;
-          const bool ok = my_row < q_valid && c < k_valid && s <= t && s >= t_doc;
-          const float p = ok ? __expf(Ss[my_row * kSld + c] * scale - row_lse[my_row]) : 0.0f;
-          const float ds = p * (dPs[my_row * kSld + c] - row_delta[my_row]) * scale;
-          Ps[my_row * kPld + c] = __float2bfloat16(p);
-          dSs[my_row * kPld + c] = __float2bfloat16(ds);
-        }
-      }
-      __syncwarp();
-      // dQ (this warp's 16 queries) = dS K, added to the fp32 accumulators.
-      float* wt = tmp + warp * 16 * 20;
-      for (int d0 = 0; d0 < D; d0 += 16) {
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
+    for (int jt = 0; jt < kTile / 8; ++jt)
 #pragma unroll
-        for (int c0 = 0; c0 < kTile; c0 += 16) {
-          FragA a;
-          FragBr b;
-          wmma::load_matrix_sync(a, dSs + warp * 16 * kPld + c0, kPld);
-          wmma::load_matrix_sync(b, Ks + c0 * S::ld + d0, S::ld);
-          wmma::mma_sync(acc, a, b, acc);
-        }
-        wmma::store_matrix_sync(wt, acc, 20, wmma::mem_row_major);
-        __syncwarp();
-        for (int i = lane; i < 256; i += 32) {
-          const int r = i / 16, j = i % 16;
-          const int row = warp * 16 + r;
-          if (row < q_valid) atomicAdd(dq_acc + ((q0 + row) * heads + h) * D + d0 + j, wt[r * 20 + j]);
-        }
-        __syncwarp();
-      }
-      __syncthreads();  // every warp's P and dS rows are in shared memory
-      // dV += P^T dO and dK += dS^T Q for this warp's 16 keys.
-      for (int d0 = 0; d0 < D; d0 += 16) {
-        FragC dv, dk;
-        wmma::load_matrix_sync(dv, dVs + warp * 16 * S::old + d0, S::old, wmma::mem_row_major);
-        wmma::load_matrix_sync(dk, dKs + warp * 16 * S::old + d0, S::old, wmma::mem_row_major);
+      for (int e = 0; e < 4; ++e) st[jt][e] = dpt[jt][e] = 0.0f;
 #pragma unroll
-        for (int r0 = 0; r0 < kTile; r0 += 16) {
-          FragAc a;
-          FragBr b;
-          wmma::load_matrix_sync(a, Ps + r0 * kPld + warp * 16, kPld);
-          wmma::load_matrix_sync(b, dOs + r0 * S::ld + d0, S::ld);
-          wmma::mma_sync(dv, a, b, dv);
-          wmma::load_matrix_sync(a, dSs + r0 * kPld + warp * 16, kPld);
-          wmma::load_matrix_sync(b, Qs + r0 * S::ld + d0, S::ld);
-          wmma::mma_sync(dk, a, b, dk);
-        }
-        wmma::store_matrix_sync(dVs + warp * 16 * S::old + d0, dv, S::old, wmma::mem_row_major);
-        wmma::store_matrix_sync(dKs + warp * 16 * S::old + d0, dk, S::old, wmma::mem_row_major);
+    for (int kt = 0; kt < D / 16; ++kt) {
+      const int col = kt * 16 + quad * 2;
+      const uint32_t ka[4] = {load_pair(Ks + key_lo * ld + col), load_pair(Ks + key_hi * ld + col),
+                              load_pair(Ks + key_lo * ld + col + 8), load_pair(Ks + key_hi * ld + col + 8)};
+      const uint32_t va[4] = {load_pair(Vs + key_lo * ld + col), load_pair(Vs + key_hi * ld + col),
+                              load_pair(Vs + key_lo * ld + col + 8), load_pair(Vs + key_hi * ld + col + 8)};
+#pragma unroll
+      for (int jt = 0; jt < kTile / 8; ++jt) {
+        const bf16* qrow = Qs + (jt * 8 + grp) * ld + col;
+        const bf16* orow = dOs + (jt * 8 + grp) * ld + col;
+        mma_bf16(st[jt], ka, load_pair(qrow), load_pair(qrow + 8));
+        mma_bf16(dpt[jt], va, load_pair(orow), load_pair(orow + 8));
+      }
+    }
+    // P^T and dS^T in place (st becomes P^T, dpt becomes dS^T); dS^T also to shared memory.
+#pragma unroll
+    for (int jt = 0; jt < kTile / 8; ++jt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = jt * 8 + quad * 2 + (e & 1);
+        const int64_t key = k0 + (e < 2 ? key_lo : key_hi), q = q0 + qc;
+        const bool ok = qc < q_valid && key - k0 < k_valid && key <= q && key >= q_doc[qc];
+        const float p = ok ? __expf(st[jt][e] * scale - q_lse[qc]) : 0.0f;
+        st[jt][e] = p;
+        dpt[jt][e] = p * (dpt[jt][e] - q_delta[qc]) * scale;
+      }
+      *reinterpret_cast<uint32_t*>(dSs + key_lo * kPld + jt * 8 + quad * 2) = pack_bf16(dpt[jt][0], dpt[jt][1]);
+      *reinterpret_cast<uint32_t*>(dSs + key_hi * kPld + jt * 8 + quad * 2) = pack_bf16(dpt[jt][2], dpt[jt][3]);
+    }
+    // dV += P^T dO and dK += dS^T Q (k = the 64 queries).
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      const uint32_t pa[4] = {pack_bf16(st[2 * kk][0], st[2 * kk][1]), pack_bf16(st[2 * kk][2], st[2 * kk][3]),
+                              pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                              pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+      const uint32_t sa[4] = {pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]), pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]),
+                              pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                              pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+      const bf16* o0 = dOs + (kk * 16 + quad * 2) * ld + grp;
+      const bf16* x0 = Qs + (kk * 16 + quad * 2) * ld + grp;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const bf16* o = o0 + dt * 8;
+        const bf16* x = x0 + dt * 8;
+        mma_bf16(dv[dt], pa, pack_bf16(o[0], o[ld]), pack_bf16(o[8 * ld], o[9 * ld]));
+        mma_bf16(dk[dt], sa, pack_bf16(x[0], x[ld]), pack_bf16(x[8 * ld], x[9 * ld]));
+      }
+    }
+    __syncthreads();  // dS^T of every warp is in shared memory
+    // dQ for this warp's 16 queries = dS (16 x 64 keys) K, added to the fp32 accumulators.
+    const int qa = warp * 16 + grp, qb = qa + 8;
+#pragma unroll 1
+    for (int dt = 0; dt < D / 8; ++dt) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        const int kc = kk * 16 + quad * 2;  // key index (the k dimension)
+        const uint32_t a[4] = {pack_bf16(dSs[kc * kPld + qa], dSs[(kc + 1) * kPld + qa]),
+                               pack_bf16(dSs[kc * kPld + qb], dSs[(kc + 1) * kPld + qb]),
+                               pack_bf16(dSs[(kc + 8) * kPld + qa], dSs[(kc + 9) * kPld + qa]),
+                               pack_bf16(dSs[(kc + 8) * kPld + qb], dSs[(kc + 9) * kPld + qb])};
+        const bf16* k = Ks + kc * ld + dt * 8 + grp;
+        mma_bf16(acc, a, pack_bf16(k[0], k[ld]), pack_bf16(k[8 * ld], k[9 * ld]));
+      }
+      const int col = dt * 8 + quad * 2;
+      if (qa < q_valid) {
+        float* d = dq_acc + ((q0 + qa) * heads + h) * D + col;
+        atomicAdd(d, acc[0]);
+        atomicAdd(d + 1, acc[1]);
+      }
+      if (qb < q_valid) {
+        float* d = dq_acc + ((q0 + qb) * heads + h) * D + col;
+        atomicAdd(d, acc[2]);
+        atomicAdd(d + 1, acc[3]);
       }
     }
   }
-  __syncthreads();
+  // This head's dK and dV into the KV group's fp32 accumulators.
   float* dk_acc = dkv_acc;
   float* dv_acc = dkv_acc + n * kv_heads * D;
-  for (int i = threadIdx.x; i < k_valid * D; i += kThreads) {
-    const int r = i / D, j = i % D;
-    atomicAdd(dk_acc + ((k0 + r) * kv_heads + g) * D + j, dKs[r * S::old + j]);
-    atomicAdd(dv_acc + ((k0 + r) * kv_heads + g) * D + j, dVs[r * S::old + j]);
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + quad * 2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = half == 0 ? key_lo : key_hi;
+      if (key >= k_valid) continue;
+      const int64_t at = ((k0 + key) * kv_heads + g) * D + col;
+      atomicAdd(dk_acc + at, dk[dt][2 * half]);
+      atomicAdd(dk_acc + at + 1, dk[dt][2 * half + 1]);
+      atomicAdd(dv_acc + at, dv[dt][2 * half]);
+      atomicAdd(dv_acc + at + 1, dv[dt][2 * half + 1]);
+    }
   }
+}
+
+template <int D>
+constexpr size_t backward_smem_bytes() {
+  return sizeof(bf16) * (4 * kTile * (D + kPadB) + kTile * kPld) + 2 * sizeof(float) * kTile + sizeof(int64_t) * kTile;
 }
 
 // The fp32 accumulators [n, heads, d] (dQ) and [n, kv_heads, d] (dK, dV) into the bf16 dqkv rows.
@@ -394,7 +395,7 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
                                                                                                  out, n, heads, D);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const size_t smem = BackwardSmem<D>::bytes;
+  const size_t smem = backward_smem_bytes<D>();
   e = cudaFuncSetAttribute(flash_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (e != cudaSuccess) return e;

@@ -1,4 +1,4 @@
-// Tensor-core (WMMA bf16, fp32 accumulation) flash attention, forward and backward, for head_dim
+// Tensor-core (mma.sync bf16, fp32 accumulation) flash attention, forward and backward, for head_dim
 // 32, 64 or 128: causal, grouped-query, packed documents (token t sees [doc_start[t], t]). Never
 // materialises the n x n scores; softmax statistics (lse) in fp32. attention.cuh dispatches here.
 #pragma once
