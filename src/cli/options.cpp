@@ -127,6 +127,8 @@ class OptionTable {
     add(train, "adam_beta2", &t.adam_beta2, "AdamW beta2");
     add(train, "adam_epsilon", &t.adam_epsilon, "AdamW epsilon");
     add(train, "max_grad_norm", &t.max_grad_norm, "global gradient-norm clipping; <= 0 disables");
+    add(train, "zero_stage", &t.zero_stage,
+        "ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over ranks");
     add(train, "per_device_eval_batch_size", &o_.per_device_eval_batch_size, "samples per rank per evaluation batch");
 
     all_.add(general).add(model).add(data).add(train);
@@ -190,6 +192,7 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(t.adam_beta2 >= 0 && t.adam_beta2 < 1, src, "adam_beta2", "must be in [0, 1)"));
   GLM_RETURN_IF_ERROR(check(t.adam_epsilon > 0, src, "adam_epsilon", "must be positive"));
   GLM_RETURN_IF_ERROR(check(t.logging_steps >= 0, src, "logging_steps", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(t.zero_stage >= 0 && t.zero_stage <= 3, src, "zero_stage", "must be 0, 1, 2 or 3"));
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
   GLM_RETURN_IF_ERROR(check(t.lr_scheduler_type == "cosine" || t.lr_scheduler_type == "linear" ||
                                 t.lr_scheduler_type == "constant_with_warmup" || t.lr_scheduler_type == "constant",

@@ -3,16 +3,17 @@
 
 namespace glm {
 
-Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens)
-    : config_(config), layout_(config), backend_(backend), max_tokens_(max_tokens) {
+Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards)
+    : config_(config), layout_(config, shards), backend_(backend), max_tokens_(max_tokens) {
   shape_.heads = config.num_attention_heads;
   shape_.kv_heads = config.num_key_value_heads;
   shape_.head_dim = config.head_dim;
 }
 
-Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend, int64_t max_tokens) {
+Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
+                                                     int shards) {
   if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
-  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens));
+  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens, shards));
   GLM_RETURN_IF_ERROR(model->allocate());
   return model;
 }

@@ -36,7 +36,8 @@ class ParameterProvider {
 class Glm4Model {
  public:
   // Allocates every activation for micro-batches of up to max_tokens tokens, once.
-  static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens);
+  static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
+                                                   int shards = 1);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -52,7 +53,7 @@ class Glm4Model {
   Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits);
 
  private:
-  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens);
+  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params);
   // Embedding and every layer; the last layer's output is residual_[L].

@@ -6,7 +6,7 @@ namespace {
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-ParamLayout::ParamLayout(const ModelConfig& c) {
+ParamLayout::ParamLayout(const ModelConfig& c, int shards) : shards_(shards < 1 ? 1 : shards) {
   const int64_t h = c.hidden_size;
   begin_unit();
   embedding_ = add("transformer.embedding.word_embeddings.weight", {c.vocab_size, h}, ParamKind::embedding);
@@ -38,7 +38,7 @@ void ParamLayout::begin_unit() {
 }
 
 void ParamLayout::end_unit() {
-  total_ = align_up(total_, kAlignment);
+  total_ = units_.back().offset + align_up(total_ - units_.back().offset, kAlignment * shards_);
   units_.back().numel = total_ - units_.back().offset;
 }
 

@@ -37,12 +37,19 @@ class ParamLayout {
  public:
   static constexpr int64_t kAlignment = 64;  // elements: 128-byte bf16 / 256-byte fp32 boundaries
 
-  explicit ParamLayout(const ModelConfig& config);
+  // shards > 1 pads every unit to a multiple of shards x kAlignment so that each unit splits into
+  // equal, aligned ZeRO shards (rank r owns the r-th slice of every unit).
+  explicit ParamLayout(const ModelConfig& config, int shards = 1);
 
   const std::vector<ParamEntry>& entries() const { return entries_; }
   const std::vector<ParamUnit>& units() const { return units_; }
   int64_t total_numel() const { return total_; }  // padded
-  int64_t parameter_count() const;                // unpadded sum of tensor sizes
+  int shards() const { return shards_; }
+  int64_t shard_numel(int unit) const { return units_[static_cast<size_t>(unit)].numel / shards_; }
+  int64_t shard_offset(int unit, int rank) const {
+    return units_[static_cast<size_t>(unit)].offset + rank * shard_numel(unit);
+  }
+  int64_t parameter_count() const;  // unpadded sum of tensor sizes
   int embedding_unit() const { return 0; }
   int layer_unit(int64_t layer) const { return static_cast<int>(layer) + 1; }
   int head_unit() const { return static_cast<int>(units_.size()) - 1; }
@@ -65,6 +72,7 @@ class ParamLayout {
   std::vector<LayerEntries> layers_;
   int embedding_ = -1, final_norm_ = -1, output_ = -1;
   int64_t total_ = 0;
+  int shards_ = 1;
 };
 
 }  // namespace glm

@@ -11,6 +11,7 @@
 #include "model/glm4_model.h"
 #include "mpi/communicator.h"
 #include "train/adamw.h"
+#include "zero/zero_parameters.h"
 
 namespace glm {
 
@@ -32,12 +33,17 @@ class TrainingEngine {
   // adam == nullopt: no optimizer state (evaluation only; step() is then an error).
   static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
                                                         int64_t max_tokens, std::optional<AdamWOptions> adam,
-                                                        double max_grad_norm);
+                                                        double max_grad_norm, int zero_stage = 0);
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
-  Tensor parameters() const { return params_.tensor(); }
-  Tensor gradients() const { return grads_.tensor(); }
+  int zero_stage() const { return zero_->stage(); }
+  // The full gradient of the last step (stage 0 only: other stages keep shards).
+  Tensor gradients() const { return zero_->stage() == 0 ? zero_->owned_grads_all() : Tensor{}; }
+  // Sum of squares of all parameters, equal on every rank at every stage.
+  Result<double> parameter_checksum();
+  ZeroMemory memory() const { return zero_->memory(); }
+  int64_t optimizer_bytes() const;
   Backend& backend() { return backend_; }
 
   Status initialize_parameters(uint64_t seed);
@@ -62,10 +68,10 @@ class TrainingEngine {
   Backend& backend_;
   Communicator& comm_;
   std::unique_ptr<Glm4Model> model_;
-  Buffer params_, grads_;
+  std::unique_ptr<ZeroParameters> zero_;
   Buffer tokens_, targets_, positions_, doc_start_, logits_;
-  std::unique_ptr<ParameterProvider> provider_;
-  std::unique_ptr<AdamWOptimizer> optimizer_;
+  std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns
+  bool has_optimizer_ = false;
   double max_grad_norm_ = 0;
 };
 

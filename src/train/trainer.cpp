@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "data/sharded_loader.h"
@@ -28,19 +29,26 @@ int64_t total_training_steps(const TrainConfig& c, int64_t dataset_size, int wor
       1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(dataset_size) / global)));
 }
 
-Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& backend, Tensor params) {
-  // Generated where the parameters live (counter-based, so every backend draws the same values).
-  ParamLayout layout(config);
-  GLM_RETURN_IF_ERROR(backend.zero(params));
+Status initialize_parameter_range(const ParamLayout& layout, const ModelConfig& config, uint64_t seed, Backend& backend,
+                                  Tensor dst, int64_t begin) {
+  // Generated where the parameters live (counter-based, so every backend and shard draws the same).
+  GLM_RETURN_IF_ERROR(backend.zero(dst));
+  const int64_t end = begin + dst.numel;
   for (const auto& e : layout.entries()) {
-    Tensor t = params.slice(e.offset, e.numel);
+    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+    if (lo >= hi || e.kind == ParamKind::bias) continue;
+    Tensor t = dst.slice(lo - begin, hi - lo);
     if (e.kind == ParamKind::norm) {
       GLM_RETURN_IF_ERROR(backend.fill(t, 1.0));
-    } else if (e.kind != ParamKind::bias) {
-      GLM_RETURN_IF_ERROR(backend.fill_normal(t, seed ^ fnv1a(e.name), 0, config.initializer_range));
+    } else {
+      GLM_RETURN_IF_ERROR(backend.fill_normal(t, seed ^ fnv1a(e.name), lo - e.offset, config.initializer_range));
     }
   }
   return backend.synchronize();
+}
+
+Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& backend, Tensor params) {
+  return initialize_parameter_range(ParamLayout(config), config, seed, backend, params, 0);
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
@@ -52,8 +60,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   const int64_t max_tokens = config.per_device_train_batch_size * config.max_length;
 
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
-  GLM_ASSIGN_OR_RETURN(auto engine,
-                       TrainingEngine::create(config.model, backend, comm, max_tokens, adam, config.max_grad_norm));
+  GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
+                                                           config.max_grad_norm, config.zero_stage));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
   } else {
@@ -74,6 +82,18 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   logger.print(concat("glm_hpc: dataset ", rep.kept, " samples (", rep.deleted_too_long, " of ", rep.read,
                       " deleted: longer than max_length ", config.max_length, "), ", rep.tokens, " tokens, ",
                       rep.target_tokens, " trained"));
+  if (config.log_to_console) {
+    // Every rank's own model-state bytes (they differ by rank only through padding).
+    const ZeroMemory mem = engine->memory();
+    const double mib = 1024.0 * 1024.0;
+    std::printf(
+        "glm_hpc: rank %d/%d ZeRO-%d memory: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, "
+        "communication buffers %.1f MiB\n",
+        rank, world, config.zero_stage, static_cast<double>(mem.parameter_bytes) / mib,
+        static_cast<double>(mem.gradient_bytes) / mib, static_cast<double>(engine->optimizer_bytes()) / mib,
+        static_cast<double>(mem.buffer_bytes) / mib);
+    std::fflush(stdout);
+  }
   logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(),
                       " samples = ", config.per_device_train_batch_size, " per device x ", world, " ranks x ",
                       config.gradient_accumulation_steps, " accumulation; ", total_steps, " steps, warmup ",
@@ -113,7 +133,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       interval_tokens = 0;
     }
   }
-  GLM_ASSIGN_OR_RETURN(summary.parameter_checksum, backend.sum_squares(engine->parameters()));
+  GLM_ASSIGN_OR_RETURN(summary.parameter_checksum, engine->parameter_checksum());
   return summary;
 }
 

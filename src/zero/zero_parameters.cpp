@@ -1,0 +1,196 @@
+// ZeRO bookkeeping and collectives; collectives of one rank become copies.
+#include "zero/zero_parameters.h"
+
+#include <algorithm>
+
+namespace glm {
+namespace {
+CommType comm_type(DType d) {
+  switch (d) {
+    case DType::f64:
+      return CommType::f64;
+    case DType::bf16:
+      return CommType::bf16;
+    case DType::i32:
+      return CommType::i32;
+    case DType::f32:
+      break;
+  }
+  return CommType::f32;
+}
+}  // namespace
+
+Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout& layout, Backend& backend,
+                                                               Communicator& comm, int stage) {
+  if (stage < 0 || stage > 3) return GLM_USER_ERROR("--zero_stage must be 0, 1, 2 or 3, got ", stage);
+  if (layout.shards() != comm.size())
+    return GLM_INTERNAL_ERROR("layout has ", layout.shards(), " shards for ", comm.size(), " ranks");
+  std::unique_ptr<ZeroParameters> z(new ZeroParameters(layout, backend, comm, stage));
+  const DType dt = backend.compute_dtype();
+  const int units = static_cast<int>(layout.units().size());
+  int64_t shard_total = 0, largest_unit = 0, largest_shard = 0;
+  for (int u = 0; u < units; ++u) {
+    z->shard_base_.push_back(shard_total);
+    shard_total += layout.shard_numel(u);
+    largest_unit = std::max(largest_unit, layout.units()[static_cast<size_t>(u)].numel);
+    largest_shard = std::max(largest_shard, layout.shard_numel(u));
+  }
+  auto alloc = [&](Buffer& b, int64_t n) -> Status {
+    GLM_ASSIGN_OR_RETURN(b, backend.allocate(n, dt));
+    return Status::ok();
+  };
+  if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel()));
+  if (stage == 3) {
+    GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total));
+    GLM_RETURN_IF_ERROR(alloc(z->gathered_, largest_unit));
+  }
+  if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel()));
+  if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total));
+  if (stage >= 2) {
+    GLM_RETURN_IF_ERROR(alloc(z->bucket_, largest_unit));
+    GLM_RETURN_IF_ERROR(alloc(z->scatter_tmp_, largest_shard));
+  }
+  return z;
+}
+
+Tensor ZeroParameters::shard_slice(const Buffer& shards, int unit) const {
+  return shards.slice(shard_base_[static_cast<size_t>(unit)], layout_.shard_numel(unit));
+}
+
+Status ZeroParameters::copy(Tensor dst, Tensor src) { return backend_.convert(dst, src); }
+
+Status ZeroParameters::all_gather_unit(Tensor shard, Tensor full) {
+  if (comm_.size() == 1) return copy(full, shard);
+  return comm_.all_gather(shard.data, full.data, static_cast<size_t>(shard.numel), comm_type(shard.dtype));
+}
+
+Status ZeroParameters::reduce_scatter_unit(Tensor full, Tensor shard) {
+  if (comm_.size() == 1) return copy(shard, full);
+  return comm_.reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel), comm_type(full.dtype),
+                              ReduceOp::sum);
+}
+
+Result<Tensor> ZeroParameters::acquire_params(int unit) {
+  const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  if (stage_ <= 2) return params_.slice(u.offset, u.numel);
+  // Stage 3: gather just in time (one unit at a time; prefetch comes with the overlap work).
+  Tensor full = gathered_.slice(0, u.numel);
+  if (gathered_unit_ != unit) {
+    GLM_RETURN_IF_ERROR(all_gather_unit(shard_slice(param_shards_, unit), full));
+    gathered_unit_ = unit;
+  }
+  return full;
+}
+
+Tensor ZeroParameters::unit_grads(int unit) {
+  const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  if (stage_ <= 1) return grads_.slice(u.offset, u.numel);
+  // Stages 2-3: the bucket; the model accumulates this micro-batch's gradient of the unit into it.
+  Tensor b = bucket_.slice(0, u.numel);
+  const Status s = backend_.zero(b);
+  (void)s;  // zeroing host or device memory that we allocated cannot fail in a way we could handle here
+  return b;
+}
+
+Status ZeroParameters::grads_ready(int unit) {
+  if (stage_ <= 1) return Status::ok();
+  const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  Tensor shard = shard_slice(grad_shards_, unit);
+  Tensor tmp = scatter_tmp_.slice(0, shard.numel);
+  GLM_RETURN_IF_ERROR(reduce_scatter_unit(bucket_.slice(0, u.numel), tmp));
+  return backend_.add(shard, shard, tmp, shard.numel);  // accumulate over micro-batches
+}
+
+Tensor ZeroParameters::owned_params(int unit) const {
+  const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  if (stage_ == 0) return params_.slice(u.offset, u.numel);
+  if (stage_ == 3) return shard_slice(param_shards_, unit);
+  return params_.slice(layout_.shard_offset(unit, comm_.rank()), layout_.shard_numel(unit));
+}
+
+Tensor ZeroParameters::owned_grads(int unit) const {
+  const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  if (stage_ == 0) return grads_.slice(u.offset, u.numel);
+  return shard_slice(grad_shards_, unit);
+}
+
+int64_t ZeroParameters::owned_offset(int unit) const {
+  return stage_ == 0 ? layout_.units()[static_cast<size_t>(unit)].offset : layout_.shard_offset(unit, comm_.rank());
+}
+
+Status ZeroParameters::zero_grads() {
+  if (grads_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grads_.tensor()));
+  if (grad_shards_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grad_shards_.tensor()));
+  gathered_unit_ = -1;
+  return Status::ok();
+}
+
+Status ZeroParameters::finish_backward() {
+  const int units = static_cast<int>(layout_.units().size());
+  if (stage_ == 0 && comm_.size() > 1) {
+    for (int u = 0; u < units; ++u) {
+      Tensor g = owned_grads(u);
+      GLM_RETURN_IF_ERROR(
+          comm_.all_reduce(g.data, g.data, static_cast<size_t>(g.numel), comm_type(g.dtype), ReduceOp::sum));
+    }
+  }
+  if (stage_ == 1) {
+    for (int u = 0; u < units; ++u) {
+      const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
+      GLM_RETURN_IF_ERROR(reduce_scatter_unit(grads_.slice(unit.offset, unit.numel), shard_slice(grad_shards_, u)));
+    }
+  }
+  return Status::ok();
+}
+
+Result<double> ZeroParameters::grad_norm_squared() {
+  if (stage_ == 0) return backend_.sum_squares(grads_.tensor());
+  GLM_ASSIGN_OR_RETURN(double local, backend_.sum_squares(grad_shards_.tensor()));
+  GLM_RETURN_IF_ERROR(comm_.all_reduce(&local, &local, 1, CommType::f64, ReduceOp::sum));
+  return local;
+}
+
+Status ZeroParameters::after_update() {
+  gathered_unit_ = -1;
+  if (stage_ != 1 && stage_ != 2) return Status::ok();
+  const int units = static_cast<int>(layout_.units().size());
+  for (int u = 0; u < units; ++u) {
+    const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
+    Tensor full = params_.slice(unit.offset, unit.numel);
+    if (comm_.size() == 1) continue;  // the shard is the unit
+    GLM_RETURN_IF_ERROR(comm_.all_gather(owned_params(u).data, full.data, static_cast<size_t>(layout_.shard_numel(u)),
+                                         comm_type(full.dtype)));
+  }
+  return Status::ok();
+}
+
+Status ZeroParameters::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill) {
+  gathered_unit_ = -1;
+  if (stage_ <= 2) return fill(params_.tensor(), 0);
+  const int units = static_cast<int>(layout_.units().size());
+  for (int u = 0; u < units; ++u)
+    GLM_RETURN_IF_ERROR(fill(shard_slice(param_shards_, u), layout_.shard_offset(u, comm_.rank())));
+  return Status::ok();
+}
+
+Status ZeroParameters::set_range(int64_t begin, std::span<const float> values) {
+  const int64_t end = begin + static_cast<int64_t>(values.size());
+  return fill_stored([&](Tensor dst, int64_t dst_begin) -> Status {
+    const int64_t lo = std::max(begin, dst_begin), hi = std::min(end, dst_begin + dst.numel);
+    if (lo >= hi) return Status::ok();
+    GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(hi - lo, DType::f32));
+    GLM_RETURN_IF_ERROR(backend_.upload(staging.tensor(), values.data() + (lo - begin)));
+    return backend_.convert(dst.slice(lo - dst_begin, hi - lo), staging.tensor());
+  });
+}
+
+ZeroMemory ZeroParameters::memory() const {
+  ZeroMemory m;
+  m.parameter_bytes = static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes());
+  m.gradient_bytes = static_cast<int64_t>(grads_.tensor().bytes() + grad_shards_.tensor().bytes());
+  m.buffer_bytes =
+      static_cast<int64_t>(gathered_.tensor().bytes() + bucket_.tensor().bytes() + scatter_tmp_.tensor().bytes());
+  return m;
+}
+
+}  // namespace glm

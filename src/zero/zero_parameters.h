@@ -1,0 +1,80 @@
+// ZeRO stages 0-3 over the flat layout: which rank holds which parameters, gradients and optimizer
+// state, and the collectives that move them. Every unit (embedding, each layer, head) is split into
+// equal shards, rank r owning the r-th (ParamLayout with shards = world size).
+//   0: everything replicated; gradients all-reduced per unit after backward.
+//   1: optimizer state sharded; gradients reduce-scattered per unit after backward; each rank
+//      updates its shards, then parameters are all-gathered.
+//   2: gradients sharded too: each unit's gradient is reduce-scattered as soon as backward
+//      finished it and accumulated into this rank's shard; only one unit-sized bucket is kept.
+//   3: parameters sharded too: a unit is all-gathered just before its forward and its backward.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/glm4_model.h"
+#include "mpi/communicator.h"
+
+namespace glm {
+
+struct ZeroMemory {
+  int64_t parameter_bytes = 0, gradient_bytes = 0, buffer_bytes = 0;
+};
+
+class ZeroParameters final : public ParameterProvider {
+ public:
+  static Result<std::unique_ptr<ZeroParameters>> create(const ParamLayout& layout, Backend& backend, Communicator& comm,
+                                                        int stage);
+
+  // ParameterProvider
+  Result<Tensor> acquire_params(int unit) override;
+  Tensor unit_grads(int unit) override;
+  Status grads_ready(int unit) override;
+
+  int stage() const { return stage_; }
+  // Parameters and gradients this rank updates: the whole unit (stage 0) or its shard.
+  Tensor owned_params(int unit) const;
+  Tensor owned_grads(int unit) const;
+  Tensor owned_grads_all() const { return grads_.tensor(); }  // stages 0-1: the full gradient
+  int64_t owned_offset(int unit) const;                       // global layout offset of owned_params(unit)
+
+  Status zero_grads();
+  // After the last micro-batch: stage 0 all-reduces, stage 1 reduce-scatters, stages 2-3 have done
+  // their part during backward.
+  Status finish_backward();
+  // Sum of squares of the whole (global) gradient, equal on every rank.
+  Result<double> grad_norm_squared();
+  // After the optimizer wrote owned_params: stages 1-2 all-gather the parameters.
+  Status after_update();
+  // Writes global layout range [begin, begin + values.size()) from host f32 values, keeping only
+  // what this rank stores.
+  Status set_range(int64_t begin, std::span<const float> values);
+  // Fills what this rank stores through fill(dst, global_begin).
+  Status fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill);
+  ZeroMemory memory() const;
+
+ private:
+  ZeroParameters(const ParamLayout& layout, Backend& backend, Communicator& comm, int stage)
+      : layout_(layout), backend_(backend), comm_(comm), stage_(stage) {}
+  Status copy(Tensor dst, Tensor src);
+  Status all_gather_unit(Tensor shard, Tensor full);
+  Status reduce_scatter_unit(Tensor full, Tensor shard);
+  Tensor shard_slice(const Buffer& shards, int unit) const;
+
+  const ParamLayout& layout_;
+  Backend& backend_;
+  Communicator& comm_;
+  int stage_;
+  std::vector<int64_t> shard_base_;  // local offset of each unit's shard inside shard buffers
+  Buffer params_;                    // stages 0-2: the full parameters
+  Buffer param_shards_;              // stage 3: this rank's shards
+  Buffer gathered_;                  // stage 3: one unit's gathered parameters
+  Buffer grads_;                     // stages 0-1: the full gradients
+  Buffer grad_shards_;               // stages 1-3: this rank's gradient shards
+  Buffer bucket_;                    // stages 2-3: one unit's gradient during backward
+  Buffer scatter_tmp_;               // stages 2-3: the reduce-scattered shard before accumulation
+  int gathered_unit_ = -1;
+};
+
+}  // namespace glm
