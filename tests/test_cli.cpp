@@ -2,8 +2,10 @@
 // exit 2 on every rank and never hang; a good short run writes args.json and logging.jsonl.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,10 +21,10 @@ struct RunResult {
 };
 
 // Runs glm_hpc under mpirun with a hard time limit (a hang shows up as exit code 124).
-RunResult run_glm(const std::string& args, int ranks = 2) {
+RunResult run_glm(const std::string& args, int ranks = 2, const std::string& before = "") {
   // Open MPI refuses root unless told; CI and the dev machines run as root.
-  const std::string cmd = std::string("cd ") + GLM_TEST_WORKDIR +
-                          " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC +
+  const std::string cmd = std::string("cd ") + GLM_TEST_WORKDIR + " && " + before +
+                          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC +
                           " --oversubscribe -np " + std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
   RunResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -127,6 +129,27 @@ TEST(Cli, EvalMatchesTransformersLoss) {
   const auto ppl = r.output.find("eval_ppl: ");
   ASSERT_NE(ppl, std::string::npos);
   EXPECT_NEAR(std::stod(r.output.substr(ppl + 10)), std::exp(loss), 1e-4 * std::exp(loss));
+}
+
+// A rank killed with SIGKILL in the middle of training: the job ends (non-zero) within seconds,
+// with a message naming the killed rank; nothing hangs (the 120 s timeout would report 124).
+TEST(CliFaults, KilledRankEndsTheJob) {
+  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "killed";
+  std::filesystem::remove_all(out);
+  const std::string marker = "glm_hpc_kill_marker_" + std::to_string(::getpid());
+  // A unique argument (--output_dir) lets pgrep find exactly this job's ranks.
+  const std::string killer = "(sleep 4; pkill -9 -f -n 'glm_hpc.*" + marker + "') & ";
+  const auto start = std::chrono::steady_clock::now();
+  RunResult r =
+      run_glm(kTiny + "--zero_stage 2 --max_steps 100000 --logging_steps 1 --collective_timeout 30 --output_dir " +
+                  (out / marker).string(),
+              3, killer);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung until the test's timeout\n" << r.output;
+  EXPECT_LT(seconds, 60.0) << r.output;
+  EXPECT_NE(r.output.find("step "), std::string::npos) << "training had started\n" << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << "the launcher names the killed rank\n" << r.output;
 }
 
 TEST(Cli, HelpListsOptionsOnce) {
