@@ -1,6 +1,7 @@
 // One optimizer step, replicated data parallelism (ZeRO stage 0): every rank holds everything.
 #include "train/engine.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "train/trainer.h"
@@ -105,6 +106,15 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   GLM_RETURN_IF_ERROR(comm_.all_reduce(counts, counts, 2, CommType::i64, ReduceOp::sum));
   const double grad_scale = counts[0] > 0 ? 1.0 / static_cast<double>(counts[0]) : 0.0;
 
+  using clock = std::chrono::steady_clock;
+  const auto step_start = clock::now();
+  double blocking = 0;  // seconds in collectives that nothing overlaps
+  auto timed = [&](const auto& fn) -> Status {
+    const auto t0 = clock::now();
+    Status st = fn();
+    blocking += std::chrono::duration<double>(clock::now() - t0).count();
+    return st;
+  };
   GLM_RETURN_IF_ERROR(zero_->zero_grads());
   double loss_sum = 0;
   for (const HostMicroBatch& hb : micro) {
@@ -113,7 +123,11 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     GLM_ASSIGN_OR_RETURN(double s, local_loss_sum(b.n));
     loss_sum += s;
   }
-  GLM_RETURN_IF_ERROR(zero_->finish_backward());
+  // Waits for overlapped buckets during backward are exposed too; those inside finish_backward
+  // are part of its timed total.
+  const double backward_waits = zero_->take_exposed_comm_seconds();
+  GLM_RETURN_IF_ERROR(timed([&] { return zero_->finish_backward(); }));
+  zero_->take_exposed_comm_seconds();
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
   StepResult r;
   r.loss = counts[0] > 0 ? loss_sum / static_cast<double>(counts[0]) : 0.0;
@@ -129,7 +143,9 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   const double clip = max_grad_norm_ > 0 ? std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6)) : 1.0;
   for (size_t u = 0; u < optimizers_.size(); ++u)
     GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip));
-  GLM_RETURN_IF_ERROR(zero_->after_update());
+  GLM_RETURN_IF_ERROR(timed([&] { return zero_->after_update(); }));
+  r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
+  r.exposed_comm_seconds = blocking + backward_waits;
   return r;
 }
 

@@ -16,10 +16,12 @@
 namespace glm {
 
 struct StepResult {
-  double loss = 0;       // global mean target-token loss of the window
-  double grad_norm = 0;  // global, before clipping
-  int64_t tokens = 0;    // global tokens of the window
-  int64_t targets = 0;   // global target tokens of the window
+  double loss = 0;                  // global mean target-token loss of the window
+  double grad_norm = 0;             // global, before clipping
+  int64_t tokens = 0;               // global tokens of the window
+  int64_t targets = 0;              // global target tokens of the window
+  double step_seconds = 0;          // this rank's wall time of the step
+  double exposed_comm_seconds = 0;  // of which waiting on collectives (not hidden behind compute)
 };
 
 struct EvalResult {

@@ -36,10 +36,13 @@ void MetricsLogger::print(const std::string& line) const {
 Status MetricsLogger::log(const StepMetrics& m) {
   if (!enabled_) return Status::ok();
   char line[512];
-  std::snprintf(
-      line, sizeof(line), "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | tokens/s %.0f | elapsed %s | eta %s",
-      static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.lr, m.grad_norm,
-      m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(), format_duration(m.eta_seconds).c_str());
+  // comm: share of the step spent waiting on collectives that compute did not hide.
+  std::snprintf(line, sizeof(line),
+                "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | tokens/s %.0f | comm %.1f%% | elapsed %s | "
+                "eta %s",
+                static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.lr, m.grad_norm,
+                m.tokens_per_second, m.step_seconds > 0 ? 100.0 * m.exposed_comm_seconds / m.step_seconds : 0.0,
+                format_duration(m.elapsed_seconds).c_str(), format_duration(m.eta_seconds).c_str());
   print(line);
   if (jsonl_.is_open()) {
     nlohmann::json j = {{"step", m.step},
@@ -50,7 +53,9 @@ Status MetricsLogger::log(const StepMetrics& m) {
                         {"tokens_per_second", m.tokens_per_second},
                         {"tokens", m.tokens},
                         {"elapsed_seconds", m.elapsed_seconds},
-                        {"eta_seconds", m.eta_seconds}};
+                        {"eta_seconds", m.eta_seconds},
+                        {"step_seconds", m.step_seconds},
+                        {"exposed_comm_seconds", m.exposed_comm_seconds}};
     jsonl_ << j.dump() << '\n';
     jsonl_.flush();
     if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");

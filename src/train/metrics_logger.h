@@ -18,7 +18,9 @@ struct StepMetrics {
   double tokens_per_second = 0;
   double elapsed_seconds = 0;
   double eta_seconds = 0;
-  int64_t tokens = 0;  // global tokens of this step
+  int64_t tokens = 0;               // global tokens of this step
+  double step_seconds = 0;          // rank 0's wall time of this step
+  double exposed_comm_seconds = 0;  // of which waiting on collectives
 };
 
 class MetricsLogger {

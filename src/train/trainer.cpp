@@ -125,6 +125,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       m.lr = lr;
       m.grad_norm = r.grad_norm;
       m.tokens = r.tokens;
+      m.step_seconds = r.step_seconds;
+      m.exposed_comm_seconds = r.exposed_comm_seconds;
       m.tokens_per_second = interval > 0 ? static_cast<double>(interval_tokens) / interval : 0.0;
       m.elapsed_seconds = elapsed;
       m.eta_seconds = elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1);

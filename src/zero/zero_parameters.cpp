@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "mpi/fatal.h"
+
 namespace glm {
 namespace {
 CommType comm_type(DType d) {
@@ -47,8 +49,10 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel()));
   if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total));
   if (stage >= 2) {
-    GLM_RETURN_IF_ERROR(alloc(z->bucket_, largest_unit));
-    GLM_RETURN_IF_ERROR(alloc(z->scatter_tmp_, largest_shard));
+    for (auto& b : z->buckets_) {
+      GLM_RETURN_IF_ERROR(alloc(b.grads, largest_unit));
+      GLM_RETURN_IF_ERROR(alloc(b.scattered, largest_shard));
+    }
   }
   return z;
 }
@@ -85,20 +89,52 @@ Result<Tensor> ZeroParameters::acquire_params(int unit) {
 Tensor ZeroParameters::unit_grads(int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   if (stage_ <= 1) return grads_.slice(u.offset, u.numel);
-  // Stages 2-3: the bucket; the model accumulates this micro-batch's gradient of the unit into it.
-  Tensor b = bucket_.slice(0, u.numel);
-  const Status s = backend_.zero(b);
-  (void)s;  // zeroing host or device memory that we allocated cannot fail in a way we could handle here
+  // Stages 2-3: a free bucket; the model accumulates this micro-batch's gradient of the unit into it.
+  Bucket& bucket = buckets_[current_bucket_];
+  const Status drained = drain(bucket);
+  if (!drained.is_ok()) fatal_status(drained);  // a collective failed: the job cannot go on
+  Tensor b = bucket.grads.slice(0, u.numel);
+  const Status zeroed = backend_.zero(b);
+  if (!zeroed.is_ok()) fatal_status(zeroed);
   return b;
+}
+
+// Waits for a bucket's reduce-scatter and adds the result to this rank's gradient shard.
+Status ZeroParameters::drain(Bucket& b) {
+  if (b.unit < 0) return Status::ok();
+  Tensor shard = shard_slice(grad_shards_, b.unit);
+  if (b.in_flight) {
+    const auto start = std::chrono::steady_clock::now();
+    GLM_RETURN_IF_ERROR(b.in_flight->wait());
+    exposed_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    b.in_flight.reset();
+  }
+  b.unit = -1;
+  return backend_.add(shard, shard, b.scattered.slice(0, shard.numel), shard.numel);  // accumulate
 }
 
 Status ZeroParameters::grads_ready(int unit) {
   if (stage_ <= 1) return Status::ok();
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
-  Tensor shard = shard_slice(grad_shards_, unit);
-  Tensor tmp = scatter_tmp_.slice(0, shard.numel);
-  GLM_RETURN_IF_ERROR(reduce_scatter_unit(bucket_.slice(0, u.numel), tmp));
-  return backend_.add(shard, shard, tmp, shard.numel);  // accumulate over micro-batches
+  Bucket& b = buckets_[current_bucket_];
+  Tensor full = b.grads.slice(0, u.numel), shard = b.scattered.slice(0, layout_.shard_numel(unit));
+  b.unit = unit;
+  if (comm_.size() == 1) {
+    GLM_RETURN_IF_ERROR(copy(shard, full));
+  } else {
+    // The host must see the backward's results before MPI reads them (device backends).
+    GLM_RETURN_IF_ERROR(backend_.synchronize());
+    b.in_flight = comm_.start_reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel),
+                                             comm_type(full.dtype), ReduceOp::sum);
+  }
+  current_bucket_ ^= 1;  // backward continues into the other bucket while this one reduces
+  return Status::ok();
+}
+
+double ZeroParameters::take_exposed_comm_seconds() {
+  const double s = exposed_comm_seconds_;
+  exposed_comm_seconds_ = 0;
+  return s;
 }
 
 Tensor ZeroParameters::owned_params(int unit) const {
@@ -126,6 +162,7 @@ Status ZeroParameters::zero_grads() {
 }
 
 Status ZeroParameters::finish_backward() {
+  for (auto& b : buckets_) GLM_RETURN_IF_ERROR(drain(b));
   const int units = static_cast<int>(layout_.units().size());
   if (stage_ == 0 && comm_.size() > 1) {
     for (int u = 0; u < units; ++u) {
@@ -188,8 +225,9 @@ ZeroMemory ZeroParameters::memory() const {
   ZeroMemory m;
   m.parameter_bytes = static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes());
   m.gradient_bytes = static_cast<int64_t>(grads_.tensor().bytes() + grad_shards_.tensor().bytes());
-  m.buffer_bytes =
-      static_cast<int64_t>(gathered_.tensor().bytes() + bucket_.tensor().bytes() + scatter_tmp_.tensor().bytes());
+  m.buffer_bytes = static_cast<int64_t>(gathered_.tensor().bytes());
+  for (const auto& b : buckets_)
+    m.buffer_bytes += static_cast<int64_t>(b.grads.tensor().bytes() + b.scattered.tensor().bytes());
   return m;
 }
 

@@ -9,6 +9,7 @@
 //   3: parameters sharded too: a unit is all-gathered just before its forward and its backward.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <span>
 #include <vector>
@@ -53,6 +54,8 @@ class ZeroParameters final : public ParameterProvider {
   // Fills what this rank stores through fill(dst, global_begin).
   Status fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill);
   ZeroMemory memory() const;
+  // Seconds this rank waited on collectives since the last call (exposed communication).
+  double take_exposed_comm_seconds();
 
  private:
   ZeroParameters(const ParamLayout& layout, Backend& backend, Communicator& comm, int stage)
@@ -72,9 +75,18 @@ class ZeroParameters final : public ParameterProvider {
   Buffer gathered_;                  // stage 3: one unit's gathered parameters
   Buffer grads_;                     // stages 0-1: the full gradients
   Buffer grad_shards_;               // stages 1-3: this rank's gradient shards
-  Buffer bucket_;                    // stages 2-3: one unit's gradient during backward
-  Buffer scatter_tmp_;               // stages 2-3: the reduce-scattered shard before accumulation
+  // Stages 2-3: two unit-sized gradient buckets. While backward fills one, the other's
+  // reduce-scatter runs (non-blocking); it is waited for only when its bucket is needed again.
+  struct Bucket {
+    Buffer grads, scattered;
+    std::unique_ptr<CommRequest> in_flight;
+    int unit = -1;
+  };
+  Status drain(Bucket& b);
+  Bucket buckets_[2];
+  int current_bucket_ = 0;
   int gathered_unit_ = -1;
+  double exposed_comm_seconds_ = 0;  // time spent waiting for collectives (not overlapped)
 };
 
 }  // namespace glm
