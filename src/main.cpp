@@ -14,6 +14,7 @@
 #include "mpi/runtime.h"
 #include "train/engine.h"
 #include "train/trainer.h"
+#include "zero/memory_plan.h"
 
 namespace {
 
@@ -48,14 +49,16 @@ glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions&
   const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0 && proc.world_size == 1);
   if (!cuda) {
     if (o.device == "auto" && gpus > 0 && proc.rank == 0)
-      std::printf("glm_hpc: --device auto chose cpu: %d ranks, and the CUDA backend runs one rank until NCCL "
-                  "gradient reduction lands\n",
-                  proc.world_size);
+      std::printf(
+          "glm_hpc: --device auto chose cpu: %d ranks, and the CUDA backend runs one rank until NCCL "
+          "gradient reduction lands\n",
+          proc.world_size);
     return glm::make_cpu_backend(glm::DType::f32);
   }
   if (proc.world_size > 1)
-    return GLM_USER_ERROR("the CUDA backend runs one rank until NCCL gradient reduction lands; use -np 1 or "
-                          "--device cpu");
+    return GLM_USER_ERROR(
+        "the CUDA backend runs one rank until NCCL gradient reduction lands; use -np 1 or "
+        "--device cpu");
   return glm::make_cuda_backend(gpus > 0 ? proc.local_rank % gpus : 0);
 }
 
@@ -141,6 +144,20 @@ int main(int argc, char** argv) {
   glm::CliOptions options = parsed.take();
   if (options.help) {
     if (proc.rank == 0) std::printf("%s", glm::help_text().c_str());
+    return 0;
+  }
+  if (options.command == "plan") {
+    // Arithmetic only: no GPU, no data. The model comes from --config/options or config.json.
+    auto hf_model = resolve_model(options);
+    if (int code = settle(hf_model.status())) return code;
+    if (proc.rank == 0) {
+      glm::MemoryPlanInput in;
+      in.model = options.train.model;
+      in.world_size = static_cast<int>(options.plan_world_size);
+      in.zero_stage = options.train.zero_stage;
+      in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
+      std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
+    }
     return 0;
   }
   resolve_paths(options);

@@ -129,9 +129,12 @@ class OptionTable {
     add(train, "max_grad_norm", &t.max_grad_norm, "global gradient-norm clipping; <= 0 disables");
     add(train, "zero_stage", &t.zero_stage,
         "ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over ranks");
+    po::options_description plan("Memory planner (glm_hpc plan)");
+    add(plan, "world_size", &o_.plan_world_size, "GPUs the plan spreads the model over");
+    add(plan, "gpu_memory_gib", &o_.gpu_memory_gib, "memory of one GPU in GiB (default: an H200)");
     add(train, "per_device_eval_batch_size", &o_.per_device_eval_batch_size, "samples per rank per evaluation batch");
 
-    all_.add(general).add(model).add(data).add(train);
+    all_.add(general).add(model).add(data).add(train).add(plan);
   }
 
   CliOptions& o_;
@@ -200,6 +203,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                             "must be cosine, linear or constant_with_warmup, got '" + t.lr_scheduler_type + "'"));
   GLM_RETURN_IF_ERROR(check(!t.datasets.empty(), src, "dataset", "needs at least one file"));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(o.gpu_memory_gib > 0, src, "gpu_memory_gib", "must be positive"));
   GLM_RETURN_IF_ERROR(check(o.command != "eval" || !o.model_id_or_path.empty(), src, "model_id_or_path",
                             "is required by 'glm_hpc eval'"));
   if (!o.model_id_or_path.empty()) {
@@ -239,10 +244,12 @@ std::string help_text() {
   OptionTable table(o);
   std::ostringstream s;
   s << "usage: mpirun -np N glm_hpc [train] [--config FILE] [--option value ...]\n"
-    << "       mpirun -np N glm_hpc eval --model_id_or_path DIR --dataset FILE [--option value ...]\n\n"
+    << "       mpirun -np N glm_hpc eval --model_id_or_path DIR --dataset FILE [--option value ...]\n"
+    << "       glm_hpc plan --config FILE --world_size N --zero_stage S [--option value ...]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
     << "embedded tiny GLM-4 on data/sample/conversations.jsonl. 'eval' prints eval_loss and eval_ppl\n"
-    << "(mean loss over all target tokens of the dataset) for a Hugging Face model directory.\n\n"
+    << "(mean loss over all target tokens of the dataset) for a Hugging Face model directory. 'plan'\n"
+    << "predicts the per-GPU memory of a CUDA run and says whether it fits.\n\n"
     << table.all();
   return s.str();
 }
@@ -254,8 +261,8 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   if (!args.empty() && !args.front().empty() && args.front().front() != '-') {
     o.command = args.front();
     args.erase(args.begin());
-    if (o.command != "train" && o.command != "eval")
-      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval)");
+    if (o.command != "train" && o.command != "eval" && o.command != "plan")
+      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan)");
   }
   po::variables_map vm;
   Sources src;

@@ -25,6 +25,7 @@ Status Glm4Model::allocate() {
     auto r = backend_.allocate(numel, dtype);
     if (!r.is_ok()) return r.status();
     b = r.take();
+    activation_bytes_ += static_cast<int64_t>(b.tensor().bytes());
     return Status::ok();
   };
   residual_.resize(static_cast<size_t>(config_.num_hidden_layers + 1));
@@ -52,6 +53,17 @@ Status Glm4Model::allocate() {
   GLM_RETURN_IF_ERROR(alloc(d_act_, n * f, act));
   GLM_RETURN_IF_ERROR(alloc(d_gate_up_, n * 2 * f, act));
   return Status::ok();
+}
+
+int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats) {
+  // Mirrors allocate(): per layer ln1, qkv, attn, mid, ln2, gate_up, act and three statistics.
+  const int64_t h = c.hidden_size, f = c.intermediate_size;
+  const int64_t per_layer = act * n * (h + c.qkv_width() + c.q_width() + h + h + 2 * f + f) +
+                            stats * n * (1 + c.num_attention_heads + 1);
+  const int64_t residual = act * n * h * (c.num_hidden_layers + 1);
+  const int64_t head = act * n * h + stats * n * 2;
+  const int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f);
+  return c.num_hidden_layers * per_layer + residual + head + scratch;
 }
 
 Tensor Glm4Model::view(Tensor unit_base, int entry) const {

@@ -42,6 +42,12 @@ class Glm4Model {
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t max_tokens() const { return max_tokens_; }
+  // Bytes of every activation and backward scratch buffer allocated by create().
+  int64_t activation_bytes() const { return activation_bytes_; }
+  // The same number without allocating: micro-batches of max_tokens tokens, activations of
+  // activation_size bytes per element and statistics of stats_size (the memory planner).
+  static int64_t planned_activation_bytes(const ModelConfig& config, int64_t max_tokens, int64_t activation_size,
+                                          int64_t stats_size);
 
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
   // provider's gradient slots. Per-token losses land in losses().
@@ -67,6 +73,7 @@ class Glm4Model {
   ParamLayout layout_;
   Backend& backend_;
   int64_t max_tokens_;
+  int64_t activation_bytes_ = 0;
   AttentionShape shape_;
 
   struct LayerActivations {
