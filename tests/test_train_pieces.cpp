@@ -9,6 +9,7 @@
 #include "cli/options.h"
 #include "data/chat_template.h"
 #include "data/conversation_reader.h"
+#include "data/dataset.h"
 #include "data/sharded_loader.h"
 #include "train/lr_schedule.h"
 
@@ -216,6 +217,63 @@ TEST(Configs, ShippedConfigsParseWithTheSpecShapes) {
   ASSERT_TRUE(long_ctx.is_ok()) << long_ctx.status().message();
   EXPECT_EQ(long_ctx.value().train.model.parameter_count(), 9483857920LL);
   EXPECT_EQ(long_ctx.value().train.model.rope_theta, 1e8);
+}
+
+}  // namespace
+}  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+// The same conversation in the three formats renders to the same tokens and labels.
+TEST(DatasetFormats, AlpacaShareGptAndMessagesAgree) {
+  const std::string messages = temp_file(
+      "fmt_messages.jsonl", R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},)"
+                            R"( {"role": "assistant", "content": "a1"}, {"role": "user", "content": "do X\nwith Y"},)"
+                            R"( {"role": "assistant", "content": "done"}]})"
+                            "\n");
+  const std::string alpaca = temp_file(
+      "fmt_alpaca.jsonl",
+      R"({"system": "S", "history": [["q1", "a1"]], "instruction": "do X", "input": "with Y", "output": "done"})"
+      "\n");
+  const std::string sharegpt =
+      temp_file("fmt_sharegpt.jsonl",
+                R"({"system": "S", "conversations": [{"from": "human", "value": "q1"}, {"from": "gpt", "value": "a1"},)"
+                R"( {"from": "human", "value": "do X\nwith Y"}, {"from": "gpt", "value": "done"}]})"
+                "\n");
+  ByteTokenizer tok;
+  auto m = load_dataset({messages}, &tok, 0, 272);
+  auto a = load_dataset({alpaca}, &tok, 0, 272);
+  auto g = load_dataset({sharegpt}, &tok, 0, 272);
+  ASSERT_TRUE(m.is_ok() && a.is_ok() && g.is_ok()) << a.status().message() << g.status().message();
+  EXPECT_EQ(a.value().samples[0].tokens, m.value().samples[0].tokens);
+  EXPECT_EQ(a.value().samples[0].labels, m.value().samples[0].labels);
+  EXPECT_EQ(g.value().samples[0].tokens, m.value().samples[0].tokens);
+  EXPECT_EQ(g.value().samples[0].labels, m.value().samples[0].labels);
+  // The bundled examples of every format load.
+  const std::string dir = std::string(GLM_SOURCE_DIR) + "/data/sample/";
+  auto all = load_dataset({dir + "conversations.jsonl", dir + "alpaca.jsonl", dir + "sharegpt.jsonl"}, &tok, 0, 272);
+  ASSERT_TRUE(all.is_ok()) << all.status().message();
+  EXPECT_EQ(all.value().report.kept, 240);
+}
+
+TEST(DatasetFormats, BadRecordsNameLineAndReason) {
+  ByteTokenizer tok;
+  const std::string bad = temp_file("fmt_bad.jsonl", R"({"conversations": [{"from": "wizard", "value": "x"}]})"
+                                                     "\n"
+                                                     R"({"instruction": "no output here"})"
+                                                     "\n"
+                                                     R"({"prompt": "q", "completion": "a"})"
+                                                     "\n"
+                                                     R"({"instruction": "q", "output": "a", "history": [["only one"]]})"
+                                                     "\n");
+  auto r = load_dataset({bad}, &tok, 0, 272);
+  ASSERT_FALSE(r.is_ok());
+  const std::string& msg = r.status().message();
+  EXPECT_NE(msg.find("fmt_bad.jsonl:1: conversations[0] has unknown \"from\": \"wizard\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fmt_bad.jsonl:2: missing field \"output\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fmt_bad.jsonl:3: unknown sample format"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fmt_bad.jsonl:4: history[0] must be a [query, answer] pair"), std::string::npos) << msg;
 }
 
 }  // namespace

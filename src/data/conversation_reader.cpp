@@ -55,6 +55,82 @@ Status parse_conversation(const nlohmann::json& j, Conversation& out) {
   return Status::ok();
 }
 
+namespace {
+
+Result<std::string> string_field(const nlohmann::json& j, const char* key, bool required) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) return GLM_USER_ERROR("missing field \"", key, "\"");
+    return std::string();
+  }
+  if (!it->is_string()) return GLM_USER_ERROR("field \"", key, "\" must be a string");
+  return it->get<std::string>();
+}
+
+// ShareGPT turns become messages, then the messages rules apply.
+Status parse_sharegpt(const nlohmann::json& j, Conversation& out) {
+  const auto& turns = j["conversations"];
+  if (!turns.is_array() || turns.empty()) return GLM_USER_ERROR("\"conversations\" must be a non-empty array");
+  nlohmann::json messages = nlohmann::json::array();
+  GLM_ASSIGN_OR_RETURN(std::string system, string_field(j, "system", false));
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const auto& t = turns[i];
+    if (!t.is_object() || !t.contains("from") || !t["from"].is_string() || !t.contains("value") ||
+        !t["value"].is_string())
+      return GLM_USER_ERROR("conversations[", i, "] needs string \"from\" and \"value\"");
+    const std::string from = t["from"].get<std::string>();
+    std::string role;
+    if (from == "human" || from == "user")
+      role = "user";
+    else if (from == "gpt" || from == "assistant" || from == "function_call")
+      role = "assistant";
+    else if (from == "system")
+      role = "system";
+    else if (from == "observation" || from == "tool")
+      role = "observation";
+    else
+      return GLM_USER_ERROR("conversations[", i, "] has unknown \"from\": \"", from,
+                            "\" (expected human, gpt, system, observation or function_call)");
+    messages.push_back({{"role", role}, {"content", t["value"]}});
+  }
+  return parse_conversation(nlohmann::json{{"messages", messages}}, out);
+}
+
+// Alpaca: history pairs, then instruction (+ "\n" + input) as the user turn and output as the answer.
+Status parse_alpaca(const nlohmann::json& j, Conversation& out) {
+  GLM_ASSIGN_OR_RETURN(std::string instruction, string_field(j, "instruction", true));
+  GLM_ASSIGN_OR_RETURN(std::string input, string_field(j, "input", false));
+  GLM_ASSIGN_OR_RETURN(std::string output, string_field(j, "output", true));
+  GLM_ASSIGN_OR_RETURN(std::string system, string_field(j, "system", false));
+  nlohmann::json messages = nlohmann::json::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  if (j.contains("history") && !j["history"].is_null()) {
+    const auto& h = j["history"];
+    if (!h.is_array()) return GLM_USER_ERROR("\"history\" must be an array of [query, answer] pairs");
+    for (size_t i = 0; i < h.size(); ++i) {
+      if (!h[i].is_array() || h[i].size() != 2 || !h[i][0].is_string() || !h[i][1].is_string())
+        return GLM_USER_ERROR("history[", i, "] must be a [query, answer] pair of strings");
+      messages.push_back({{"role", "user"}, {"content", h[i][0]}});
+      messages.push_back({{"role", "assistant"}, {"content", h[i][1]}});
+    }
+  }
+  messages.push_back({{"role", "user"}, {"content", input.empty() ? instruction : instruction + "\n" + input}});
+  messages.push_back({{"role", "assistant"}, {"content", output}});
+  return parse_conversation(nlohmann::json{{"messages", messages}}, out);
+}
+
+}  // namespace
+
+Status parse_any_conversation(const nlohmann::json& j, Conversation& out) {
+  if (!j.is_object()) return GLM_USER_ERROR("expected a JSON object");
+  if (j.contains("messages")) return parse_conversation(j, out);
+  if (j.contains("conversations")) return parse_sharegpt(j, out);
+  if (j.contains("instruction")) return parse_alpaca(j, out);
+  return GLM_USER_ERROR("unknown sample format: expected \"messages\", \"conversations\" (sharegpt), ",
+                        "\"instruction\"/\"output\" (alpaca) or \"input_ids\" (pre-tokenized)");
+}
+
 Result<std::vector<Conversation>> read_conversations(const std::string& path, int max_errors) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");

@@ -70,7 +70,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
                              "yet: give pre-tokenized {\"input_ids\": [...], \"labels\": [...]} lines");
         } else {
           Conversation c;
-          s = parse_conversation(j, c);
+          s = parse_any_conversation(j, c);
           if (s.is_ok()) sample = chat.render(c);
           for (int32_t id : sample.tokens)
             if (id >= vocab_size) {
