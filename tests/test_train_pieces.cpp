@@ -278,3 +278,34 @@ TEST(DatasetFormats, BadRecordsNameLineAndReason) {
 
 }  // namespace
 }  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+TEST(DatasetFormats, OnBadSampleSkipDropsAndCounts) {
+  ByteTokenizer tok;
+  const std::string mixed =
+      temp_file("mixed.jsonl",
+                R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "an answer"}]})"
+                "\n"
+                R"({"messages": [{"role": "user", "content": "q"})"
+                "\n"
+                R"({"messages": [{"role": "user", "content": "only a question"}]})"
+                "\n"
+                R"({"instruction": "q", "output": "a good answer"})"
+                "\n");
+  EXPECT_FALSE(load_dataset({mixed}, &tok, 0, 272).is_ok()) << "error is the default";
+  auto r = load_dataset({mixed}, &tok, 0, 272, true);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r.value().report.kept, 2);
+  EXPECT_EQ(r.value().report.skipped_bad, 2);
+  EXPECT_NE(r.value().report.skipped_reasons.find("mixed.jsonl:3: no assistant message"), std::string::npos);
+  const std::string all_bad = temp_file("all_bad.jsonl", "not json\n");
+  auto none = load_dataset({all_bad}, &tok, 0, 272, true);
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.status().message().find("holds no usable samples (1 skipped"), std::string::npos)
+      << none.status().message();
+}
+
+}  // namespace
+}  // namespace glm::test

@@ -45,7 +45,7 @@ Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, Tokenized
 }
 
 Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
-                             int64_t vocab_size) {
+                             int64_t vocab_size, bool skip_bad) {
   if (paths.empty()) return GLM_USER_ERROR("no --dataset given");
   Dataset d;
   static const ByteTokenizer unused;
@@ -82,6 +82,12 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         s = GLM_USER_ERROR("malformed JSON (", e.what(), ")");
       }
       if (!s.is_ok()) {
+        if (skip_bad) {
+          if (d.report.skipped_bad < 5)
+            d.report.skipped_reasons += concat("\n  ", path, ":", line_no, ": ", s.message());
+          ++d.report.skipped_bad;
+          continue;
+        }
         if (error_count < kMaxListedErrors) errors += concat("\n  ", path, ":", line_no, ": ", s.message());
         ++error_count;
         continue;
@@ -102,7 +108,11 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
       return GLM_USER_ERROR(
           error_count, " bad sample(s) in '", path, "'", errors,
           error_count > kMaxListedErrors ? concat("\n  ... and ", error_count - kMaxListedErrors, " more") : "");
-    if (samples_in_file == 0) return GLM_USER_ERROR("dataset file '", path, "' holds no samples");
+    if (samples_in_file == 0)
+      return GLM_USER_ERROR("dataset file '", path, "' holds no usable samples",
+                            skip_bad && d.report.skipped_bad > 0
+                                ? concat(" (", d.report.skipped_bad, " skipped as bad:", d.report.skipped_reasons, ")")
+                                : "");
   }
   d.report.kept = static_cast<int64_t>(d.samples.size());
   if (d.samples.empty())

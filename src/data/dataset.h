@@ -19,6 +19,8 @@ struct DatasetReport {
   int64_t tokens = 0;
   int64_t target_tokens = 0;
   int64_t max_tokens = 0;
+  int64_t skipped_bad = 0;      // --on_bad_sample skip
+  std::string skipped_reasons;  // the first few, one per line with file:line
 };
 
 struct Dataset {
@@ -31,8 +33,9 @@ struct Dataset {
 // -100 = no loss, labels defaulting to input_ids). Token ids must be below vocab_size. Samples
 // longer than max_length (> 0) are deleted and counted. Every bad line is reported as file:line.
 // Without a tokenizer (null), conversation lines are errors that say why.
+// skip_bad (--on_bad_sample skip): bad lines are dropped and counted instead of failing the load.
 Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
-                             int64_t vocab_size);
+                             int64_t vocab_size, bool skip_bad = false);
 
 // One pre-tokenized line's object.
 Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, TokenizedSample& out);

@@ -94,6 +94,9 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
         static_cast<double>(mem.buffer_bytes) / mib);
     std::fflush(stdout);
   }
+  if (rep.skipped_bad > 0)
+    logger.print(concat("glm_hpc: --on_bad_sample skip dropped ", rep.skipped_bad,
+                        " bad sample(s); the first:", rep.skipped_reasons));
   logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(),
                       " samples = ", config.per_device_train_batch_size, " per device x ", world, " ranks x ",
                       config.gradient_accumulation_steps, " accumulation; ", total_steps, " steps, warmup ",
