@@ -182,7 +182,10 @@ int main(int argc, char** argv) {
   const int64_t max_length =
       eval && options.effective["max_length"]["source"] == "default" ? 0 : options.train.max_length;
   auto dataset = glm::load_dataset(options.train.datasets, tokenizer, max_length, model.vocab_size,
-                                   options.train.on_bad_sample == "skip");
+                                   options.train.on_bad_sample == "skip",
+                                   options.train.truncation_strategy == "left"    ? glm::Truncation::left
+                                   : options.train.truncation_strategy == "right" ? glm::Truncation::right
+                                                                                  : glm::Truncation::remove);
   if (int code = settle(dataset.status())) return code;
   if (!eval) {
     if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;

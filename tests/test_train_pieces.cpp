@@ -309,3 +309,41 @@ TEST(DatasetFormats, OnBadSampleSkipDropsAndCounts) {
 
 }  // namespace
 }  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+TEST(DatasetLength, TruncationStrategiesAndReport) {
+  ByteTokenizer tok;
+  // [gMASK] <sop> <|user|> \n q <|assistant|> \n a b c d e f <|user|>: 14 tokens, 8 trained.
+  const std::string f = temp_file(
+      "long.jsonl", R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "abcdef"}]})"
+                    "\n");
+  auto del = load_dataset({f}, &tok, 10, 272, false, Truncation::remove);
+  ASSERT_FALSE(del.is_ok());  // the only sample deleted: nothing to train on
+  auto left = load_dataset({f}, &tok, 10, 272, false, Truncation::left);
+  ASSERT_TRUE(left.is_ok()) << left.status().message();
+  const auto& s = left.value().samples[0];
+  ASSERT_EQ(s.tokens.size(), 10u);
+  EXPECT_EQ(s.tokens.back(), tok.special_id(SpecialToken::user));  // the end survives
+  EXPECT_EQ(left.value().report.truncated, 1);
+  auto right = load_dataset({f}, &tok, 10, 272, false, Truncation::right);
+  ASSERT_TRUE(right.is_ok());
+  EXPECT_EQ(right.value().samples[0].tokens.front(), tok.special_id(SpecialToken::gmask));  // the start survives
+  // A long prompt cut on the right loses every trained token: dropped and counted; a short one stays.
+  const std::string prompt =
+      temp_file("prompt.jsonl",
+                R"({"messages": [{"role": "user", "content": "0123456789"}, {"role": "assistant", "content": "a"}]})"
+                "\n");
+  auto cut = load_dataset({prompt, temp_file("short.jsonl", R"({"instruction": "q", "output": "a"})"
+                                                            "\n")},
+                          &tok, 12, 272, false, Truncation::right);
+  ASSERT_TRUE(cut.is_ok()) << cut.status().message();
+  EXPECT_EQ(cut.value().report.deleted_no_target, 1);
+  EXPECT_EQ(cut.value().report.kept, 1);
+  EXPECT_NE(left.value().report.length_summary().find("max 14"), std::string::npos)
+      << left.value().report.length_summary();
+}
+
+}  // namespace
+}  // namespace glm::test

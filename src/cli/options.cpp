@@ -112,6 +112,8 @@ class OptionTable {
                        "messages-style jsonl conversation files");
     getters_.emplace_back("dataset", [&t] { return nlohmann::json(t.datasets); });
     add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
+    add(data, "truncation_strategy", &t.truncation_strategy,
+        "samples over max_length: delete, left (keep the last tokens) or right (keep the first)");
     add(data, "on_bad_sample", &t.on_bad_sample,
         "error: report every bad line (file:line) and stop; skip: drop them, report the count");
 
@@ -204,6 +206,9 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                             src, "lr_scheduler_type",
                             "must be cosine, linear or constant_with_warmup, got '" + t.lr_scheduler_type + "'"));
   GLM_RETURN_IF_ERROR(check(!t.datasets.empty(), src, "dataset", "needs at least one file"));
+  GLM_RETURN_IF_ERROR(
+      check(t.truncation_strategy == "delete" || t.truncation_strategy == "left" || t.truncation_strategy == "right",
+            src, "truncation_strategy", "must be delete, left or right, got '" + t.truncation_strategy + "'"));
   GLM_RETURN_IF_ERROR(check(t.on_bad_sample == "error" || t.on_bad_sample == "skip", src, "on_bad_sample",
                             "must be error or skip, got '" + t.on_bad_sample + "'"));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));

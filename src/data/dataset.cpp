@@ -1,6 +1,7 @@
 // Dataset loading: read (conversations or pre-tokenized), render, length control.
 #include "data/dataset.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -44,8 +45,19 @@ Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, Tokenized
   return Status::ok();
 }
 
+std::string DatasetReport::length_summary() const {
+  if (lengths.empty()) return "no samples";
+  std::vector<int64_t> sorted = lengths;
+  std::sort(sorted.begin(), sorted.end());
+  auto pct = [&](double p) {
+    return sorted[std::min(sorted.size() - 1, static_cast<size_t>(p * static_cast<double>(sorted.size())))];
+  };
+  return concat("token lengths p50 ", pct(0.5), " / p90 ", pct(0.9), " / p99 ", pct(0.99), " / max ", sorted.back(),
+                "; ", kept > 0 ? target_tokens / kept : 0, " trained tokens per sample");
+}
+
 Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
-                             int64_t vocab_size, bool skip_bad) {
+                             int64_t vocab_size, bool skip_bad, Truncation truncation) {
   if (paths.empty()) return GLM_USER_ERROR("no --dataset given");
   Dataset d;
   static const ByteTokenizer unused;
@@ -94,9 +106,21 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
       }
       ++samples_in_file;
       ++d.report.read;
-      if (max_length > 0 && static_cast<int64_t>(sample.tokens.size()) > max_length) {
-        ++d.report.deleted_too_long;
-        continue;
+      const int64_t length = static_cast<int64_t>(sample.tokens.size());
+      d.report.lengths.push_back(length);
+      if (max_length > 0 && length > max_length) {
+        if (truncation == Truncation::remove) {
+          ++d.report.deleted_too_long;
+          continue;
+        }
+        const int64_t from = truncation == Truncation::left ? length - max_length : 0;
+        sample.tokens.assign(sample.tokens.begin() + from, sample.tokens.begin() + from + max_length);
+        sample.labels.assign(sample.labels.begin() + from, sample.labels.begin() + from + max_length);
+        ++d.report.truncated;
+        if (sample.target_count() == 0) {
+          ++d.report.deleted_no_target;
+          continue;
+        }
       }
       d.report.tokens += static_cast<int64_t>(sample.tokens.size());
       d.report.target_tokens += sample.target_count();
@@ -116,8 +140,10 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
   }
   d.report.kept = static_cast<int64_t>(d.samples.size());
   if (d.samples.empty())
-    return GLM_USER_ERROR("every one of the ", d.report.read, " samples is longer than --max_length ", max_length,
-                          " tokens; nothing to train on");
+    return GLM_USER_ERROR("no sample is left after length control: every one of the ", d.report.read,
+                          " samples is longer than --max_length ", max_length, " tokens (", d.report.deleted_too_long,
+                          " deleted, ", d.report.deleted_no_target,
+                          " truncated to no trained tokens); nothing to train on");
   return d;
 }
 

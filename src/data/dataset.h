@@ -12,9 +12,17 @@
 
 namespace glm {
 
+// What happens to a sample longer than max_length (ms-swift's truncation_strategy).
+enum class Truncation { remove, left, right };  // delete it, keep its last / first max_length tokens
+
 struct DatasetReport {
   int64_t read = 0;
   int64_t deleted_too_long = 0;
+  int64_t truncated = 0;
+  int64_t deleted_no_target = 0;  // truncation cut every trained token
+  std::vector<int64_t> lengths;   // token length of every read sample, before length control
+  // "p50 / p90 / p99 / max" of the lengths, and the mean trained tokens per kept sample.
+  std::string length_summary() const;
   int64_t kept = 0;
   int64_t tokens = 0;
   int64_t target_tokens = 0;
@@ -35,7 +43,7 @@ struct Dataset {
 // Without a tokenizer (null), conversation lines are errors that say why.
 // skip_bad (--on_bad_sample skip): bad lines are dropped and counted instead of failing the load.
 Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
-                             int64_t vocab_size, bool skip_bad = false);
+                             int64_t vocab_size, bool skip_bad = false, Truncation truncation = Truncation::remove);
 
 // One pre-tokenized line's object.
 Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, TokenizedSample& out);

@@ -79,9 +79,10 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ",
                       engine->layout().parameter_count(), " parameters (", config.model.num_hidden_layers,
                       " layers, hidden ", config.model.hidden_size, ")"));
-  logger.print(concat("glm_hpc: dataset ", rep.kept, " samples (", rep.deleted_too_long, " of ", rep.read,
-                      " deleted: longer than max_length ", config.max_length, "), ", rep.tokens, " tokens, ",
-                      rep.target_tokens, " trained"));
+  logger.print(concat("glm_hpc: dataset ", rep.kept, " of ", rep.read, " samples kept (max_length ", config.max_length,
+                      ", ", config.truncation_strategy, ": ", rep.deleted_too_long, " deleted, ", rep.truncated,
+                      " truncated, ", rep.deleted_no_target, " left without trained tokens), ", rep.tokens, " tokens, ",
+                      rep.target_tokens, " trained; ", rep.length_summary()));
   if (config.log_to_console) {
     // Every rank's own model-state bytes (they differ by rank only through padding).
     const ZeroMemory mem = engine->memory();
