@@ -1,8 +1,9 @@
 // Causal grouped-query attention over packed documents (token t sees [doc_start[t], t]), bf16
 // inputs, fp32 softmax statistics and accumulation. Layout as kernels/cpu/cpu_ops.h: qkv
 // [n, (heads + 2 kv_heads) * head_dim] blocks q | k | v; out [n, heads * head_dim]; lse [n, heads].
-// This first version favours being right over being fast: one warp per (query, head), online
-// softmax over the keys; the tensor-core flash kernel replaces it behind the same interface.
+// One warp per (query, head) with an online softmax: simple and right for any head size up to
+// 256; the CUDA backend uses it where the tensor-core flash kernel (flash_attention.cuh) does not
+// apply (head sizes other than 32, 64 and 128).
 #pragma once
 
 #include "kernels/cuda/common.cuh"

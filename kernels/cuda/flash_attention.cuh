@@ -1,6 +1,6 @@
 // Tensor-core (mma.sync bf16, fp32 accumulation) flash attention, forward and backward, for head_dim
 // 32, 64 or 128: causal, grouped-query, packed documents (token t sees [doc_start[t], t]). Never
-// materialises the n x n scores; softmax statistics (lse) in fp32. attention.cuh dispatches here.
+// materialises the n x n scores; softmax statistics (lse) in fp32. Same layouts as attention.cuh.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
