@@ -181,11 +181,16 @@ int main(int argc, char** argv) {
   const bool eval = options.command == "eval";
   const int64_t max_length =
       eval && options.effective["max_length"]["source"] == "default" ? 0 : options.train.max_length;
+  glm::ConversationOptions conversation;
+  conversation.system = options.train.system;
+  conversation.loss_scale = options.train.loss_scale == "last_round" ? glm::LossScale::last_round
+                            : options.train.loss_scale == "all"      ? glm::LossScale::all
+                                                                     : glm::LossScale::assistant;
+  const glm::Truncation truncation = options.train.truncation_strategy == "left"    ? glm::Truncation::left
+                                     : options.train.truncation_strategy == "right" ? glm::Truncation::right
+                                                                                    : glm::Truncation::remove;
   auto dataset = glm::load_dataset(options.train.datasets, tokenizer, max_length, model.vocab_size,
-                                   options.train.on_bad_sample == "skip",
-                                   options.train.truncation_strategy == "left"    ? glm::Truncation::left
-                                   : options.train.truncation_strategy == "right" ? glm::Truncation::right
-                                                                                  : glm::Truncation::remove);
+                                   options.train.on_bad_sample == "skip", truncation, conversation);
   if (int code = settle(dataset.status())) return code;
   if (!eval) {
     if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;

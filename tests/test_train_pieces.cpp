@@ -347,3 +347,60 @@ TEST(DatasetLength, TruncationStrategiesAndReport) {
 
 }  // namespace
 }  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+// Trained tokens (labels >= 0 after position 0) of a two-round conversation under each option.
+std::vector<int32_t> trained(const Conversation& c, LossScale scale) {
+  ByteTokenizer tok;
+  TokenizedSample s = ChatTemplate(tok).render(c, scale);
+  std::vector<int32_t> out;
+  for (size_t t = 1; t < s.labels.size(); ++t)
+    if (s.labels[t] >= 0) out.push_back(s.tokens[t]);
+  return out;
+}
+
+TEST(ChatTemplate, LossScaleAndPerMessageLoss) {
+  ByteTokenizer tok;
+  const int32_t usr = tok.special_id(SpecialToken::user);
+  Conversation c;
+  c.messages = {{Role::user, "Q"}, {Role::assistant, "A"}, {Role::user, "R"}, {Role::assistant, "B"}};
+  EXPECT_EQ(trained(c, LossScale::assistant), (std::vector<int32_t>{'\n', 'A', usr, '\n', 'B', usr}));
+  EXPECT_EQ(trained(c, LossScale::last_round), (std::vector<int32_t>{'\n', 'B', usr}));
+  ByteTokenizer t2;
+  EXPECT_EQ(trained(c, LossScale::all).size(), ChatTemplate(t2).render(c).tokens.size() - 1) << "every token";
+  c.messages[1].loss = false;  // ms-swift's per-message override
+  c.messages[2].loss = true;
+  EXPECT_EQ(trained(c, LossScale::assistant),
+            (std::vector<int32_t>{'\n', 'R', tok.special_id(SpecialToken::assistant), '\n', 'B', usr}));
+}
+
+TEST(DatasetFormats, DefaultSystemPromptOnlyWhereMissing) {
+  ByteTokenizer tok;
+  const std::string f = temp_file(
+      "system.jsonl",
+      R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"
+      "\n"
+      R"({"messages": [{"role": "system", "content": "own"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "loss": false}, {"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}]})"
+      "\n");
+  ConversationOptions opt;
+  opt.system = "SYS";
+  auto d = load_dataset({f}, &tok, 0, 272, false, Truncation::remove, opt);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  const std::string first = tok.decode(d.value().samples[0].tokens), second = tok.decode(d.value().samples[1].tokens);
+  EXPECT_EQ(first.find("<|system|>\nSYS<|user|>"), 12u) << first;
+  EXPECT_EQ(second.find("SYS"), std::string::npos) << second;
+  EXPECT_NE(second.find("<|system|>\nown"), std::string::npos) << second;
+  const std::string bad = temp_file(
+      "badloss.jsonl",
+      R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "loss": "yes"}]})"
+      "\n");
+  auto r = load_dataset({bad}, &tok, 0, 272);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("badloss.jsonl:1: messages[1] has a non-boolean \"loss\""), std::string::npos)
+      << r.status().message();
+}
+
+}  // namespace
+}  // namespace glm::test

@@ -114,6 +114,9 @@ class OptionTable {
     add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
     add(data, "truncation_strategy", &t.truncation_strategy,
         "samples over max_length: delete, left (keep the last tokens) or right (keep the first)");
+    add(data, "loss_scale", &t.loss_scale,
+        "trained tokens: default (every assistant turn), last_round (the last one) or all");
+    add(data, "system", &t.system, "system prompt for conversations that have none");
     add(data, "on_bad_sample", &t.on_bad_sample,
         "error: report every bad line (file:line) and stop; skip: drop them, report the count");
 
@@ -209,6 +212,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(
       check(t.truncation_strategy == "delete" || t.truncation_strategy == "left" || t.truncation_strategy == "right",
             src, "truncation_strategy", "must be delete, left or right, got '" + t.truncation_strategy + "'"));
+  GLM_RETURN_IF_ERROR(check(t.loss_scale == "default" || t.loss_scale == "last_round" || t.loss_scale == "all", src,
+                            "loss_scale", "must be default, last_round or all, got '" + t.loss_scale + "'"));
   GLM_RETURN_IF_ERROR(check(t.on_bad_sample == "error" || t.on_bad_sample == "skip", src, "on_bad_sample",
                             "must be error or skip, got '" + t.on_bad_sample + "'"));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));

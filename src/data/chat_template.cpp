@@ -25,24 +25,32 @@ SpecialToken role_token(Role r) {
 }
 }  // namespace
 
-TokenizedSample ChatTemplate::render(const Conversation& conversation) const {
+TokenizedSample ChatTemplate::render(const Conversation& conversation, LossScale scale) const {
   TokenizedSample s;
+  const bool all = scale == LossScale::all;
   auto push = [&](int32_t id, bool target) {
     s.tokens.push_back(id);
-    s.labels.push_back(target ? id : -1);
+    s.labels.push_back(target || all ? id : -1);
   };
   push(tokenizer_.special_id(SpecialToken::gmask), false);
   push(tokenizer_.special_id(SpecialToken::sop), false);
-  bool previous_was_assistant = false;
-  for (const Message& m : conversation.messages) {
+  int last_assistant = -1;
+  for (size_t i = 0; i < conversation.messages.size(); ++i)
+    if (conversation.messages[i].role == Role::assistant && !conversation.messages[i].content.empty())
+      last_assistant = static_cast<int>(i);
+  bool previous_trained = false;
+  for (size_t i = 0; i < conversation.messages.size(); ++i) {
+    const Message& m = conversation.messages[i];
     if (m.content.empty()) continue;
-    // The role token that closes an assistant turn is its trained terminator.
-    push(tokenizer_.special_id(role_token(m.role)), previous_was_assistant);
-    const bool trained = m.role == Role::assistant;
+    // The role token that closes a trained turn is its trained terminator.
+    push(tokenizer_.special_id(role_token(m.role)), previous_trained);
+    bool trained =
+        m.role == Role::assistant && (scale != LossScale::last_round || static_cast<int>(i) == last_assistant);
+    if (m.loss) trained = *m.loss;
     for (int32_t id : tokenizer_.encode("\n" + m.content)) push(id, trained);
-    previous_was_assistant = trained;
+    previous_trained = trained;
   }
-  if (previous_was_assistant) push(tokenizer_.special_id(SpecialToken::user), true);
+  if (previous_trained || (all && last_assistant >= 0)) push(tokenizer_.special_id(SpecialToken::user), true);
   return s;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,16 @@ namespace glm {
 enum class Role { system, user, assistant, observation };
 
 struct Message {
+  Message() = default;
+  Message(Role r, std::string c, std::optional<bool> l = std::nullopt) : role(r), content(std::move(c)), loss(l) {}
   Role role = Role::user;
   std::string content;
+  std::optional<bool> loss;  // ms-swift's per-message "loss": overrides whether the turn is trained
 };
+
+// Which turns are trained (ms-swift's --loss_scale): every assistant turn (default), only the last
+// one (last_round), or every token of the conversation (all).
+enum class LossScale { assistant, last_round, all };
 
 struct Conversation {
   std::vector<Message> messages;
@@ -36,7 +44,7 @@ class ChatTemplate {
   // [gMASK]<sop> then <|role|>\ncontent per non-empty message; after a final assistant turn the
   // terminator <|user|> is appended. Targets: "\n" + content of every assistant turn and the one
   // token that follows it.
-  TokenizedSample render(const Conversation& conversation) const;
+  TokenizedSample render(const Conversation& conversation, LossScale scale = LossScale::assistant) const;
 
  private:
   const Tokenizer& tokenizer_;

@@ -47,6 +47,10 @@ Status parse_conversation(const nlohmann::json& j, Conversation& out) {
       return GLM_USER_ERROR("messages[", i, "] has unknown role \"", r,
                             "\" (expected system, user, assistant, tool or observation)");
     msg.content = content->get<std::string>();
+    if (auto loss = m.find("loss"); loss != m.end() && !loss->is_null()) {
+      if (!loss->is_boolean()) return GLM_USER_ERROR("messages[", i, "] has a non-boolean \"loss\"");
+      msg.loss = loss->get<bool>();
+    }
     if (msg.content.empty()) return GLM_USER_ERROR("messages[", i, "] has empty content");
     has_assistant |= msg.role == Role::assistant;
     out.messages.push_back(std::move(msg));

@@ -57,7 +57,8 @@ std::string DatasetReport::length_summary() const {
 }
 
 Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
-                             int64_t vocab_size, bool skip_bad, Truncation truncation) {
+                             int64_t vocab_size, bool skip_bad, Truncation truncation,
+                             const ConversationOptions& conversation) {
   if (paths.empty()) return GLM_USER_ERROR("no --dataset given");
   Dataset d;
   static const ByteTokenizer unused;
@@ -83,7 +84,10 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         } else {
           Conversation c;
           s = parse_any_conversation(j, c);
-          if (s.is_ok()) sample = chat.render(c);
+          const bool has_system = !c.messages.empty() && c.messages.front().role == Role::system;
+          if (s.is_ok() && !has_system && !conversation.system.empty())
+            c.messages.insert(c.messages.begin(), Message{Role::system, conversation.system, std::nullopt});
+          if (s.is_ok()) sample = chat.render(c, conversation.loss_scale);
           for (int32_t id : sample.tokens)
             if (id >= vocab_size) {
               s = GLM_USER_ERROR("token id ", id, " of the chat template exceeds vocab_size ", vocab_size);

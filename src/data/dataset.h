@@ -42,8 +42,16 @@ struct Dataset {
 // longer than max_length (> 0) are deleted and counted. Every bad line is reported as file:line.
 // Without a tokenizer (null), conversation lines are errors that say why.
 // skip_bad (--on_bad_sample skip): bad lines are dropped and counted instead of failing the load.
+// How conversations become samples: trained turns (--loss_scale) and a default system prompt
+// (--system) for conversations without one.
+struct ConversationOptions {
+  LossScale loss_scale = LossScale::assistant;
+  std::string system;
+};
+
 Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
-                             int64_t vocab_size, bool skip_bad = false, Truncation truncation = Truncation::remove);
+                             int64_t vocab_size, bool skip_bad = false, Truncation truncation = Truncation::remove,
+                             const ConversationOptions& conversation = {});
 
 // One pre-tokenized line's object.
 Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, TokenizedSample& out);

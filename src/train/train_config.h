@@ -14,7 +14,10 @@ struct TrainConfig {
   std::vector<std::string> datasets;
   int64_t max_length = 512;
   std::string truncation_strategy = "delete";  // delete | left | right, for samples over max_length
-  std::string on_bad_sample = "error";         // error: list the problems and stop; skip: drop and count them
+  std::string on_bad_sample = "error";
+  std::string loss_scale = "default";  // default (every assistant turn) | last_round | all
+  std::string system;  // default system prompt for conversations without one         // error: list the problems and
+                       // stop; skip: drop and count them
   int64_t per_device_train_batch_size = 1;
   int64_t gradient_accumulation_steps = 1;
   int64_t max_steps = -1;  // > 0 overrides num_train_epochs
