@@ -112,18 +112,9 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const s
                        glm::TrainingEngine::create(o.train.model, backend, comm, per_device * data.report.max_tokens,
                                                    std::nullopt, 0.0));
   GLM_RETURN_IF_ERROR(weight_loader(hf)(*engine));
-  const int64_t n = static_cast<int64_t>(data.samples.size()), per_round = per_device * comm.size();
-  glm::EvalResult total;
-  for (int64_t first = 0; first < n; first += per_round) {
-    glm::HostMicroBatch batch;
-    for (int64_t b = 0; b < per_device; ++b) {
-      const int64_t index = first + comm.rank() * per_device + b;
-      if (index < n) glm::append_document(batch, data.samples[static_cast<size_t>(index)]);
-    }
-    GLM_ASSIGN_OR_RETURN(glm::EvalResult r, engine->evaluate(batch));
-    total.loss_sum += r.loss_sum;
-    total.targets += r.targets;
-  }
+  const int64_t n = static_cast<int64_t>(data.samples.size());
+  GLM_ASSIGN_OR_RETURN(glm::EvalResult total,
+                       glm::evaluate_dataset(*engine, data, per_device, comm.rank(), comm.size()));
   if (comm.rank() == 0) {
     std::printf("glm_hpc: eval of %s on %lld samples, %lld target tokens\n", o.model_id_or_path.c_str(),
                 static_cast<long long>(n), static_cast<long long>(total.targets));
@@ -192,6 +183,19 @@ int main(int argc, char** argv) {
   auto dataset = glm::load_dataset(options.train.datasets, tokenizer, max_length, model.vocab_size,
                                    options.train.on_bad_sample == "skip", truncation, conversation);
   if (int code = settle(dataset.status())) return code;
+  // Validation: --val_dataset files, or a seeded share of --dataset (--split_dataset_ratio).
+  std::optional<glm::Dataset> validation;
+  if (!options.val_datasets.empty()) {
+    auto v = glm::load_dataset(options.val_datasets, tokenizer, max_length, model.vocab_size,
+                               options.train.on_bad_sample == "skip", truncation, conversation);
+    if (int code = settle(v.status())) return code;
+    validation = v.take();
+  } else if (options.split_dataset_ratio > 0) {
+    glm::Status split =
+        glm::split_dataset(dataset.value(), options.split_dataset_ratio, options.train.seed, validation.emplace());
+    if (int code = settle(split)) return code;
+  }
+  options.train.per_device_eval_batch_size = options.per_device_eval_batch_size;
   if (!eval) {
     if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;
   }
@@ -203,7 +207,8 @@ int main(int argc, char** argv) {
     if (!s.is_ok()) glm::fatal_status(s);
     return 0;
   }
-  auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(hf.value()));
+  auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(hf.value()),
+                           validation ? &*validation : nullptr);
   if (!result.is_ok()) glm::fatal_status(result.status());
   if (proc.rank == 0) {
     const auto& s = result.value();

@@ -41,6 +41,8 @@ TrainConfig zero_config() {
   t.warmup_steps = 2;
   t.weight_decay = 0.1;
   t.log_to_console = false;
+  t.eval_steps = 10;
+  t.per_device_eval_batch_size = 3;
   return t;
 }
 
@@ -50,8 +52,19 @@ const Dataset& dataset() {
   return d;
 }
 
+// A validation set: 10 samples held out of the sample data with the trainer's own split.
+const Dataset& validation() {
+  static Dataset v = [] {
+    Dataset train = dataset(), held;
+    EXPECT_TRUE(split_dataset(train, 0.05, 3, held).is_ok());
+    return held;
+  }();
+  return v;
+}
+
 struct Reference {
   std::vector<double> losses;
+  std::vector<double> eval_losses;  // after steps 10 and 20
   double checksum = 0;
 };
 
@@ -61,17 +74,22 @@ const Reference& reference() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     Reference r;
     r.losses.assign(20, 0.0);
+    r.eval_losses.assign(2, 0.0);
     if (rank == 0) {
       TrainConfig single = zero_config();
       single.gradient_accumulation_steps = kGlobalBatch;
       MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
       auto backend = make_cpu_backend(DType::f32);
-      auto s = train(single, dataset(), self, *backend);
+      auto s = train(single, dataset(), self, *backend, {}, &validation());
       EXPECT_TRUE(s.is_ok()) << s.status().message();
       r.losses = s.value().losses;
       r.checksum = s.value().parameter_checksum;
+      EXPECT_EQ(s.value().eval_losses.size(), 2u);
+      for (size_t i = 0; i < 2 && i < s.value().eval_losses.size(); ++i)
+        r.eval_losses[i] = s.value().eval_losses[i].second;
     }
     MPI_Bcast(r.losses.data(), 20, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(r.eval_losses.data(), 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Bcast(&r.checksum, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     return r;
   }();
@@ -92,8 +110,14 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
   config.per_device_train_batch_size = accumulate ? 1 : share;
   config.gradient_accumulation_steps = accumulate ? share : 1;
   auto backend = make_cpu_backend(DType::f32);
-  auto r = train(config, dataset(), comm, *backend);
+  auto r = train(config, dataset(), comm, *backend, {}, &validation());
   ASSERT_TRUE(r.is_ok()) << r.status().message();
+  // Evaluation during training spreads the validation set over the ranks: same losses.
+  ASSERT_EQ(r.value().eval_losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(r.value().eval_losses[i].first, static_cast<int64_t>(10 * (i + 1)));
+    EXPECT_NEAR(r.value().eval_losses[i].second, ref.eval_losses[i], kTrajectoryTolerance * ref.eval_losses[i]);
+  }
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(r.value().losses[i], ref.losses[i], kTrajectoryTolerance * ref.losses[i])
         << "stage " << stage << " step " << i + 1 << " world " << comm.size();

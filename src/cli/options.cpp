@@ -114,6 +114,13 @@ class OptionTable {
     add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
     add(data, "truncation_strategy", &t.truncation_strategy,
         "samples over max_length: delete, left (keep the last tokens) or right (keep the first)");
+    data.add_options()(
+        "val_dataset",
+        po::value<std::vector<std::string>>(&o_.val_datasets)->multitoken()->composing()->value_name("FILE..."),
+        "validation files (same formats); evaluated every --eval_steps");
+    getters_.emplace_back("val_dataset", [this] { return nlohmann::json(o_.val_datasets); });
+    add(data, "split_dataset_ratio", &o_.split_dataset_ratio,
+        "without --val_dataset: share of --dataset held out for validation (seeded)");
     add(data, "loss_scale", &t.loss_scale,
         "trained tokens: default (every assistant turn), last_round (the last one) or all");
     add(data, "system", &t.system, "system prompt for conversations that have none");
@@ -134,6 +141,7 @@ class OptionTable {
     add(train, "adam_beta2", &t.adam_beta2, "AdamW beta2");
     add(train, "adam_epsilon", &t.adam_epsilon, "AdamW epsilon");
     add(train, "max_grad_norm", &t.max_grad_norm, "global gradient-norm clipping; <= 0 disables");
+    add(train, "eval_steps", &t.eval_steps, "evaluate the validation set every N steps and at the end; 0 = never");
     add(train, "zero_stage", &t.zero_stage,
         "ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over ranks");
     po::options_description plan("Memory planner (glm_hpc plan)");
@@ -218,6 +226,11 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                             "must be error or skip, got '" + t.on_bad_sample + "'"));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(
+      check(o.split_dataset_ratio >= 0 && o.split_dataset_ratio < 1, src, "split_dataset_ratio", "must be in [0, 1)"));
+  GLM_RETURN_IF_ERROR(check(t.eval_steps >= 0, src, "eval_steps", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(o.val_datasets.empty() || o.split_dataset_ratio == 0, src, "split_dataset_ratio",
+                            "and --val_dataset exclude each other"));
   GLM_RETURN_IF_ERROR(check(o.gpu_memory_gib > 0, src, "gpu_memory_gib", "must be positive"));
   GLM_RETURN_IF_ERROR(check(o.command != "eval" || !o.model_id_or_path.empty(), src, "model_id_or_path",
                             "is required by 'glm_hpc eval'"));

@@ -18,8 +18,10 @@ struct CliOptions {
   double collective_timeout = 600.0;
   std::string model_id_or_path;
   int64_t per_device_eval_batch_size = 8;
-  int64_t plan_world_size = 1;      // glm_hpc plan --world_size
-  double gpu_memory_gib = 140.4;    // glm_hpc plan: an H200's 143771 MiB
+  std::vector<std::string> val_datasets;  // --val_dataset
+  double split_dataset_ratio = 0.0;       // share of --dataset held out for validation
+  int64_t plan_world_size = 1;            // glm_hpc plan --world_size
+  double gpu_memory_gib = 140.4;          // glm_hpc plan: an H200's 143771 MiB
   TrainConfig train;
   // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.
   nlohmann::json effective;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/conversation_reader.h"
+#include "kernels/counter_rng.h"
 
 namespace glm {
 namespace {
@@ -149,6 +150,51 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
                           " deleted, ", d.report.deleted_no_target,
                           " truncated to no trained tokens); nothing to train on");
   return d;
+}
+
+namespace {
+void recount(Dataset& d) {
+  DatasetReport r;
+  r.read = static_cast<int64_t>(d.samples.size());
+  for (const auto& s : d.samples) {
+    r.tokens += static_cast<int64_t>(s.tokens.size());
+    r.target_tokens += s.target_count();
+    r.max_tokens = std::max<int64_t>(r.max_tokens, static_cast<int64_t>(s.tokens.size()));
+    r.lengths.push_back(static_cast<int64_t>(s.tokens.size()));
+  }
+  r.kept = r.read;
+  d.report.tokens = r.tokens;
+  d.report.target_tokens = r.target_tokens;
+  d.report.max_tokens = r.max_tokens;
+  d.report.kept = r.kept;
+  if (d.report.read == 0) d.report = r;
+}
+}  // namespace
+
+Status split_dataset(Dataset& train, double ratio, uint64_t seed, Dataset& validation) {
+  const int64_t n = static_cast<int64_t>(train.samples.size());
+  const int64_t held = std::max<int64_t>(1, static_cast<int64_t>(ratio * static_cast<double>(n)));
+  if (held >= n)
+    return GLM_USER_ERROR("--split_dataset_ratio ", ratio, " of ", n, " samples leaves nothing to train on");
+  // A seeded shuffle of indices decides who is held out, so every rank splits identically.
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  uint64_t state = seed ^ 0x5eed5eed5eedULL;
+  for (int64_t i = n - 1; i > 0; --i) {
+    state = splitmix64_mix(state);
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(state % static_cast<uint64_t>(i + 1))]);
+  }
+  std::vector<bool> held_out(static_cast<size_t>(n), false);
+  for (int64_t i = 0; i < held; ++i) held_out[static_cast<size_t>(order[static_cast<size_t>(i)])] = true;
+  std::vector<TokenizedSample> keep;
+  validation = Dataset();
+  for (int64_t i = 0; i < n; ++i)
+    (held_out[static_cast<size_t>(i)] ? validation.samples : keep)
+        .push_back(std::move(train.samples[static_cast<size_t>(i)]));
+  train.samples = std::move(keep);
+  recount(train);
+  recount(validation);
+  return Status::ok();
 }
 
 }  // namespace glm

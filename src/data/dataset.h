@@ -53,6 +53,10 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
                              int64_t vocab_size, bool skip_bad = false, Truncation truncation = Truncation::remove,
                              const ConversationOptions& conversation = {});
 
+// Moves a seeded share `ratio` of the samples (at least one) from `train` into `validation`; both
+// must keep at least one sample. Reports are recomputed.
+Status split_dataset(Dataset& train, double ratio, uint64_t seed, Dataset& validation);
+
 // One pre-tokenized line's object.
 Status parse_pretokenized(const nlohmann::json& j, int64_t vocab_size, TokenizedSample& out);
 

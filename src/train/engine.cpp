@@ -151,12 +151,18 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
 
 Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {
   EvalResult r;
-  if (hb.size() > 0) {
-    GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
-    GLM_RETURN_IF_ERROR(model_->forward(b, *zero_));
-    GLM_ASSIGN_OR_RETURN(r.loss_sum, local_loss_sum(b.n));
-    r.targets = hb.target_count;
-  }
+  // A rank without samples still runs a forward (one token, no target): at ZeRO-3 the forward's
+  // parameter gathers are collectives that every rank must join.
+  HostMicroBatch idle;
+  idle.tokens = {0};
+  idle.targets = {-1};
+  idle.positions = {0};
+  idle.doc_start = {0};
+  const HostMicroBatch& batch = hb.size() > 0 ? hb : idle;
+  GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(batch));
+  GLM_RETURN_IF_ERROR(model_->forward(b, *zero_));
+  GLM_ASSIGN_OR_RETURN(r.loss_sum, local_loss_sum(b.n));
+  r.targets = batch.target_count;
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&r.loss_sum, &r.loss_sum, 1, CommType::f64, ReduceOp::sum));
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&r.targets, &r.targets, 1, CommType::i64, ReduceOp::sum));
   return r;

@@ -33,6 +33,24 @@ void MetricsLogger::print(const std::string& line) const {
   std::fflush(stdout);
 }
 
+Status MetricsLogger::log_eval(int64_t step, int64_t max_steps, double eval_loss, int64_t eval_tokens) {
+  if (!enabled_) return Status::ok();
+  const double ppl = std::exp(eval_loss);
+  char line[256];
+  std::snprintf(line, sizeof(line), "eval at step %lld/%lld | eval_loss %.4f | eval_ppl %.4f | %lld target tokens",
+                static_cast<long long>(step), static_cast<long long>(max_steps), eval_loss, ppl,
+                static_cast<long long>(eval_tokens));
+  print(line);
+  if (jsonl_.is_open()) {
+    jsonl_ << nlohmann::json{{"step", step}, {"eval_loss", eval_loss}, {"eval_ppl", ppl}, {"eval_tokens", eval_tokens}}
+                  .dump()
+           << '\n';
+    jsonl_.flush();
+    if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
+  }
+  return Status::ok();
+}
+
 Status MetricsLogger::log(const StepMetrics& m) {
   if (!enabled_) return Status::ok();
   char line[512];

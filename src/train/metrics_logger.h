@@ -28,6 +28,8 @@ class MetricsLogger {
   // Inactive (prints and writes nothing) unless enabled; output_dir empty = console only.
   static Result<MetricsLogger> open(const std::string& output_dir, bool enabled);
   Status log(const StepMetrics& m);
+  // Validation loss and perplexity after `step`: one console line and one jsonl record.
+  Status log_eval(int64_t step, int64_t max_steps, double eval_loss, int64_t eval_tokens);
   void print(const std::string& line) const;
 
  private:

@@ -33,6 +33,8 @@ struct TrainConfig {
   std::string lr_scheduler_type = "cosine";
   uint64_t seed = 42;
   int64_t logging_steps = 1;
+  int64_t eval_steps = 0;  // evaluate the validation set every N steps (and at the end); 0 = never
+  int64_t per_device_eval_batch_size = 8;
   int zero_stage = 0;      // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_parameters.h)
   std::string output_dir;  // empty: no files (tests)
   bool log_to_console = true;

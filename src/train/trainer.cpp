@@ -51,13 +51,32 @@ Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& 
   return initialize_parameter_range(ParamLayout(config), config, seed, backend, params, 0);
 }
 
+Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
+                                    int world) {
+  const int64_t n = static_cast<int64_t>(data.samples.size()), per_round = per_device * world;
+  EvalResult total;
+  for (int64_t first = 0; first < n; first += per_round) {
+    HostMicroBatch batch;
+    for (int64_t b = 0; b < per_device; ++b) {
+      const int64_t index = first + rank * per_device + b;
+      if (index < n) append_document(batch, data.samples[static_cast<size_t>(index)]);
+    }
+    GLM_ASSIGN_OR_RETURN(EvalResult r, engine.evaluate(batch));  // collective: every rank calls it
+    total.loss_sum += r.loss_sum;
+    total.targets += r.targets;
+  }
+  return total;
+}
+
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
-                           const WeightLoader& load_weights) {
+                           const WeightLoader& load_weights, const Dataset* validation) {
   using clock = std::chrono::steady_clock;
   const auto start_time = clock::now();
   const int world = comm.size(), rank = comm.rank();
   const int64_t total_steps = total_training_steps(config, static_cast<int64_t>(dataset.samples.size()), world);
-  const int64_t max_tokens = config.per_device_train_batch_size * config.max_length;
+  const int64_t eval_tokens =
+      validation != nullptr ? config.per_device_eval_batch_size * validation->report.max_tokens : 0;
+  const int64_t max_tokens = std::max(config.per_device_train_batch_size * config.max_length, eval_tokens);
 
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
@@ -137,6 +156,12 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       GLM_RETURN_IF_ERROR(logger.log(m));
       interval_start = now;
       interval_tokens = 0;
+    }
+    if (validation != nullptr && config.eval_steps > 0 && ((step + 1) % config.eval_steps == 0 || last)) {
+      GLM_ASSIGN_OR_RETURN(EvalResult e,
+                           evaluate_dataset(*engine, *validation, config.per_device_eval_batch_size, rank, world));
+      summary.eval_losses.emplace_back(step + 1, e.mean_loss());
+      GLM_RETURN_IF_ERROR(logger.log_eval(step + 1, total_steps, e.mean_loss(), e.targets));
     }
   }
   GLM_ASSIGN_OR_RETURN(summary.parameter_checksum, engine->parameter_checksum());

@@ -17,18 +17,25 @@ struct TrainSummary {
   std::vector<double> losses;      // global mean target-token loss per optimizer step
   std::vector<double> grad_norms;  // before clipping
   int64_t steps = 0;
-  double parameter_checksum = 0;  // sum of squares of the final parameters (equal on every rank)
+  double parameter_checksum = 0;                        // sum of squares of the final parameters (equal on every rank)
+  std::vector<std::pair<int64_t, double>> eval_losses;  // (step, mean validation loss)
 };
 
 // Number of optimizer steps the run makes (max_steps or epochs x samples / global batch).
 int64_t total_training_steps(const TrainConfig& config, int64_t dataset_size, int world_size);
 
 class TrainingEngine;
+struct EvalResult;
 // Writes the starting weights into the engine (HF import); empty = random initialisation.
 using WeightLoader = std::function<Status(TrainingEngine&)>;
 
+// validation (optional) is evaluated every config.eval_steps steps and after the last one.
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
-                           const WeightLoader& load_weights = {});
+                           const WeightLoader& load_weights = {}, const Dataset* validation = nullptr);
+
+// Mean loss of every sample of `data`, spread over the ranks in batches of per_device samples.
+Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
+                                    int world);
 
 // Deterministic initialisation independent of layout padding and world size: weights and
 // embeddings N(0, initializer_range) from a stream seeded by (seed, tensor name); norms 1; biases 0.
