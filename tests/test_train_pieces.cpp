@@ -117,7 +117,8 @@ TEST(ConversationReader, ReportsEveryBadLineWithFileAndLine) {
       "{\"messages\": [{\"role\": \"user\", \"content\": \"only a question\"}]}\n"
       "{\"messages\": [{\"role\": \"user\", \"content\": \"\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n"
       "[1, 2]\n");
-  auto r = read_conversations(path);
+  ByteTokenizer tok;
+  auto r = load_dataset({path}, &tok, 0, 272);
   ASSERT_FALSE(r.is_ok());
   const std::string& m = r.status().message();
   EXPECT_EQ(r.status().exit_code(), 2);
@@ -127,7 +128,9 @@ TEST(ConversationReader, ReportsEveryBadLineWithFileAndLine) {
   EXPECT_NE(m.find("bad.jsonl:4: no assistant message"), std::string::npos) << m;
   EXPECT_NE(m.find("bad.jsonl:5: messages[0] has empty content"), std::string::npos) << m;
   EXPECT_NE(m.find("bad.jsonl:6: expected a JSON object"), std::string::npos) << m;
-  EXPECT_FALSE(read_conversations("/nonexistent/x.jsonl").is_ok());
+  auto missing = load_dataset({"/nonexistent/x.jsonl"}, &tok, 0, 272);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find("cannot open dataset file '/nonexistent/x.jsonl'"), std::string::npos);
 }
 
 Result<CliOptions> parse(std::vector<std::string> args) {

@@ -1,24 +1,9 @@
 // jsonl reader with per-line validation; nothing is silently dropped.
 #include "data/conversation_reader.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 namespace glm {
-namespace {
-
-Status parse_line(const std::string& line, Conversation& out) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
-    return GLM_USER_ERROR("malformed JSON (", e.what(), ")");
-  }
-  return parse_conversation(j, out);
-}
-
-}  // namespace
-
 Status parse_conversation(const nlohmann::json& j, Conversation& out) {
   if (!j.is_object()) return GLM_USER_ERROR("expected a JSON object");
   auto it = j.find("messages");
@@ -133,35 +118,6 @@ Status parse_any_conversation(const nlohmann::json& j, Conversation& out) {
   if (j.contains("instruction")) return parse_alpaca(j, out);
   return GLM_USER_ERROR("unknown sample format: expected \"messages\", \"conversations\" (sharegpt), ",
                         "\"instruction\"/\"output\" (alpaca) or \"input_ids\" (pre-tokenized)");
-}
-
-Result<std::vector<Conversation>> read_conversations(const std::string& path, int max_errors) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");
-  std::vector<Conversation> conversations;
-  std::string line, errors;
-  int error_count = 0;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    Conversation c;
-    c.source = concat(path, ":", line_no);
-    Status s = parse_line(line, c);
-    if (!s.is_ok()) {
-      if (error_count < max_errors) errors += concat("\n  ", c.source, ": ", s.message());
-      ++error_count;
-      continue;
-    }
-    conversations.push_back(std::move(c));
-  }
-  if (in.bad()) return GLM_USER_ERROR("error reading dataset file '", path, "'");
-  if (error_count > 0)
-    return GLM_USER_ERROR(error_count, " bad sample(s) in '", path, "'", errors,
-                          error_count > max_errors ? concat("\n  ... and ", error_count - max_errors, " more") : "");
-  if (conversations.empty()) return GLM_USER_ERROR("dataset file '", path, "' holds no conversations");
-  return conversations;
 }
 
 }  // namespace glm

@@ -1,4 +1,4 @@
-// Reads messages-style jsonl conversations ({"messages": [{"role", "content"}, ...]}), one per line.
+// Parses one conversation record (messages, sharegpt or alpaca) into messages; dataset.cpp reads the files.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -19,8 +19,5 @@ Status parse_conversation(const nlohmann::json& j, Conversation& out);
 //                 observation/function_call)
 //   alpaca        {"instruction", "input"?, "output", "system"?, "history"?: [[query, answer], ...]}
 Status parse_any_conversation(const nlohmann::json& j, Conversation& out);
-
-// Every problem is reported as file:line: reason; up to max_errors are listed in one user error.
-Result<std::vector<Conversation>> read_conversations(const std::string& path, int max_errors = 20);
 
 }  // namespace glm
