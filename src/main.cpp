@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "cli/options.h"
+#include "cli/prepare.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "io/hf_import.h"
@@ -45,6 +46,7 @@ void resolve_paths(glm::CliOptions& o) {
 // its local rank. Multi-GPU gradient reduction needs NCCL (the distributed issue): until then the
 // CUDA backend runs one rank, and auto with several ranks means cpu.
 glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions& o, const glm::ProcessInfo& proc) {
+  if (o.command == "prepare") return glm::make_cpu_backend(glm::DType::f32);  // data only: no device
   const int gpus = glm::cuda_device_count();
   const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0 && proc.world_size == 1);
   if (!cuda) {
@@ -147,6 +149,7 @@ int main(int argc, char** argv) {
       in.world_size = static_cast<int>(options.plan_world_size);
       in.zero_stage = options.train.zero_stage;
       in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
+      in.recompute = options.train.recompute;
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }
     return 0;
@@ -156,7 +159,7 @@ int main(int argc, char** argv) {
   if (int code = settle(backend.status())) return code;
   auto hf = resolve_model(options);
   if (int code = settle(hf.status())) return code;
-  if (hf.value()) {
+  if (hf.value() && options.command != "prepare") {
     if (int code = settle(glm::verify_hf_weights(*hf.value(), glm::ParamLayout(options.train.model)))) return code;
   }
 
@@ -183,6 +186,12 @@ int main(int argc, char** argv) {
   auto dataset = glm::load_dataset(options.train.datasets, tokenizer, max_length, model.vocab_size,
                                    options.train.on_bad_sample == "skip", truncation, conversation);
   if (int code = settle(dataset.status())) return code;
+  if (options.command == "prepare") {
+    auto report = glm::prepare_report(options, dataset.value(), tokenizer);
+    if (int code = settle(report.status())) return code;
+    if (proc.rank == 0) std::printf("%s", report.value().c_str());
+    return 0;
+  }
   // Validation: --val_dataset files, or a seeded share of --dataset (--split_dataset_ratio).
   std::optional<glm::Dataset> validation;
   if (!options.val_datasets.empty()) {

@@ -96,14 +96,15 @@ const Reference& reference() {
   return ref;
 }
 
-class Zero : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+class Zero : public ::testing::TestWithParam<std::tuple<int, bool, Recompute>> {};
 
 TEST_P(Zero, SameTrajectoryAsOneProcess) {
-  const auto [stage, accumulate] = GetParam();
+  const auto [stage, accumulate, recompute] = GetParam();
   const Reference& ref = reference();
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   TrainConfig config = zero_config();
   config.zero_stage = stage;
+  config.recompute = recompute;
   // Accumulation: one sample per micro-batch; otherwise the whole share in one micro-batch.
   const int64_t share = kGlobalBatch / comm.size();
   if (kGlobalBatch % comm.size() != 0) GTEST_SKIP() << "12 samples do not split over " << comm.size() << " ranks";
@@ -120,7 +121,8 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
   }
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(r.value().losses[i], ref.losses[i], kTrajectoryTolerance * ref.losses[i])
-        << "stage " << stage << " step " << i + 1 << " world " << comm.size();
+        << "stage " << stage << " step " << i + 1 << " world " << comm.size() << " recompute "
+        << recompute_name(recompute);
   EXPECT_NEAR(r.value().parameter_checksum, ref.checksum, kTrajectoryTolerance * ref.checksum);
   // Every rank ends with bit-identical parameters (the checksum is of the whole model at every stage).
   double mine = r.value().parameter_checksum, lo = 0, hi = 0;
@@ -131,7 +133,15 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Zero,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(false, true)));
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(false, true),
+                                            ::testing::Values(Recompute::none)));
+// Recomputation under every stage (ZeRO-3 gathers each layer again for its recomputed forward).
+INSTANTIATE_TEST_SUITE_P(RecomputeAccumulated, Zero,
+                         ::testing::Combine(::testing::Values(1, 3), ::testing::Values(true),
+                                            ::testing::Values(Recompute::selective, Recompute::full)));
+INSTANTIATE_TEST_SUITE_P(RecomputeFull, Zero,
+                         ::testing::Combine(::testing::Values(0, 2), ::testing::Values(false),
+                                            ::testing::Values(Recompute::full)));
 
 // Model-state bytes per rank (fp32 CPU backend: parameters are the master weights):
 // stage 0: 4P parameters, 4P gradients, 8P moments; 1: moments /N; 2: gradients /N too; 3: all /N.
@@ -165,9 +175,12 @@ TEST(MemoryPlan, ActivationBytesMatchWhatTheModelAllocates) {
   if (rank != 0) GTEST_SKIP();
   const ModelConfig c = zero_config().model;
   auto backend = make_cpu_backend(DType::f32);
-  for (int64_t tokens : {1, 77, 512}) {
-    auto model = Glm4Model::create(c, *backend, tokens).take();
-    EXPECT_EQ(model->activation_bytes(), Glm4Model::planned_activation_bytes(c, tokens, 4, 4)) << tokens;
+  for (Recompute policy : {Recompute::none, Recompute::selective, Recompute::full}) {
+    for (int64_t tokens : {1, 77, 512}) {
+      auto model = Glm4Model::create(c, *backend, tokens, 1, policy).take();
+      EXPECT_EQ(model->activation_bytes(), Glm4Model::planned_activation_bytes(c, tokens, 4, 4, policy))
+          << tokens << " " << recompute_name(policy);
+    }
   }
 }
 

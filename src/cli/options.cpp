@@ -22,6 +22,7 @@ std::string show(double v) {
   s << v;
   return s.str();
 }
+std::string show(bool v) { return v ? "true" : "false"; }
 template <typename T>
 std::string show(const T& v) {
   std::ostringstream s;
@@ -124,6 +125,9 @@ class OptionTable {
     add(data, "loss_scale", &t.loss_scale,
         "trained tokens: default (every assistant turn), last_round (the last one) or all");
     add(data, "system", &t.system, "system prompt for conversations that have none");
+    add(data, "packing", &t.packing,
+        "true: bin-pack whole samples into rows of up to max_length tokens (each keeps its own positions and "
+        "attention); a row then counts as one sample for batch sizes and steps per epoch");
     add(data, "on_bad_sample", &t.on_bad_sample,
         "error: report every bad line (file:line) and stop; skip: drop them, report the count");
 
@@ -144,12 +148,21 @@ class OptionTable {
     add(train, "eval_steps", &t.eval_steps, "evaluate the validation set every N steps and at the end; 0 = never");
     add(train, "zero_stage", &t.zero_stage,
         "ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over ranks");
+    add(train, "recompute", &o_.recompute,
+        "activation recomputation: none, selective (RMSNorm and SwiGLU outputs recomputed) or full (each layer "
+        "recomputed from its input before its backward)");
+    add(train, "gradient_checkpointing", &o_.gradient_checkpointing,
+        "true is --recompute full (the transformers/ms-swift name)");
     po::options_description plan("Memory planner (glm_hpc plan)");
     add(plan, "world_size", &o_.plan_world_size, "GPUs the plan spreads the model over");
     add(plan, "gpu_memory_gib", &o_.gpu_memory_gib, "memory of one GPU in GiB (default: an H200)");
     add(train, "per_device_eval_batch_size", &o_.per_device_eval_batch_size, "samples per rank per evaluation batch");
+    po::options_description prepare("Data preparation (glm_hpc prepare)");
+    add(prepare, "print_example", &o_.print_example,
+        "print kept sample N (0-based) decoded, its trained tokens between [[ and ]] (a trained token shows its "
+        "label); -1 = none");
 
-    all_.add(general).add(model).add(data).add(train).add(plan);
+    all_.add(general).add(model).add(data).add(train).add(plan).add(prepare);
   }
 
   CliOptions& o_;
@@ -212,6 +225,16 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(t.logging_steps >= 0, src, "logging_steps", "must be >= 0"));
   GLM_RETURN_IF_ERROR(check(t.zero_stage >= 0 && t.zero_stage <= 3, src, "zero_stage", "must be 0, 1, 2 or 3"));
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
+  {
+    auto policy = parse_recompute(o.recompute);
+    GLM_RETURN_IF_ERROR(check(policy.is_ok(), src, "recompute",
+                              "must be none, selective or full, got '" + o.recompute + "'"));
+    t.recompute = policy.value();
+    const bool explicit_policy = src.command_line.count("recompute") || src.config_lines.count("recompute");
+    GLM_RETURN_IF_ERROR(check(!o.gradient_checkpointing || !explicit_policy || t.recompute == Recompute::full, src,
+                              "gradient_checkpointing", "true contradicts --recompute " + o.recompute));
+    if (o.gradient_checkpointing) t.recompute = Recompute::full;
+  }
   GLM_RETURN_IF_ERROR(check(t.lr_scheduler_type == "cosine" || t.lr_scheduler_type == "linear" ||
                                 t.lr_scheduler_type == "constant_with_warmup" || t.lr_scheduler_type == "constant",
                             src, "lr_scheduler_type",
@@ -226,6 +249,7 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                             "must be error or skip, got '" + t.on_bad_sample + "'"));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(o.print_example >= -1, src, "print_example", "must be a sample index, or -1 for none"));
   GLM_RETURN_IF_ERROR(
       check(o.split_dataset_ratio >= 0 && o.split_dataset_ratio < 1, src, "split_dataset_ratio", "must be in [0, 1)"));
   GLM_RETURN_IF_ERROR(check(t.eval_steps >= 0, src, "eval_steps", "must be >= 0"));
@@ -272,11 +296,14 @@ std::string help_text() {
   std::ostringstream s;
   s << "usage: mpirun -np N glm_hpc [train] [--config FILE] [--option value ...]\n"
     << "       mpirun -np N glm_hpc eval --model_id_or_path DIR --dataset FILE [--option value ...]\n"
-    << "       glm_hpc plan --config FILE --world_size N --zero_stage S [--option value ...]\n\n"
+    << "       glm_hpc plan --config FILE --world_size N --zero_stage S [--option value ...]\n"
+    << "       glm_hpc prepare --dataset FILE... [--max_length N --packing true ...] [--print_example N]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
     << "embedded tiny GLM-4 on data/sample/conversations.jsonl. 'eval' prints eval_loss and eval_ppl\n"
     << "(mean loss over all target tokens of the dataset) for a Hugging Face model directory. 'plan'\n"
-    << "predicts the per-GPU memory of a CUDA run and says whether it fits.\n\n"
+    << "predicts the per-GPU memory of a CUDA run and says whether it fits. 'prepare' runs the data\n"
+    << "pipeline only: the length report (and packing report) training prints at start, and with\n"
+    << "--print_example N sample N with its trained tokens between [[ and ]].\n\n"
     << table.all();
   return s.str();
 }
@@ -288,8 +315,8 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   if (!args.empty() && !args.front().empty() && args.front().front() != '-') {
     o.command = args.front();
     args.erase(args.begin());
-    if (o.command != "train" && o.command != "eval" && o.command != "plan")
-      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan)");
+    if (o.command != "train" && o.command != "eval" && o.command != "plan" && o.command != "prepare")
+      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan, prepare)");
   }
   po::variables_map vm;
   Sources src;

@@ -22,6 +22,9 @@ struct CliOptions {
   double split_dataset_ratio = 0.0;       // share of --dataset held out for validation
   int64_t plan_world_size = 1;            // glm_hpc plan --world_size
   double gpu_memory_gib = 140.4;          // glm_hpc plan: an H200's 143771 MiB
+  int64_t print_example = -1;             // glm_hpc prepare: the sample to print with trained tokens marked
+  std::string recompute = "none";         // --recompute, parsed into train.recompute
+  bool gradient_checkpointing = false;    // transformers' name for --recompute full
   TrainConfig train;
   // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.
   nlohmann::json effective;

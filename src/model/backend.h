@@ -59,6 +59,9 @@ class Backend {
   // Type of per-row statistics kept for backward (RMSNorm rstd, attention log-sum-exp).
   virtual DType stats_dtype() const = 0;
   virtual bool host_accessible() const = 0;
+  // Device memory in use by this process's device (everything is allocated up front, so after
+  // the first step this is the peak); -1 where the backend cannot tell (host memory).
+  virtual int64_t device_memory_used() const { return -1; }
 
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
   virtual Status zero(Tensor t) = 0;

@@ -84,6 +84,11 @@ class CudaBackend final : public Backend {
   DType optimizer_dtype() const override { return DType::f32; }
   DType stats_dtype() const override { return DType::f32; }
   bool host_accessible() const override { return false; }
+  int64_t device_memory_used() const override {
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return -1;
+    return static_cast<int64_t>(total - free_bytes);
+  }
 
   Result<Buffer> allocate(int64_t numel, DType dtype) override {
     if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");

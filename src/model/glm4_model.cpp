@@ -1,19 +1,52 @@
 // GLM-4 forward/backward over the op interface; activation buffers are allocated once in create().
 #include "model/glm4_model.h"
 
+#include <array>
+
 namespace glm {
 
-Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards)
-    : config_(config), layout_(config, shards), backend_(backend), max_tokens_(max_tokens) {
+namespace {
+
+// One per-layer activation: its size for n tokens and whether the recompute policy lets every
+// layer share one copy (backward restores it before use).
+struct ActivationField {
+  int64_t numel;
+  bool statistics;  // stats dtype (fp32) rather than the compute dtype
+  bool shared;
+};
+
+enum Field { kLn1, kRstd1, kQkv, kAttn, kLse, kMid, kLn2, kRstd2, kGateUp, kAct, kFields };
+
+std::array<ActivationField, kFields> activation_fields(const ModelConfig& c, int64_t n, Recompute r) {
+  const int64_t h = c.hidden_size, f = c.intermediate_size;
+  const bool full = r == Recompute::full, cheap = full || r == Recompute::selective;
+  std::array<ActivationField, kFields> a{};
+  a[kLn1] = {n * h, false, cheap};
+  a[kRstd1] = {n, true, full};
+  a[kQkv] = {n * c.qkv_width(), false, full};
+  a[kAttn] = {n * c.q_width(), false, full};
+  a[kLse] = {n * c.num_attention_heads, true, full};
+  a[kMid] = {n * h, false, full};
+  a[kLn2] = {n * h, false, cheap};
+  a[kRstd2] = {n, true, full};
+  a[kGateUp] = {n * 2 * f, false, full};
+  a[kAct] = {n * f, false, cheap};
+  return a;
+}
+
+}  // namespace
+
+Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute)
+    : config_(config), layout_(config, shards), backend_(backend), max_tokens_(max_tokens), recompute_(recompute) {
   shape_.heads = config.num_attention_heads;
   shape_.kv_heads = config.num_key_value_heads;
   shape_.head_dim = config.head_dim;
 }
 
 Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
-                                                     int shards) {
+                                                     int shards, Recompute recompute) {
   if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
-  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens, shards));
+  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens, shards, recompute));
   GLM_RETURN_IF_ERROR(model->allocate());
   return model;
 }
@@ -30,18 +63,24 @@ Status Glm4Model::allocate() {
   };
   residual_.resize(static_cast<size_t>(config_.num_hidden_layers + 1));
   for (auto& r : residual_) GLM_RETURN_IF_ERROR(alloc(r, n * h, act));
-  layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
-  for (auto& a : layers_) {
-    GLM_RETURN_IF_ERROR(alloc(a.ln1, n * h, act));
-    GLM_RETURN_IF_ERROR(alloc(a.rstd1, n, stats));
-    GLM_RETURN_IF_ERROR(alloc(a.qkv, n * config_.qkv_width(), act));
-    GLM_RETURN_IF_ERROR(alloc(a.attn, n * config_.q_width(), act));
-    GLM_RETURN_IF_ERROR(alloc(a.lse, n * config_.num_attention_heads, stats));
-    GLM_RETURN_IF_ERROR(alloc(a.mid, n * h, act));
-    GLM_RETURN_IF_ERROR(alloc(a.ln2, n * h, act));
-    GLM_RETURN_IF_ERROR(alloc(a.rstd2, n, stats));
-    GLM_RETURN_IF_ERROR(alloc(a.gate_up, n * 2 * f, act));
-    GLM_RETURN_IF_ERROR(alloc(a.act, n * f, act));
+
+  // Per-layer activations: a kept field gets storage per layer, a shared one a single copy.
+  constexpr Tensor LayerActivations::*kMembers[kFields] = {
+      &LayerActivations::ln1, &LayerActivations::rstd1, &LayerActivations::qkv,  &LayerActivations::attn,
+      &LayerActivations::lse, &LayerActivations::mid,   &LayerActivations::ln2,  &LayerActivations::rstd2,
+      &LayerActivations::gate_up, &LayerActivations::act};
+  const auto fields = activation_fields(config_, n, recompute_);
+  layers_.assign(static_cast<size_t>(config_.num_hidden_layers), LayerActivations{});
+  for (int i = 0; i < kFields; ++i) {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (fields[i].shared && l > 0) {
+        layers_[l].*kMembers[i] = layers_[0].*kMembers[i];
+        continue;
+      }
+      storage_.emplace_back();
+      GLM_RETURN_IF_ERROR(alloc(storage_.back(), fields[i].numel, fields[i].statistics ? stats : act));
+      layers_[l].*kMembers[i] = storage_.back().tensor();
+    }
   }
   GLM_RETURN_IF_ERROR(alloc(final_norm_, n * h, act));
   GLM_RETURN_IF_ERROR(alloc(final_rstd_, n, stats));
@@ -55,15 +94,17 @@ Status Glm4Model::allocate() {
   return Status::ok();
 }
 
-int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats) {
-  // Mirrors allocate(): per layer ln1, qkv, attn, mid, ln2, gate_up, act and three statistics.
-  const int64_t h = c.hidden_size, f = c.intermediate_size;
-  const int64_t per_layer = act * n * (h + c.qkv_width() + c.q_width() + h + h + 2 * f + f) +
-                            stats * n * (1 + c.num_attention_heads + 1);
-  const int64_t residual = act * n * h * (c.num_hidden_layers + 1);
+int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats,
+                                            Recompute recompute) {
+  // Mirrors allocate(): per-layer fields (once when shared), residual stream, head, backward scratch.
+  const int64_t h = c.hidden_size, f = c.intermediate_size, layers = c.num_hidden_layers;
+  int64_t fields = 0;
+  for (const ActivationField& a : activation_fields(c, n, recompute))
+    fields += (a.shared ? 1 : layers) * a.numel * (a.statistics ? stats : act);
+  const int64_t residual = act * n * h * (layers + 1);
   const int64_t head = act * n * h + stats * n * 2;
   const int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f);
-  return c.num_hidden_layers * per_layer + residual + head + scratch;
+  return fields + residual + head + scratch;
 }
 
 Tensor Glm4Model::view(Tensor unit_base, int entry) const {
@@ -77,33 +118,56 @@ Status Glm4Model::forward_backward(const MicroBatch& batch, double grad_scale, P
 
 Status Glm4Model::forward(const MicroBatch& batch, ParameterProvider& params) { return run(batch, false, 0.0, params); }
 
-Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w) {
+Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool to_output) {
   const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
   const LayerEntries& e = layout_.layer(l);
   LayerActivations& a = layers_[static_cast<size_t>(l)];
   Tensor x = rows(residual_[static_cast<size_t>(l)], n, h);
-  Tensor out = rows(residual_[static_cast<size_t>(l + 1)], n, h);
   Tensor ln1 = rows(a.ln1, n, h), qkv = rows(a.qkv, n, config_.qkv_width());
   Tensor attn = rows(a.attn, n, config_.q_width()), mid = rows(a.mid, n, h), ln2 = rows(a.ln2, n, h);
   Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
   GLM_RETURN_IF_ERROR(
-      backend_.rmsnorm_forward(ln1, a.rstd1.tensor(), x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
+      backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
       backend_.linear_forward(qkv, ln1, view(w, e.qkv_weight), view(w, e.qkv_bias), n, h, config_.qkv_width()));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
-  GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse.tensor(), qkv, b.doc_start, n, shape_));
+  GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(mid, attn, view(w, e.dense), Tensor{}, n, config_.q_width(), h));
   GLM_RETURN_IF_ERROR(backend_.add(mid, mid, x, n * h));
   GLM_RETURN_IF_ERROR(
-      backend_.rmsnorm_forward(ln2, a.rstd2.tensor(), mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
+      backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
   GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
+  if (!to_output) return Status::ok();
+  Tensor out = rows(residual_[static_cast<size_t>(l + 1)], n, h);
   GLM_RETURN_IF_ERROR(backend_.linear_forward(out, act, view(w, e.four_h_to_h), Tensor{}, n, f, h));
   return backend_.add(out, out, mid, n * h);
 }
 
+Status Glm4Model::recompute_layer(int64_t l, const MicroBatch& b, Tensor w) {
+  const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
+  switch (recompute_) {
+    case Recompute::none:
+      return Status::ok();
+    case Recompute::full:
+      return layer_forward(l, b, w, /*to_output=*/false);
+    case Recompute::selective: {
+      // The element-wise producers of the GEMM inputs; the GEMMs and attention are not redone.
+      const LayerEntries& e = layout_.layer(l);
+      const LayerActivations& a = layers_[static_cast<size_t>(l)];
+      GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln1, n, h), a.rstd1, rows(residual_[static_cast<size_t>(l)], n, h),
+                                                   view(w, e.input_norm), n, h, config_.rms_norm_eps));
+      GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln2, n, h), a.rstd2, rows(a.mid, n, h), view(w, e.post_norm), n,
+                                                   h, config_.rms_norm_eps));
+      return backend_.swiglu_forward(rows(a.act, n, f), rows(a.gate_up, n, 2 * f), n, f);
+    }
+  }
+  return GLM_INTERNAL_ERROR("unknown recompute policy");
+}
+
 // On entry d_residual_ holds dL/d(layer output); on exit dL/d(layer input).
 Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tensor g) {
+  GLM_RETURN_IF_ERROR(recompute_layer(l, b, w));
   const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
   const int64_t qkv_w = config_.qkv_width(), q_w = config_.q_width();
   const LayerEntries& e = layout_.layer(l);
@@ -119,16 +183,16 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, view(g, e.h_to_4h), Tensor{}, dgu, rows(a.ln2, n, h),
                                                view(w, e.h_to_4h), n, h, 2 * f, false));
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, view(g, e.post_norm), dnorm, rows(a.mid, n, h),
-                                                view(w, e.post_norm), a.rstd2.tensor(), n, h));
+                                                view(w, e.post_norm), a.rstd2, n, h));
   // Attention branch: mid = x + W_dense attn(rope(W_qkv ln1(x) + b)).
   GLM_RETURN_IF_ERROR(backend_.linear_backward(dattn, view(g, e.dense), Tensor{}, dres, rows(a.attn, n, q_w),
                                                view(w, e.dense), n, q_w, h, false));
-  GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse.tensor(),
+  GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse,
                                                   rows(a.qkv, n, qkv_w), b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(backend_.rope_backward(dqkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, view(g, e.qkv_weight), view(g, e.qkv_bias), dqkv,
                                                rows(a.ln1, n, h), view(w, e.qkv_weight), n, h, qkv_w, false));
-  return backend_.rmsnorm_backward(dres, view(g, e.input_norm), dnorm, x, view(w, e.input_norm), a.rstd1.tensor(), n,
+  return backend_.rmsnorm_backward(dres, view(g, e.input_norm), dnorm, x, view(w, e.input_norm), a.rstd1, n,
                                    h);
 }
 

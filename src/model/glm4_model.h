@@ -9,6 +9,7 @@
 #include "model/backend.h"
 #include "model/config.h"
 #include "model/param_layout.h"
+#include "model/recompute.h"
 
 namespace glm {
 
@@ -35,19 +36,21 @@ class ParameterProvider {
 
 class Glm4Model {
  public:
-  // Allocates every activation for micro-batches of up to max_tokens tokens, once.
+  // Allocates every activation for micro-batches of up to max_tokens tokens, once; what is kept
+  // per layer and what is shared (and recomputed in backward) follows the recompute policy.
   static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
-                                                   int shards = 1);
+                                                   int shards = 1, Recompute recompute = Recompute::none);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t max_tokens() const { return max_tokens_; }
+  Recompute recompute() const { return recompute_; }
   // Bytes of every activation and backward scratch buffer allocated by create().
   int64_t activation_bytes() const { return activation_bytes_; }
   // The same number without allocating: micro-batches of max_tokens tokens, activations of
   // activation_size bytes per element and statistics of stats_size (the memory planner).
   static int64_t planned_activation_bytes(const ModelConfig& config, int64_t max_tokens, int64_t activation_size,
-                                          int64_t stats_size);
+                                          int64_t stats_size, Recompute recompute = Recompute::none);
 
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
   // provider's gradient slots. Per-token losses land in losses().
@@ -59,26 +62,34 @@ class Glm4Model {
   Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits);
 
  private:
-  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards);
+  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params);
   // Embedding and every layer; the last layer's output is residual_[L].
   Status forward_layers(const MicroBatch& batch, ParameterProvider& params);
-  Status layer_forward(int64_t l, const MicroBatch& b, Tensor unit_params);
+  // The layer's forward; with to_output false it stops before the MLP's down projection (the
+  // recomputation before backward, which needs everything but the layer output).
+  Status layer_forward(int64_t l, const MicroBatch& b, Tensor unit_params, bool to_output = true);
+  // Restores what the policy dropped from layer l's activations (backward calls it first).
+  Status recompute_layer(int64_t l, const MicroBatch& b, Tensor unit_params);
   Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads);
   Tensor view(Tensor unit_base, int entry) const;
   Tensor rows(const Buffer& buf, int64_t n, int64_t width) const { return buf.slice(0, n * width); }
+  Tensor rows(const Tensor& t, int64_t n, int64_t width) const { return t.slice(0, n * width); }
 
   ModelConfig config_;
   ParamLayout layout_;
   Backend& backend_;
   int64_t max_tokens_;
+  Recompute recompute_;
   int64_t activation_bytes_ = 0;
   AttentionShape shape_;
 
+  // Views of max_tokens rows; under recomputation several layers share the same storage.
   struct LayerActivations {
-    Buffer ln1, rstd1, qkv, attn, lse, mid, ln2, rstd2, gate_up, act;
+    Tensor ln1, rstd1, qkv, attn, lse, mid, ln2, rstd2, gate_up, act;
   };
+  std::vector<Buffer> storage_;   // owns what LayerActivations views
   std::vector<Buffer> residual_;  // L + 1 residual-stream tensors: layer inputs and the last output
   std::vector<LayerActivations> layers_;
   Buffer final_norm_, final_rstd_, losses_;

@@ -11,10 +11,10 @@ namespace glm {
 Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig& config, Backend& backend,
                                                                Communicator& comm, int64_t max_tokens,
                                                                std::optional<AdamWOptions> adam, double max_grad_norm,
-                                                               int zero_stage) {
+                                                               int zero_stage, Recompute recompute) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
-  GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size()));
+  GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute));
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage));
   for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_}) {
     GLM_ASSIGN_OR_RETURN(*b, backend.allocate(max_tokens, DType::i32));

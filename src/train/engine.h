@@ -35,7 +35,8 @@ class TrainingEngine {
   // adam == nullopt: no optimizer state (evaluation only; step() is then an error).
   static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
                                                         int64_t max_tokens, std::optional<AdamWOptions> adam,
-                                                        double max_grad_norm, int zero_stage = 0);
+                                                        double max_grad_norm, int zero_stage = 0,
+                                                        Recompute recompute = Recompute::none);
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
@@ -46,6 +47,8 @@ class TrainingEngine {
   Result<double> parameter_checksum();
   ZeroMemory memory() const { return zero_->memory(); }
   int64_t optimizer_bytes() const;
+  // Activations and backward scratch of the model (what the recompute policy changes).
+  int64_t activation_bytes() const { return model_->activation_bytes(); }
   Backend& backend() { return backend_; }
 
   Status initialize_parameters(uint64_t seed);

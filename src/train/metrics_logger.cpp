@@ -61,7 +61,13 @@ Status MetricsLogger::log(const StepMetrics& m) {
                 static_cast<long long>(m.step), static_cast<long long>(m.max_steps), m.loss, m.lr, m.grad_norm,
                 m.tokens_per_second, m.step_seconds > 0 ? 100.0 * m.exposed_comm_seconds / m.step_seconds : 0.0,
                 format_duration(m.elapsed_seconds).c_str(), format_duration(m.eta_seconds).c_str());
-  print(line);
+  std::string text = line;
+  if (m.device_memory_bytes >= 0) {
+    char mem[48];
+    std::snprintf(mem, sizeof(mem), " | mem %.1f GiB", static_cast<double>(m.device_memory_bytes) / (1 << 30));
+    text += mem;
+  }
+  print(text);
   if (jsonl_.is_open()) {
     nlohmann::json j = {{"step", m.step},
                         {"max_steps", m.max_steps},
@@ -74,6 +80,7 @@ Status MetricsLogger::log(const StepMetrics& m) {
                         {"eta_seconds", m.eta_seconds},
                         {"step_seconds", m.step_seconds},
                         {"exposed_comm_seconds", m.exposed_comm_seconds}};
+    if (m.device_memory_bytes >= 0) j["device_memory_gib"] = static_cast<double>(m.device_memory_bytes) / (1 << 30);
     jsonl_ << j.dump() << '\n';
     jsonl_.flush();
     if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");

@@ -21,6 +21,7 @@ struct StepMetrics {
   int64_t tokens = 0;               // global tokens of this step
   double step_seconds = 0;          // rank 0's wall time of this step
   double exposed_comm_seconds = 0;  // of which waiting on collectives
+  int64_t device_memory_bytes = -1;  // rank 0's device memory in use; -1 on CPU
 };
 
 class MetricsLogger {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/recompute.h"
 
 namespace glm {
 
@@ -14,10 +15,10 @@ struct TrainConfig {
   std::vector<std::string> datasets;
   int64_t max_length = 512;
   std::string truncation_strategy = "delete";  // delete | left | right, for samples over max_length
-  std::string on_bad_sample = "error";
-  std::string loss_scale = "default";  // default (every assistant turn) | last_round | all
-  std::string system;  // default system prompt for conversations without one         // error: list the problems and
-                       // stop; skip: drop and count them
+  std::string on_bad_sample = "error";  // error: list the problems and stop; skip: drop and count them
+  std::string loss_scale = "default";   // default (every assistant turn) | last_round | all
+  std::string system;                   // default system prompt for conversations without one
+  bool packing = false;  // bin-pack samples into rows of max_length (src/data/packing.h); a row counts as a sample
   int64_t per_device_train_batch_size = 1;
   int64_t gradient_accumulation_steps = 1;
   int64_t max_steps = -1;  // > 0 overrides num_train_epochs
@@ -36,6 +37,7 @@ struct TrainConfig {
   int64_t eval_steps = 0;  // evaluate the validation set every N steps (and at the end); 0 = never
   int64_t per_device_eval_batch_size = 8;
   int zero_stage = 0;      // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_parameters.h)
+  Recompute recompute = Recompute::none;  // activation recomputation (src/model/recompute.h)
   std::string output_dir;  // empty: no files (tests)
   bool log_to_console = true;
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "data/sharded_loader.h"
 #include "train/engine.h"
@@ -22,11 +23,11 @@ uint64_t fnv1a(const std::string& s) {
 
 }  // namespace
 
-int64_t total_training_steps(const TrainConfig& c, int64_t dataset_size, int world_size) {
+int64_t total_training_steps(const TrainConfig& c, int64_t epoch_size, int world_size) {
   if (c.max_steps > 0) return c.max_steps;
   const double global = static_cast<double>(c.per_device_train_batch_size * world_size * c.gradient_accumulation_steps);
   return std::max<int64_t>(
-      1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(dataset_size) / global)));
+      1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(epoch_size) / global)));
 }
 
 Status initialize_parameter_range(const ParamLayout& layout, const ModelConfig& config, uint64_t seed, Backend& backend,
@@ -73,14 +74,20 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   using clock = std::chrono::steady_clock;
   const auto start_time = clock::now();
   const int world = comm.size(), rank = comm.rank();
-  const int64_t total_steps = total_training_steps(config, static_cast<int64_t>(dataset.samples.size()), world);
+  // With packing the loader's unit is a packed row, so an epoch (and the step count) counts rows.
+  std::optional<PackingPlan> packing;
+  if (config.packing) {
+    GLM_ASSIGN_OR_RETURN(packing, pack_dataset(dataset, config.max_length));
+  }
+  const int64_t epoch_units = packing ? packing->rows() : static_cast<int64_t>(dataset.samples.size());
+  const int64_t total_steps = total_training_steps(config, epoch_units, world);
   const int64_t eval_tokens =
       validation != nullptr ? config.per_device_eval_batch_size * validation->report.max_tokens : 0;
   const int64_t max_tokens = std::max(config.per_device_train_batch_size * config.max_length, eval_tokens);
 
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
-                                                           config.max_grad_norm, config.zero_stage));
+                                                           config.max_grad_norm, config.zero_stage, config.recompute));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
   } else {
@@ -93,32 +100,31 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   const bool lead = rank == 0 && config.log_to_console;
   GLM_ASSIGN_OR_RETURN(MetricsLogger logger, MetricsLogger::open(rank == 0 ? config.output_dir : "", lead));
   ShardedLoader loader(dataset, config.seed, rank, world, config.per_device_train_batch_size,
-                       config.gradient_accumulation_steps);
+                       config.gradient_accumulation_steps, packing ? &*packing : nullptr);
   const auto& rep = dataset.report;
   logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ",
                       engine->layout().parameter_count(), " parameters (", config.model.num_hidden_layers,
                       " layers, hidden ", config.model.hidden_size, ")"));
-  logger.print(concat("glm_hpc: dataset ", rep.kept, " of ", rep.read, " samples kept (max_length ", config.max_length,
-                      ", ", config.truncation_strategy, ": ", rep.deleted_too_long, " deleted, ", rep.truncated,
-                      " truncated, ", rep.deleted_no_target, " left without trained tokens), ", rep.tokens, " tokens, ",
-                      rep.target_tokens, " trained; ", rep.length_summary()));
+  logger.print("glm_hpc: " + rep.describe(config.max_length, config.truncation_strategy));
+  if (packing) logger.print("glm_hpc: " + packing->summary());
   if (config.log_to_console) {
     // Every rank's own model-state bytes (they differ by rank only through padding).
     const ZeroMemory mem = engine->memory();
     const double mib = 1024.0 * 1024.0;
     std::printf(
         "glm_hpc: rank %d/%d ZeRO-%d memory: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, "
-        "communication buffers %.1f MiB\n",
+        "communication buffers %.1f MiB, activations (recompute %s) %.1f MiB\n",
         rank, world, config.zero_stage, static_cast<double>(mem.parameter_bytes) / mib,
         static_cast<double>(mem.gradient_bytes) / mib, static_cast<double>(engine->optimizer_bytes()) / mib,
-        static_cast<double>(mem.buffer_bytes) / mib);
+        static_cast<double>(mem.buffer_bytes) / mib, recompute_name(config.recompute),
+        static_cast<double>(engine->activation_bytes()) / mib);
     std::fflush(stdout);
   }
   if (rep.skipped_bad > 0)
     logger.print(concat("glm_hpc: --on_bad_sample skip dropped ", rep.skipped_bad,
                         " bad sample(s); the first:", rep.skipped_reasons));
-  logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(),
-                      " samples = ", config.per_device_train_batch_size, " per device x ", world, " ranks x ",
+  logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(), packing ? " packed rows" : " samples",
+                      " = ", config.per_device_train_batch_size, " per device x ", world, " ranks x ",
                       config.gradient_accumulation_steps, " accumulation; ", total_steps, " steps, warmup ",
                       schedule.warmup_steps));
 
@@ -150,6 +156,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       m.tokens = r.tokens;
       m.step_seconds = r.step_seconds;
       m.exposed_comm_seconds = r.exposed_comm_seconds;
+      m.device_memory_bytes = backend.device_memory_used();
       m.tokens_per_second = interval > 0 ? static_cast<double>(interval_tokens) / interval : 0.0;
       m.elapsed_seconds = elapsed;
       m.eta_seconds = elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1);

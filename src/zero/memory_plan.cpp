@@ -33,7 +33,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   if (stage >= 2) comm += 2 * (2 * largest_unit + 2 * largest_shard);  // two gradient buckets
   if (stage == 3) comm += 2 * largest_unit;                            // one gathered unit
   add("communication buffers", comm);
-  add("activations and backward scratch", Glm4Model::planned_activation_bytes(in.model, n, 2, 4) + 16 * n);
+  add("activations and backward scratch", Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 16 * n);
   const int64_t vocab = in.model.vocab_size;
   const int64_t chunk = std::clamp<int64_t>((int64_t{512} << 20) / (vocab * 6), 1, n);
   const ModelConfig& c = in.model;
@@ -53,9 +53,10 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
   char line[256];
   std::snprintf(line, sizeof(line),
                 "memory plan per GPU: %lld parameters, %lld layers, world size %d, ZeRO-%d, %lld tokens per "
-                "micro-batch, no recomputation\n",
+                "micro-batch, recompute %s\n",
                 static_cast<long long>(in.model.parameter_count()), static_cast<long long>(in.model.num_hidden_layers),
-                in.world_size, in.zero_stage, static_cast<long long>(in.micro_batch_tokens));
+                in.world_size, in.zero_stage, static_cast<long long>(in.micro_batch_tokens),
+                recompute_name(in.recompute));
   out += line;
   for (const auto& r : plan.rows) {
     std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", r.what.c_str(), static_cast<double>(r.bytes) / gib);

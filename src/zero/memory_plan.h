@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/recompute.h"
 
 namespace glm {
 
@@ -15,6 +16,7 @@ struct MemoryPlanInput {
   int world_size = 1;
   int zero_stage = 0;
   int64_t micro_batch_tokens = 4096;  // per_device_train_batch_size x max_length
+  Recompute recompute = Recompute::none;
 };
 
 struct MemoryPlanRow {
