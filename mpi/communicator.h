@@ -29,6 +29,12 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;
+  // True when buffers are device memory and collectives are ordered on the device (NCCL): the
+  // caller need not synchronize before starting one, and wait() does not block the host.
+  virtual bool device_buffers() const { return false; }
+  // Seconds compute stood waiting for collectives since the last call, where the communicator can
+  // measure it on the device (NCCL, from events); host waits are measured by the caller.
+  virtual Result<double> take_device_exposed_seconds() { return 0.0; }
 
   // send == recv is allowed (in place) for all_reduce and broadcast.
   virtual std::unique_ptr<CommRequest> start_all_reduce(const void* send, void* recv, size_t count, CommType type,

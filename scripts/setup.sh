@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system packages that glm_hpc's build and tests need (Debian/Ubuntu), idempotently
-# and quietly: nothing is fetched when everything is already there.
+# Installs what glm_hpc's build and tests need (Debian/Ubuntu packages, and the pinned npm tiktoken
+# of the tokenizer tests), idempotently and quietly: nothing is fetched when everything is there.
 set -euo pipefail
 
 packages=(
@@ -10,19 +10,31 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
+# node and npm run npm tiktoken, the oracle of the tokenizer tests (tools/tiktoken_peer). Checked
+# by command, not package: a nodejs from elsewhere (NodeSource) bundles its own npm.
+command -v node >/dev/null || packages+=(nodejs)
+command -v npm >/dev/null || packages+=(npm)
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq >/dev/null
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq >/dev/null
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The pinned npm tiktoken (package-lock.json) into the git-ignored tools/tiktoken_peer/node_modules;
+# a copy of the lock file there marks an install that is current.
+peer="$(cd "$(dirname "$0")/.." && pwd)/tools/tiktoken_peer"
+if ! cmp -s "$peer/package-lock.json" "$peer/node_modules/.glm_installed_lock.json"; then
+  echo "setup: npm ci in tools/tiktoken_peer"
+  (cd "$peer" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  cp "$peer/package-lock.json" "$peer/node_modules/.glm_installed_lock.json"
+fi

@@ -15,6 +15,7 @@
 #include "mpi/runtime.h"
 #include "train/engine.h"
 #include "train/trainer.h"
+#include "mpi/nccl_communicator.h"
 #include "zero/memory_plan.h"
 
 namespace {
@@ -48,20 +49,13 @@ void resolve_paths(glm::CliOptions& o) {
 glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions& o, const glm::ProcessInfo& proc) {
   if (o.command == "prepare") return glm::make_cpu_backend(glm::DType::f32);  // data only: no device
   const int gpus = glm::cuda_device_count();
-  const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0 && proc.world_size == 1);
-  if (!cuda) {
-    if (o.device == "auto" && gpus > 0 && proc.rank == 0)
-      std::printf(
-          "glm_hpc: --device auto chose cpu: %d ranks, and the CUDA backend runs one rank until NCCL "
-          "gradient reduction lands\n",
-          proc.world_size);
-    return glm::make_cpu_backend(glm::DType::f32);
-  }
-  if (proc.world_size > 1)
-    return GLM_USER_ERROR(
-        "the CUDA backend runs one rank until NCCL gradient reduction lands; use -np 1 or "
-        "--device cpu");
-  return glm::make_cuda_backend(gpus > 0 ? proc.local_rank % gpus : 0);
+  const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0);
+  if (!cuda) return glm::make_cpu_backend(glm::DType::f32);
+  // One GPU per rank: the ranks of a host take its GPUs in local-rank order.
+  if (gpus > 0 && proc.local_size > gpus)
+    return GLM_USER_ERROR(proc.local_size, " ranks on host ", proc.host, " but ", gpus,
+                          " visible GPU(s): start at most one rank per GPU (or --device cpu)");
+  return glm::make_cuda_backend(proc.local_rank);
 }
 
 // The model comes from --model_id_or_path's config.json when given; args.json says so.
@@ -108,13 +102,13 @@ glm::WeightLoader weight_loader(const std::optional<glm::HfModel>& hf) {
 
 // Mean loss over every target token of the dataset, samples spread over the ranks.
 glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const std::optional<glm::HfModel>& hf,
-                     glm::Communicator& comm, glm::Backend& backend) {
+                     glm::Communicator& comm, glm::Communicator* data_comm, glm::Backend& backend) {
   const int64_t per_device = o.per_device_eval_batch_size;
   GLM_ASSIGN_OR_RETURN(auto engine,
                        glm::TrainingEngine::create(o.train.model, backend, comm, per_device * data.report.max_tokens,
-                                                   std::nullopt, 0.0));
+                                                   std::nullopt, 0.0, 0, glm::Recompute::none, data_comm));
   GLM_RETURN_IF_ERROR(weight_loader(hf)(*engine));
-  const int64_t n = static_cast<int64_t>(data.samples.size());
+  const int64_t n = data.size();
   GLM_ASSIGN_OR_RETURN(glm::EvalResult total,
                        glm::evaluate_dataset(*engine, data, per_device, comm.rank(), comm.size()));
   if (comm.rank() == 0) {
@@ -190,6 +184,12 @@ int main(int argc, char** argv) {
     auto report = glm::prepare_report(options, dataset.value(), tokenizer);
     if (int code = settle(report.status())) return code;
     if (proc.rank == 0) std::printf("%s", report.value().c_str());
+    if (glm::prepare_writes_shards(options)) {
+      auto wrote = proc.rank == 0 ? glm::write_prepared(options, dataset.value(), tokenizer)
+                                  : glm::Result<std::string>(std::string());
+      if (int code = settle(wrote.status())) return code;
+      if (proc.rank == 0) std::printf("%s", wrote.value().c_str());
+    }
     return 0;
   }
   // Validation: --val_dataset files, or a seeded share of --dataset (--split_dataset_ratio).
@@ -209,15 +209,23 @@ int main(int argc, char** argv) {
     if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;
   }
 
-  glm::MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::duration<double>(options.collective_timeout));
+  const std::chrono::duration<double> timeout(options.collective_timeout);
+  glm::MpiCommunicator comm(MPI_COMM_WORLD, timeout);
+  // Several GPU ranks: NCCL moves parameters and gradients between the GPUs; MPI keeps the scalars.
+  std::unique_ptr<glm::Communicator> nccl;
+  if (proc.world_size > 1 && backend.value()->native_stream() != nullptr) {
+    auto made = glm::make_nccl_communicator(MPI_COMM_WORLD, proc.local_rank, backend.value()->native_stream(), timeout);
+    if (int code = settle(made.status())) return code;
+    nccl = made.take();
+  }
   if (eval) {
     // A failure here may leave peers inside a collective: the fatal path aborts them all.
-    glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, *backend.value());
+    glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, nccl.get(), *backend.value());
     if (!s.is_ok()) glm::fatal_status(s);
     return 0;
   }
   auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(hf.value()),
-                           validation ? &*validation : nullptr);
+                           validation ? &*validation : nullptr, nccl.get());
   if (!result.is_ok()) glm::fatal_status(result.status());
   if (proc.rank == 0) {
     const auto& s = result.value();

@@ -186,3 +186,158 @@ TEST(Cli, ShortRunWritesArgsAndLog) {
 
 }  // namespace
 }  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+const std::string kTinyModel = "--hidden_size 32 --intermediate_size 48 --head_dim 8 ";
+
+std::string conversation_line(const std::string& user, const std::string& assistant) {
+  return nlohmann::json(
+             {{"messages", {{{"role", "user"}, {"content", user}}, {{"role", "assistant"}, {"content", assistant}}}}})
+             .dump() +
+         "\n";
+}
+
+// The first line of `output` that starts with `prefix`, or "".
+std::string line_starting(const std::string& output, const std::string& prefix) {
+  for (size_t at = output.find(prefix); at != std::string::npos; at = output.find(prefix, at + 1))
+    if (at == 0 || output[at - 1] == '\n') return output.substr(at, output.find('\n', at) - at);
+  return "";
+}
+
+TEST(CliPrepare, ReportsLengthsAndMarksTrainedTokens) {
+  const std::string data = write_file("prepare.jsonl", conversation_line("hi", "yo") +
+                                                           conversation_line("a longer question", "a longer answer") +
+                                                           conversation_line("q", "a"));
+  RunResult r = run_glm("prepare --dataset " + data + " --print_example 0 --system SYS");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: dataset 3 of 3 samples kept (max_length 512"), 1) << "rank 0 only\n" << r.output;
+  EXPECT_NE(r.output.find("token lengths p50 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sample 0 of 3 (" + data + ":1): 16 tokens, 4 trained"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[gMASK]<sop><|system|>\nSYS<|user|>\nhi<|assistant|>[[\nyo<|user|>]]\n"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(count(r.output, "step "), 0) << "prepare never trains\n" << r.output;
+  EXPECT_EQ(count(r.output, "packing"), 0) << r.output;
+
+  RunResult packed = run_glm("prepare --dataset " + data + " --packing true --max_length 40", 1);
+  ASSERT_EQ(packed.exit_code, 0) << packed.output;
+  EXPECT_NE(packed.output.find("packing: 3 samples into 2 rows of up to 40 tokens"), std::string::npos)
+      << packed.output;
+}
+
+TEST(CliPrepare, BadDataAndBadExampleExitTwo) {
+  const std::string broken = write_file("prepare_broken.jsonl", conversation_line("q", "a") + "{\"messages\": 5}\n");
+  expect_bad_input("prepare --dataset " + broken, "prepare_broken.jsonl:2: \"messages\" must be a non-empty array");
+  const std::string ok = write_file("prepare_ok.jsonl", conversation_line("q", "a"));
+  expect_bad_input("prepare --dataset " + ok + " --print_example 1", "--print_example 1 is not a sample: 1 samples");
+  expect_bad_input("prepare --dataset " + ok + " --print_example -2", "--print_example must be a sample index");
+  expect_bad_input("--packing maybe", "packing");
+}
+
+// Training prints the very report prepare prints.
+TEST(CliPrepare, TrainPrintsTheSameReport) {
+  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "same_report";
+  const std::string args = "--dataset " + std::string(GLM_TEST_WORKDIR) +
+                           "/data/sample/alpaca.jsonl --max_length 400 --truncation_strategy left --packing true";
+  RunResult prepared = run_glm("prepare " + args, 1);
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  RunResult trained = run_glm(kTinyModel + args + " --max_steps 1 --output_dir " + out.string(), 1);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string report = line_starting(prepared.output, "glm_hpc: dataset ");
+  ASSERT_FALSE(report.empty()) << prepared.output;
+  EXPECT_EQ(report.find(", 0 truncated"), std::string::npos) << "some alpaca samples exceed 400 tokens\n" << report;
+  EXPECT_EQ(line_starting(trained.output, "glm_hpc: dataset "), report) << trained.output;
+  const std::string packing = line_starting(prepared.output, "glm_hpc: packing: ");
+  ASSERT_FALSE(packing.empty()) << prepared.output;
+  EXPECT_EQ(line_starting(trained.output, "glm_hpc: packing: "), packing) << trained.output;
+}
+
+// With --packing an epoch is the packed rows: steps = ceil(rows / global batch).
+TEST(CliPacking, StepsPerEpochCountPackedRows) {
+  std::string lines;
+  for (int i = 0; i < 30; ++i)
+    lines += conversation_line("question " + std::to_string(i), "answer " + std::to_string(i));
+  const std::string data = write_file("packing.jsonl", lines);
+  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "packing";
+  RunResult r = run_glm(kTinyModel + "--dataset " + data +
+                        " --packing true --max_length 96 --num_train_epochs 1 --per_device_train_batch_size 2 "
+                        "--logging_steps 1 --output_dir " +
+                        out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string packing = line_starting(r.output, "glm_hpc: packing: 30 samples into ");
+  ASSERT_FALSE(packing.empty()) << r.output;
+  const int rows = std::stoi(packing.substr(std::string("glm_hpc: packing: 30 samples into ").size()));
+  EXPECT_LT(rows, 30) << "short samples share rows";
+  EXPECT_GE(rows, 30 * 25 / 96) << "no row holds more than 96 tokens";
+  const int steps = (rows + 3) / 4;  // 2 per device x 2 ranks
+  EXPECT_NE(r.output.find("global batch 4 packed rows = 2 per device x 2 ranks x 1 accumulation; " +
+                          std::to_string(steps) + " steps"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(count(r.output, "step "), steps) << r.output;
+}
+
+}  // namespace
+}  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+// "loss X | lr Y | grad_norm Z" of every step line (the rest holds timings).
+std::vector<std::string> step_values(const std::string& output) {
+  std::vector<std::string> values;
+  for (size_t at = output.find("step "); at != std::string::npos; at = output.find("step ", at + 1)) {
+    if (at > 0 && output[at - 1] != '\n') continue;
+    const size_t from = output.find("| loss ", at), to = output.find(" | tokens/s", at);
+    if (from != std::string::npos && to != std::string::npos) values.push_back(output.substr(from, to - from));
+  }
+  return values;
+}
+
+const std::string kTinyModelForShards = "--hidden_size 32 --intermediate_size 48 --head_dim 8 ";
+
+// prepare --output_dir writes shards; training on them gives the steps training on the jsonl gives.
+TEST(CliShards, PreparedDirectoryTrainsLikeItsJsonl) {
+  const auto root = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "shards";
+  std::filesystem::remove_all(root);
+  const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/alpaca.jsonl";
+  const std::string prepared = (root / "prepared").string();
+  RunResult p =
+      run_glm("prepare --dataset " + data + " --max_length 400 --truncation_strategy left --output_dir " + prepared);
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(count(p.output, "glm_hpc: wrote 20 samples"), 1) << "rank 0 writes\n" << p.output;
+  EXPECT_TRUE(std::filesystem::exists(root / "prepared" / "shard_00000.bin"));
+
+  const std::string train = kTinyModelForShards + "--max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 ";
+  RunResult from_jsonl = run_glm(train + "--dataset " + data + " --max_length 400 --truncation_strategy left " +
+                                 "--output_dir " + (root / "a").string());
+  RunResult from_shards = run_glm(train + "--dataset " + prepared + " --output_dir " + (root / "b").string());
+  ASSERT_EQ(from_jsonl.exit_code, 0) << from_jsonl.output;
+  ASSERT_EQ(from_shards.exit_code, 0) << from_shards.output;
+  EXPECT_NE(from_shards.output.find("glm_hpc: samples memory-mapped from " + prepared + " (prepared from " + data),
+            std::string::npos)
+      << from_shards.output;
+  EXPECT_EQ(line_starting(from_shards.output, "glm_hpc: dataset "), line_starting(p.output, "glm_hpc: dataset "));
+  const auto expected = step_values(from_jsonl.output);
+  ASSERT_EQ(expected.size(), 3u) << from_jsonl.output;
+  EXPECT_EQ(step_values(from_shards.output), expected) << from_shards.output;
+}
+
+TEST(CliShards, DamagedOrForeignDirectoriesExitTwo) {
+  const auto root = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "shards_bad";
+  std::filesystem::remove_all(root);
+  const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/sharegpt.jsonl";
+  RunResult p = run_glm("prepare --dataset " + data + " --output_dir " + (root / "d").string(), 1);
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  std::filesystem::resize_file(root / "d" / "shard_00000.bin",
+                               std::filesystem::file_size(root / "d" / "shard_00000.bin") - 8);
+  expect_bad_input(kTinyModelForShards + "--dataset " + (root / "d").string(), "shard_00000.bin' is truncated");
+  std::filesystem::create_directories(root / "foreign");
+  std::ofstream(root / "foreign" / "keep.txt") << "x";
+  expect_bad_input("prepare --dataset " + data + " --output_dir " + (root / "foreign").string(),
+                   "holds files that glm_hpc prepare did not write");
+}
+
+}  // namespace
+}  // namespace glm::test

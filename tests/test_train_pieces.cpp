@@ -7,6 +7,7 @@
 #include <set>
 
 #include "cli/options.h"
+#include "cli/prepare.h"
 #include "data/chat_template.h"
 #include "data/conversation_reader.h"
 #include "data/dataset.h"
@@ -403,6 +404,80 @@ TEST(DatasetFormats, DefaultSystemPromptOnlyWhereMissing) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("badloss.jsonl:1: messages[1] has a non-boolean \"loss\""), std::string::npos)
       << r.status().message();
+}
+
+}  // namespace
+}  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+TEST(PrepareExample, MarksTrainedRunsAndShowsLabelsOrIds) {
+  Dataset d;
+  // Positions 1-2 trained as themselves, position 4 trained with a label that differs from its input.
+  d.samples.push_back({{'a', 'b', 'c', 'd', 'e'}, {-1, 'b', 'c', -1, 'X'}});
+  d.files = {"f.jsonl"};
+  d.sources = {{0, 7}};
+  ByteTokenizer tok;
+  auto text = format_example(d, 0, &tok);
+  ASSERT_TRUE(text.is_ok()) << text.status().message();
+  EXPECT_NE(text.value().find("sample 0 of 1 (f.jsonl:7): 5 tokens, 3 trained"), std::string::npos) << text.value();
+  EXPECT_NE(text.value().find("1 trained position(s) carry a label other than their input token"), std::string::npos)
+      << text.value();
+  EXPECT_NE(text.value().find(":\na[[bc]]d[[X]]\n"), std::string::npos) << text.value();
+  auto ids = format_example(d, 0, nullptr);
+  ASSERT_TRUE(ids.is_ok());
+  EXPECT_NE(ids.value().find(":\n97 [[98 99]] 100 [[88]]\n"), std::string::npos) << ids.value();
+  auto beyond = format_example(d, 1, &tok);
+  ASSERT_FALSE(beyond.is_ok());
+  EXPECT_EQ(beyond.status().exit_code(), 2);
+}
+
+}  // namespace
+}  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+// Samples keep their file:line through loading and the validation split.
+TEST(DatasetSources, LoadAndSplitKeepFileAndLine) {
+  std::string lines;
+  for (int i = 0; i < 10; ++i)
+    lines += "{\"messages\": [{\"role\": \"user\", \"content\": \"q" + std::to_string(i) +
+             "\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n" + (i == 4 ? "\n" : "");
+  const std::string path = temp_file("sources.jsonl", lines);
+  ByteTokenizer tok;
+  auto d = load_dataset({path}, &tok, 0, 272);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(d.value().source_of(5), path + ":7") << "the blank line 6 counts";
+  Dataset train = d.take(), held;
+  ASSERT_TRUE(split_dataset(train, 0.3, 9, held).is_ok());
+  ASSERT_EQ(train.sources.size(), train.samples.size());
+  ASSERT_EQ(held.sources.size(), held.samples.size());
+  for (const Dataset* part : {&train, &held})
+    for (size_t i = 0; i < part->samples.size(); ++i) {
+      // The user turn "q<k>" of line L is sample k, on line k + 1 (k + 2 after the blank line).
+      const std::string text = tok.decode(part->samples[i].tokens);
+      const int k = text[text.find("\nq") + 2] - '0';
+      EXPECT_EQ(part->source_of(i), path + ":" + std::to_string(k + (k > 4 ? 2 : 1))) << text;
+    }
+}
+
+TEST(Options, PackingAndPrepare) {
+  auto o = parse({"prepare", "--packing", "true", "--print_example", "3"});
+  ASSERT_TRUE(o.is_ok()) << o.status().message();
+  EXPECT_EQ(o.value().command, "prepare");
+  EXPECT_TRUE(o.value().train.packing);
+  EXPECT_EQ(o.value().print_example, 3);
+  EXPECT_EQ(o.value().effective["packing"]["value"], true);
+  auto d = parse({});
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_FALSE(d.value().train.packing) << "packing is off by default, as in ms-swift";
+  expect_user_error(parse({"--packing", "sometimes"}), "packing");
+  const std::string h = help_text();
+  EXPECT_NE(h.find("--packing"), std::string::npos);
+  EXPECT_NE(h.find("glm_hpc prepare"), std::string::npos);
+  EXPECT_NE(h.find("[[ and ]]"), std::string::npos) << "the example markers are documented";
 }
 
 }  // namespace

@@ -81,7 +81,9 @@ class OptionTable {
     add(general, "device", &o_.device, "backend: auto (cuda when a GPU and the CUDA backend exist), cpu or cuda");
     add(general, "model_id_or_path", &o_.model_id_or_path,
         "Hugging Face model directory (config.json + safetensors, layout glm or chatglm) to start from");
-    add(general, "output_dir", &t.output_dir, "directory for args.json and logging.jsonl");
+    add(general, "output_dir", &t.output_dir,
+        "directory for args.json and logging.jsonl; for prepare, given on the command line: where the token shards "
+        "go");
     add(general, "seed", &t.seed, "seed for initialisation and data shuffling");
     add(general, "logging_steps", &t.logging_steps, "log every N optimizer steps (and the last)");
     add(general, "collective_timeout", &o_.collective_timeout,
@@ -110,7 +112,8 @@ class OptionTable {
                            ->composing()
                            ->default_value(t.datasets, "data/sample/conversations.jsonl")
                            ->value_name("FILE..."),
-                       "messages-style jsonl conversation files");
+                       "jsonl files (messages, sharegpt, alpaca or pre-tokenized lines), or one directory that "
+                       "glm_hpc prepare --output_dir wrote (memory-mapped token shards)");
     getters_.emplace_back("dataset", [&t] { return nlohmann::json(t.datasets); });
     add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
     add(data, "truncation_strategy", &t.truncation_strategy,
@@ -297,13 +300,15 @@ std::string help_text() {
   s << "usage: mpirun -np N glm_hpc [train] [--config FILE] [--option value ...]\n"
     << "       mpirun -np N glm_hpc eval --model_id_or_path DIR --dataset FILE [--option value ...]\n"
     << "       glm_hpc plan --config FILE --world_size N --zero_stage S [--option value ...]\n"
-    << "       glm_hpc prepare --dataset FILE... [--max_length N --packing true ...] [--print_example N]\n\n"
+    << "       glm_hpc prepare --dataset FILE... [--max_length N --packing true ...] [--print_example N]\n"
+    << "                       [--output_dir DIR]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
     << "embedded tiny GLM-4 on data/sample/conversations.jsonl. 'eval' prints eval_loss and eval_ppl\n"
     << "(mean loss over all target tokens of the dataset) for a Hugging Face model directory. 'plan'\n"
     << "predicts the per-GPU memory of a CUDA run and says whether it fits. 'prepare' runs the data\n"
     << "pipeline only: the length report (and packing report) training prints at start, and with\n"
-    << "--print_example N sample N with its trained tokens between [[ and ]].\n\n"
+    << "--print_example N sample N with its trained tokens between [[ and ]]; with --output_dir DIR it\n"
+    << "writes the tokenized samples as token shards that --dataset DIR then trains on, memory-mapped.\n\n"
     << table.all();
   return s.str();
 }

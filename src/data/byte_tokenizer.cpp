@@ -3,25 +3,6 @@
 
 namespace glm {
 
-const char* special_token_text(SpecialToken t) {
-  static const char* kText[] = {"<|endoftext|>",
-                                "[MASK]",
-                                "[gMASK]",
-                                "[sMASK]",
-                                "<sop>",
-                                "<eop>",
-                                "<|system|>",
-                                "<|user|>",
-                                "<|assistant|>",
-                                "<|observation|>",
-                                "<|begin_of_image|>",
-                                "<|end_of_image|>",
-                                "<|begin_of_video|>",
-                                "<|end_of_video|>"};
-  const int i = static_cast<int>(t);
-  return i >= 0 && i < static_cast<int>(SpecialToken::count) ? kText[i] : "<?>";
-}
-
 std::vector<int32_t> ByteTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size());

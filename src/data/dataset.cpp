@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/conversation_reader.h"
+#include "data/token_shards.h"
 #include "kernels/counter_rng.h"
 
 namespace glm {
@@ -57,14 +58,58 @@ std::string DatasetReport::length_summary() const {
                 "; ", kept > 0 ? target_tokens / kept : 0, " trained tokens per sample");
 }
 
+int64_t SampleView::target_count() const {
+  int64_t n = 0;
+  for (size_t t = 1; t < labels.size(); ++t) n += labels[t] >= 0 ? 1 : 0;
+  return n;
+}
+
+int64_t Dataset::size() const {
+  if (!mapped) return static_cast<int64_t>(samples.size());
+  return mapped_selection.empty() ? mapped->samples() : static_cast<int64_t>(mapped_selection.size());
+}
+
+SampleView Dataset::sample(int64_t i) const {
+  if (!mapped) return samples[static_cast<size_t>(i)];
+  return mapped->sample(mapped_selection.empty() ? i : mapped_selection[static_cast<size_t>(i)]);
+}
+
+std::string DatasetReport::describe() const {
+  return concat("dataset ", kept, " of ", read, " samples kept (max_length ", max_length, ", ", truncation_strategy,
+                ": ", deleted_too_long, " deleted, ", truncated, " truncated, ", deleted_no_target,
+                " left without trained tokens), ", tokens, " tokens, ", target_tokens, " trained; ", length_summary());
+}
+
+std::string Dataset::source_of(size_t i) const {
+  if (i >= sources.size() || sources[i].file < 0 || static_cast<size_t>(sources[i].file) >= files.size()) return "";
+  return concat(files[static_cast<size_t>(sources[i].file)], ":", sources[i].line);
+}
+
 Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokenizer* tokenizer, int64_t max_length,
                              int64_t vocab_size, bool skip_bad, Truncation truncation,
                              const ConversationOptions& conversation) {
   if (paths.empty()) return GLM_USER_ERROR("no --dataset given");
+  for (const auto& path : paths) {
+    if (!is_prepared_dir(path)) continue;
+    if (paths.size() > 1)
+      return GLM_USER_ERROR("'", path, "' is a prepared directory: give it as the only --dataset (", paths.size(),
+                            " given)");
+    GLM_ASSIGN_OR_RETURN(Dataset prepared, load_prepared(path, vocab_size));
+    if (max_length > 0 && prepared.report.max_tokens > max_length)
+      return GLM_USER_ERROR("'", path, "' holds samples of up to ", prepared.report.max_tokens,
+                            " tokens (prepared with max_length ", prepared.report.max_length,
+                            "), longer than --max_length ", max_length, ": prepare it again with this max_length");
+    return prepared;
+  }
   Dataset d;
+  d.report.max_length = max_length;
+  d.report.truncation_strategy = truncation == Truncation::left    ? "left"
+                                 : truncation == Truncation::right ? "right"
+                                                                   : "delete";
   static const ByteTokenizer unused;
   ChatTemplate chat(tokenizer != nullptr ? *tokenizer : unused);
   for (const auto& path : paths) {
+    d.files.push_back(path);
     std::ifstream in(path, std::ios::binary);
     if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");
     std::string line, errors;
@@ -131,6 +176,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
       d.report.target_tokens += sample.target_count();
       d.report.max_tokens = std::max<int64_t>(d.report.max_tokens, static_cast<int64_t>(sample.tokens.size()));
       d.samples.push_back(std::move(sample));
+      d.sources.push_back({static_cast<int32_t>(d.files.size() - 1), line_no});
     }
     if (in.bad()) return GLM_USER_ERROR("error reading dataset file '", path, "'");
     if (error_count > 0)
@@ -155,12 +201,15 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
 namespace {
 void recount(Dataset& d) {
   DatasetReport r;
-  r.read = static_cast<int64_t>(d.samples.size());
-  for (const auto& s : d.samples) {
-    r.tokens += static_cast<int64_t>(s.tokens.size());
+  r.read = d.size();
+  r.max_length = d.report.max_length;
+  r.truncation_strategy = d.report.truncation_strategy;
+  for (int64_t i = 0; i < d.size(); ++i) {
+    const SampleView s = d.sample(i);
+    r.tokens += s.size();
     r.target_tokens += s.target_count();
-    r.max_tokens = std::max<int64_t>(r.max_tokens, static_cast<int64_t>(s.tokens.size()));
-    r.lengths.push_back(static_cast<int64_t>(s.tokens.size()));
+    r.max_tokens = std::max<int64_t>(r.max_tokens, s.size());
+    r.lengths.push_back(s.size());
   }
   r.kept = r.read;
   d.report.tokens = r.tokens;
@@ -172,7 +221,7 @@ void recount(Dataset& d) {
 }  // namespace
 
 Status split_dataset(Dataset& train, double ratio, uint64_t seed, Dataset& validation) {
-  const int64_t n = static_cast<int64_t>(train.samples.size());
+  const int64_t n = train.size();
   const int64_t held = std::max<int64_t>(1, static_cast<int64_t>(ratio * static_cast<double>(n)));
   if (held >= n)
     return GLM_USER_ERROR("--split_dataset_ratio ", ratio, " of ", n, " samples leaves nothing to train on");
@@ -186,12 +235,34 @@ Status split_dataset(Dataset& train, double ratio, uint64_t seed, Dataset& valid
   }
   std::vector<bool> held_out(static_cast<size_t>(n), false);
   for (int64_t i = 0; i < held; ++i) held_out[static_cast<size_t>(order[static_cast<size_t>(i)])] = true;
-  std::vector<TokenizedSample> keep;
   validation = Dataset();
-  for (int64_t i = 0; i < n; ++i)
-    (held_out[static_cast<size_t>(i)] ? validation.samples : keep)
-        .push_back(std::move(train.samples[static_cast<size_t>(i)]));
+  validation.report.max_length = train.report.max_length;
+  validation.report.truncation_strategy = train.report.truncation_strategy;
+  if (train.mapped) {
+    // Both parts select from the same mapped shards.
+    std::vector<int64_t> keep_selection;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t mapped_index = train.mapped_selection.empty() ? i : train.mapped_selection[static_cast<size_t>(i)];
+      (held_out[static_cast<size_t>(i)] ? validation.mapped_selection : keep_selection).push_back(mapped_index);
+    }
+    validation.mapped = train.mapped;
+    validation.prepared = train.prepared;
+    train.mapped_selection = std::move(keep_selection);
+    recount(train);
+    recount(validation);
+    return Status::ok();
+  }
+  std::vector<TokenizedSample> keep;
+  std::vector<SampleSource> keep_sources;
+  const bool sourced = train.sources.size() == train.samples.size();
+  validation.files = train.files;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool held_i = held_out[static_cast<size_t>(i)];
+    (held_i ? validation.samples : keep).push_back(std::move(train.samples[static_cast<size_t>(i)]));
+    if (sourced) (held_i ? validation.sources : keep_sources).push_back(train.sources[static_cast<size_t>(i)]);
+  }
   train.samples = std::move(keep);
+  train.sources = std::move(keep_sources);
   recount(train);
   recount(validation);
   return Status::ok();

@@ -15,7 +15,7 @@ uint64_t SplitMix64::next() {
 
 double SplitMix64::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
-void append_document(HostMicroBatch& batch, const TokenizedSample& sample) {
+void append_document(HostMicroBatch& batch, SampleView sample) {
   const int32_t start = static_cast<int32_t>(batch.tokens.size());
   const size_t n = sample.tokens.size();
   for (size_t i = 0; i < n; ++i) {
@@ -30,16 +30,19 @@ void append_document(HostMicroBatch& batch, const TokenizedSample& sample) {
 }
 
 ShardedLoader::ShardedLoader(const Dataset& dataset, uint64_t seed, int rank, int world_size, int64_t per_device_batch,
-                             int64_t gradient_accumulation_steps)
+                             int64_t gradient_accumulation_steps, const PackingPlan* packing)
     : dataset_(dataset),
+      packing_(packing),
       seed_(seed),
       rank_(rank),
       world_size_(world_size),
       per_device_batch_(per_device_batch),
       accumulation_(gradient_accumulation_steps) {}
 
-int64_t ShardedLoader::sample_at(int64_t stream_index) {
-  const int64_t n = static_cast<int64_t>(dataset_.samples.size());
+int64_t ShardedLoader::epoch_size() const { return packing_ != nullptr ? packing_->rows() : dataset_.size(); }
+
+int64_t ShardedLoader::unit_at(int64_t stream_index) {
+  const int64_t n = epoch_size();
   const int64_t epoch = stream_index / n;
   if (epoch != cached_epoch_) {
     order_.resize(static_cast<size_t>(n));
@@ -54,8 +57,14 @@ int64_t ShardedLoader::sample_at(int64_t stream_index) {
 HostMicroBatch ShardedLoader::micro_batch(int64_t step, int64_t micro) {
   HostMicroBatch batch;
   const int64_t first = step * global_batch_size() + (micro * world_size_ + rank_) * per_device_batch_;
-  for (int64_t b = 0; b < per_device_batch_; ++b)
-    append_document(batch, dataset_.samples[static_cast<size_t>(sample_at(first + b))]);
+  for (int64_t b = 0; b < per_device_batch_; ++b) {
+    const int64_t unit = unit_at(first + b);
+    if (packing_ == nullptr) {
+      append_document(batch, dataset_.sample(unit));
+      continue;
+    }
+    for (int64_t sample : packing_->row(unit)) append_document(batch, dataset_.sample(sample));
+  }
   return batch;
 }
 

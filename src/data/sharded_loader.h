@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/packing.h"
 
 namespace glm {
 
@@ -17,23 +18,28 @@ struct HostMicroBatch {
 };
 
 // Appends one sample as its own document; targets[t] = labels[t + 1] (the transformers shift).
-void append_document(HostMicroBatch& batch, const TokenizedSample& sample);
+void append_document(HostMicroBatch& batch, SampleView sample);
 
+// The stream's unit is a sample, or with a packing plan a packed row (several samples, each its
+// own document); batch sizes count units.
 class ShardedLoader {
  public:
   ShardedLoader(const Dataset& dataset, uint64_t seed, int rank, int world_size, int64_t per_device_batch,
-                int64_t gradient_accumulation_steps);
+                int64_t gradient_accumulation_steps, const PackingPlan* packing = nullptr);
 
   int64_t global_batch_size() const { return per_device_batch_ * world_size_ * accumulation_; }
-  // Samples consumed by the first `steps` optimizer steps (the loader position a checkpoint saves).
+  // Units (samples or packed rows) of one epoch.
+  int64_t epoch_size() const;
+  // Units consumed by the first `steps` optimizer steps (the loader position a checkpoint saves).
   int64_t consumed_samples(int64_t steps) const { return steps * global_batch_size(); }
   // This rank's micro-batch `micro` (0 <= micro < accumulation) of optimizer step `step`.
   HostMicroBatch micro_batch(int64_t step, int64_t micro);
 
  private:
-  int64_t sample_at(int64_t stream_index);  // stream index -> sample index through the epoch's shuffle
+  int64_t unit_at(int64_t stream_index);  // stream index -> unit index through the epoch's shuffle
 
   const Dataset& dataset_;
+  const PackingPlan* packing_;
   uint64_t seed_;
   int rank_, world_size_;
   int64_t per_device_batch_, accumulation_;

@@ -1,12 +1,16 @@
-// Tokenizer interface (the GLM-4 tiktoken tokenizer arrives with the data issue) and the byte-level
-// tokenizer used by the tiny configuration until then.
+// Tokenizer interface, the byte-level tokenizer of the tiny configuration, and the loader of a
+// model's GLM-4 tokenizer (tiktoken_tokenizer.h).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "mpi/status.h"
 
 namespace glm {
 
@@ -29,6 +33,8 @@ enum class SpecialToken : int {
   count
 };
 const char* special_token_text(SpecialToken t);
+// The special token spelled exactly `text` ("<|user|>"), if any.
+std::optional<SpecialToken> special_token_from_text(std::string_view text);
 
 class Tokenizer {
  public:
@@ -38,6 +44,8 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual int32_t special_id(SpecialToken t) const = 0;
   virtual int64_t vocab_size() const = 0;  // ids are in [0, vocab_size)
+  // A special token by its text: the only way text becomes a special id, since encode never does.
+  Result<int32_t> encode_special(std::string_view text) const;
 };
 
 // Bytes are ids 0..255; the special tokens follow at 256.. (vocab 270).
@@ -48,5 +56,9 @@ class ByteTokenizer final : public Tokenizer {
   int32_t special_id(SpecialToken t) const override { return 256 + static_cast<int32_t>(t); }
   int64_t vocab_size() const override { return 256 + static_cast<int64_t>(SpecialToken::count); }
 };
+
+// The tokenizer of a model: `path` is a tiktoken rank file (GLM-4's tokenizer.model) or a model
+// directory holding one. Defined with TiktokenTokenizer.
+Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path);
 
 }  // namespace glm

@@ -84,6 +84,7 @@ class CudaBackend final : public Backend {
   DType optimizer_dtype() const override { return DType::f32; }
   DType stats_dtype() const override { return DType::f32; }
   bool host_accessible() const override { return false; }
+  void* native_stream() override { return stream_; }
   int64_t device_memory_used() const override {
     size_t free_bytes = 0, total = 0;
     if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return -1;

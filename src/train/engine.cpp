@@ -11,11 +11,12 @@ namespace glm {
 Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig& config, Backend& backend,
                                                                Communicator& comm, int64_t max_tokens,
                                                                std::optional<AdamWOptions> adam, double max_grad_norm,
-                                                               int zero_stage, Recompute recompute) {
+                                                               int zero_stage, Recompute recompute,
+                                                               Communicator* data_comm) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
   GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute));
-  GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage));
+  GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm));
   for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_}) {
     GLM_ASSIGN_OR_RETURN(*b, backend.allocate(max_tokens, DType::i32));
   }
@@ -144,8 +145,9 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   for (size_t u = 0; u < optimizers_.size(); ++u)
     GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip));
   GLM_RETURN_IF_ERROR(timed([&] { return zero_->after_update(); }));
+  GLM_ASSIGN_OR_RETURN(const double device_waits, zero_->take_device_exposed_comm_seconds());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
-  r.exposed_comm_seconds = blocking + backward_waits;
+  r.exposed_comm_seconds = blocking + backward_waits + device_waits;
   return r;
 }
 

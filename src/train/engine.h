@@ -36,7 +36,8 @@ class TrainingEngine {
   static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
                                                         int64_t max_tokens, std::optional<AdamWOptions> adam,
                                                         double max_grad_norm, int zero_stage = 0,
-                                                        Recompute recompute = Recompute::none);
+                                                        Recompute recompute = Recompute::none,
+                                                        Communicator* data_comm = nullptr);
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
@@ -57,6 +58,8 @@ class TrainingEngine {
   // Call after writing parameters() directly (weight import) so the fp32 master copy follows.
   Status parameters_updated();
 
+  // comm (host scalars) and data_comm (parameter and gradient buffers; NCCL on GPUs, else comm)
+  // must outlive the engine.
   // Forward/backward over this rank's micro-batches, global loss normalisation, gradient
   // all-reduce, clipping to max_grad_norm, AdamW with learning rate lr.
   Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr);

@@ -18,7 +18,8 @@ struct TrainConfig {
   std::string on_bad_sample = "error";  // error: list the problems and stop; skip: drop and count them
   std::string loss_scale = "default";   // default (every assistant turn) | last_round | all
   std::string system;                   // default system prompt for conversations without one
-  bool packing = false;  // bin-pack samples into rows of max_length (src/data/packing.h); a row counts as a sample
+  // Bin-pack samples into rows of max_length (src/data/packing.h); a row then counts as a sample.
+  bool packing = false;
   int64_t per_device_train_batch_size = 1;
   int64_t gradient_accumulation_steps = 1;
   int64_t max_steps = -1;  // > 0 overrides num_train_epochs

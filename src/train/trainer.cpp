@@ -54,13 +54,13 @@ Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& 
 
 Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
                                     int world) {
-  const int64_t n = static_cast<int64_t>(data.samples.size()), per_round = per_device * world;
+  const int64_t n = data.size(), per_round = per_device * world;
   EvalResult total;
   for (int64_t first = 0; first < n; first += per_round) {
     HostMicroBatch batch;
     for (int64_t b = 0; b < per_device; ++b) {
       const int64_t index = first + rank * per_device + b;
-      if (index < n) append_document(batch, data.samples[static_cast<size_t>(index)]);
+      if (index < n) append_document(batch, data.sample(index));
     }
     GLM_ASSIGN_OR_RETURN(EvalResult r, engine.evaluate(batch));  // collective: every rank calls it
     total.loss_sum += r.loss_sum;
@@ -70,7 +70,7 @@ Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data,
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
-                           const WeightLoader& load_weights, const Dataset* validation) {
+                           const WeightLoader& load_weights, const Dataset* validation, Communicator* data_comm) {
   using clock = std::chrono::steady_clock;
   const auto start_time = clock::now();
   const int world = comm.size(), rank = comm.rank();
@@ -79,7 +79,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   if (config.packing) {
     GLM_ASSIGN_OR_RETURN(packing, pack_dataset(dataset, config.max_length));
   }
-  const int64_t epoch_units = packing ? packing->rows() : static_cast<int64_t>(dataset.samples.size());
+  const int64_t epoch_units = packing ? packing->rows() : dataset.size();
   const int64_t total_steps = total_training_steps(config, epoch_units, world);
   const int64_t eval_tokens =
       validation != nullptr ? config.per_device_eval_batch_size * validation->report.max_tokens : 0;
@@ -87,7 +87,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
 
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
-                                                           config.max_grad_norm, config.zero_stage, config.recompute));
+                                                           config.max_grad_norm, config.zero_stage, config.recompute,
+                                                           data_comm));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
   } else {
@@ -105,7 +106,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ",
                       engine->layout().parameter_count(), " parameters (", config.model.num_hidden_layers,
                       " layers, hidden ", config.model.hidden_size, ")"));
-  logger.print("glm_hpc: " + rep.describe(config.max_length, config.truncation_strategy));
+  if (!dataset.prepared.empty()) logger.print("glm_hpc: samples memory-mapped from " + dataset.prepared);
+  logger.print("glm_hpc: " + rep.describe());
   if (packing) logger.print("glm_hpc: " + packing->summary());
   if (config.log_to_console) {
     // Every rank's own model-state bytes (they differ by rank only through padding).

@@ -21,8 +21,9 @@ struct TrainSummary {
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, mean validation loss)
 };
 
-// Number of optimizer steps the run makes (max_steps or epochs x samples / global batch).
-int64_t total_training_steps(const TrainConfig& config, int64_t dataset_size, int world_size);
+// Number of optimizer steps the run makes (max_steps or epochs x epoch_size / global batch), where
+// epoch_size counts the loader's units: samples, or packed rows with --packing.
+int64_t total_training_steps(const TrainConfig& config, int64_t epoch_size, int world_size);
 
 class TrainingEngine;
 struct EvalResult;
@@ -30,8 +31,10 @@ struct EvalResult;
 using WeightLoader = std::function<Status(TrainingEngine&)>;
 
 // validation (optional) is evaluated every config.eval_steps steps and after the last one.
+// data_comm (optional) moves parameters and gradients (NCCL between GPUs); comm does the rest.
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
-                           const WeightLoader& load_weights = {}, const Dataset* validation = nullptr);
+                           const WeightLoader& load_weights = {}, const Dataset* validation = nullptr,
+                           Communicator* data_comm = nullptr);
 
 // Mean loss of every sample of `data`, spread over the ranks in batches of per_device samples.
 Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,

@@ -23,11 +23,13 @@ CommType comm_type(DType d) {
 }  // namespace
 
 Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout& layout, Backend& backend,
-                                                               Communicator& comm, int stage) {
+                                                               Communicator& comm, int stage, Communicator* data) {
   if (stage < 0 || stage > 3) return GLM_USER_ERROR("--zero_stage must be 0, 1, 2 or 3, got ", stage);
   if (layout.shards() != comm.size())
     return GLM_INTERNAL_ERROR("layout has ", layout.shards(), " shards for ", comm.size(), " ranks");
-  std::unique_ptr<ZeroParameters> z(new ZeroParameters(layout, backend, comm, stage));
+  if (data != nullptr && data->size() != comm.size())
+    return GLM_INTERNAL_ERROR("data communicator of ", data->size(), " ranks beside ", comm.size());
+  std::unique_ptr<ZeroParameters> z(new ZeroParameters(layout, backend, comm, data != nullptr ? *data : comm, stage));
   const DType dt = backend.compute_dtype();
   const int units = static_cast<int>(layout.units().size());
   int64_t shard_total = 0, largest_unit = 0, largest_shard = 0;
@@ -65,12 +67,12 @@ Status ZeroParameters::copy(Tensor dst, Tensor src) { return backend_.convert(ds
 
 Status ZeroParameters::all_gather_unit(Tensor shard, Tensor full) {
   if (comm_.size() == 1) return copy(full, shard);
-  return comm_.all_gather(shard.data, full.data, static_cast<size_t>(shard.numel), comm_type(shard.dtype));
+  return data_.all_gather(shard.data, full.data, static_cast<size_t>(shard.numel), comm_type(shard.dtype));
 }
 
 Status ZeroParameters::reduce_scatter_unit(Tensor full, Tensor shard) {
   if (comm_.size() == 1) return copy(shard, full);
-  return comm_.reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel), comm_type(full.dtype),
+  return data_.reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel), comm_type(full.dtype),
                               ReduceOp::sum);
 }
 
@@ -122,9 +124,10 @@ Status ZeroParameters::grads_ready(int unit) {
   if (comm_.size() == 1) {
     GLM_RETURN_IF_ERROR(copy(shard, full));
   } else {
-    // The host must see the backward's results before MPI reads them (device backends).
-    GLM_RETURN_IF_ERROR(backend_.synchronize());
-    b.in_flight = comm_.start_reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel),
+    // MPI reads host memory: the backward's results must be there first. NCCL orders itself
+    // after the compute stream.
+    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+    b.in_flight = data_.start_reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel),
                                              comm_type(full.dtype), ReduceOp::sum);
   }
   current_bucket_ ^= 1;  // backward continues into the other bucket while this one reduces
@@ -136,6 +139,8 @@ double ZeroParameters::take_exposed_comm_seconds() {
   exposed_comm_seconds_ = 0;
   return s;
 }
+
+Result<double> ZeroParameters::take_device_exposed_comm_seconds() { return data_.take_device_exposed_seconds(); }
 
 Tensor ZeroParameters::owned_params(int unit) const {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
@@ -168,7 +173,7 @@ Status ZeroParameters::finish_backward() {
     for (int u = 0; u < units; ++u) {
       Tensor g = owned_grads(u);
       GLM_RETURN_IF_ERROR(
-          comm_.all_reduce(g.data, g.data, static_cast<size_t>(g.numel), comm_type(g.dtype), ReduceOp::sum));
+          data_.all_reduce(g.data, g.data, static_cast<size_t>(g.numel), comm_type(g.dtype), ReduceOp::sum));
     }
   }
   if (stage_ == 1) {
@@ -195,7 +200,7 @@ Status ZeroParameters::after_update() {
     const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
     Tensor full = params_.slice(unit.offset, unit.numel);
     if (comm_.size() == 1) continue;  // the shard is the unit
-    GLM_RETURN_IF_ERROR(comm_.all_gather(owned_params(u).data, full.data, static_cast<size_t>(layout_.shard_numel(u)),
+    GLM_RETURN_IF_ERROR(data_.all_gather(owned_params(u).data, full.data, static_cast<size_t>(layout_.shard_numel(u)),
                                          comm_type(full.dtype)));
   }
   return Status::ok();

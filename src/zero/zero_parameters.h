@@ -25,8 +25,10 @@ struct ZeroMemory {
 
 class ZeroParameters final : public ParameterProvider {
  public:
+  // comm carries host scalars (norms, counts); data, when given, the parameter and gradient
+  // buffers (NCCL over device memory), otherwise comm does both (MPI over host memory).
   static Result<std::unique_ptr<ZeroParameters>> create(const ParamLayout& layout, Backend& backend, Communicator& comm,
-                                                        int stage);
+                                                        int stage, Communicator* data = nullptr);
 
   // ParameterProvider
   Result<Tensor> acquire_params(int unit) override;
@@ -56,10 +58,12 @@ class ZeroParameters final : public ParameterProvider {
   ZeroMemory memory() const;
   // Seconds this rank waited on collectives since the last call (exposed communication).
   double take_exposed_comm_seconds();
+  // Seconds compute waited on device-ordered collectives (NCCL) since the last call; synchronizes.
+  Result<double> take_device_exposed_comm_seconds();
 
  private:
-  ZeroParameters(const ParamLayout& layout, Backend& backend, Communicator& comm, int stage)
-      : layout_(layout), backend_(backend), comm_(comm), stage_(stage) {}
+  ZeroParameters(const ParamLayout& layout, Backend& backend, Communicator& comm, Communicator& data, int stage)
+      : layout_(layout), backend_(backend), comm_(comm), data_(data), stage_(stage) {}
   Status copy(Tensor dst, Tensor src);
   Status all_gather_unit(Tensor shard, Tensor full);
   Status reduce_scatter_unit(Tensor full, Tensor shard);
@@ -68,6 +72,7 @@ class ZeroParameters final : public ParameterProvider {
   const ParamLayout& layout_;
   Backend& backend_;
   Communicator& comm_;
+  Communicator& data_;
   int stage_;
   std::vector<int64_t> shard_base_;  // local offset of each unit's shard inside shard buffers
   Buffer params_;                    // stages 0-2: the full parameters
