@@ -34,6 +34,13 @@ for run in ${GLM_ZERO_RUNS:-3:none 2:none 1:none 3:full}; do
   grep -E "ZeRO-.*memory|^step $steps" "$OUT/zero_${stage}_$policy.log" | head -3
 done
 
+# The FSDP2 peer in the same call (GLM_SKIP_PEERS=1 skips it; GLM_PEER_MODES picks modes).
+if [ "${GLM_SKIP_PEERS:-0}" != 1 ]; then
+  timeout 400 torchrun --standalone --nproc_per_node "$gpus" benchmarks/peers/hf_glm_fsdp_peer.py \
+    --modes "${GLM_PEER_MODES:-eager,ckpt}" >"$OUT/fsdp_peer.log" 2>&1 || { echo "fsdp peer failed"; tail -5 "$OUT/fsdp_peer.log"; }
+  grep "^peer" "$OUT/fsdp_peer.log"
+fi
+
 python3 - "$OUT" "$gpus" <<'PY'
 import json, sys, collections
 out, gpus = sys.argv[1], int(sys.argv[2])
@@ -42,6 +49,7 @@ flops = 6 * (L * 203948032 + 620756992) + 6 * L * H * S  # per token, GLM4_SPEC.
 print(f"\n== ZeRO on {gpus} x H200, GLM-4-9B-Chat shapes, seq 4096, micro-batch 1 per GPU ==")
 print(f"{'stage':6s} {'recompute':10s} {'tok/s/GPU':>10s} {'TFLOP/s/GPU':>12s} {'MFU':>6s} {'exposed comm':>13s} {'peak GiB per GPU':>18s}")
 import glob, os
+ours_best = 0
 for log in sorted(glob.glob("/tmp/zero_*/logging.jsonl")):
     name = os.path.basename(os.path.dirname(log))
     _, stage, policy = name.split("_")
@@ -59,7 +67,21 @@ for log in sorted(glob.glob("/tmp/zero_*/logging.jsonl")):
     except (OSError, ValueError):
         pass
     mem = " / ".join(f"{peak[k] / 1024:.1f}" for k in sorted(peak))
+    ours_best = max(ours_best, tps)
     print(f"{stage:6s} {policy:10s} {tps:10.0f} {tps * flops / 1e12:12.1f} {100 * tps * flops / 989e12:5.1f}% "
           f"{100 * exposed:12.1f}% {mem:>18s}")
-print("peer (issue, not re-run): FSDP2 eager 6,396 tok/s/GPU (36.7% MFU, 93.1 GB); with checkpointing 5,205; compiled 6,184")
+import re
+peers = {}
+try:
+    peers = {m.group(1): float(m.group(2)) for m in
+             re.finditer(r"peer fsdp2 (\w+): (\d+) tokens/s per GPU", open(f"{out}/fsdp_peer.log").read())}
+except OSError:
+    pass
+if peers:
+    best = max(peers.values())
+    print("peer measured in this call (tok/s/GPU): " + ", ".join(f"{k} {v:.0f}" for k, v in peers.items()))
+    if ours_best:
+        print(f"ours best / best peer: {ours_best:.0f} / {best:.0f} = {ours_best / best:.3f}x (target 1.3x)")
+else:
+    print("peer (issue, not re-run): FSDP2 eager 6,396 tok/s/GPU (36.7% MFU, 93.1 GB); with checkpointing 5,205; compiled 6,184")
 PY

@@ -201,11 +201,13 @@ Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params)
     return GLM_INTERNAL_ERROR("micro-batch of ", b.n, " tokens outside (0, ", max_tokens_, "]");
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
   GLM_ASSIGN_OR_RETURN(Tensor emb, params.acquire_params(layout_.embedding_unit()));
+  GLM_RETURN_IF_ERROR(params.prefetch_params(layers > 0 ? layout_.layer_unit(0) : layout_.head_unit()));
   GLM_RETURN_IF_ERROR(
       backend_.embedding_forward(rows(residual_[0], n, h), view(emb, layout_.embedding()), b.tokens, n, h));
   GLM_RETURN_IF_ERROR(params.release_params(layout_.embedding_unit()));
   for (int64_t l = 0; l < layers; ++l) {
     GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(layout_.layer_unit(l)));
+    GLM_RETURN_IF_ERROR(params.prefetch_params(l + 1 < layers ? layout_.layer_unit(l + 1) : layout_.head_unit()));
     GLM_RETURN_IF_ERROR(layer_forward(l, b, w));
     GLM_RETURN_IF_ERROR(params.release_params(layout_.layer_unit(l)));
   }
@@ -243,6 +245,8 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
                                                        b.targets, n, h, config_.vocab_size, 0.0));
     return params.release_params(head);
   }
+  // Backward starts with the last layer: its gather overlaps the head's backward.
+  if (layers > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(layers - 1)));
   Tensor hg = params.unit_grads(head);
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
   GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, dnorm, view(hg, layout_.output()), normed,
@@ -257,6 +261,7 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   for (int64_t l = layers - 1; l >= 0; --l) {
     const int unit = layout_.layer_unit(l);
     GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(unit));
+    if (l > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(l - 1)));
     GLM_RETURN_IF_ERROR(layer_backward(l, b, w, params.unit_grads(unit)));
     GLM_RETURN_IF_ERROR(params.release_params(unit));
     GLM_RETURN_IF_ERROR(params.grads_ready(unit));

@@ -28,6 +28,9 @@ class ParameterProvider {
   // The unit's parameters laid out like ParamLayout::units()[unit], valid until release_params(unit).
   virtual Result<Tensor> acquire_params(int unit) = 0;
   virtual Status release_params(int unit) { return Status::ok(); }
+  // The model will acquire `unit` next after the one it holds: a provider that gathers parameters
+  // (ZeRO-3) starts now so that the transfer overlaps the current unit's compute.
+  virtual Status prefetch_params(int unit) { return Status::ok(); }
   // Where the model accumulates this unit's gradient (same layout as the parameters).
   virtual Tensor unit_grads(int unit) = 0;
   // The unit's gradient contribution of this micro-batch is complete (bucketed reduction hooks here).

@@ -119,6 +119,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   GLM_RETURN_IF_ERROR(zero_->zero_grads());
   double loss_sum = 0;
   for (const HostMicroBatch& hb : micro) {
+    zero_->set_last_micro_batch(&hb == &micro.back());
     GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
     GLM_RETURN_IF_ERROR(model_->forward_backward(b, grad_scale, *zero_));
     GLM_ASSIGN_OR_RETURN(double s, local_loss_sum(b.n));
@@ -142,9 +143,13 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
                      "; lower --learning_rate or check the data");
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
   const double clip = max_grad_norm_ > 0 ? std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6)) : 1.0;
-  for (size_t u = 0; u < optimizers_.size(); ++u)
+  // Each unit's parameter all-gather (stages 1-2) starts as soon as its update is enqueued.
+  for (size_t u = 0; u < optimizers_.size(); ++u) {
     GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip));
+    GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));
+  }
   GLM_RETURN_IF_ERROR(timed([&] { return zero_->after_update(); }));
+  zero_->take_exposed_comm_seconds();  // inside the timed total already
   GLM_ASSIGN_OR_RETURN(const double device_waits, zero_->take_device_exposed_comm_seconds());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
   r.exposed_comm_seconds = blocking + backward_waits + device_waits;

@@ -31,7 +31,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   add("optimizer: fp32 master + Adam moments", 12 * (stage == 0 ? total : shard_total));
   int64_t comm = 0;
   if (stage >= 2) comm += 2 * (2 * largest_unit + 2 * largest_shard);  // two gradient buckets
-  if (stage == 3) comm += 2 * largest_unit;                            // one gathered unit
+  if (stage == 3) comm += 2 * 2 * largest_unit;  // the gathered unit in use and the prefetched one
   add("communication buffers", comm);
   add("activations and backward scratch", Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 16 * n);
   const int64_t vocab = in.model.vocab_size;

@@ -46,7 +46,7 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel()));
   if (stage == 3) {
     GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total));
-    GLM_RETURN_IF_ERROR(alloc(z->gathered_, largest_unit));
+    for (auto& g : z->gathered_) GLM_RETURN_IF_ERROR(alloc(g.params, largest_unit));
   }
   if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel()));
   if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total));
@@ -79,13 +79,55 @@ Status ZeroParameters::reduce_scatter_unit(Tensor full, Tensor shard) {
 Result<Tensor> ZeroParameters::acquire_params(int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   if (stage_ <= 2) return params_.slice(u.offset, u.numel);
-  // Stage 3: gather just in time (one unit at a time; prefetch comes with the overlap work).
-  Tensor full = gathered_.slice(0, u.numel);
-  if (gathered_unit_ != unit) {
-    GLM_RETURN_IF_ERROR(all_gather_unit(shard_slice(param_shards_, unit), full));
-    gathered_unit_ = unit;
+  // Stage 3: the prefetched (or still held) copy, else gather now.
+  int slot = gathered_[0].unit == unit ? 0 : (gathered_[1].unit == unit ? 1 : -1);
+  if (slot < 0) {
+    slot = held_slot_ < 0 ? 0 : held_slot_ ^ 1;
+    GLM_RETURN_IF_ERROR(gather_into(slot, unit));
   }
-  return full;
+  GLM_RETURN_IF_ERROR(settle_slot(gathered_[slot]));
+  held_slot_ = slot;
+  return gathered_[slot].params.slice(0, u.numel);
+}
+
+Status ZeroParameters::prefetch_params(int unit) {
+  if (stage_ != 3 || gathered_[0].unit == unit || gathered_[1].unit == unit) return Status::ok();
+  // Into the slot the model does not hold. On a device communicator the gather is ordered after
+  // all compute enqueued so far, so it cannot overwrite parameters a queued kernel still reads.
+  return gather_into(held_slot_ < 0 ? 0 : held_slot_ ^ 1, unit);
+}
+
+Status ZeroParameters::gather_into(int slot, int unit) {
+  Gathered& g = gathered_[slot];
+  GLM_RETURN_IF_ERROR(settle_slot(g));  // a prefetch nobody used must finish before reuse
+  const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  Tensor shard = shard_slice(param_shards_, unit), full = g.params.slice(0, u.numel);
+  g.unit = unit;
+  if (comm_.size() == 1) return copy(full, shard);
+  if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+  g.in_flight = data_.start_all_gather(shard.data, full.data, static_cast<size_t>(shard.numel), comm_type(shard.dtype));
+  return Status::ok();
+}
+
+Status ZeroParameters::wait_timed(std::unique_ptr<CommRequest>& request) {
+  if (!request) return Status::ok();
+  const auto start = std::chrono::steady_clock::now();
+  Status s = request->wait();
+  exposed_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  request.reset();
+  return s;
+}
+
+Status ZeroParameters::settle_slot(Gathered& g) { return wait_timed(g.in_flight); }
+
+// Gathered copies are stale once parameters change: finish any gather in flight, then drop them.
+Status ZeroParameters::forget_gathered() {
+  for (auto& g : gathered_) {
+    GLM_RETURN_IF_ERROR(settle_slot(g));
+    g.unit = -1;
+  }
+  held_slot_ = -1;
+  return Status::ok();
 }
 
 Tensor ZeroParameters::unit_grads(int unit) {
@@ -105,19 +147,29 @@ Tensor ZeroParameters::unit_grads(int unit) {
 Status ZeroParameters::drain(Bucket& b) {
   if (b.unit < 0) return Status::ok();
   Tensor shard = shard_slice(grad_shards_, b.unit);
-  if (b.in_flight) {
-    const auto start = std::chrono::steady_clock::now();
-    GLM_RETURN_IF_ERROR(b.in_flight->wait());
-    exposed_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    b.in_flight.reset();
-  }
+  GLM_RETURN_IF_ERROR(wait_timed(b.in_flight));
   b.unit = -1;
   return backend_.add(shard, shard, b.scattered.slice(0, shard.numel), shard.numel);  // accumulate
 }
 
 Status ZeroParameters::grads_ready(int unit) {
-  if (stage_ <= 1) return Status::ok();
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  if (stage_ <= 1) {
+    // The unit's gradient is final once the last micro-batch's backward finished it: reduce it
+    // now, overlapping the rest of backward.
+    if (!last_micro_batch_ || comm_.size() == 1) return Status::ok();
+    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+    Tensor g = grads_.slice(u.offset, u.numel);
+    if (stage_ == 0) {
+      pending_.push_back(
+          data_.start_all_reduce(g.data, g.data, static_cast<size_t>(g.numel), comm_type(g.dtype), ReduceOp::sum));
+    } else {
+      Tensor shard = shard_slice(grad_shards_, unit);
+      pending_.push_back(data_.start_reduce_scatter(g.data, shard.data, static_cast<size_t>(shard.numel),
+                                                    comm_type(g.dtype), ReduceOp::sum));
+    }
+    return Status::ok();
+  }
   Bucket& b = buckets_[current_bucket_];
   Tensor full = b.grads.slice(0, u.numel), shard = b.scattered.slice(0, layout_.shard_numel(unit));
   b.unit = unit;
@@ -162,21 +214,21 @@ int64_t ZeroParameters::owned_offset(int unit) const {
 Status ZeroParameters::zero_grads() {
   if (grads_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grads_.tensor()));
   if (grad_shards_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grad_shards_.tensor()));
-  gathered_unit_ = -1;
   return Status::ok();
 }
 
 Status ZeroParameters::finish_backward() {
   for (auto& b : buckets_) GLM_RETURN_IF_ERROR(drain(b));
   const int units = static_cast<int>(layout_.units().size());
-  if (stage_ == 0 && comm_.size() > 1) {
-    for (int u = 0; u < units; ++u) {
-      Tensor g = owned_grads(u);
-      GLM_RETURN_IF_ERROR(
-          data_.all_reduce(g.data, g.data, static_cast<size_t>(g.numel), comm_type(g.dtype), ReduceOp::sum));
-    }
+  if (stage_ <= 1 && comm_.size() > 1) {
+    // Started by grads_ready during the last micro-batch; every unit must have been reduced.
+    if (static_cast<int>(pending_.size()) != units)
+      return GLM_INTERNAL_ERROR(pending_.size(), " gradient reductions started for ", units,
+                                " units (set_last_micro_batch not called before the last backward?)");
+    for (auto& r : pending_) GLM_RETURN_IF_ERROR(wait_timed(r));
+    pending_.clear();
   }
-  if (stage_ == 1) {
+  if (stage_ == 1 && comm_.size() == 1) {
     for (int u = 0; u < units; ++u) {
       const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
       GLM_RETURN_IF_ERROR(reduce_scatter_unit(grads_.slice(unit.offset, unit.numel), shard_slice(grad_shards_, u)));
@@ -192,22 +244,25 @@ Result<double> ZeroParameters::grad_norm_squared() {
   return local;
 }
 
-Status ZeroParameters::after_update() {
-  gathered_unit_ = -1;
-  if (stage_ != 1 && stage_ != 2) return Status::ok();
-  const int units = static_cast<int>(layout_.units().size());
-  for (int u = 0; u < units; ++u) {
-    const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
-    Tensor full = params_.slice(unit.offset, unit.numel);
-    if (comm_.size() == 1) continue;  // the shard is the unit
-    GLM_RETURN_IF_ERROR(data_.all_gather(owned_params(u).data, full.data, static_cast<size_t>(layout_.shard_numel(u)),
-                                         comm_type(full.dtype)));
-  }
+Status ZeroParameters::unit_updated(int u) {
+  if ((stage_ != 1 && stage_ != 2) || comm_.size() == 1) return Status::ok();  // one rank: the shard is the unit
+  const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
+  Tensor full = params_.slice(unit.offset, unit.numel);
+  if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+  // In place: this rank's shard already sits at its block of the unit.
+  pending_.push_back(data_.start_all_gather(owned_params(u).data, full.data,
+                                            static_cast<size_t>(layout_.shard_numel(u)), comm_type(full.dtype)));
   return Status::ok();
 }
 
+Status ZeroParameters::after_update() {
+  for (auto& r : pending_) GLM_RETURN_IF_ERROR(wait_timed(r));
+  pending_.clear();
+  return forget_gathered();
+}
+
 Status ZeroParameters::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill) {
-  gathered_unit_ = -1;
+  GLM_RETURN_IF_ERROR(forget_gathered());
   if (stage_ <= 2) return fill(params_.tensor(), 0);
   const int units = static_cast<int>(layout_.units().size());
   for (int u = 0; u < units; ++u)
@@ -230,7 +285,8 @@ ZeroMemory ZeroParameters::memory() const {
   ZeroMemory m;
   m.parameter_bytes = static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes());
   m.gradient_bytes = static_cast<int64_t>(grads_.tensor().bytes() + grad_shards_.tensor().bytes());
-  m.buffer_bytes = static_cast<int64_t>(gathered_.tensor().bytes());
+  m.buffer_bytes = 0;
+  for (const auto& g : gathered_) m.buffer_bytes += static_cast<int64_t>(g.params.tensor().bytes());
   for (const auto& b : buckets_)
     m.buffer_bytes += static_cast<int64_t>(b.grads.tensor().bytes() + b.scattered.tensor().bytes());
   return m;

@@ -6,7 +6,11 @@
 //      updates its shards, then parameters are all-gathered.
 //   2: gradients sharded too: each unit's gradient is reduce-scattered as soon as backward
 //      finished it and accumulated into this rank's shard; only one unit-sized bucket is kept.
-//   3: parameters sharded too: a unit is all-gathered just before its forward and its backward.
+//   3: parameters sharded too: a unit is all-gathered just before its forward and its backward,
+//      the next unit's gather prefetched into a second buffer while the current one computes.
+// Stages 0-1 start each unit's all-reduce / reduce-scatter during the last micro-batch's backward,
+// as soon as the unit's gradient is complete; stages 1-2 start each unit's parameter all-gather as
+// soon as the optimizer updated it.
 #pragma once
 
 #include <chrono>
@@ -32,6 +36,7 @@ class ZeroParameters final : public ParameterProvider {
 
   // ParameterProvider
   Result<Tensor> acquire_params(int unit) override;
+  Status prefetch_params(int unit) override;
   Tensor unit_grads(int unit) override;
   Status grads_ready(int unit) override;
 
@@ -43,12 +48,17 @@ class ZeroParameters final : public ParameterProvider {
   int64_t owned_offset(int unit) const;                       // global layout offset of owned_params(unit)
 
   Status zero_grads();
+  // Before each micro-batch's backward: whether it is the last of the optimizer step (stages 0-1
+  // then reduce each unit as soon as backward completes it).
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
   // After the last micro-batch: stage 0 all-reduces, stage 1 reduce-scatters, stages 2-3 have done
   // their part during backward.
   Status finish_backward();
   // Sum of squares of the whole (global) gradient, equal on every rank.
   Result<double> grad_norm_squared();
-  // After the optimizer wrote owned_params: stages 1-2 all-gather the parameters.
+  // After the optimizer wrote owned_params(unit): stages 1-2 start the unit's all-gather.
+  Status unit_updated(int unit);
+  // After every unit_updated(): waits for the all-gathers.
   Status after_update();
   // Writes global layout range [begin, begin + values.size()) from host f32 values, keeping only
   // what this rank stores.
@@ -77,7 +87,20 @@ class ZeroParameters final : public ParameterProvider {
   std::vector<int64_t> shard_base_;  // local offset of each unit's shard inside shard buffers
   Buffer params_;                    // stages 0-2: the full parameters
   Buffer param_shards_;              // stage 3: this rank's shards
-  Buffer gathered_;                  // stage 3: one unit's gathered parameters
+  // Stage 3: two unit-sized buffers of gathered parameters, the one in use and the prefetch.
+  struct Gathered {
+    Buffer params;
+    int unit = -1;
+    std::unique_ptr<CommRequest> in_flight;
+  };
+  Gathered gathered_[2];
+  int held_slot_ = -1;  // the slot of the unit the model acquired last
+  Status gather_into(int slot, int unit);
+  Status settle_slot(Gathered& g);
+  Status forget_gathered();
+  Status wait_timed(std::unique_ptr<CommRequest>& request);
+  bool last_micro_batch_ = true;
+  std::vector<std::unique_ptr<CommRequest>> pending_;  // stage 0-1 reductions, stage 1-2 gathers
   Buffer grads_;                     // stages 0-1: the full gradients
   Buffer grad_shards_;               // stages 1-3: this rank's gradient shards
   // Stages 2-3: two unit-sized gradient buckets. While backward fills one, the other's
@@ -90,7 +113,6 @@ class ZeroParameters final : public ParameterProvider {
   Status drain(Bucket& b);
   Bucket buckets_[2];
   int current_bucket_ = 0;
-  int gathered_unit_ = -1;
   double exposed_comm_seconds_ = 0;  // time spent waiting for collectives (not overlapped)
 };
 
