@@ -33,7 +33,9 @@ t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a "${boost_args[@]}" \
   >"$OUT/cmake.log" 2>&1 ||
   { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build-gpu -j 16 -- -k 0 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+# GLM_BUILD_TARGETS narrows the build (e.g. "bench_comm test_bench_comm" for benchmarks/comm_x2.sh).
+targets=(); for t in ${GLM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build build-gpu -j 16 "${targets[@]}" -- -k 0 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 [ "${GLM_ONLY_BUILD:-0}" = 1 ] && exit 0
 
@@ -70,7 +72,7 @@ for policy in ${GLM_E2E_RECOMPUTE:-none selective full}; do
   smi=$!
   CUDA_VISIBLE_DEVICES=0 mpirun -np 1 build-gpu/glm_hpc --device cuda --config configs/glm4-9b-chat.cfg \
     --num_hidden_layers 12 --dataset /tmp/bench4096.jsonl --max_length 4096 --gradient_accumulation_steps 1 \
-    --max_steps 6 --logging_steps 1 --warmup_steps 0 --recompute $policy --output_dir $dir \
+    --max_steps 6 --logging_steps 1 --warmup_steps 0 --recompute $policy --save_strategy no --output_dir $dir \
     >"$OUT/e2e_$policy.log" 2>&1 || { echo "e2e $policy failed"; tail -8 "$OUT/e2e_$policy.log"; }
   kill $smi 2>/dev/null
   [ "$policy" = none ] && cp "$OUT/mem_none.csv" "$OUT/mem.csv"

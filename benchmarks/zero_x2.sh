@@ -28,7 +28,7 @@ for run in ${GLM_ZERO_RUNS:-3:none 2:none 1:none 3:full}; do
   timeout 300 mpirun -np "$gpus" --bind-to none build-gpu/glm_hpc --device cuda --config configs/glm4-9b-chat.cfg \
     --dataset /tmp/bench9b.jsonl --max_length 4096 --per_device_train_batch_size 1 --gradient_accumulation_steps 1 \
     --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --zero_stage "$stage" --recompute "$policy" \
-    --collective_timeout 120 --output_dir "$dir" >"$OUT/zero_${stage}_$policy.log" 2>&1 ||
+    --collective_timeout 120 --save_strategy no --output_dir "$dir" >"$OUT/zero_${stage}_$policy.log" 2>&1 ||
     { echo "zero $stage $policy failed"; tail -6 "$OUT/zero_${stage}_$policy.log"; }
   kill $smi 2>/dev/null
   grep -E "ZeRO-.*memory|^step $steps" "$OUT/zero_${stage}_$policy.log" | head -3

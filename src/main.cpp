@@ -7,15 +7,16 @@
 #include "cli/options.h"
 #include "cli/prepare.h"
 #include "data/dataset.h"
+#include "data/dataset_cache.h"
 #include "data/tokenizer.h"
 #include "io/hf_import.h"
 #include "model/backend.h"
 #include "mpi/fatal.h"
 #include "mpi/mpi_communicator.h"
+#include "mpi/nccl_communicator.h"
 #include "mpi/runtime.h"
 #include "train/engine.h"
 #include "train/trainer.h"
-#include "mpi/nccl_communicator.h"
 #include "zero/memory_plan.h"
 
 namespace {
@@ -82,13 +83,44 @@ glm::Result<std::optional<glm::HfModel>> resolve_model(glm::CliOptions& o) {
   return std::optional<glm::HfModel>(std::move(hf));
 }
 
-// Our byte tokenizer serves models without tokenizer files (ours); a GLM-4 tokenizer file means
-// conversations need that tokenizer, which the data issue brings.
-const glm::Tokenizer* choose_tokenizer(const std::optional<glm::HfModel>& hf, const glm::ByteTokenizer& bytes) {
-  if (!hf) return &bytes;
-  for (const char* f : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json"})
-    if (std::filesystem::exists(std::filesystem::path(hf->dir) / f)) return nullptr;
-  return hf->config.vocab_size >= bytes.vocab_size() ? &bytes : nullptr;
+// --tokenizer: bytes, a rank file or a directory holding one, or auto: the tokenizer.model of
+// --model_id_or_path; a model directory with only Hugging Face tokenizer files gets none
+// (pre-tokenized data only); one without tokenizer files (ours, the test fixtures) the byte
+// tokenizer when its vocabulary holds it; without a model, the embedded tiny configuration's
+// data/sample/tokenizer.model, found from any working directory. Null means none.
+glm::Result<std::unique_ptr<glm::Tokenizer>> choose_tokenizer(glm::CliOptions& o,
+                                                              const std::optional<glm::HfModel>& hf) {
+  namespace fs = std::filesystem;
+  std::string path = o.tokenizer;
+  std::string source = o.effective["tokenizer"]["source"];
+  if (path == "auto") {
+    if (hf) {
+      source = "model_id_or_path";
+      std::error_code ec;
+      if (fs::exists(fs::path(hf->dir) / "tokenizer.model", ec)) {
+        path = hf->dir;
+      } else {
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+          if (fs::exists(fs::path(hf->dir) / f, ec)) return std::unique_ptr<glm::Tokenizer>();
+        path = hf->config.vocab_size >= glm::ByteTokenizer().vocab_size() ? "bytes" : "";
+      }
+    } else {
+      path = "data/sample/tokenizer.model";
+      if (!fs::exists(path)) path = std::string(GLM_SOURCE_DIR) + "/" + path;
+    }
+  }
+  std::unique_ptr<glm::Tokenizer> tokenizer;
+  if (path == "bytes") {
+    tokenizer = std::make_unique<glm::ByteTokenizer>();
+  } else if (!path.empty()) {
+    auto loaded = glm::load_tokenizer(path);
+    if (!loaded.is_ok()) return loaded.status().with_context(glm::concat("--tokenizer ", path));
+    tokenizer = loaded.take();
+  }
+  if (tokenizer != nullptr)
+    o.effective["tokenizer"] = {
+        {"value", tokenizer->source()}, {"source", source}, {"content_hash", tokenizer->content_hash()}};
+  return tokenizer;
 }
 
 glm::WeightLoader weight_loader(const std::optional<glm::HfModel>& hf) {
@@ -157,28 +189,59 @@ int main(int argc, char** argv) {
     if (int code = settle(glm::verify_hf_weights(*hf.value(), glm::ParamLayout(options.train.model)))) return code;
   }
 
-  glm::ByteTokenizer byte_tokenizer;
-  const glm::Tokenizer* tokenizer = choose_tokenizer(hf.value(), byte_tokenizer);
+  auto chosen_tokenizer = choose_tokenizer(options, hf.value());
+  if (int code = settle(chosen_tokenizer.status())) return code;
+  const glm::Tokenizer* tokenizer = chosen_tokenizer.value().get();
   const glm::ModelConfig& model = options.train.model;
   glm::Status vocab_ok = tokenizer == nullptr || model.vocab_size >= tokenizer->vocab_size()
                              ? glm::Status::ok()
-                             : GLM_USER_ERROR("vocab_size (", model.vocab_size, ") is smaller than the tokenizer's ",
-                                              tokenizer->vocab_size(), " ids");
+                             : GLM_USER_ERROR(hf.value() ? "the model's vocab_size (" : "vocab_size (",
+                                              model.vocab_size, ") is smaller than the tokenizer's ",
+                                              tokenizer->vocab_size(), " ids (", tokenizer->source(), "): ",
+                                              hf.value() ? "give --tokenizer the tokenizer this model was trained with"
+                                                         : "raise --vocab_size, or choose another --tokenizer");
   if (int code = settle(vocab_ok)) return code;
+  if (proc.rank == 0) {
+    if (tokenizer != nullptr)
+      std::printf("glm_hpc: tokenizer %s; model vocab_size %lld\n", tokenizer->describe().c_str(),
+                  static_cast<long long>(model.vocab_size));
+    else
+      std::printf(
+          "glm_hpc: no tokenizer (%s holds no tokenizer.model; give --tokenizer): only pre-tokenized "
+          "samples can be read\n",
+          options.model_id_or_path.c_str());
+    std::fflush(stdout);
+  }
   // Evaluation scores every sample unless --max_length was given explicitly.
   const bool eval = options.command == "eval";
   const int64_t max_length =
       eval && options.effective["max_length"]["source"] == "default" ? 0 : options.train.max_length;
-  glm::ConversationOptions conversation;
-  conversation.system = options.train.system;
-  conversation.loss_scale = options.train.loss_scale == "last_round" ? glm::LossScale::last_round
-                            : options.train.loss_scale == "all"      ? glm::LossScale::all
-                                                                     : glm::LossScale::assistant;
-  const glm::Truncation truncation = options.train.truncation_strategy == "left"    ? glm::Truncation::left
-                                     : options.train.truncation_strategy == "right" ? glm::Truncation::right
-                                                                                    : glm::Truncation::remove;
-  auto dataset = glm::load_dataset(options.train.datasets, tokenizer, max_length, model.vocab_size,
-                                   options.train.on_bad_sample == "skip", truncation, conversation);
+  glm::DatasetLoadOptions load;
+  load.tokenizer = tokenizer;
+  load.max_length = max_length;
+  load.vocab_size = model.vocab_size;
+  load.skip_bad = options.train.on_bad_sample == "skip";
+  load.conversation.system = options.train.system;
+  load.conversation.loss_scale = options.train.loss_scale == "last_round" ? glm::LossScale::last_round
+                                 : options.train.loss_scale == "all"      ? glm::LossScale::all
+                                                                          : glm::LossScale::assistant;
+  load.truncation = options.train.truncation_strategy == "left"    ? glm::Truncation::left
+                    : options.train.truncation_strategy == "right" ? glm::Truncation::right
+                                                                   : glm::Truncation::remove;
+  load.loss_scale_name = options.train.loss_scale;
+  load.truncation_name = options.train.truncation_strategy;
+  // prepare tokenizes on purpose (and shows file:line of samples, which mapped shards lack).
+  const std::string cache_dir =
+      options.dataset_cache && options.command != "prepare" ? glm::default_dataset_cache_dir() : "";
+  auto read_dataset = [&](const std::vector<std::string>& paths) -> glm::Result<glm::Dataset> {
+    GLM_ASSIGN_OR_RETURN(glm::CachedDataset cached, glm::load_dataset_cached(cache_dir, proc.rank == 0, paths, load));
+    if (proc.rank == 0 && !cached.note.empty()) {
+      std::printf("%s\n", cached.note.c_str());
+      std::fflush(stdout);
+    }
+    return std::move(cached.dataset);
+  };
+  auto dataset = read_dataset(options.train.datasets);
   if (int code = settle(dataset.status())) return code;
   if (options.command == "prepare") {
     auto report = glm::prepare_report(options, dataset.value(), tokenizer);
@@ -195,8 +258,7 @@ int main(int argc, char** argv) {
   // Validation: --val_dataset files, or a seeded share of --dataset (--split_dataset_ratio).
   std::optional<glm::Dataset> validation;
   if (!options.val_datasets.empty()) {
-    auto v = glm::load_dataset(options.val_datasets, tokenizer, max_length, model.vocab_size,
-                               options.train.on_bad_sample == "skip", truncation, conversation);
+    auto v = read_dataset(options.val_datasets);
     if (int code = settle(v.status())) return code;
     validation = v.take();
   } else if (options.split_dataset_ratio > 0) {

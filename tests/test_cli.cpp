@@ -22,10 +22,13 @@ struct RunResult {
 
 // Runs glm_hpc under mpirun with a hard time limit (a hang shows up as exit code 124).
 RunResult run_glm(const std::string& args, int ranks = 2, const std::string& before = "") {
-  // Open MPI refuses root unless told; CI and the dev machines run as root.
-  const std::string cmd = std::string("cd ") + GLM_TEST_WORKDIR + " && " + before +
-                          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC +
-                          " --oversubscribe -np " + std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
+  // Open MPI refuses root unless told; CI and the dev machines run as root. The dataset cache goes
+  // to a scratch directory, not the home directory (`before` may export another).
+  const std::string cmd =
+      "export XDG_CACHE_HOME=" + (std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "xdg_cache").string() +
+      "; cd " + GLM_TEST_WORKDIR + " && " + before +
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC + " --oversubscribe -np " +
+      std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
   RunResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -220,9 +223,9 @@ TEST(CliPrepare, ReportsLengthsAndMarksTrainedTokens) {
   EXPECT_EQ(count(r.output, "step "), 0) << "prepare never trains\n" << r.output;
   EXPECT_EQ(count(r.output, "packing"), 0) << r.output;
 
-  RunResult packed = run_glm("prepare --dataset " + data + " --packing true --max_length 40", 1);
+  RunResult packed = run_glm("prepare --dataset " + data + " --packing true --max_length 20", 1);
   ASSERT_EQ(packed.exit_code, 0) << packed.output;
-  EXPECT_NE(packed.output.find("packing: 3 samples into 2 rows of up to 40 tokens"), std::string::npos)
+  EXPECT_NE(packed.output.find("packing: 3 samples into 2 rows of up to 20 tokens"), std::string::npos)
       << packed.output;
 }
 
@@ -239,14 +242,14 @@ TEST(CliPrepare, BadDataAndBadExampleExitTwo) {
 TEST(CliPrepare, TrainPrintsTheSameReport) {
   const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "same_report";
   const std::string args = "--dataset " + std::string(GLM_TEST_WORKDIR) +
-                           "/data/sample/alpaca.jsonl --max_length 400 --truncation_strategy left --packing true";
+                           "/data/sample/alpaca.jsonl --max_length 150 --truncation_strategy left --packing true";
   RunResult prepared = run_glm("prepare " + args, 1);
   ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
   RunResult trained = run_glm(kTinyModel + args + " --max_steps 1 --output_dir " + out.string(), 1);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const std::string report = line_starting(prepared.output, "glm_hpc: dataset ");
   ASSERT_FALSE(report.empty()) << prepared.output;
-  EXPECT_EQ(report.find(", 0 truncated"), std::string::npos) << "some alpaca samples exceed 400 tokens\n" << report;
+  EXPECT_EQ(report.find(", 0 truncated"), std::string::npos) << "some alpaca samples exceed 150 tokens\n" << report;
   EXPECT_EQ(line_starting(trained.output, "glm_hpc: dataset "), report) << trained.output;
   const std::string packing = line_starting(prepared.output, "glm_hpc: packing: ");
   ASSERT_FALSE(packing.empty()) << prepared.output;
@@ -269,7 +272,11 @@ TEST(CliPacking, StepsPerEpochCountPackedRows) {
   ASSERT_FALSE(packing.empty()) << r.output;
   const int rows = std::stoi(packing.substr(std::string("glm_hpc: packing: 30 samples into ").size()));
   EXPECT_LT(rows, 30) << "short samples share rows";
-  EXPECT_GE(rows, 30 * 25 / 96) << "no row holds more than 96 tokens";
+  const std::string report = line_starting(r.output, "glm_hpc: dataset 30 of 30 samples kept");
+  const size_t tokens_at = report.find("), ");
+  ASSERT_NE(tokens_at, std::string::npos) << r.output;
+  const int tokens = std::stoi(report.substr(tokens_at + 3));
+  EXPECT_GE(rows, (tokens + 95) / 96) << "no row holds more than 96 of the " << tokens << " tokens";
   const int steps = (rows + 3) / 4;  // 2 per device x 2 ranks
   EXPECT_NE(r.output.find("global batch 4 packed rows = 2 per device x 2 ranks x 1 accumulation; " +
                           std::to_string(steps) + " steps"),
@@ -304,13 +311,13 @@ TEST(CliShards, PreparedDirectoryTrainsLikeItsJsonl) {
   const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/alpaca.jsonl";
   const std::string prepared = (root / "prepared").string();
   RunResult p =
-      run_glm("prepare --dataset " + data + " --max_length 400 --truncation_strategy left --output_dir " + prepared);
+      run_glm("prepare --dataset " + data + " --max_length 150 --truncation_strategy left --output_dir " + prepared);
   ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_EQ(count(p.output, "glm_hpc: wrote 20 samples"), 1) << "rank 0 writes\n" << p.output;
   EXPECT_TRUE(std::filesystem::exists(root / "prepared" / "shard_00000.bin"));
 
   const std::string train = kTinyModelForShards + "--max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 ";
-  RunResult from_jsonl = run_glm(train + "--dataset " + data + " --max_length 400 --truncation_strategy left " +
+  RunResult from_jsonl = run_glm(train + "--dataset " + data + " --max_length 150 --truncation_strategy left " +
                                  "--output_dir " + (root / "a").string());
   RunResult from_shards = run_glm(train + "--dataset " + prepared + " --output_dir " + (root / "b").string());
   ASSERT_EQ(from_jsonl.exit_code, 0) << from_jsonl.output;
@@ -337,6 +344,204 @@ TEST(CliShards, DamagedOrForeignDirectoriesExitTwo) {
   std::ofstream(root / "foreign" / "keep.txt") << "x";
   expect_bad_input("prepare --dataset " + data + " --output_dir " + (root / "foreign").string(),
                    "holds files that glm_hpc prepare did not write");
+}
+
+}  // namespace
+}  // namespace glm::test
+
+namespace glm::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSampleTokenizer = std::string(GLM_TEST_WORKDIR) + "/data/sample/tokenizer.model";
+const std::string kSampleTokenizerLine =
+    "glm_hpc: tokenizer " + kSampleTokenizer + ": vocab 1514 (1500 ranks + 14 special tokens), content hash fnv1a64:";
+
+fs::path cli_scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / "glm_hpc_cli_tests" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The number that follows `key` in `text`; NaN when `key` is absent.
+double number_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  return at == std::string::npos ? std::nan("") : std::stod(text.substr(at + key.size()));
+}
+
+// README's first command (glm_hpc with no options, here from another working directory and with
+// a scratch --output_dir) trains the embedded tiny GLM-4 with the project's BPE tokenizer, and learns.
+TEST(CliTokenizer, DefaultRunUsesTheSampleTokenizerAndLearns) {
+  const fs::path out = cli_scratch("default_run");
+  RunResult r = run_glm("--output_dir " + out.string(), 2, "cd " + out.string() + " && ");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, kSampleTokenizerLine), 1) << "rank 0 names the tokenizer once\n" << r.output;
+  EXPECT_NE(r.output.find("; model vocab_size 1536"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("glm_hpc: dataset 200 of 200 samples kept"), std::string::npos) << r.output;
+  // About 2.8 bytes per token: the 200 conversations are some 100 kB of text.
+  const double tokens = number_after(line_starting(r.output, "glm_hpc: dataset "), "left without trained tokens), ");
+  EXPECT_LT(tokens, 40000) << r.output;
+  const double first = number_after(r.output, "first loss "), final = number_after(r.output, "final loss ");
+  EXPECT_NEAR(first, std::log(1536.0), 0.5) << "an untrained model is uniform over the vocabulary\n" << r.output;
+  EXPECT_LT(final, first - 1.5) << r.output;
+  std::ifstream args(out / "args.json");
+  auto j = nlohmann::json::parse(args);
+  EXPECT_EQ(j["options"]["tokenizer"]["value"], kSampleTokenizer);
+  EXPECT_EQ(j["options"]["tokenizer"]["source"], "default");
+  EXPECT_EQ(j["options"]["tokenizer"]["content_hash"].get<std::string>().rfind("fnv1a64:", 0), 0u);
+}
+
+TEST(CliTokenizer, PrintExampleShowsMergedTokens) {
+  const std::string data =
+      write_file("merged.jsonl", conversation_line("Please review this change.", "The review is done."));
+  RunResult bpe = run_glm("prepare --dataset " + data + " --print_example 0", 1);
+  RunResult bytes = run_glm("prepare --tokenizer bytes --vocab_size 272 --dataset " + data + " --print_example 0", 1);
+  ASSERT_EQ(bpe.exit_code, 0) << bpe.output;
+  ASSERT_EQ(bytes.exit_code, 0) << bytes.output;
+  EXPECT_NE(bytes.output.find("glm_hpc: tokenizer bytes (built in): vocab 270 (256 bytes + 14 special tokens)"),
+            std::string::npos)
+      << bytes.output;
+  const std::string text =
+      "[gMASK]<sop><|user|>\nPlease review this change.<|assistant|>[[\nThe review is done.<|user|>]]\n";
+  EXPECT_NE(bpe.output.find(text), std::string::npos) << bpe.output;
+  EXPECT_NE(bytes.output.find(text), std::string::npos) << bytes.output;
+  // Bytes: 1 + 1 + 1 + 27 + 1 + 20 + 1 tokens; BPE merges words with their leading space.
+  EXPECT_EQ(number_after(bytes.output, "(" + data + ":1): "), 52) << bytes.output;
+  EXPECT_LT(number_after(bpe.output, "(" + data + ":1): "), 25) << bpe.output;
+  EXPECT_NE(bpe.output.find("| review| this| change|.|<|assistant|>|\\n|The| review| is|"), std::string::npos)
+      << bpe.output;
+  EXPECT_NE(bytes.output.find("|\\n|T|h|e| |r|e|v|i|e|w|"), std::string::npos) << bytes.output;
+}
+
+TEST(CliTokenizer, MissingOrCorruptTokenizerIsOneClearError) {
+  expect_bad_input(
+      "--tokenizer /nonexistent/tokenizer.model",
+      "--tokenizer /nonexistent/tokenizer.model: cannot open tokenizer file '/nonexistent/tokenizer.model'");
+  std::ifstream in(kSampleTokenizer, std::ios::binary);
+  const std::string ranks((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string corrupt = write_file("corrupt.model", ranks + "bm9wZQ== x\n");
+  expect_bad_input("prepare --tokenizer " + corrupt, "corrupt.model:1501: rank 'x' is not an integer");
+  expect_bad_input("--tokenizer " + cli_scratch("no_tokenizer").string(), "holds no tokenizer.model");
+}
+
+TEST(CliTokenizer, VocabularySmallerThanTheTokenizerIsAClearError) {
+  expect_bad_input("--vocab_size 1000",
+                   "vocab_size (1000) is smaller than the tokenizer's 1514 ids (" + kSampleTokenizer + ")");
+}
+
+// A model directory's tokenizer.model is used without --tokenizer.
+TEST(CliTokenizer, ModelDirectoryTokenizerIsUsed) {
+  const fs::path dir = cli_scratch("model_with_tokenizer");
+  fs::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a", dir / "model");
+  // The first 480 ranks of a BPE rank file are a rank file (every merge joins lower ranks): with
+  // the specials 494 ids, within the fixture's 512.
+  std::ifstream in(kSampleTokenizer);
+  std::ofstream out(dir / "model" / "tokenizer.model");
+  std::string line;
+  for (int i = 0; i < 480 && std::getline(in, line); ++i) out << line << "\n";
+  out.close();
+  RunResult r = run_glm("eval --model_id_or_path " + (dir / "model").string() + " --dataset " + GLM_TEST_WORKDIR +
+                            "/data/sample/sharegpt.jsonl",
+                        1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("glm_hpc: tokenizer " + (dir / "model" / "tokenizer.model").string() +
+                          ": vocab 494 (480 ranks + 14 special tokens)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("eval_loss: "), std::string::npos) << r.output;
+}
+
+// Token shards remember their tokenizer; training with another one is refused before it starts.
+TEST(CliTokenizer, ShardsOfAnotherTokenizerAreRefused) {
+  const fs::path root = cli_scratch("shards_tokenizer");
+  const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/sharegpt.jsonl";
+  RunResult p = run_glm("prepare --tokenizer bytes --dataset " + data + " --output_dir " + (root / "d").string(), 1);
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  std::ifstream manifest(root / "d" / "prepared.json");
+  const auto m = nlohmann::json::parse(manifest);
+  EXPECT_EQ(m["prepared_from"]["tokenizer"], "bytes");
+  EXPECT_EQ(m["prepared_from"]["tokenizer_hash"].get<std::string>().rfind("fnv1a64:", 0), 0u);
+  expect_bad_input(kTinyModel + "--dataset " + (root / "d").string(),
+                   "d' was tokenized with bytes (" + m["prepared_from"]["tokenizer_hash"].get<std::string>() +
+                       ") but this run's tokenizer is " + kSampleTokenizer);
+  RunResult same = run_glm(kTinyModel + "--tokenizer bytes --dataset " + (root / "d").string() +
+                               " --max_steps 1 --output_dir " + (root / "out").string(),
+                           1);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+}
+
+// glm_hpc given jsonl tokenizes once: the second run maps the cached shards and trains exactly as
+// the first; changing the file, an option or --dataset_cache false tokenizes again.
+TEST(CliDatasetCache, SecondRunReadsTheCacheWithIdenticalSteps) {
+  const fs::path root = cli_scratch("dataset_cache");
+  const fs::path cache = root / "xdg" / "glm_hpc" / "datasets";
+  const std::string before = "export XDG_CACHE_HOME=" + (root / "xdg").string() + "; ";
+  fs::copy_file(std::string(GLM_TEST_WORKDIR) + "/data/sample/alpaca.jsonl", root / "data.jsonl");
+  const std::string args = kTinyModel + "--dataset " + (root / "data.jsonl").string() +
+                           " --max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 --output_dir " +
+                           (root / "out").string() + " ";
+  auto entries = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(cache)) n += e.is_directory() ? 1 : 0;
+    return n;
+  };
+
+  RunResult first = run_glm(args, 2, before);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_EQ(count(first.output, "glm_hpc: tokenization cache: wrote " + cache.string() + "/"), 1) << first.output;
+  ASSERT_EQ(entries(), 1);
+  RunResult second = run_glm(args, 2, before);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(count(second.output, "glm_hpc: tokenization cache: read " + cache.string() + "/"), 1) << second.output;
+  const auto steps = step_values(first.output);
+  ASSERT_EQ(steps.size(), 3u) << first.output;
+  EXPECT_EQ(step_values(second.output), steps) << second.output;
+  EXPECT_EQ(line_starting(second.output, "glm_hpc: dataset "), line_starting(first.output, "glm_hpc: dataset "));
+
+  RunResult uncached = run_glm(args + "--dataset_cache false", 2, before);
+  ASSERT_EQ(uncached.exit_code, 0) << uncached.output;
+  EXPECT_EQ(count(uncached.output, "tokenization cache"), 0) << uncached.output;
+  EXPECT_EQ(step_values(uncached.output), steps) << uncached.output;
+
+  RunResult option = run_glm(args + "--max_length 150 --truncation_strategy left", 2, before);
+  ASSERT_EQ(option.exit_code, 0) << option.output;
+  EXPECT_EQ(count(option.output, "glm_hpc: tokenization cache: wrote "), 1) << "another option, another entry\n"
+                                                                            << option.output;
+  // The same length and bytes, one changed letter: the content hash, not the size or time, decides.
+  std::ifstream in(root / "data.jsonl", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  ASSERT_NE(text.find("\"output\": \""), std::string::npos);
+  const size_t at = text.find("\"output\": \"") + 11;
+  text[at] = text[at] == 'A' ? 'B' : 'A';
+  std::ofstream(root / "data.jsonl", std::ios::binary | std::ios::trunc) << text;
+  RunResult changed = run_glm(args, 2, before);
+  ASSERT_EQ(changed.exit_code, 0) << changed.output;
+  EXPECT_EQ(count(changed.output, "glm_hpc: tokenization cache: wrote "), 1) << changed.output;
+  EXPECT_EQ(entries(), 3);
+}
+
+// A damaged cache entry is reported, replaced, and never fails the run.
+TEST(CliDatasetCache, DamagedEntryIsTokenizedAgain) {
+  const fs::path root = cli_scratch("dataset_cache_damaged");
+  const std::string before = "export XDG_CACHE_HOME=" + (root / "xdg").string() + "; ";
+  const std::string args = kTinyModel + "--dataset " + GLM_TEST_WORKDIR +
+                           "/data/sample/sharegpt.jsonl --max_steps 1 --output_dir " + (root / "out").string();
+  ASSERT_EQ(run_glm(args, 1, before).exit_code, 0);
+  const fs::path cache = root / "xdg" / "glm_hpc" / "datasets";
+  fs::path shard;
+  for (const auto& e : fs::recursive_directory_iterator(cache))
+    if (e.path().filename() == "shard_00000.bin") shard = e.path();
+  ASSERT_FALSE(shard.empty());
+  fs::resize_file(shard, fs::file_size(shard) - 8);
+  RunResult r = run_glm(args, 2, before);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: tokenization cache: ignoring the damaged "), 1) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: tokenization cache: wrote "), 1) << r.output;
+  RunResult again = run_glm(args, 2, before);
+  EXPECT_EQ(count(again.output, "glm_hpc: tokenization cache: read "), 1) << again.output;
 }
 
 }  // namespace

@@ -63,7 +63,8 @@ PrepareInfo info() {
   p.max_length = 40;
   p.truncation_strategy = "left";
   p.loss_scale = "default";
-  p.tokenizer = "byte-level";
+  p.tokenizer = "bytes";
+  p.tokenizer_hash = ByteTokenizer().content_hash();
   return p;
 }
 
@@ -134,6 +135,42 @@ TEST(TokenShards, RewritingAPreparedDirectoryReplacesIt) {
   Status s = write_token_shards(d, 272, info(), foreign.string());
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("holds files that glm_hpc prepare did not write"), std::string::npos) << s.message();
+}
+
+// Shards keep the content hash of their tokenizer: loading them for another tokenizer is refused,
+// for the same one (or without a tokenizer, or when none made them) accepted.
+TEST(TokenShards, AnotherTokenizerIsRefused) {
+  const Dataset d = source_dataset();
+  const fs::path dir = fresh_dir("tokenizer");
+  ASSERT_TRUE(write_token_shards(d, 272, info(), dir.string()).is_ok());
+  ByteTokenizer bytes;
+  EXPECT_TRUE(load_prepared(dir.string(), 272, &bytes).is_ok());
+  EXPECT_TRUE(load_prepared(dir.string(), 272, nullptr).is_ok());
+  auto tiktoken = load_tokenizer(std::string(GLM_SOURCE_DIR) + "/data/sample/tokenizer.model");
+  ASSERT_TRUE(tiktoken.is_ok()) << tiktoken.status().message();
+  auto refused = load_dataset({dir.string()}, tiktoken.value().get(), 40, 2000);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().kind(), ErrorKind::user_input);
+  EXPECT_NE(refused.status().message().find(concat("was tokenized with bytes (", bytes.content_hash(),
+                                                   ") but this run's tokenizer is ", tiktoken.value()->source())),
+            std::string::npos)
+      << refused.status().message();
+
+  // Pre-tokenized data prepared without a tokenizer records none: any tokenizer may read it.
+  PrepareInfo none = info();
+  none.tokenizer = none.tokenizer_hash = "";
+  ASSERT_TRUE(write_token_shards(d, 272, none, dir.string()).is_ok());
+  EXPECT_TRUE(load_prepared(dir.string(), 2000, tiktoken.value().get()).is_ok());
+
+  // A manifest from before tokenizer hashes were recorded: prepare it again.
+  const fs::path manifest = dir / "prepared.json";
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest));
+  m["prepared_from"].erase("tokenizer_hash");
+  std::ofstream(manifest, std::ios::trunc) << m.dump();
+  auto old = load_prepared(dir.string(), 272, &bytes);
+  ASSERT_FALSE(old.is_ok());
+  EXPECT_NE(old.status().message().find("does not record the content hash of the tokenizer"), std::string::npos)
+      << old.status().message();
 }
 
 // 64-bit FNV-1a over little-endian words, as the format defines the checksum.

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "data/bpe_trainer.h"
 #include "data/sharded_loader.h"
 #include "data/tiktoken_tokenizer.h"
 
@@ -270,6 +271,90 @@ TEST(ByteTokenizer, EncodeSpecialByName) {
   EXPECT_EQ(b.encode_special("<|user|>").value(), 256 + 7);
   EXPECT_EQ(special_token_from_text("<|end_of_video|>"), SpecialToken::end_of_video);
   EXPECT_FALSE(special_token_from_text("<|user|> ").has_value());
+}
+
+// --- learning merges: data/sample/tokenizer.model -------------------------------------------------
+
+TEST(BpeTrainer, MergesTheMostFrequentPairFirstWithinPieces) {
+  // Pieces "abab" once and " abab" twice: ab (6 times), then abab (3), then " abab" (2); then no
+  // pair is left, so fewer ranks than asked for.
+  auto tokens = learn_bpe_tokens({"abab abab abab"}, 300);
+  ASSERT_TRUE(tokens.is_ok()) << tokens.status().message();
+  ASSERT_EQ(tokens.value().size(), 259u);
+  EXPECT_EQ(tokens.value()[97], "a");
+  EXPECT_EQ(std::vector<std::string>(tokens.value().begin() + 256, tokens.value().end()),
+            (std::vector<std::string>{"ab", "abab", " abab"}));
+  // Equal counts go to the smaller pair of ids; a pair seen once is never merged; the order of
+  // the texts does not matter.
+  auto tied = learn_bpe_tokens({"zw", "xy", "zw", "xy", "uv"}, 300);
+  auto reordered = learn_bpe_tokens({"uv", "xy", "xy", "zw", "zw"}, 300);
+  ASSERT_TRUE(tied.is_ok() && reordered.is_ok());
+  EXPECT_EQ(std::vector<std::string>(tied.value().begin() + 256, tied.value().end()),
+            (std::vector<std::string>{"xy", "zw"}));
+  EXPECT_EQ(tied.value(), reordered.value());
+  // Stops at the asked size.
+  auto two = learn_bpe_tokens({"abab abab abab"}, 257);
+  ASSERT_TRUE(two.is_ok());
+  EXPECT_EQ(two.value().size(), 257u);
+  EXPECT_FALSE(learn_bpe_tokens({"ab"}, 255).is_ok());
+}
+
+// The committed tokenizer of the tiny configuration is exactly what the tool makes from the
+// committed sample data (README: how to regenerate it), and it is a proper BPE rank file.
+TEST(SampleTokenizer, RegeneratesByteForByteAndRoundTripsTheSamples) {
+  const fs::path sample = fs::path(GLM_SOURCE_DIR) / "data" / "sample";
+  auto texts = conversation_texts({(sample / "alpaca.jsonl").string(), (sample / "conversations.jsonl").string(),
+                                   (sample / "sharegpt.jsonl").string()});
+  ASSERT_TRUE(texts.is_ok()) << texts.status().message();
+  auto tokens = learn_bpe_tokens(texts.value(), 1500);
+  ASSERT_TRUE(tokens.is_ok()) << tokens.status().message();
+  ASSERT_EQ(tokens.value().size(), 1500u);
+  EXPECT_EQ(format_rank_file(tokens.value()), read_file(sample / "tokenizer.model"))
+      << "data/sample/tokenizer.model differs from what glm_train_tokenizer makes of data/sample/*.jsonl";
+
+  auto loaded = TiktokenTokenizer::load((sample / "tokenizer.model").string());
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  const TiktokenTokenizer& t = loaded.value();
+  EXPECT_EQ(t.vocab_size(), 1514);
+  // Every merge joins two tokens of lower rank.
+  for (int32_t r = 256; r < t.ranks().size(); ++r) {
+    const std::string_view bytes = t.ranks().bytes(r);
+    bool split = false;
+    for (size_t k = 1; k < bytes.size() && !split; ++k) {
+      const int32_t left = t.ranks().find(bytes.substr(0, k)), right = t.ranks().find(bytes.substr(k));
+      split = left < r && right < r;
+    }
+    EXPECT_TRUE(split) << "rank " << r << " '" << bytes << "' is not two lower ranks joined";
+  }
+  int64_t bytes = 0, ids = 0;
+  for (const std::string& text : texts.value()) {
+    const std::vector<int32_t> encoded = t.encode(text);
+    ASSERT_EQ(t.decode(encoded), text);
+    bytes += static_cast<int64_t>(text.size());
+    ids += static_cast<int64_t>(encoded.size());
+  }
+  EXPECT_GT(static_cast<double>(bytes) / static_cast<double>(ids), 2.5) << "the merges compress the samples";
+}
+
+TEST(TokenizerIdentity, ContentHashFollowsTheRanksNotTheFile) {
+  const fs::path dir = scratch("identity");
+  write_file(dir / "lf.model", rank_file({"ab", "abc"}));
+  std::string crlf;
+  for (const char c : rank_file({"ab", "abc"})) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  write_file(dir / "crlf.model", "\n" + crlf);
+  write_file(dir / "other.model", rank_file({"ab", "abd"}));
+  auto lf = load_tokenizer((dir / "lf.model").string());
+  auto crlf_tokenizer = load_tokenizer((dir / "crlf.model").string());
+  auto other = load_tokenizer((dir / "other.model").string());
+  ASSERT_TRUE(lf.is_ok() && crlf_tokenizer.is_ok() && other.is_ok());
+  EXPECT_EQ(lf.value()->content_hash(), crlf_tokenizer.value()->content_hash());
+  EXPECT_NE(lf.value()->content_hash(), other.value()->content_hash());
+  EXPECT_NE(lf.value()->content_hash(), ByteTokenizer().content_hash());
+  EXPECT_EQ(lf.value()->source(), (dir / "lf.model").string()) << "an absolute path";
+  EXPECT_EQ(lf.value()->describe(),
+            concat((dir / "lf.model").string(), ": vocab 272 (258 ranks + 14 special tokens), content hash ",
+                   lf.value()->content_hash()));
+  fs::remove_all(dir);
 }
 
 // --- npm tiktoken as the oracle -------------------------------------------------------------------

@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
+#include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
 #include "zero/memory_plan.h"
@@ -144,6 +148,65 @@ INSTANTIATE_TEST_SUITE_P(RecomputeAccumulated, Zero,
 INSTANTIATE_TEST_SUITE_P(RecomputeFull, Zero,
                          ::testing::Combine(::testing::Values(0, 2), ::testing::Values(false),
                                             ::testing::Values(Recompute::full)));
+
+// Checkpoints: a straight 20-step run saves at step 10; resuming from it gives steps 11-20 bit for
+// bit at the same world size and stage, and within fp32 reordering at another stage and on one
+// rank (resharding: the slices are located by their place in each unit, not by rank).
+TEST(Checkpoint, ResumesAtAnyStageAndWorldSize) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  const int rank = comm.rank(), size = comm.size();
+  if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
+  int tag = static_cast<int>(::getpid());
+  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);  // one directory for every rank of this job
+  const std::string dir = (std::filesystem::temp_directory_path() / ("glm_zero_ckpt_" + std::to_string(tag))).string();
+  TrainConfig base = zero_config();
+  base.eval_steps = 0;
+  base.per_device_train_batch_size = kGlobalBatch / size;
+  base.zero_stage = size > 1 ? 3 : 0;
+  base.output_dir = dir;
+  base.save_steps = 10;
+  auto backend = make_cpu_backend(DType::f32);
+  auto straight = train(base, dataset(), comm, *backend);
+  ASSERT_TRUE(straight.is_ok()) << straight.status().message();
+  ASSERT_EQ(straight.value().losses.size(), 20u);
+
+  auto resume = [&](TrainConfig c, Communicator& with, const char* out) {
+    c.resume_from_checkpoint = dir + "/checkpoint-10";
+    c.output_dir = dir + "/" + out;
+    c.save_strategy = "no";
+    auto b = make_cpu_backend(DType::f32);
+    return train(c, dataset(), with, *b);
+  };
+  auto same = resume(base, comm, "same");
+  ASSERT_TRUE(same.is_ok()) << same.status().message();
+  ASSERT_EQ(same.value().losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(same.value().losses[i], straight.value().losses[10 + i]) << "step " << 11 + i;
+
+  TrainConfig stage1 = base;
+  stage1.zero_stage = 1;
+  auto other_stage = resume(stage1, comm, "stage1");
+  ASSERT_TRUE(other_stage.is_ok()) << other_stage.status().message();
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_NEAR(other_stage.value().losses[i], straight.value().losses[10 + i],
+                kTrajectoryTolerance * straight.value().losses[10 + i]);
+
+  if (rank == 0 && size > 1) {  // the same checkpoint on one rank: the whole window accumulated
+    MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
+    TrainConfig one = base;
+    one.zero_stage = 2;
+    one.per_device_train_batch_size = 1;
+    one.gradient_accumulation_steps = kGlobalBatch;
+    auto single = resume(one, self, "single");
+    EXPECT_TRUE(single.is_ok()) << single.status().message();
+    if (single.is_ok()) {
+      for (size_t i = 0; i < 10; ++i)
+        EXPECT_NEAR(single.value().losses[i], straight.value().losses[10 + i],
+                    kTrajectoryTolerance * straight.value().losses[10 + i]);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
 
 // Model-state bytes per rank (fp32 CPU backend: parameters are the master weights):
 // stage 0: 4P parameters, 4P gradients, 8P moments; 1: moments /N; 2: gradients /N too; 3: all /N.

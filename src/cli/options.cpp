@@ -52,7 +52,8 @@ class OptionTable {
     TrainConfig& t = o_.train;
     ModelConfig& m = t.model;
     // Built-in defaults are the embedded tiny GLM-4 recipe (configs/glm4-tiny.cfg holds the same).
-    m.vocab_size = 272;
+    // data/sample/tokenizer.model's 1500 ranks + 14 specials, padded as GLM-4 pads 151343 to 151552.
+    m.vocab_size = 1536;
     m.hidden_size = 128;
     m.intermediate_size = 256;
     m.num_hidden_layers = 2;
@@ -86,6 +87,13 @@ class OptionTable {
         "go");
     add(general, "seed", &t.seed, "seed for initialisation and data shuffling");
     add(general, "logging_steps", &t.logging_steps, "log every N optimizer steps (and the last)");
+    add(general, "save_strategy", &t.save_strategy,
+        "steps: save output_dir/checkpoint-N every --save_steps and at the end; no: never");
+    add(general, "save_steps", &t.save_steps, "optimizer steps between checkpoints");
+    add(general, "save_total_limit", &t.save_total_limit, "keep the newest N checkpoints; <= 0 keeps all");
+    add(general, "resume_from_checkpoint", &t.resume_from_checkpoint,
+        "a checkpoint directory, or latest (the newest complete one in --output_dir): weights, optimizer, "
+        "schedule and data position; any world size and ZeRO stage");
     add(general, "collective_timeout", &o_.collective_timeout,
         "seconds a collective may wait before all ranks abort (a peer died or hangs)");
 
@@ -115,6 +123,14 @@ class OptionTable {
                        "jsonl files (messages, sharegpt, alpaca or pre-tokenized lines), or one directory that "
                        "glm_hpc prepare --output_dir wrote (memory-mapped token shards)");
     getters_.emplace_back("dataset", [&t] { return nlohmann::json(t.datasets); });
+    add(data, "tokenizer", &o_.tokenizer,
+        "auto: the tokenizer.model of --model_id_or_path, else data/sample/tokenizer.model (the embedded tiny "
+        "config's); a tiktoken rank file (GLM-4's tokenizer.model) or a directory holding one; bytes: the built-in "
+        "byte-level tokenizer (vocab 270)");
+    add(data, "dataset_cache", &o_.dataset_cache,
+        "true: train and eval keep tokenized jsonl as token shards in $XDG_CACHE_HOME/glm_hpc/datasets (default "
+        "~/.cache/glm_hpc/datasets) and map them again while the files' contents, the tokenizer, the data options "
+        "and the glm_hpc binary are unchanged");
     add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
     add(data, "truncation_strategy", &t.truncation_strategy,
         "samples over max_length: delete, left (keep the last tokens) or right (keep the first)");
@@ -226,6 +242,9 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(t.adam_beta2 >= 0 && t.adam_beta2 < 1, src, "adam_beta2", "must be in [0, 1)"));
   GLM_RETURN_IF_ERROR(check(t.adam_epsilon > 0, src, "adam_epsilon", "must be positive"));
   GLM_RETURN_IF_ERROR(check(t.logging_steps >= 0, src, "logging_steps", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(t.save_strategy == "steps" || t.save_strategy == "no", src, "save_strategy",
+                            "must be steps or no, got '" + t.save_strategy + "'"));
+  GLM_RETURN_IF_ERROR(check(t.save_steps >= 1, src, "save_steps", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(t.zero_stage >= 0 && t.zero_stage <= 3, src, "zero_stage", "must be 0, 1, 2 or 3"));
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
   {
@@ -303,7 +322,8 @@ std::string help_text() {
     << "       glm_hpc prepare --dataset FILE... [--max_length N --packing true ...] [--print_example N]\n"
     << "                       [--output_dir DIR]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
-    << "embedded tiny GLM-4 on data/sample/conversations.jsonl. 'eval' prints eval_loss and eval_ppl\n"
+    << "embedded tiny GLM-4 on data/sample/conversations.jsonl, tokenized with the project's\n"
+    << "data/sample/tokenizer.model (tools/train_tokenizer.cpp). 'eval' prints eval_loss and eval_ppl\n"
     << "(mean loss over all target tokens of the dataset) for a Hugging Face model directory. 'plan'\n"
     << "predicts the per-GPU memory of a CUDA run and says whether it fits. 'prepare' runs the data\n"
     << "pipeline only: the length report (and packing report) training prints at start, and with\n"

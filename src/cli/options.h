@@ -23,6 +23,8 @@ struct CliOptions {
   int64_t plan_world_size = 1;            // glm_hpc plan --world_size
   double gpu_memory_gib = 140.4;          // glm_hpc plan: an H200's 143771 MiB
   int64_t print_example = -1;             // glm_hpc prepare: the sample to print with trained tokens marked
+  std::string tokenizer = "auto";         // --tokenizer: auto, bytes, or a rank file / model directory
+  bool dataset_cache = true;              // --dataset_cache: reuse tokenized jsonl (data/dataset_cache.h)
   std::string recompute = "none";         // --recompute, parsed into train.recompute
   bool gradient_checkpointing = false;    // transformers' name for --recompute full
   TrainConfig train;

@@ -46,8 +46,28 @@ Result<std::string> format_example(const Dataset& dataset, int64_t index, const 
   if (relabelled > 0)
     header +=
         concat("; ", relabelled, " trained position(s) carry a label other than their input token, shown as the label");
-  if (tokenizer == nullptr) header += " (token ids: no tokenizer to decode them)";
-  return concat(header, ":\n", text, "\n");
+  if (tokenizer == nullptr) return concat(header, " (token ids: no tokenizer to decode them):\n", text, "\n");
+  // Where the tokenizer cut the text: each input token decoded, control bytes escaped.
+  std::string pieces;
+  for (size_t t = 0; t < s.tokens.size(); ++t) {
+    if (t > 0) pieces += kTokenSeparator;
+    for (const char c : tokenizer->decode(s.tokens.subspan(t, 1))) {
+      const auto u = static_cast<unsigned char>(c);
+      if (c == '\n')
+        pieces += "\\n";
+      else if (c == '\t')
+        pieces += "\\t";
+      else if (c == '\\')
+        pieces += "\\\\";
+      else if (u < 0x20 || u == 0x7f)
+        pieces += concat("\\x", "0123456789abcdef"[u >> 4], "0123456789abcdef"[u & 15]);
+      else
+        pieces += c;
+    }
+  }
+  return concat(header, ":\n", text, "\nglm_hpc: its ", s.tokens.size(), " input tokens one by one, separated by ",
+                kTokenSeparator, " (\\n is a newline, \\t a tab, \\\\ a backslash, \\xNN another control byte):\n",
+                pieces, "\n");
 }
 
 Result<std::string> prepare_report(const CliOptions& options, const Dataset& dataset, const Tokenizer* tokenizer) {
@@ -87,9 +107,10 @@ Result<std::string> write_prepared(const CliOptions& options, const Dataset& dat
   info.truncation_strategy = t.truncation_strategy;
   info.loss_scale = t.loss_scale;
   info.system = t.system;
-  info.tokenizer = tokenizer == nullptr               ? "none (pre-tokenized samples)"
-                   : options.model_id_or_path.empty() ? "byte-level (built in)"
-                                                      : options.model_id_or_path;
+  if (tokenizer != nullptr) {
+    info.tokenizer = tokenizer->source();
+    info.tokenizer_hash = tokenizer->content_hash();
+  }
   GLM_RETURN_IF_ERROR(write_token_shards(dataset, t.model.vocab_size, info, t.output_dir));
   return concat("glm_hpc: wrote ", dataset.size(), " samples (", dataset.report.tokens, " tokens) as token shards to ",
                 t.output_dir, "; train on them with --dataset ", t.output_dir, "\n");

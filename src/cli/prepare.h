@@ -14,11 +14,14 @@ namespace glm {
 // Trained tokens of a printed example sit between these markers (documented in --help).
 inline constexpr const char* kTrainedOpen = "[[";
 inline constexpr const char* kTrainedClose = "]]";
+// Separates the tokens of the example's token-by-token line.
+inline constexpr const char* kTokenSeparator = "|";
 
 // Sample `index` of `dataset` as text: the input tokens decoded, with every run of trained
 // positions (a label >= 0 after the first position) between [[ and ]]. A trained position shows
 // its label, which is its input token except in pre-tokenized data that says otherwise. Without a
-// tokenizer the ids are printed. An index outside the dataset is a user error.
+// tokenizer the ids are printed, else a second line shows every input token decoded on its own,
+// between |, so the tokenizer's merges are visible. An index outside the dataset is a user error.
 Result<std::string> format_example(const Dataset& dataset, int64_t index, const Tokenizer* tokenizer);
 
 // Everything `glm_hpc prepare` prints: the dataset report, the packing report with --packing,

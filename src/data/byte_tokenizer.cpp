@@ -1,4 +1,5 @@
 // Byte-level tokenizer: exact round trip for any byte string, specials rendered as their text.
+#include "data/content_hash.h"
 #include "data/tokenizer.h"
 
 namespace glm {
@@ -21,6 +22,15 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
       out += "<|unk|>";
   }
   return out;
+}
+
+std::string ByteTokenizer::content_hash() const {
+  return ContentHash().field("byte-level tokenizer").field(std::to_string(vocab_size())).hex();
+}
+
+std::string ByteTokenizer::describe() const {
+  return concat("bytes (built in): vocab ", vocab_size(), " (256 bytes + 14 special tokens), content hash ",
+                content_hash());
 }
 
 }  // namespace glm

@@ -94,7 +94,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
     if (paths.size() > 1)
       return GLM_USER_ERROR("'", path, "' is a prepared directory: give it as the only --dataset (", paths.size(),
                             " given)");
-    GLM_ASSIGN_OR_RETURN(Dataset prepared, load_prepared(path, vocab_size));
+    GLM_ASSIGN_OR_RETURN(Dataset prepared, load_prepared(path, vocab_size, tokenizer));
     if (max_length > 0 && prepared.report.max_tokens > max_length)
       return GLM_USER_ERROR("'", path, "' holds samples of up to ", prepared.report.max_tokens,
                             " tokens (prepared with max_length ", prepared.report.max_length,
@@ -125,8 +125,9 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         if (j.is_object() && j.contains("input_ids")) {
           s = parse_pretokenized(j, vocab_size, sample);
         } else if (tokenizer == nullptr) {
-          s = GLM_USER_ERROR("a conversation needs the model's tokenizer, and the GLM-4 tokenizer is not supported ",
-                             "yet: give pre-tokenized {\"input_ids\": [...], \"labels\": [...]} lines");
+          s = GLM_USER_ERROR("a conversation needs a tokenizer, and this run has none (the model directory holds ",
+                             "no tokenizer.model): give --tokenizer FILE, or pre-tokenized {\"input_ids\": [...], ",
+                             "\"labels\": [...]} lines");
         } else {
           Conversation c;
           s = parse_any_conversation(j, c);

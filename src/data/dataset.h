@@ -76,7 +76,8 @@ struct Dataset {
 };
 
 // Reads one directory written by glm_hpc prepare (token_shards.h: memory-mapped, its length
-// control already applied, refused if a sample exceeds max_length), or jsonl files whose lines are
+// control already applied, refused if a sample exceeds max_length or another tokenizer than
+// `tokenizer` made it), or jsonl files whose lines are
 // either conversations ({"messages": [...]}, rendered with the GLM-4 chat template) or
 // pre-tokenized samples ({"input_ids": [...], "labels": [...]}, labels -100 = no loss, labels
 // defaulting to input_ids). Token ids must be below vocab_size. Samples longer than max_length

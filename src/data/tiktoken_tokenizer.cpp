@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "data/content_hash.h"
 #include "mpi/fatal.h"
 
 namespace glm {
@@ -59,7 +60,12 @@ struct TiktokenTokenizer::Regex {
 };
 
 TiktokenTokenizer::TiktokenTokenizer(BpeRanks ranks, std::unique_ptr<Regex> regex)
-    : ranks_(std::move(ranks)), regex_(std::move(regex)) {}
+    : ranks_(std::move(ranks)), regex_(std::move(regex)) {
+  ContentHash h;
+  h.field("tiktoken").field(kGlm4PretokenizePattern);
+  for (int32_t r = 0; r < ranks_.size(); ++r) h.field(ranks_.bytes(r));
+  content_hash_ = h.hex();
+}
 TiktokenTokenizer::TiktokenTokenizer(TiktokenTokenizer&&) noexcept = default;
 TiktokenTokenizer& TiktokenTokenizer::operator=(TiktokenTokenizer&&) noexcept = default;
 TiktokenTokenizer::~TiktokenTokenizer() = default;
@@ -98,7 +104,16 @@ Result<TiktokenTokenizer> TiktokenTokenizer::load(const std::string& path) {
     }
   }
   GLM_ASSIGN_OR_RETURN(BpeRanks ranks, BpeRanks::load(file));
-  return create(std::move(ranks));
+  GLM_ASSIGN_OR_RETURN(TiktokenTokenizer tokenizer, create(std::move(ranks)));
+  // Absolute: shard manifests and args.json name it for runs from other directories.
+  tokenizer.source_ = fs::absolute(file, ec).lexically_normal().string();
+  if (ec) tokenizer.source_ = file;
+  return tokenizer;
+}
+
+std::string TiktokenTokenizer::describe() const {
+  return concat(source_, ": vocab ", vocab_size(), " (", ranks_.size(), " ranks + 14 special tokens), content hash ",
+                content_hash_);
 }
 
 // Calls on_piece for each regex match and for each run of bytes between matches, in order. The

@@ -42,6 +42,13 @@ class TiktokenTokenizer final : public Tokenizer {
     return static_cast<int64_t>(ranks_.size()) + static_cast<int64_t>(SpecialToken::count);
   }
 
+  // The rank file's path when loaded from one, else "ranks built in memory".
+  std::string source() const override { return source_; }
+  // Over the ranks' bytes in rank order (and the pattern): the same table read from differently
+  // formatted files hashes the same.
+  std::string content_hash() const override { return content_hash_; }
+  std::string describe() const override;
+
   const BpeRanks& ranks() const { return ranks_; }
   // The pieces that encode merges one by one (for tests, diagnostics and timing the regex alone).
   std::vector<std::string_view> pretokenize(std::string_view text) const;
@@ -55,6 +62,8 @@ class TiktokenTokenizer final : public Tokenizer {
 
   BpeRanks ranks_;
   std::unique_ptr<Regex> regex_;
+  std::string source_ = "ranks built in memory";
+  std::string content_hash_;
 };
 
 }  // namespace glm

@@ -221,7 +221,8 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
                                {"truncation_strategy", info.truncation_strategy},
                                {"loss_scale", info.loss_scale},
                                {"system", info.system},
-                               {"tokenizer", info.tokenizer}}},
+                               {"tokenizer", info.tokenizer},
+                               {"tokenizer_hash", info.tokenizer_hash}}},
                              {"report", report_to_json(report)}};
   const fs::path manifest_path = root / kManifest;
   const std::string manifest_tmp = manifest_path.string() + ".tmp";
@@ -321,7 +322,7 @@ SampleView MappedShards::sample(int64_t i) const {
   return shards_[k]->sample(i - first_[k]);
 }
 
-Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size) {
+Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size, const Tokenizer* tokenizer) {
   const fs::path root(dir);
   const std::string manifest_path = (root / kManifest).string();
   GLM_ASSIGN_OR_RETURN(nlohmann::json m, read_manifest(root / kManifest));
@@ -334,6 +335,19 @@ Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size) {
     if (m.at("version").get<uint32_t>() != kVersion)
       return GLM_USER_ERROR("'", manifest_path, "' has version ", m.at("version").dump(), "; this glm_hpc reads ",
                             kVersion);
+    if (tokenizer != nullptr) {
+      // Ids mean nothing without their tokenizer: the same numbers from another one are other text.
+      const auto& from = m.at("prepared_from");
+      if (!from.contains("tokenizer_hash"))
+        return GLM_USER_ERROR("'", dir, "' does not record the content hash of the tokenizer that made it (an older ",
+                              "glm_hpc prepared it): prepare it again");
+      const std::string hash = from.at("tokenizer_hash").get<std::string>();
+      if (!hash.empty() && hash != tokenizer->content_hash())
+        return GLM_USER_ERROR("'", dir, "' was tokenized with ", from.at("tokenizer").get<std::string>(), " (", hash,
+                              ") but this run's tokenizer is ", tokenizer->source(), " (", tokenizer->content_hash(),
+                              "): prepare it again with this tokenizer, or train with --tokenizer ",
+                              from.at("tokenizer").get<std::string>());
+    }
     const int64_t prepared_vocab = m.at("vocab_size").get<int64_t>();
     if (prepared_vocab > vocab_size)
       return GLM_USER_ERROR("'", dir, "' was prepared for vocab_size ", prepared_vocab, ", above the model's ",

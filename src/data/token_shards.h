@@ -34,7 +34,9 @@ inline constexpr int64_t kDefaultShardTokens = int64_t{1} << 28;  // 2 GiB of to
 struct PrepareInfo {
   std::vector<std::string> datasets;
   int64_t max_length = 0;
-  std::string truncation_strategy, loss_scale, system, tokenizer;
+  std::string truncation_strategy, loss_scale, system;
+  // The tokenizer's source() and content_hash(); both empty when there was none (pre-tokenized).
+  std::string tokenizer, tokenizer_hash;
 };
 
 // Writes `dataset` (in memory or mapped) as shards of at most max_shard_tokens tokens (a sample is
@@ -48,7 +50,8 @@ bool is_prepared_dir(const std::string& path);
 
 // Memory-maps every shard of a prepared directory after validating it completely (header,
 // size, checksum, offsets, ids below vocab_size); any defect is a user error naming the file.
-Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size);
+// With a tokenizer, shards tokenized by another one (a different content hash) are refused.
+Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size, const Tokenizer* tokenizer = nullptr);
 
 // One memory-mapped shard file (read-only); unmapped on destruction.
 class MappedShard {

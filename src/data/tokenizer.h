@@ -1,5 +1,5 @@
-// Tokenizer interface, the byte-level tokenizer of the tiny configuration, and the loader of a
-// model's GLM-4 tokenizer (tiktoken_tokenizer.h).
+// Tokenizer interface, the built-in byte-level tokenizer (--tokenizer bytes), and the loader of a
+// GLM-4 tokenizer.model (tiktoken_tokenizer.h; the tiny configuration's is data/sample/tokenizer.model).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +44,12 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual int32_t special_id(SpecialToken t) const = 0;
   virtual int64_t vocab_size() const = 0;  // ids are in [0, vocab_size)
+  // Where it came from: the rank file's path, or "bytes" for the built-in byte tokenizer.
+  virtual std::string source() const = 0;
+  // Equal hashes, equal ids for every text: token shards and dataset caches record it.
+  virtual std::string content_hash() const = 0;
+  // "SOURCE: vocab N (R ranks + 14 special tokens), content hash H", as prepare and train print it.
+  virtual std::string describe() const = 0;
   // A special token by its text: the only way text becomes a special id, since encode never does.
   Result<int32_t> encode_special(std::string_view text) const;
 };
@@ -55,6 +61,9 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   int32_t special_id(SpecialToken t) const override { return 256 + static_cast<int32_t>(t); }
   int64_t vocab_size() const override { return 256 + static_cast<int64_t>(SpecialToken::count); }
+  std::string source() const override { return "bytes"; }
+  std::string content_hash() const override;
+  std::string describe() const override;
 };
 
 // The tokenizer of a model: `path` is a tiktoken rank file (GLM-4's tokenizer.model) or a model

@@ -58,6 +58,12 @@ Status AdamWOptimizer::reset_master() {
   return backend_->convert(master_, params_);
 }
 
+Status AdamWOptimizer::restored(int64_t steps) {
+  step_ = steps;
+  if (master_.data == params_.data) return Status::ok();
+  return backend_->convert(params_, master_);
+}
+
 int64_t AdamWOptimizer::state_bytes() const {
   return static_cast<int64_t>(exp_avg_.tensor().bytes() + exp_avg_sq_.tensor().bytes() +
                               (master_buffer_.numel() > 0 ? master_buffer_.tensor().bytes() : 0));

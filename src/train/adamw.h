@@ -24,6 +24,13 @@ class AdamWOptimizer {
   // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
   Status step(Tensor grads, double lr, double grad_scale);
   int64_t steps_taken() const { return step_; }
+  // Optimizer state over the range (checkpoints): fp32 master weights and both moments.
+  Tensor master() const { return master_; }
+  Tensor exp_avg() const { return exp_avg_.tensor(); }
+  Tensor exp_avg_sq() const { return exp_avg_sq_.tensor(); }
+  // After master() and the moments were written from outside (checkpoint load): the working copy
+  // follows the master and bias correction continues from `steps`.
+  Status restored(int64_t steps);
   // Copies the parameters into the fp32 master after they were written from outside (import).
   Status reset_master();
   int64_t state_bytes() const;

@@ -39,6 +39,22 @@ Status TrainingEngine::initialize_parameters(uint64_t seed) {
   return parameters_updated();
 }
 
+TrainingEngine::OptimizerShard TrainingEngine::optimizer_shard(int unit) const {
+  const AdamWOptimizer& opt = optimizers_[static_cast<size_t>(unit)];
+  return {opt.master(), opt.exp_avg(), opt.exp_avg_sq(),
+          zero_->owned_offset(unit) - layout().units()[static_cast<size_t>(unit)].offset};
+}
+
+Status TrainingEngine::optimizer_restored(int64_t steps) {
+  for (size_t u = 0; u < optimizers_.size(); ++u) {
+    GLM_RETURN_IF_ERROR(optimizers_[u].restored(steps));
+    GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));
+  }
+  GLM_RETURN_IF_ERROR(zero_->after_update());
+  zero_->take_exposed_comm_seconds();
+  return backend_.synchronize();
+}
+
 Status TrainingEngine::set_parameter(int entry, std::span<const float> values) {
   const ParamEntry& e = layout().entry(entry);
   if (static_cast<int64_t>(values.size()) != e.numel)

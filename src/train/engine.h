@@ -53,6 +53,18 @@ class TrainingEngine {
   Backend& backend() { return backend_; }
 
   Status initialize_parameters(uint64_t seed);
+
+  // What this rank's optimizer holds of `unit` (checkpoints): fp32 master weights and moments of
+  // the unit's elements [unit_begin, unit_begin + master.numel) counted from the unit's start.
+  struct OptimizerShard {
+    Tensor master, exp_avg, exp_avg_sq;
+    int64_t unit_begin = 0;
+  };
+  OptimizerShard optimizer_shard(int unit) const;
+  int64_t optimizer_steps() const { return optimizers_.empty() ? 0 : optimizers_.front().steps_taken(); }
+  // After every optimizer_shard() was written (checkpoint load): parameters follow the masters
+  // (gathered again where ZeRO keeps full copies) and the step count continues from `steps`.
+  Status optimizer_restored(int64_t steps);
   // Writes one layout entry from f32 host values (weight import); call parameters_updated() after.
   Status set_parameter(int entry, std::span<const float> values);
   // Call after writing parameters() directly (weight import) so the fp32 master copy follows.

@@ -40,6 +40,10 @@ struct TrainConfig {
   int zero_stage = 0;      // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_parameters.h)
   Recompute recompute = Recompute::none;  // activation recomputation (src/model/recompute.h)
   std::string output_dir;  // empty: no files (tests)
+  std::string save_strategy = "steps";  // steps: checkpoint every save_steps and at the end; no: never
+  int64_t save_steps = 500;
+  int64_t save_total_limit = -1;        // keep at most this many checkpoints (<= 0: all)
+  std::string resume_from_checkpoint;   // a checkpoint directory or "latest" (in output_dir)
   bool log_to_console = true;
 };
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "data/sharded_loader.h"
+#include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_logger.h"
@@ -134,7 +135,23 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   auto interval_start = clock::now();
   int64_t interval_tokens = 0;
   std::vector<HostMicroBatch> micro(static_cast<size_t>(config.gradient_accumulation_steps));
-  for (int64_t step = 0; step < total_steps; ++step) {
+  int64_t start_step = 0;
+  if (!config.resume_from_checkpoint.empty()) {
+    GLM_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(config.resume_from_checkpoint, config.output_dir));
+    GLM_ASSIGN_OR_RETURN(const CheckpointState saved, load_checkpoint(*engine, comm, dir));
+    start_step = saved.step;
+    if (start_step >= total_steps)
+      return GLM_USER_ERROR("checkpoint '", dir, "' is at step ", start_step, ", not before this run's last step ",
+                            total_steps);
+    // The loader is a function of the step: the same global batch resumes at the same sample.
+    const int64_t now = loader.consumed_samples(start_step);
+    logger.print(concat("glm_hpc: resumed from ", dir, " at step ", start_step,
+                        now == saved.consumed_samples
+                            ? std::string()
+                            : concat(" (the global batch changed: the checkpoint consumed ", saved.consumed_samples,
+                                     " samples, this run continues at ", now, ")")));
+  }
+  for (int64_t step = start_step; step < total_steps; ++step) {
     for (int64_t m = 0; m < config.gradient_accumulation_steps; ++m)
       micro[static_cast<size_t>(m)] = loader.micro_batch(step, m);
     const double lr = schedule.at(step);
@@ -171,6 +188,12 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                            evaluate_dataset(*engine, *validation, config.per_device_eval_batch_size, rank, world));
       summary.eval_losses.emplace_back(step + 1, e.mean_loss());
       GLM_RETURN_IF_ERROR(logger.log_eval(step + 1, total_steps, e.mean_loss(), e.targets));
+    }
+    if (!config.output_dir.empty() && config.save_strategy == "steps" && ((step + 1) % config.save_steps == 0 || last)) {
+      CheckpointState state{step + 1, loader.consumed_samples(step + 1), config.seed};
+      GLM_ASSIGN_OR_RETURN(const std::string dir,
+                           save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
+      logger.print(concat("glm_hpc: saved ", dir));
     }
   }
   GLM_ASSIGN_OR_RETURN(summary.parameter_checksum, engine->parameter_checksum());
