@@ -288,7 +288,12 @@ int main(int argc, char** argv) {
   }
   auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(hf.value()),
                            validation ? &*validation : nullptr, nccl.get());
-  if (!result.is_ok()) glm::fatal_status(result.status());
+  if (!result.is_ok()) {
+    // Bad input found by every rank alike (a checkpoint that does not fit, for one) is said once,
+    // with exit code 2; anything else may have left peers inside a collective: the fatal path.
+    if (result.status().kind() == glm::ErrorKind::user_input) return settle(result.status());
+    glm::fatal_status(result.status());
+  }
   if (proc.rank == 0) {
     const auto& s = result.value();
     std::printf("glm_hpc: done: %lld steps, first loss %.4f, final loss %.4f; args.json and logging.jsonl in %s\n",
