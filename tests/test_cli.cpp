@@ -15,6 +15,13 @@
 namespace glm::test {
 namespace {
 
+// Per test process (ctest runs each case as its own process, and other runs may share the machine).
+std::filesystem::path scratch_root() {
+  const auto root = std::filesystem::temp_directory_path() / ("glm_hpc_cli_tests_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(root);
+  return root;
+}
+
 struct RunResult {
   int exit_code = -1;
   std::string output;
@@ -25,7 +32,7 @@ RunResult run_glm(const std::string& args, int ranks = 2, const std::string& bef
   // Open MPI refuses root unless told; CI and the dev machines run as root. The dataset cache goes
   // to a scratch directory, not the home directory (`before` may export another).
   const std::string cmd =
-      "export XDG_CACHE_HOME=" + (std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "xdg_cache").string() +
+      "export XDG_CACHE_HOME=" + (scratch_root() / "xdg_cache").string() +
       "; cd " + GLM_TEST_WORKDIR + " && " + before +
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC + " --oversubscribe -np " +
       std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
@@ -40,7 +47,7 @@ RunResult run_glm(const std::string& args, int ranks = 2, const std::string& bef
 }
 
 std::string write_file(const std::string& name, const std::string& content) {
-  const auto dir = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests";
+  const auto dir = scratch_root();
   std::filesystem::create_directories(dir);
   const std::string path = (dir / name).string();
   std::ofstream(path) << content;
@@ -102,7 +109,7 @@ TEST(CliBadInput, ModelShapeConflictsWithCheckpoint) {
                    "--num_hidden_layers conflicts with --model_id_or_path");
 }
 TEST(CliBadInput, CheckpointMissingATensor) {
-  const auto dir = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "three_layers";
+  const auto dir = scratch_root() / "three_layers";
   std::filesystem::remove_all(dir);
   std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_b", dir);
   std::ifstream in(dir / "config.json");
@@ -137,7 +144,7 @@ TEST(Cli, EvalMatchesTransformersLoss) {
 // A rank killed with SIGKILL in the middle of training: the job ends (non-zero) within seconds,
 // with a message naming the killed rank; nothing hangs (the 120 s timeout would report 124).
 TEST(CliFaults, KilledRankEndsTheJob) {
-  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "killed";
+  const auto out = scratch_root() / "killed";
   std::filesystem::remove_all(out);
   const std::string marker = "glm_hpc_kill_marker_" + std::to_string(::getpid());
   // A unique argument (--output_dir) lets pgrep find exactly this job's ranks.
@@ -162,7 +169,7 @@ TEST(Cli, HelpListsOptionsOnce) {
 }
 
 TEST(Cli, ShortRunWritesArgsAndLog) {
-  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "run";
+  const auto out = scratch_root() / "run";
   std::filesystem::remove_all(out);
   RunResult r = run_glm(
       kTiny + "--max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 --output_dir " + out.string(), 3);
@@ -240,7 +247,7 @@ TEST(CliPrepare, BadDataAndBadExampleExitTwo) {
 
 // Training prints the very report prepare prints.
 TEST(CliPrepare, TrainPrintsTheSameReport) {
-  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "same_report";
+  const auto out = scratch_root() / "same_report";
   const std::string args = "--dataset " + std::string(GLM_TEST_WORKDIR) +
                            "/data/sample/alpaca.jsonl --max_length 150 --truncation_strategy left --packing true";
   RunResult prepared = run_glm("prepare " + args, 1);
@@ -262,7 +269,7 @@ TEST(CliPacking, StepsPerEpochCountPackedRows) {
   for (int i = 0; i < 30; ++i)
     lines += conversation_line("question " + std::to_string(i), "answer " + std::to_string(i));
   const std::string data = write_file("packing.jsonl", lines);
-  const auto out = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "packing";
+  const auto out = scratch_root() / "packing";
   RunResult r = run_glm(kTinyModel + "--dataset " + data +
                         " --packing true --max_length 96 --num_train_epochs 1 --per_device_train_batch_size 2 "
                         "--logging_steps 1 --output_dir " +
@@ -306,7 +313,7 @@ const std::string kTinyModelForShards = "--hidden_size 32 --intermediate_size 48
 
 // prepare --output_dir writes shards; training on them gives the steps training on the jsonl gives.
 TEST(CliShards, PreparedDirectoryTrainsLikeItsJsonl) {
-  const auto root = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "shards";
+  const auto root = scratch_root() / "shards";
   std::filesystem::remove_all(root);
   const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/alpaca.jsonl";
   const std::string prepared = (root / "prepared").string();
@@ -332,7 +339,7 @@ TEST(CliShards, PreparedDirectoryTrainsLikeItsJsonl) {
 }
 
 TEST(CliShards, DamagedOrForeignDirectoriesExitTwo) {
-  const auto root = std::filesystem::temp_directory_path() / "glm_hpc_cli_tests" / "shards_bad";
+  const auto root = scratch_root() / "shards_bad";
   std::filesystem::remove_all(root);
   const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/sharegpt.jsonl";
   RunResult p = run_glm("prepare --dataset " + data + " --output_dir " + (root / "d").string(), 1);
@@ -359,7 +366,7 @@ const std::string kSampleTokenizerLine =
     "glm_hpc: tokenizer " + kSampleTokenizer + ": vocab 1514 (1500 ranks + 14 special tokens), content hash fnv1a64:";
 
 fs::path cli_scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / "glm_hpc_cli_tests" / name;
+  const fs::path dir = scratch_root() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

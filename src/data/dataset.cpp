@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "data/conversation_reader.h"
 #include "data/token_shards.h"
@@ -112,13 +113,10 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
     d.files.push_back(path);
     std::ifstream in(path, std::ios::binary);
     if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");
-    std::string line, errors;
+    std::string errors;
     int64_t line_no = 0, error_count = 0, samples_in_file = 0;
-    while (std::getline(in, line)) {
-      ++line_no;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      TokenizedSample sample;
+    // Parse and tokenize the line (thread-safe: the tokenizer and template are const).
+    auto process = [&](const std::string& line, TokenizedSample& sample) -> Status {
       Status s;
       try {
         const nlohmann::json j = nlohmann::json::parse(line);
@@ -143,41 +141,84 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         }
       } catch (const nlohmann::json::parse_error& e) {
         s = GLM_USER_ERROR("malformed JSON (", e.what(), ")");
+      } catch (const std::exception& e) {
+        s = GLM_USER_ERROR("cannot process the line: ", e.what());
       }
-      if (!s.is_ok()) {
-        if (skip_bad) {
-          if (d.report.skipped_bad < 5)
-            d.report.skipped_reasons += concat("\n  ", path, ":", line_no, ": ", s.message());
-          ++d.report.skipped_bad;
+      return s;
+    };
+    // Batches of lines are tokenized on every core; the results are then taken in file order, so
+    // the dataset, its report and its messages do not depend on the number of threads.
+    constexpr size_t kBatchLines = 16384;
+    const size_t threads = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::string> batch;
+    std::vector<int64_t> batch_line_nos;
+    std::vector<TokenizedSample> batch_samples;
+    std::vector<Status> batch_status;
+    bool more = true;
+    while (more) {
+      batch.clear();
+      batch_line_nos.clear();
+      std::string text;
+      while (batch.size() < kBatchLines && (more = static_cast<bool>(std::getline(in, text)))) {
+        ++line_no;
+        if (!text.empty() && text.back() == '\r') text.pop_back();
+        if (text.find_first_not_of(" \t") == std::string::npos) continue;
+        batch.push_back(std::move(text));
+        batch_line_nos.push_back(line_no);
+      }
+      batch_samples.assign(batch.size(), TokenizedSample{});
+      batch_status.assign(batch.size(), Status::ok());
+      const size_t workers = std::min(threads, (batch.size() + 63) / 64);
+      auto run = [&](size_t w) {
+        for (size_t i = w; i < batch.size(); i += std::max<size_t>(workers, 1))
+          batch_status[i] = process(batch[i], batch_samples[i]);
+      };
+      if (workers <= 1) {
+        run(0);
+      } else {
+        std::vector<std::thread> pool;
+        for (size_t w = 0; w < workers; ++w) pool.emplace_back(run, w);
+        for (auto& t : pool) t.join();
+      }
+      for (size_t b = 0; b < batch.size(); ++b) {
+        line_no = batch_line_nos[b];
+        TokenizedSample sample = std::move(batch_samples[b]);
+        const Status s = batch_status[b];
+        if (!s.is_ok()) {
+          if (skip_bad) {
+            if (d.report.skipped_bad < 5)
+              d.report.skipped_reasons += concat("\n  ", path, ":", line_no, ": ", s.message());
+            ++d.report.skipped_bad;
+            continue;
+          }
+          if (error_count < kMaxListedErrors) errors += concat("\n  ", path, ":", line_no, ": ", s.message());
+          ++error_count;
           continue;
         }
-        if (error_count < kMaxListedErrors) errors += concat("\n  ", path, ":", line_no, ": ", s.message());
-        ++error_count;
-        continue;
-      }
-      ++samples_in_file;
-      ++d.report.read;
-      const int64_t length = static_cast<int64_t>(sample.tokens.size());
-      d.report.lengths.push_back(length);
-      if (max_length > 0 && length > max_length) {
-        if (truncation == Truncation::remove) {
-          ++d.report.deleted_too_long;
-          continue;
+        ++samples_in_file;
+        ++d.report.read;
+        const int64_t length = static_cast<int64_t>(sample.tokens.size());
+        d.report.lengths.push_back(length);
+        if (max_length > 0 && length > max_length) {
+          if (truncation == Truncation::remove) {
+            ++d.report.deleted_too_long;
+            continue;
+          }
+          const int64_t from = truncation == Truncation::left ? length - max_length : 0;
+          sample.tokens.assign(sample.tokens.begin() + from, sample.tokens.begin() + from + max_length);
+          sample.labels.assign(sample.labels.begin() + from, sample.labels.begin() + from + max_length);
+          ++d.report.truncated;
+          if (sample.target_count() == 0) {
+            ++d.report.deleted_no_target;
+            continue;
+          }
         }
-        const int64_t from = truncation == Truncation::left ? length - max_length : 0;
-        sample.tokens.assign(sample.tokens.begin() + from, sample.tokens.begin() + from + max_length);
-        sample.labels.assign(sample.labels.begin() + from, sample.labels.begin() + from + max_length);
-        ++d.report.truncated;
-        if (sample.target_count() == 0) {
-          ++d.report.deleted_no_target;
-          continue;
-        }
+        d.report.tokens += static_cast<int64_t>(sample.tokens.size());
+        d.report.target_tokens += sample.target_count();
+        d.report.max_tokens = std::max<int64_t>(d.report.max_tokens, static_cast<int64_t>(sample.tokens.size()));
+        d.samples.push_back(std::move(sample));
+        d.sources.push_back({static_cast<int32_t>(d.files.size() - 1), line_no});
       }
-      d.report.tokens += static_cast<int64_t>(sample.tokens.size());
-      d.report.target_tokens += sample.target_count();
-      d.report.max_tokens = std::max<int64_t>(d.report.max_tokens, static_cast<int64_t>(sample.tokens.size()));
-      d.samples.push_back(std::move(sample));
-      d.sources.push_back({static_cast<int32_t>(d.files.size() - 1), line_no});
     }
     if (in.bad()) return GLM_USER_ERROR("error reading dataset file '", path, "'");
     if (error_count > 0)
