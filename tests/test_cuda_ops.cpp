@@ -334,17 +334,7 @@ ModelConfig small_model() {
 }
 
 HostMicroBatch random_batch(const ModelConfig& c, uint64_t seed) {
-  SplitMix64 rng(seed);
-  HostMicroBatch b;
-  for (int len : {57, 200, 3}) {
-    TokenizedSample s;
-    for (int t = 0; t < len; ++t) {
-      s.tokens.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(c.vocab_size)));
-      s.labels.push_back(t < 5 ? -1 : s.tokens.back());
-    }
-    append_document(b, s);
-  }
-  return b;
+  return random_documents(c.vocab_size, seed, {57, 200, 3}, 5);
 }
 
 TEST(CudaModel, StepMatchesCpuBackend) {

@@ -14,6 +14,7 @@
 #include "mpi/local_communicator.h"
 #include "mpi/mpi_communicator.h"
 #include "mpi/nccl_communicator.h"
+#include "test_util.h"
 #include "train/engine.h"
 
 namespace glm::test {
@@ -215,17 +216,7 @@ ModelConfig small_model() {
 }
 
 HostMicroBatch random_batch(const ModelConfig& c, uint64_t seed) {
-  SplitMix64 rng(seed);
-  HostMicroBatch b;
-  for (int len : {61, 150, 9}) {
-    TokenizedSample s;
-    for (int t = 0; t < len; ++t) {
-      s.tokens.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(c.vocab_size)));
-      s.labels.push_back(t < 4 ? -1 : s.tokens.back());
-    }
-    append_document(b, s);
-  }
-  return b;
+  return random_documents(c.vocab_size, seed, {61, 150, 9}, 4);
 }
 
 class NcclZero : public ::testing::TestWithParam<std::tuple<int, Recompute>> {};

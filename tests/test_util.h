@@ -48,4 +48,21 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
+// A micro-batch of random documents of the given lengths (token ids below vocab, seeded); the
+// first `unlabeled` positions of each document carry no loss, the rest predict themselves.
+inline HostMicroBatch random_documents(int64_t vocab, uint64_t seed, std::initializer_list<int> lengths,
+                                       int unlabeled) {
+  SplitMix64 rng(seed);
+  HostMicroBatch b;
+  for (int len : lengths) {
+    TokenizedSample s;
+    for (int t = 0; t < len; ++t) {
+      s.tokens.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab)));
+      s.labels.push_back(t < unlabeled ? -1 : s.tokens.back());
+    }
+    append_document(b, s);
+  }
+  return b;
+}
+
 }  // namespace glm::test
