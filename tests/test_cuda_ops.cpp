@@ -195,7 +195,8 @@ TEST_F(Ops, Linear) {
 }
 
 // head_dim 40 takes the warp-per-row kernel; 32, 64 and 128 the tensor-core flash kernel, here
-// with documents that straddle its 64-token tiles and a length that is no multiple of 64.
+// with documents that straddle its tiles and lengths that are no multiple of them; at 777 and 1000
+// tokens most tiles lie below the diagonal inside one document and take the unmasked path.
 class Attention : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {};
 
 TEST_P(Attention, RopeAndAttentionWithDocumentsAndGqa) {
@@ -245,7 +246,8 @@ TEST_P(Attention, RopeAndAttentionWithDocumentsAndGqa) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(std::make_tuple(8, 2, 40, 70), std::make_tuple(4, 2, 32, 150),
                                            std::make_tuple(8, 4, 64, 200), std::make_tuple(32, 2, 128, 333),
-                                           std::make_tuple(6, 6, 128, 65)));
+                                           std::make_tuple(6, 6, 128, 65), std::make_tuple(16, 2, 128, 1000),
+                                           std::make_tuple(4, 2, 64, 777)));
 
 TEST_F(Ops, SwigluAndAdd) {
   const int64_t n = 13, ffn = 111;
