@@ -21,7 +21,9 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kPadB = 8;           // bf16 padding per shared row: 16-byte aligned rows, conflict-free ldmatrix
 constexpr int kFwdRows = 128;      // queries per forward block (32 per warp)
-constexpr int kBwdKeys = 64;       // keys per backward block (16 per warp)
+constexpr int kBwdWarps = 8;
+constexpr int kBwdThreads = 32 * kBwdWarps;
+constexpr int kBwdKeys = 128;      // keys per backward block
 constexpr int kBwdRows = 64;       // queries per backward step
 constexpr int kPld = kBwdRows + kPadB;  // dS^T tile [key][query]
 constexpr float kLog2e = 1.4426950408889634f;
@@ -104,11 +106,11 @@ __device__ __forceinline__ const bf16* a_frag_t(const bf16* tile, int ld, int m0
 
 // rows x D bf16 rows of a strided global matrix into shared memory by cp.async; rows from `valid`
 // on become zeros.
-template <int D, int Rows>
+template <int D, int Rows, int Threads = kThreads>
 __device__ __forceinline__ void async_rows(bf16* dst, int ld, const bf16* src, int64_t src_stride, int valid) {
   constexpr int chunks = D / 8;  // 16-byte vectors per row
 #pragma unroll
-  for (int i = threadIdx.x; i < Rows * chunks; i += kThreads) {
+  for (int i = threadIdx.x; i < Rows * chunks; i += Threads) {
     const int r = i / chunks, c = (i % chunks) * 8;
     const bool ok = r < valid;
     cp_async16(dst + r * ld + c, ok ? src + r * src_stride + c : src, ok);
@@ -300,10 +302,12 @@ __global__ void delta_kernel(float* delta, float* dq_acc, const bf16* dout, cons
   if (lane == 0) delta[row] = acc;
 }
 
+// Shared memory of the backward: K and V of the block's keys, two stages of Q, dO and their row
+// statistics, P^T and dS^T.
 template <int D>
 constexpr size_t backward_smem_bytes() {
-  return sizeof(bf16) * (2 * kBwdKeys * (D + kPadB) + 2 * kBwdRows * (D + kPadB) + 2 * kBwdKeys * kPld) +
-         (2 * sizeof(float) + sizeof(int32_t)) * kBwdRows;
+  return sizeof(bf16) * (2 * kBwdKeys * (D + kPadB) + 2 * 2 * kBwdRows * (D + kPadB) + 2 * kBwdKeys * kPld) +
+         2 * (2 * sizeof(float) + sizeof(int32_t)) * kBwdRows;
 }
 
 // Q, dO and the row statistics (lse, delta, document start) of one query tile.
@@ -313,9 +317,9 @@ __device__ __forceinline__ void async_query_tile(bf16* Qs, bf16* dOs, float* q_l
                                                  const float* delta, const int32_t* doc_start, int64_t q0,
                                                  int q_valid, int64_t h, int64_t heads, int64_t width) {
   constexpr int ld = D + kPadB;
-  async_rows<D, kBwdRows>(Qs, ld, qkv + q0 * width + h * D, width, q_valid);
-  async_rows<D, kBwdRows>(dOs, ld, dout + q0 * heads * D + h * D, heads * D, q_valid);
-  for (int r = threadIdx.x; r < kBwdRows; r += kThreads) {
+  async_rows<D, kBwdRows, kBwdThreads>(Qs, ld, qkv + q0 * width + h * D, width, q_valid);
+  async_rows<D, kBwdRows, kBwdThreads>(dOs, ld, dout + q0 * heads * D + h * D, heads * D, q_valid);
+  for (int r = threadIdx.x; r < kBwdRows; r += kBwdThreads) {
     const bool in = r < q_valid;
     const int64_t t = in ? q0 + r : 0;
     cp_async4(q_lse + r, lse + t * heads + h, in);
@@ -325,32 +329,36 @@ __device__ __forceinline__ void async_query_tile(bf16* Qs, bf16* dOs, float* q_l
   cp_async_commit();
 }
 
-// FlashAttention-2 backward. One block per (64 keys, query head) walks the query tiles that can
-// see its keys. The 4 warps tile every product in two dimensions so that each shared-memory
-// fragment feeds several MMAs: warp w computes S^T and dP^T for keys 32 (w / 2).. x queries
-// 32 (w % 2)..; P^T and dS^T go to shared memory; then the same warp accumulates dV and dK for
-// keys 32 (w / 2).. x dims (D / 2) (w % 2).. in registers over all query tiles, and dQ for
-// queries 32 (w / 2).. x dims (D / 2) (w % 2).. of this tile, added to fp32 accumulators.
+// FlashAttention-2 backward. One block per (128 keys, query head) walks the 64-query tiles that can
+// see its keys, the next tile's Q and dO loading while this one is computed. The 8 warps tile every
+// product in two dimensions so that each shared-memory fragment feeds several MMAs: warp w computes
+// S^T and dP^T for keys 32 (w / 2).. x queries 32 (w % 2)..; P^T and dS^T go to shared memory; then
+// the warp accumulates dV and dK for keys 32 (w / 2).. x dims (D / 2) (w % 2).. in registers over
+// all query tiles, and dQ = dS K for one (query, dim) block of the tile into fp32 accumulators.
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBwdThreads)
     flash_backward_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                           const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                           float scale) {
   constexpr int ld = D + kPadB, KT = D / 16, DH = D / 2, DT = DH / 8;
-  static_assert(kBwdKeys == 64 && kBwdRows == 64 && kWarps == 4, "the warp tiling below assumes 2 x 2 warps of 32");
+  // dQ (64 queries x D) over the 8 warps: QW warps along the queries, 8 / QW along the dims.
+  constexpr int QW = D >= 64 ? 2 : 4, QM = kBwdRows / QW / 16, QD = D / (kBwdWarps / QW), QDT = QD / 8;
+  static_assert(kBwdKeys == 128 && kBwdRows == 64 && kBwdWarps == 8, "the warp tiling assumes 4 x 2 warps of 32");
+  static_assert(DT % 2 == 0 && QDT % 2 == 0, "head_dim too small for the warp tiling");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);
   bf16* Vs = Ks + kBwdKeys * ld;
-  bf16* Qs = Vs + kBwdKeys * ld;
-  bf16* dOs = Qs + kBwdRows * ld;
-  bf16* Ps = dOs + kBwdRows * ld;   // P^T [key][query]
-  bf16* dSs = Ps + kBwdKeys * kPld;  // dS^T [key][query]
-  float* q_lse = reinterpret_cast<float*>(dSs + kBwdKeys * kPld);
-  float* q_delta = q_lse + kBwdRows;
-  int32_t* q_doc = reinterpret_cast<int32_t*>(q_delta + kBwdRows);
+  bf16* Qbuf = Vs + kBwdKeys * ld;        // [2][kBwdRows * ld]
+  bf16* dObuf = Qbuf + 2 * kBwdRows * ld;  // [2][kBwdRows * ld]
+  bf16* Ps = dObuf + 2 * kBwdRows * ld;    // P^T [key][query]
+  bf16* dSs = Ps + kBwdKeys * kPld;         // dS^T [key][query]
+  float* lse_buf = reinterpret_cast<float*>(dSs + kBwdKeys * kPld);  // [2][kBwdRows]
+  float* delta_buf = lse_buf + 2 * kBwdRows;                          // [2][kBwdRows]
+  int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kBwdRows);  // [2][kBwdRows]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
-  const int wk = warp >> 1, wq = warp & 1;  // key half (and dQ query half); query half of S (and dim half)
+  const int wk = warp >> 1, wq = warp & 1;  // key quarter; query half of S and dim half of dK/dV
+  const int wdq = warp / (kBwdWarps / QW), wdd = warp % (kBwdWarps / QW);  // dQ: query block, dim block
   const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kBwdKeys;  // first key tiles first
   const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * D;
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kBwdKeys), n - k0));
@@ -365,9 +373,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t q_end = lo;
   const float scale_log2 = scale * kLog2e;
-  async_rows<D, kBwdKeys>(Ks, ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
-  async_rows<D, kBwdKeys>(Vs, ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
-  async_query_tile<D>(Qs, dOs, q_lse, q_delta, q_doc, qkv, dout, lse, delta, doc_start, k0,
+  async_rows<D, kBwdKeys, kBwdThreads>(Ks, ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
+  async_rows<D, kBwdKeys, kBwdThreads>(Vs, ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
+  async_query_tile<D>(Qbuf, dObuf, lse_buf, delta_buf, doc_buf, qkv, dout, lse, delta, doc_start, k0,
                       static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - k0)), h, heads, width);
 
   float dk[2][DT][4], dv[2][DT][4];
@@ -378,10 +386,23 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mi][dt][e] = dv[mi][dt][e] = 0.0f;
 
-  for (int64_t q0 = k0; q0 < q_end; q0 += kBwdRows) {
+  int stage = 0;
+  for (int64_t q0 = k0; q0 < q_end; q0 += kBwdRows, stage ^= 1) {
     const int q_valid = static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0));
+    const bf16* Qs = Qbuf + stage * kBwdRows * ld;
+    const bf16* dOs = dObuf + stage * kBwdRows * ld;
+    const float* q_lse = lse_buf + stage * kBwdRows;
+    const float* q_delta = delta_buf + stage * kBwdRows;
+    const int32_t* q_doc = doc_buf + stage * kBwdRows;
     cp_async_wait_all();
-    __syncthreads();  // this tile's Q, dO and statistics (and K, V) in shared memory
+    __syncthreads();  // this tile in shared memory; every warp is done with the previous tile
+    if (q0 + kBwdRows < q_end) {
+      const int next = stage ^ 1;
+      async_query_tile<D>(Qbuf + next * kBwdRows * ld, dObuf + next * kBwdRows * ld, lse_buf + next * kBwdRows,
+                          delta_buf + next * kBwdRows, doc_buf + next * kBwdRows, qkv, dout, lse, delta, doc_start,
+                          q0 + kBwdRows, static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0 - kBwdRows)),
+                          h, heads, width);
+    }
     const bool masked = q0 < k0 + kBwdKeys || q_valid < kBwdRows || k_valid < kBwdKeys || q_doc[q_valid - 1] > k0;
     {
       // S^T = K Q^T and dP^T = V dO^T: keys 32 wk + 16 mi + {grp, grp + 8}, queries 32 wq + 8 nt + ...
@@ -462,47 +483,44 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    __syncthreads();  // Q, dO and the statistics are free
-    if (q0 + kBwdRows < q_end)
-      async_query_tile<D>(Qs, dOs, q_lse, q_delta, q_doc, qkv, dout, lse, delta, doc_start, q0 + kBwdRows,
-                          static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0 - kBwdRows)), h, heads,
-                          width);
-    // dQ = dS K for queries 32 wk + 16 mi.., dims DH wq + 8 dt.., k = the 64 keys.
-    if (wk * 32 < q_valid) {
-      float acc[2][DT][4];
+    // dQ = dS K for queries 16 QM wdq + 16 mi.., dims QD wdd + 8 dt.., k = the 128 keys.
+    if (wdq * QM * 16 < q_valid) {
+      float acc[QM][QDT][4];
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
+      for (int mi = 0; mi < QM; ++mi)
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) acc[mi][dt][0] = acc[mi][dt][1] = acc[mi][dt][2] = acc[mi][dt][3] = 0.0f;
+        for (int dt = 0; dt < QDT; ++dt) acc[mi][dt][0] = acc[mi][dt][1] = acc[mi][dt][2] = acc[mi][dt][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
-        uint32_t a[2][4];
+        uint32_t a[QM][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) ldsm_x4_t(a[mi], a_frag_t(dSs, kPld, wk * 32 + mi * 16, kk * 16, lane));
+        for (int mi = 0; mi < QM; ++mi)
+          ldsm_x4_t(a[mi], a_frag_t(dSs, kPld, (wdq * QM + mi) * 16, kk * 16, lane));
 #pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
+        for (int dp = 0; dp < QDT / 2; ++dp) {
           uint32_t b[4];
-          ldsm_x4_t(b, b_frag_kn(Ks, ld, kk * 16, wq * DH + dp * 16, lane));
+          ldsm_x4_t(b, b_frag_kn(Ks, ld, kk * 16, wdd * QD + dp * 16, lane));
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
+          for (int mi = 0; mi < QM; ++mi) {
             mma_bf16(acc[mi][2 * dp], a[mi], b[0], b[1]);
             mma_bf16(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
           }
         }
       }
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int qa = wk * 32 + mi * 16 + grp;
+      for (int mi = 0; mi < QM; ++mi) {
+        const int qa = (wdq * QM + mi) * 16 + grp;
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          const int col = wq * DH + dt * 8 + quad * 2;
+        for (int dt = 0; dt < QDT; ++dt) {
+          const int col = wdd * QD + dt * 8 + quad * 2;
           if (qa < q_valid) add2(dq_acc + ((q0 + qa) * heads + h) * D + col, acc[mi][dt][0], acc[mi][dt][1]);
           if (qa + 8 < q_valid)
             add2(dq_acc + ((q0 + qa + 8) * heads + h) * D + col, acc[mi][dt][2], acc[mi][dt][3]);
         }
       }
     }
-    // The next iteration's first barrier orders these dS^T reads before the next tile's writes.
+    // The next iteration's first barrier orders these reads of P^T, dS^T and this stage before
+    // they are overwritten.
   }
   cp_async_wait_all();  // nothing outstanding when the block exits
   // This head's dK and dV into the KV group's fp32 accumulators.
@@ -581,7 +599,7 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
                            static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kBwdKeys - 1) / kBwdKeys));
-  flash_backward_kernel<D><<<grid, kThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n,
+  flash_backward_kernel<D><<<grid, kBwdThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n,
                                                              heads, kv_heads, 1.0f / sqrtf(static_cast<float>(D)));
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
