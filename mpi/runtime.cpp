@@ -18,17 +18,34 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   }
   // Errors come back as return codes so that we can report them with context.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(MPI_COMM_WORLD, &info_.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &info_.world_size);
+  auto info = discover_process_info(MPI_COMM_WORLD);
+  if (!info.is_ok()) GLM_FATAL(info.status().message());
+  info_ = info.take();
+}
+
+Result<ProcessInfo> discover_process_info(MPI_Comm comm) {
+  ProcessInfo info;
+  GLM_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &info.rank));
+  GLM_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &info.world_size));
+  // Ranks that share memory share a node; ordered by rank, so local rank = position among them.
   MPI_Comm local = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.rank, MPI_INFO_NULL, &local) != MPI_SUCCESS)
-    GLM_FATAL("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
-  MPI_Comm_rank(local, &info_.local_rank);
-  MPI_Comm_size(local, &info_.local_size);
+  GLM_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &local));
+  const int rank_rc = MPI_Comm_rank(local, &info.local_rank);
+  const int size_rc = MPI_Comm_size(local, &info.local_size);
   MPI_Comm_free(&local);
+  GLM_MPI_RETURN_IF_ERROR(rank_rc);
+  GLM_MPI_RETURN_IF_ERROR(size_rc);
   char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  info_.host = host;
+  if (gethostname(host, sizeof(host) - 1) != 0) return GLM_INTERNAL_ERROR("gethostname failed");
+  info.host = host;
+  return info;
+}
+
+Status check_one_rank_per_gpu(const ProcessInfo& info, int visible_gpus) {
+  if (visible_gpus > 0 && info.local_size > visible_gpus)
+    return GLM_USER_ERROR(info.local_size, " ranks on host ", info.host, " but ", visible_gpus,
+                          " visible GPU(s): start at most one rank per GPU (or --device cpu)");
+  return Status::ok();
 }
 
 MpiRuntime::~MpiRuntime() {

@@ -31,6 +31,13 @@ class MpiRuntime {
   ProcessInfo info_;
 };
 
+// Rank, size, host, and the local rank and size among the ranks of comm that share this node's
+// memory (MPI_Comm_split_type), whatever launched them (mpirun, srun): no launcher variables.
+Result<ProcessInfo> discover_process_info(MPI_Comm comm);
+
+// One rank per GPU: more ranks on a host than visible GPUs is a user error naming the host.
+Status check_one_rank_per_gpu(const ProcessInfo& info, int visible_gpus);
+
 // Every rank holds a local status; all agree on the worst one so that all exit together with the
 // same code. status is the local one if it failed, else one naming the failing rank; report_here
 // is true on exactly one failing rank (the lowest), which prints the message.

@@ -8,6 +8,8 @@ packages=(
   openmpi-bin libopenmpi-dev
   libhdf5-dev libboost-program-options-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # A one-host Slurm for tests/slurm/run_slurm_test.sh (the test starts and stops the daemons).
+  munge slurmctld slurmd slurm-client
 )
 
 # node and npm run npm tiktoken, the oracle of the tokenizer tests (tools/tiktoken_peer). Checked

@@ -16,6 +16,7 @@
 #include "mpi/nccl_communicator.h"
 #include "mpi/runtime.h"
 #include "train/engine.h"
+#include "train/preemption.h"
 #include "train/trainer.h"
 #include "zero/memory_plan.h"
 
@@ -53,9 +54,7 @@ glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions&
   const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0);
   if (!cuda) return glm::make_cpu_backend(glm::DType::f32);
   // One GPU per rank: the ranks of a host take its GPUs in local-rank order.
-  if (gpus > 0 && proc.local_size > gpus)
-    return GLM_USER_ERROR(proc.local_size, " ranks on host ", proc.host, " but ", gpus,
-                          " visible GPU(s): start at most one rank per GPU (or --device cpu)");
+  GLM_RETURN_IF_ERROR(glm::check_one_rank_per_gpu(proc, gpus));
   return glm::make_cuda_backend(proc.local_rank);
 }
 
@@ -180,6 +179,10 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  // SIGUSR1/SIGTERM are caught from here on: one during start-up stops training after its first step.
+  if (options.command == "train") {
+    if (int code = settle(glm::install_preemption_handlers())) return code;
+  }
   resolve_paths(options);
   auto backend = choose_backend(options, proc);
   if (int code = settle(backend.status())) return code;
@@ -294,6 +297,8 @@ int main(int argc, char** argv) {
     if (result.status().kind() == glm::ErrorKind::user_input) return settle(result.status());
     glm::fatal_status(result.status());
   }
+  // Stopped by a signal after a checkpoint (the trainer printed which): every rank exits with 75.
+  if (result.value().preempted_by != 0) return glm::kPreemptedExitCode;
   if (proc.rank == 0) {
     const auto& s = result.value();
     std::printf("glm_hpc: done: %lld steps, first loss %.4f, final loss %.4f; args.json and logging.jsonl in %s\n",

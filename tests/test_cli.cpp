@@ -141,6 +141,15 @@ TEST(Cli, EvalMatchesTransformersLoss) {
   EXPECT_NEAR(std::stod(r.output.substr(ppl + 10)), std::exp(loss), 1e-4 * std::exp(loss));
 }
 
+// A background shell command for run_glm's `before`: once the run in `dir` has logged a step (its
+// logging.jsonl is not empty; 60 s at most), SIGKILL the newest process whose command line names
+// `dir` (a rank: --output_dir is unique to the test).
+std::string kill_after_first_step(const std::filesystem::path& dir) {
+  const std::string log = (dir / "logging.jsonl").string();
+  return "(for i in $(seq 600); do [ -s '" + log + "' ] && break; sleep 0.1; done; sleep 0.5; pkill -9 -f -n 'glm_hpc.*" +
+         dir.filename().string() + "') & ";
+}
+
 // A rank killed with SIGKILL in the middle of training: the job ends (non-zero) within seconds,
 // with a message naming the killed rank; nothing hangs (the 120 s timeout would report 124).
 TEST(CliFaults, KilledRankEndsTheJob) {
@@ -148,7 +157,7 @@ TEST(CliFaults, KilledRankEndsTheJob) {
   std::filesystem::remove_all(out);
   const std::string marker = "glm_hpc_kill_marker_" + std::to_string(::getpid());
   // A unique argument (--output_dir) lets pgrep find exactly this job's ranks.
-  const std::string killer = "(sleep 4; pkill -9 -f -n 'glm_hpc.*" + marker + "') & ";
+  const std::string killer = kill_after_first_step(out / marker);
   const auto start = std::chrono::steady_clock::now();
   RunResult r =
       run_glm(kTiny + "--zero_stage 2 --max_steps 100000 --logging_steps 1 --collective_timeout 30 --output_dir " +
@@ -160,6 +169,31 @@ TEST(CliFaults, KilledRankEndsTheJob) {
   EXPECT_LT(seconds, 60.0) << r.output;
   EXPECT_NE(r.output.find("step "), std::string::npos) << "training had started\n" << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << "the launcher names the killed rank\n" << r.output;
+}
+
+// The same on two GPUs: the surviving rank is inside an NCCL collective when its peer dies; the
+// launcher or the collective watchdog (--collective_timeout) ends it. Skipped without 2 GPUs.
+TEST(CliFaults, KilledRankEndsTheJobOnGpus) {
+  FILE* smi = popen("nvidia-smi -L 2>/dev/null | grep -c '^GPU '", "r");
+  int gpus = 0;
+  if (smi != nullptr) {
+    if (fscanf(smi, "%d", &gpus) != 1) gpus = 0;
+    pclose(smi);
+  }
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  const auto out = scratch_root() / "killed_gpu";
+  std::filesystem::remove_all(out);
+  const std::string marker = "glm_hpc_kill_marker_gpu_" + std::to_string(::getpid());
+  const std::string killer = kill_after_first_step(out / marker);
+  const auto start = std::chrono::steady_clock::now();
+  RunResult r = run_glm(kTiny + "--device cuda --zero_stage 3 --max_steps 100000 --logging_steps 1 "
+                                "--collective_timeout 20 --output_dir " + (out / marker).string(),
+                        2, killer);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung until the test's timeout\n" << r.output;
+  EXPECT_LT(seconds, 60.0) << r.output;
+  EXPECT_NE(r.output.find("step "), std::string::npos) << "training had started\n" << r.output;
 }
 
 TEST(Cli, HelpListsOptionsOnce) {

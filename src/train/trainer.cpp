@@ -12,6 +12,7 @@
 #include "train/engine.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_logger.h"
+#include "train/preemption.h"
 
 namespace glm {
 namespace {
@@ -189,11 +190,30 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       summary.eval_losses.emplace_back(step + 1, e.mean_loss());
       GLM_RETURN_IF_ERROR(logger.log_eval(step + 1, total_steps, e.mean_loss(), e.targets));
     }
-    if (!config.output_dir.empty() && config.save_strategy == "steps" && ((step + 1) % config.save_steps == 0 || last)) {
+    const bool save_now =
+        !config.output_dir.empty() && config.save_strategy == "steps" && ((step + 1) % config.save_steps == 0 || last);
+    if (save_now) {
       CheckpointState state{step + 1, loader.consumed_samples(step + 1), config.seed};
       GLM_ASSIGN_OR_RETURN(const std::string dir,
                            save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
       logger.print(concat("glm_hpc: saved ", dir));
+    }
+    // Preemption (src/train/preemption.h): every rank asks after every step, so all stop together.
+    if (!last) {
+      GLM_ASSIGN_OR_RETURN(summary.preempted_by, agree_on_preemption(comm));
+      if (summary.preempted_by != 0) {
+        std::string saved = "no checkpoint saved (--save_strategy no, or no --output_dir)";
+        if (save_now) {
+          saved = "saved " + (std::filesystem::path(config.output_dir) / concat("checkpoint-", step + 1)).string();
+        } else if (!config.output_dir.empty() && config.save_strategy == "steps") {
+          GLM_ASSIGN_OR_RETURN(const std::string dir, checkpoint(step + 1, eval_now));
+          saved = "saved " + dir;
+        }
+        logger.print(concat("glm_hpc: preempted: ", preemption_signal_name(summary.preempted_by),
+                            " received; every rank stopped after step ", step + 1, " of ", total_steps, ", ", saved,
+                            "; exit code ", kPreemptedExitCode, " (continue with --resume_from_checkpoint latest)"));
+        break;
+      }
     }
   }
   GLM_ASSIGN_OR_RETURN(summary.parameter_checksum, engine->parameter_checksum());

@@ -19,6 +19,7 @@ struct TrainSummary {
   int64_t steps = 0;
   double parameter_checksum = 0;                        // sum of squares of the final parameters (equal on every rank)
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, mean validation loss)
+  int preempted_by = 0;  // the signal that stopped the run after `steps` steps (0: it ran to the end)
 };
 
 // Number of optimizer steps the run makes (max_steps or epochs x epoch_size / global batch), where

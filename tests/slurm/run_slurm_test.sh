@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# slurm/train_4gpu.sh under a real Slurm on this one host (Debian's munge, slurmctld, slurmd, which
+# scripts/setup.sh installs; nothing is installed here). Starts the daemons with their own state,
+# key and socket under a temporary directory, then:
+#   1. sbatch slurm/train_4gpu.sh with the CPU backend and the tiny config, 4 ranks on one node:
+#      the job COMPLETED, 4 ranks ran, the loss fell, checkpoints exist;
+#   2. a second job gets the pre-timeout signal as Slurm delivers it for --signal=B:USR1@N (to the
+#      batch shell, scancel --signal=USR1 --batch): every rank saves the same step and exits 75,
+#      the script requeues the job, and the requeued job resumes from latest to COMPLETED.
+# Every daemon started here is stopped on exit, failed or not. Usage: run_slurm_test.sh GLM_HPC_BINARY
+# (ctest: label slurm). KEEP=1 keeps the temporary directory (logs) for inspection.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+bin="${1:?usage: run_slurm_test.sh GLM_HPC_BINARY}"
+bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
+
+fail() {
+  echo "slurm test: FAIL: $*" >&2
+  exit 1
+}
+say() { echo "slurm test: $*"; }
+
+[[ -x "$bin" ]] || fail "$bin is not an executable"
+if [[ "$(id -u)" -ne 0 ]]; then
+  # slurmd must run as root to start jobs; CI and the dev machines are root.
+  echo "slurm test: SKIPPED: slurmd needs root (SlurmdUser=root); run as root"
+  exit 77
+fi
+for cmd in munged munge slurmctld slurmd sbatch scontrol squeue scancel mpirun; do
+  command -v "$cmd" >/dev/null || fail "'$cmd' not found: run scripts/setup.sh (it installs munge slurmctld slurmd slurm-client openmpi-bin)"
+done
+
+tmp="$(mktemp -d /tmp/glm_slurm_test.XXXXXX)"
+declare -a daemon_pids=()
+cleanup() {
+  local rc=$?
+  set +e
+  if [[ -n "${SLURM_CONF:-}" && -f "$SLURM_CONF" ]]; then
+    # Jobs first (their processes belong to slurmd's steps), then the daemons, newest first.
+    scancel --full --quiet --user=root 2>/dev/null
+    local deadline=$((SECONDS + 20))
+    while [[ -n "$(squeue -h -o %i 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.5; done
+  fi
+  local i
+  for ((i = ${#daemon_pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${daemon_pids[i]}" 2>/dev/null
+  done
+  for ((i = ${#daemon_pids[@]} - 1; i >= 0; i--)); do
+    local pid="${daemon_pids[i]}" deadline=$((SECONDS + 15))
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  if ((rc != 0)); then
+    echo "slurm test: logs in $tmp (kept):" >&2
+    for f in "$tmp"/job-*.out "$tmp"/log/*.log; do
+      [[ -f "$f" ]] || continue
+      echo "----- $f (last 40 lines)" >&2
+      tail -n 40 "$f" >&2
+    done
+  elif [[ "${KEEP:-0}" == "1" ]]; then
+    echo "slurm test: kept $tmp"
+  else
+    rm -rf "$tmp"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Two free ports: a connection attempt that fails means nobody listens there.
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$((20000 + RANDOM % 30000))
+    if port_free "$p" && port_free "$((p + 1))"; then
+      echo "$p"
+      return
+    fi
+  done
+  fail "no free TCP port pair found"
+}
+ctld_port="$(pick_port)"
+slurmd_port=$((ctld_port + 1))
+host="$(hostname -s)"
+
+mkdir -p "$tmp"/{munge,etc,ctld,spool,log,dev,out,cache}
+chmod 755 "$tmp" "$tmp/munge"
+
+# munge: our own key and socket.
+dd if=/dev/urandom of="$tmp/munge/munge.key" bs=1024 count=1 status=none
+chmod 400 "$tmp/munge/munge.key"
+munged --foreground --force --socket="$tmp/munge/socket" --key-file="$tmp/munge/munge.key" \
+  --log-file="$tmp/log/munged.log" --pid-file="$tmp/munge/munged.pid" --seed-file="$tmp/munge/seed" \
+  >"$tmp/log/munged.out" 2>&1 &
+daemon_pids+=($!)
+deadline=$((SECONDS + 15))
+until munge --socket="$tmp/munge/socket" --no-input >/dev/null 2>&1; do
+  ((SECONDS < deadline)) || fail "munged did not start: $(cat "$tmp/log/munged.out")"
+  sleep 0.2
+done
+
+# One node with the resources train_4gpu.sh asks for (4 tasks x 16 CPUs, 4 GPUs); the script
+# runs unchanged. The "GPUs" are names of /dev/null (gres/gpu needs device files; task/none
+# constrains no devices), and glm_hpc runs its CPU backend. SlurmdParameters=config_overrides
+# lets the node have more CPUs than the machine: the 4 ranks are oversubscribed on its cores.
+for i in 0 1 2 3; do ln -s /dev/null "$tmp/dev/gpu$i"; done
+cat >"$tmp/etc/slurm.conf" <<EOF
+ClusterName=glmtest
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$tmp/munge/socket
+StateSaveLocation=$tmp/ctld
+SlurmdSpoolDir=$tmp/spool
+SlurmctldPidFile=$tmp/ctld/slurmctld.pid
+SlurmdPidFile=$tmp/spool/slurmd.pid
+SlurmctldLogFile=$tmp/log/slurmctld.log
+SlurmdLogFile=$tmp/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+# Finished jobs stay visible to scontrol for the assertions.
+MinJobAge=600
+GresTypes=gpu
+NodeName=$host NodeAddr=127.0.0.1 CPUs=64 Gres=gpu:4 State=UNKNOWN
+PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP
+EOF
+cat >"$tmp/etc/gres.conf" <<EOF
+NodeName=$host Name=gpu File=$tmp/dev/gpu[0-3]
+EOF
+export SLURM_CONF="$tmp/etc/slurm.conf"
+
+slurmctld -D -i >"$tmp/log/slurmctld.out" 2>&1 &
+daemon_pids+=($!)
+slurmd -D -N "$host" >"$tmp/log/slurmd.out" 2>&1 &
+daemon_pids+=($!)
+deadline=$((SECONDS + 40))
+until [[ "$(sinfo -h -N -o %T 2>/dev/null)" == "idle" ]]; do
+  if ((SECONDS >= deadline)); then
+    fail "the node did not become idle: sinfo says '$(sinfo -h -N -o '%T %E' 2>&1)'; slurmd: $(tail -n 5 "$tmp/log/slurmd.out")"
+  fi
+  for pid in "${daemon_pids[@]}"; do kill -0 "$pid" 2>/dev/null || fail "a Slurm daemon exited at start (logs in $tmp/log)"; done
+  sleep 0.5
+done
+say "Slurm is up on $host (slurmctld :$ctld_port, slurmd :$slurmd_port)"
+
+# What sbatch exports to the jobs: run as root and oversubscribe (Open MPI), CPU backend, tiny model.
+# shellcheck source=scripts/mpi_env.sh
+source "$repo/scripts/mpi_env.sh"
+export GLM_BIN="$bin" GLM_CONFIG=configs/glm4-tiny.cfg GLM_DEVICE=cpu GLM_OUTPUT_ROOT="$tmp/out"
+export XDG_CACHE_HOME="$tmp/cache"
+
+job_field() { scontrol show job "$1" 2>/dev/null | grep -o "$2=[^ ]*" | head -n 1 | cut -d= -f2-; }
+
+# Waits until job $1 is in one of the states $2 (a regex); fails after $3 seconds.
+wait_for_state() {
+  local job="$1" states="$2" limit="$3" state=""
+  local deadline=$((SECONDS + limit))
+  while ((SECONDS < deadline)); do
+    state="$(job_field "$job" JobState)"
+    if [[ "$state" =~ ^($states)$ ]]; then
+      echo "$state"
+      return 0
+    fi
+    sleep 1
+  done
+  fail "job $job still '$state' after ${limit}s (waiting for $states)"
+}
+
+loss_of_line() { grep -o '"loss":[0-9.eE+-]*' <<<"$1" | cut -d: -f2; }
+
+cd "$repo"
+
+# ---- 1. A job runs to completion.
+job1="$(sbatch --parsable --output="$tmp/job-%j.out" slurm/train_4gpu.sh --max_steps 8 --save_steps 4 --logging_steps 1 \
+  --per_device_train_batch_size 2)"
+say "job $job1 submitted: slurm/train_4gpu.sh, 4 CPU ranks, 8 steps"
+state="$(wait_for_state "$job1" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE' 150)"
+log1="$tmp/job-$job1.out"
+[[ "$state" == COMPLETED ]] || fail "job $job1 ended $state, exit $(job_field "$job1" ExitCode)"
+[[ "$(job_field "$job1" ExitCode)" == "0:0" ]] || fail "job $job1 exit code $(job_field "$job1" ExitCode)"
+for r in 0 1 2 3; do
+  grep -q "^glm_hpc: rank $r/4 " "$log1" || fail "rank $r/4 did not report in $log1"
+done
+grep -q "world size 4" "$log1" || fail "glm_hpc did not run with world size 4"
+out1="$tmp/out/slurm-$job1"
+steps="$(grep '"loss":' "$out1/logging.jsonl" || true)"
+[[ "$(wc -l <<<"$steps")" -eq 8 ]] || fail "$out1/logging.jsonl should hold 8 step records"
+first="$(loss_of_line "$(head -n 1 <<<"$steps")")"
+last="$(loss_of_line "$(tail -n 1 <<<"$steps")")"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "the loss did not fall: step 1 $first, step 8 $last"
+for step in 4 8; do
+  [[ -f "$out1/checkpoint-$step/COMPLETE" ]] || fail "no complete checkpoint $out1/checkpoint-$step"
+done
+[[ "$(cat "$out1/latest")" == checkpoint-8 ]] || fail "$out1/latest is '$(cat "$out1/latest")', not checkpoint-8"
+say "job $job1 COMPLETED: 4 ranks, loss $first -> $last, checkpoint-4 and checkpoint-8"
+
+# ---- 2. The pre-timeout signal: checkpoint, requeue, resume.
+total=16
+job2="$(sbatch --parsable --output="$tmp/job-%j.out" slurm/train_4gpu.sh --max_steps $total --save_steps 100 --logging_steps 1 \
+  --per_device_train_batch_size 2)"
+log2="$tmp/job-$job2.out"
+out2="$tmp/out/slurm-$job2"
+say "job $job2 submitted: $total steps; signalled once training is under way"
+deadline=$((SECONDS + 120))
+until [[ -f "$out2/logging.jsonl" && "$(grep -c '"loss":' "$out2/logging.jsonl")" -ge 2 ]]; do
+  ((SECONDS < deadline)) || fail "job $job2 logged no 2 steps in 120 s (state $(job_field "$job2" JobState))"
+  [[ "$(job_field "$job2" JobState)" =~ ^(PENDING|CONFIGURING|RUNNING)$ ]] || fail "job $job2 ended early: $(job_field "$job2" JobState)"
+  sleep 0.5
+done
+# What --signal=B:USR1@N does at N seconds before the limit: SIGUSR1 to the batch shell only.
+scancel --signal=USR1 --batch "$job2"
+deadline=$((SECONDS + 90))
+until [[ "$(job_field "$job2" Restarts)" == 1 ]]; do
+  ((SECONDS < deadline)) || fail "job $job2 was not requeued within 90 s (state $(job_field "$job2" JobState))"
+  sleep 0.5
+done
+preempted="$(grep '^glm_hpc: preempted: SIGUSR1 received; every rank stopped after step ' "$log2" || true)"
+[[ -n "$preempted" ]] || fail "no preemption message in $log2"
+saved_step="$(sed -E 's/.*stopped after step ([0-9]+) of.*/\1/' <<<"$preempted")"
+((saved_step >= 2 && saved_step < total)) || fail "preempted at step '$saved_step'"
+grep -q "requeueing job $job2" "$log2" || fail "the batch script did not requeue job $job2"
+ckpt="$out2/checkpoint-$saved_step"
+[[ -f "$ckpt/COMPLETE" ]] || fail "no complete checkpoint $ckpt"
+[[ "$(cat "$out2/latest")" == "checkpoint-$saved_step" ]] || fail "$out2/latest is not checkpoint-$saved_step"
+rank_files="$(find "$ckpt" -maxdepth 1 -type f -name '*.h5' | wc -l)"
+[[ "$rank_files" -eq 4 ]] || fail "$ckpt holds $rank_files rank files, not 4"
+say "job $job2: every rank stopped after step $saved_step, checkpoint saved, job requeued"
+
+# Slurm holds a requeued job for a while (its BeginTime) before it may start again; release it now.
+scontrol update jobid="$job2" StartTime=now
+state="$(wait_for_state "$job2" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE' 150)"
+[[ "$state" == COMPLETED ]] || fail "requeued job $job2 ended $state, exit $(job_field "$job2" ExitCode)"
+grep -q "^glm_job: job $job2 (restart 1)" "$log2" || fail "the requeued run did not start (restart 1) in $log2"
+grep -q "^glm_hpc: resumed from $ckpt at step $saved_step" "$log2" || fail "the requeued run did not resume from $ckpt"
+# Nothing trained twice: after the resume the steps go on from saved_step + 1 to the end.
+resumed_steps="$(sed -n "/^glm_hpc: resumed from/,\$p" "$log2" | grep -oE '^step [0-9]+/' | tr -dc '0-9\n' | tr '\n' ' ')"
+expected="$(seq -s ' ' $((saved_step + 1)) $total) "
+[[ "$resumed_steps" == "$expected" ]] || fail "after the resume the steps were '$resumed_steps', expected '$expected'"
+grep -q "^glm_hpc: done: $total steps" "$log2" || fail "the requeued run did not finish $total steps"
+[[ -f "$out2/checkpoint-$total/COMPLETE" ]] || fail "no final checkpoint-$total"
+say "job $job2 COMPLETED after the requeue: resumed at step $saved_step, steps $((saved_step + 1))-$total"
+say "PASS"
