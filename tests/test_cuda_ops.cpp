@@ -3,9 +3,11 @@
 // in bf16. Skipped where no GPU is visible (compiled everywhere).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "io/hf_import.h"
@@ -117,25 +119,40 @@ class Ops : public ::testing::Test {
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 
+// hidden 70 takes the scalar forward, 64 the 16-byte vector copy.
 TEST_F(Ops, Embedding) {
-  const int64_t vocab = 37, hidden = 70, n = 45;
-  std::vector<int32_t> tok;
-  for (int i = 0; i < n; ++i) tok.push_back((i * 7 + 3) % vocab);
-  auto tokens = ints(tok);
-  auto table = dual(random_bf16(vocab * hidden, 1));
-  auto out = output(n * hidden);
-  ASSERT_TRUE(cpu_->embedding_forward(out.cpu.tensor(), table.cpu.tensor(), tokens.cpu.tensor(), n, hidden).is_ok());
-  ASSERT_TRUE(gpu_->embedding_forward(out.gpu.tensor(), table.gpu.tensor(), tokens.gpu.tensor(), n, hidden).is_ok());
-  expect_close(out, "embedding forward", 1e-6);
-  auto dout = dual(random_bf16(n * hidden, 2));
-  auto dtable = dual(random_bf16(vocab * hidden, 3));
-  ASSERT_TRUE(cpu_->embedding_backward(dtable.cpu.tensor(), dout.cpu.tensor(), tokens.cpu.tensor(), n, hidden).is_ok());
-  ASSERT_TRUE(gpu_->embedding_backward(dtable.gpu.tensor(), dout.gpu.tensor(), tokens.gpu.tensor(), n, hidden).is_ok());
-  expect_close(dtable, "embedding backward");
+  for (const int64_t hidden : {int64_t{70}, int64_t{64}}) {
+    SCOPED_TRACE("hidden " + std::to_string(hidden));
+    const int64_t vocab = 37, n = 45;
+    std::vector<int32_t> tok;
+    for (int i = 0; i < n; ++i) tok.push_back((i * 7 + 3) % vocab);
+    auto tokens = ints(tok);
+    auto table = dual(random_bf16(vocab * hidden, 1));
+    auto out = output(n * hidden);
+    ASSERT_TRUE(cpu_->embedding_forward(out.cpu.tensor(), table.cpu.tensor(), tokens.cpu.tensor(), n, hidden).is_ok());
+    ASSERT_TRUE(gpu_->embedding_forward(out.gpu.tensor(), table.gpu.tensor(), tokens.gpu.tensor(), n, hidden).is_ok());
+    expect_close(out, "embedding forward", 1e-6);
+    auto dout = dual(random_bf16(n * hidden, 2));
+    auto dtable = dual(random_bf16(vocab * hidden, 3));
+    ASSERT_TRUE(
+        cpu_->embedding_backward(dtable.cpu.tensor(), dout.cpu.tensor(), tokens.cpu.tensor(), n, hidden).is_ok());
+    ASSERT_TRUE(
+        gpu_->embedding_backward(dtable.gpu.tensor(), dout.gpu.tensor(), tokens.gpu.tensor(), n, hidden).is_ok());
+    expect_close(dtable, "embedding backward");
+  }
 }
 
-TEST_F(Ops, RmsNorm) {
-  const int64_t n = 19, hidden = 333;
+// Sizes for both RMSNorm paths: odd hidden sizes take the scalar kernels; multiples of 8 the
+// 16-byte vector kernels, here with few vectors per row (24: most threads idle), GLM-4's 4096 (two
+// rows per backward iteration, with an odd row count so the last iteration has one), more rows
+// than the backward's resident blocks (2000 x 256), a vector count that is no multiple of the
+// threads (8200), and a row too wide for the vectorised backward (16392: scalar backward, vector
+// forward). Fewer rows than blocks happens in all the small-n cases.
+class RmsNorm : public Ops, public ::testing::WithParamInterface<std::tuple<int, int>> {};
+
+TEST_P(RmsNorm, MatchesCpuAndWeightGradientIsDeterministic) {
+  const auto [rows, width] = GetParam();
+  const int64_t n = rows, hidden = width;
   auto in = dual(random_bf16(n * hidden, 4, 2.0));
   auto w = dual(random_bf16(hidden, 5));
   auto out = output(n * hidden);
@@ -149,8 +166,9 @@ TEST_F(Ops, RmsNorm) {
   expect_close(out, "rmsnorm out");
   expect_close(rstd, "rmsnorm rstd", 1e-5);
   auto dout = dual(random_bf16(n * hidden, 6));
-  auto din = dual(random_bf16(n * hidden, 7));  // accumulates
-  auto dw = dual(random_bf16(hidden, 8));
+  const std::vector<float> din0 = random_bf16(n * hidden, 7), dw0 = random_bf16(hidden, 8);
+  auto din = dual(din0);  // accumulates
+  auto dw = dual(dw0);
   ASSERT_TRUE(cpu_->rmsnorm_backward(din.cpu.tensor(), dw.cpu.tensor(), dout.cpu.tensor(), in.cpu.tensor(),
                                      w.cpu.tensor(), rstd.cpu.tensor(), n, hidden)
                   .is_ok());
@@ -159,7 +177,20 @@ TEST_F(Ops, RmsNorm) {
                   .is_ok());
   expect_close(din, "rmsnorm din");
   expect_close(dw, "rmsnorm dweight");
+  // The same inputs again: bit-identical gradients (fixed-order reduction, no float atomics).
+  auto din2 = dual(din0);
+  auto dw2 = dual(dw0);
+  ASSERT_TRUE(gpu_->rmsnorm_backward(din2.gpu.tensor(), dw2.gpu.tensor(), dout.gpu.tensor(), in.gpu.tensor(),
+                                     w.gpu.tensor(), rstd.gpu.tensor(), n, hidden)
+                  .is_ok());
+  EXPECT_EQ(from_gpu(dw2.gpu), from_gpu(dw.gpu)) << "dweight differs between two identical runs";
+  EXPECT_EQ(from_gpu(din2.gpu), from_gpu(din.gpu)) << "din differs between two identical runs";
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
+                         ::testing::Values(std::make_tuple(19, 333), std::make_tuple(3, 24), std::make_tuple(37, 4096),
+                                           std::make_tuple(2000, 256), std::make_tuple(3, 8200),
+                                           std::make_tuple(5, 16392)));
 
 TEST_F(Ops, Linear) {
   const int64_t n = 23, in_f = 96, out_f = 72;
@@ -249,18 +280,47 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                                            std::make_tuple(6, 6, 128, 65), std::make_tuple(16, 2, 128, 1000),
                                            std::make_tuple(4, 2, 64, 777)));
 
-TEST_F(Ops, SwigluAndAdd) {
-  const int64_t n = 13, ffn = 111;
-  auto gu = dual(random_bf16(n * 2 * ffn, 18, 3.0));
-  auto out = output(n * ffn);
-  ASSERT_TRUE(cpu_->swiglu_forward(out.cpu.tensor(), gu.cpu.tensor(), n, ffn).is_ok());
-  ASSERT_TRUE(gpu_->swiglu_forward(out.gpu.tensor(), gu.gpu.tensor(), n, ffn).is_ok());
-  expect_close(out, "swiglu forward");
-  auto dout = dual(random_bf16(n * ffn, 19));
-  auto dgu = output(n * 2 * ffn);
-  ASSERT_TRUE(cpu_->swiglu_backward(dgu.cpu.tensor(), dout.cpu.tensor(), gu.cpu.tensor(), n, ffn).is_ok());
-  ASSERT_TRUE(gpu_->swiglu_backward(dgu.gpu.tensor(), dout.gpu.tensor(), gu.gpu.tensor(), n, ffn).is_ok());
-  expect_close(dgu, "swiglu backward");
+// SwiGLU on both paths: odd ffn (scalar), multiples of 8 (vectors) with totals that leave a partial
+// last block, GLM-4's 13696, and offset 1 bf16 into the buffers (misaligned: scalar fallback).
+class Swiglu : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
+
+TEST_P(Swiglu, ForwardAndBackwardMatchCpu) {
+  const auto [rows, width, offset] = GetParam();
+  const int64_t n = rows, ffn = width, off = offset;
+  auto gu = dual(random_bf16(off + n * 2 * ffn, 18, 3.0));
+  auto out = output(off + n * ffn);
+  auto view = [&](const Buffer& b, int64_t count) { return b.slice(off, count); };
+  ASSERT_TRUE(cpu_->swiglu_forward(view(out.cpu, n * ffn), view(gu.cpu, n * 2 * ffn), n, ffn).is_ok());
+  ASSERT_TRUE(gpu_->swiglu_forward(view(out.gpu, n * ffn), view(gu.gpu, n * 2 * ffn), n, ffn).is_ok());
+  if (off > 0) {  // the elements before the view stay NaN on both sides; compare the view only
+    auto ours = from_gpu(out.gpu), ref = from_cpu(out.cpu);
+    EXPECT_TRUE(std::isnan(ours[0])) << "swiglu forward wrote before its output";
+    ours.erase(ours.begin(), ours.begin() + off);
+    ref.erase(ref.begin(), ref.begin() + off);
+    EXPECT_LT(relative_error(ours, ref), kBf16OpTolerance) << "swiglu forward (offset view)";
+  } else {
+    expect_close(out, "swiglu forward");
+  }
+  auto dout = dual(random_bf16(off + n * ffn, 19));
+  auto dgu = output(off + n * 2 * ffn);
+  ASSERT_TRUE(cpu_->swiglu_backward(view(dgu.cpu, n * 2 * ffn), view(dout.cpu, n * ffn), view(gu.cpu, n * 2 * ffn), n,
+                                    ffn)
+                  .is_ok());
+  ASSERT_TRUE(gpu_->swiglu_backward(view(dgu.gpu, n * 2 * ffn), view(dout.gpu, n * ffn), view(gu.gpu, n * 2 * ffn), n,
+                                    ffn)
+                  .is_ok());
+  auto ours = from_gpu(dgu.gpu), ref = from_cpu(dgu.cpu);
+  ours.erase(ours.begin(), ours.begin() + off);
+  ref.erase(ref.begin(), ref.begin() + off);
+  EXPECT_LT(relative_error(ours, ref), kBf16OpTolerance) << "swiglu backward";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Swiglu,
+                         ::testing::Values(std::make_tuple(13, 111, 0), std::make_tuple(1, 8, 0),
+                                           std::make_tuple(7, 64, 0), std::make_tuple(300, 24, 0),
+                                           std::make_tuple(3, 13696, 0), std::make_tuple(5, 64, 1)));
+
+TEST_F(Ops, Add) {
   auto a = dual(random_bf16(1001, 20));
   auto b = dual(random_bf16(1001, 21));
   auto c = output(1001);
@@ -268,6 +328,48 @@ TEST_F(Ops, SwigluAndAdd) {
   ASSERT_TRUE(gpu_->add(c.gpu.tensor(), a.gpu.tensor(), b.gpu.tensor(), 1001).is_ok());
   expect_close(c, "add");
 }
+
+// RoPE alone on the vectorised shapes (GLM-4-9B's 32 + 2 heads of 128 with 64 rotated; 28 + 4 heads,
+// exactly 8 per thread group; one 16-byte vector per head at head_dim 16) and the scalar one (rotary
+// 20), with positions up to 131,071 (fp32 angles past sincosf's fast range). Everything outside
+// the rotated part of q and k (the other half of each head, all of v) must come back bit-identical.
+class Rope : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {};
+
+TEST_P(Rope, RotatesOnlyTheRotaryPartOfQAndK) {
+  const auto [heads, kv_heads, head_dim, rotary] = GetParam();
+  const AttentionShape s{heads, kv_heads, head_dim};
+  const int64_t n = 67, width = s.qkv_width();
+  std::vector<int32_t> pos;
+  // A few tokens far out: an ulp of difference between host and device powf moves their angles by
+  // up to ~1e-2 rad, so they are kept to 7 of 67 tokens to stay inside the norm-wise tolerance.
+  for (int t = 0; t < n; ++t) pos.push_back(t < 60 ? 61 * t : 131071 - 977 * (t - 60));
+  auto positions = ints(pos);
+  const std::vector<float> input = random_bf16(n * width, 25, 1.5);
+  for (const double direction : {1.0, -1.0}) {
+    auto qkv = dual(input);
+    if (direction > 0) {
+      ASSERT_TRUE(cpu_->rope_forward(qkv.cpu.tensor(), positions.cpu.tensor(), n, s, rotary, 5e6).is_ok());
+      ASSERT_TRUE(gpu_->rope_forward(qkv.gpu.tensor(), positions.gpu.tensor(), n, s, rotary, 5e6).is_ok());
+    } else {
+      ASSERT_TRUE(cpu_->rope_backward(qkv.cpu.tensor(), positions.cpu.tensor(), n, s, rotary, 5e6).is_ok());
+      ASSERT_TRUE(gpu_->rope_backward(qkv.gpu.tensor(), positions.gpu.tensor(), n, s, rotary, 5e6).is_ok());
+    }
+    expect_close(qkv, direction > 0 ? "rope forward" : "rope backward");
+    const auto ours = from_gpu(qkv.gpu);
+    int64_t changed_outside = 0;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < width; ++j) {
+        const bool rotated = j < (heads + kv_heads) * head_dim && j % head_dim < rotary;
+        const size_t i = static_cast<size_t>(t * width + j);
+        if (!rotated && std::memcmp(&ours[i], &input[i], sizeof(float)) != 0) ++changed_outside;
+      }
+    EXPECT_EQ(changed_outside, 0) << "rope wrote outside the rotated part";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Rope,
+                         ::testing::Values(std::make_tuple(32, 2, 128, 64), std::make_tuple(28, 4, 64, 32),
+                                           std::make_tuple(3, 1, 16, 8), std::make_tuple(4, 2, 40, 20)));
 
 TEST_F(Ops, LmHeadCrossEntropy) {
   const int64_t n = 29, hidden = 64, vocab = 1003;
@@ -280,15 +382,65 @@ TEST_F(Ops, LmHeadCrossEntropy) {
   auto dh = output(n * hidden);
   auto dw = dual(random_bf16(vocab * hidden, 24, 0.01));
   const double scale = 1.0 / 23;
-  ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), dh.cpu.tensor(), dw.cpu.tensor(), h.cpu.tensor(),
-                                          w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, scale)
+  ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), Tensor{}, dh.cpu.tensor(), dw.cpu.tensor(),
+                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, scale)
                   .is_ok());
-  ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), dh.gpu.tensor(), dw.gpu.tensor(), h.gpu.tensor(),
-                                          w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, scale)
+  ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), Tensor{}, dh.gpu.tensor(), dw.gpu.tensor(),
+                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, scale)
                   .is_ok());
   expect_close(losses, "losses", 5e-3);
   expect_close(dh, "dhidden");
   expect_close(dw, "dweight");
+}
+
+// The argmax-correct flags (token accuracy) against the CPU reference, exactly: half of the targeted
+// rows aim at their row's argmax (taken from the CPU's logits, where the runner-up is clearly below,
+// so fp32 summation order cannot flip it), the rest elsewhere; ignored rows must read 0.
+TEST_F(Ops, LmHeadCrossEntropyTokenAccuracy) {
+  const int64_t n = 41, hidden = 64, vocab = 1003;
+  // A clear winner: logits are O(2); fp32 GEMMs of the same bf16 inputs differ by ~1e-6.
+  constexpr double kArgmaxMargin = 1e-3;
+  auto h = dual(random_bf16(n * hidden, 31));
+  auto w = dual(random_bf16(vocab * hidden, 32, 0.3));
+  Buffer logits = cpu_->allocate(n * vocab, DType::f32).take();
+  ASSERT_TRUE(
+      cpu_->linear_forward(logits.tensor(), h.cpu.tensor(), w.cpu.tensor(), Tensor{}, n, hidden, vocab).is_ok());
+  const float* z = logits.tensor().as<float>();
+  std::vector<int32_t> tgt, expected;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = z + t * vocab;
+    const int64_t best = std::max_element(row, row + vocab) - row;
+    float second = -INFINITY;
+    for (int64_t v = 0; v < vocab; ++v)
+      if (v != best) second = std::max(second, row[v]);
+    const bool clear = row[best] - second > kArgmaxMargin;
+    if (t % 7 == 3) {
+      tgt.push_back(-1);
+      expected.push_back(0);
+    } else if (t % 2 == 0 && clear) {
+      tgt.push_back(static_cast<int32_t>(best));
+      expected.push_back(1);
+    } else {
+      tgt.push_back(static_cast<int32_t>((best + 1 + t) % vocab));
+      expected.push_back(0);
+    }
+  }
+  ASSERT_GE(std::count(expected.begin(), expected.end(), 1), 12) << "too few clear argmax rows to test";
+  auto targets = ints(tgt);
+  auto losses = output(n, DType::f32);
+  auto correct = ints(std::vector<int32_t>(static_cast<size_t>(n), 7));  // poisoned: must be overwritten
+  ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), correct.cpu.tensor(), Tensor{}, Tensor{},
+                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, 0.0)
+                  .is_ok());
+  ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), correct.gpu.tensor(), Tensor{}, Tensor{},
+                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, 0.0)
+                  .is_ok());
+  std::vector<int32_t> on_cpu(static_cast<size_t>(n)), on_gpu(static_cast<size_t>(n));
+  ASSERT_TRUE(cpu_->download(on_cpu.data(), correct.cpu.tensor()).is_ok());
+  ASSERT_TRUE(gpu_->download(on_gpu.data(), correct.gpu.tensor()).is_ok());
+  EXPECT_EQ(on_cpu, expected) << "the CPU reference";
+  EXPECT_EQ(on_gpu, expected) << "the CUDA kernel";
+  expect_close(losses, "losses next to the argmax", 5e-3);
 }
 
 TEST_F(Ops, SumSquaresAndAdamW) {

@@ -1,11 +1,22 @@
-// One thread per (token, rotated head, pair); angles in fp32 as transformers computes them.
+// Partial interleaved RoPE in place, touching only the rotated part of the q and k heads; angles in
+// fp32 as transformers computes them. Vectorised path (head_dim and rotary_dim multiples of 8, an
+// aligned buffer): a thread owns one 16-byte vector (4 pairs) of the rotated part at one token and
+// a strided group of heads, computes its 4 cos/sin once and applies them to every head it owns,
+// with all of that thread's loads issued before the math. Elsewhere one thread per pair.
+#include <algorithm>
+
 #include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/vec.cuh"
 
 namespace glm::cuda {
 namespace {
 
-__global__ void rope_kernel(bf16* qkv, const int32_t* positions, int64_t n, int64_t rotated_heads, int64_t width,
-                            int64_t head_dim, int64_t pairs, int64_t rotary_dim, float base, float direction) {
+constexpr int kThreads = 256;
+constexpr int kMaxHeadsPerThread = 8;
+
+__global__ void rope_scalar_kernel(bf16* qkv, const int32_t* positions, int64_t n, int64_t rotated_heads,
+                                   int64_t width, int64_t head_dim, int64_t pairs, int64_t rotary_dim, float base,
+                                   float direction) {
   const int64_t total = n * rotated_heads * pairs;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -22,15 +33,78 @@ __global__ void rope_kernel(bf16* qkv, const int32_t* positions, int64_t n, int6
   }
 }
 
+// Thread i: token t = i / (slots * groups), then head group g, then vector slot v (fastest, so a
+// warp reads whole 16-byte runs of one head); heads g, g + groups, ... (at most kMaxHeadsPerThread).
+// All offsets in vectors: width_v = width / 8, head_v = head_dim / 8.
+__global__ void __launch_bounds__(kThreads, 3) rope_vec_kernel(uint4* qkv, const int32_t* positions, int64_t n,
+                                                            int rotated_heads, int groups, int slots,
+                                                            int64_t width_v, int head_v, int rotary_dim, float base,
+                                                            float direction) {
+  extern __shared__ float inv_freq[];  // rotary_dim / 2 entries, the same powf as the scalar path
+  for (int pair = threadIdx.x; pair < rotary_dim / 2; pair += blockDim.x)
+    inv_freq[pair] = 1.0f / powf(base, static_cast<float>(2 * pair) / static_cast<float>(rotary_dim));
+  __syncthreads();
+  const int64_t per_token = static_cast<int64_t>(slots) * groups;
+  const int64_t total = n * per_token;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_token;
+    const int rem = static_cast<int>(i - t * per_token);
+    const int g = rem / slots, v = rem - g * slots;
+    uint4* row = qkv + t * width_v + v;
+    uint4 x[kMaxHeadsPerThread];
+#pragma unroll
+    for (int k = 0; k < kMaxHeadsPerThread; ++k) {
+      const int h = g + k * groups;
+      if (h < rotated_heads) x[k] = row[h * head_v];
+    }
+    const float pos = static_cast<float>(positions[t]);
+    float c[4], s[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      sincosf(pos * inv_freq[4 * v + p], &s[p], &c[p]);
+      s[p] *= direction;
+    }
+#pragma unroll
+    for (int k = 0; k < kMaxHeadsPerThread; ++k) {
+      const int h = g + k * groups;
+      if (h < rotated_heads) {
+        float f[8];
+        unpack_bf16x8(x[k], f);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const float x0 = f[2 * p], x1 = f[2 * p + 1];
+          f[2 * p] = x0 * c[p] - x1 * s[p];
+          f[2 * p + 1] = x1 * c[p] + x0 * s[p];
+        }
+        row[h * head_v] = pack_bf16x8(f);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t rope(bf16* qkv, const int32_t* positions, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim,
                  int64_t rotary_dim, float base, float direction, cudaStream_t stream) {
-  const int64_t pairs = rotary_dim / 2, rotated = heads + kv_heads;
+  const int64_t pairs = rotary_dim / 2, rotated = heads + kv_heads, width = (heads + 2 * kv_heads) * head_dim;
+  if (n * rotated * pairs == 0) return cudaSuccess;
+  if (head_dim % kBf16PerVec == 0 && rotary_dim % kBf16PerVec == 0 && aligned16(qkv)) {
+    const int slots = static_cast<int>(rotary_dim / kBf16PerVec);
+    // Fewest groups that keep each thread at or under kMaxHeadsPerThread heads: cos/sin are
+    // computed once per (token, slot, group), the loads per thread stay at most 8 x 16 bytes.
+    const int groups = static_cast<int>((rotated + kMaxHeadsPerThread - 1) / kMaxHeadsPerThread);
+    const int64_t total = n * slots * groups;
+    const size_t table_bytes = sizeof(float) * static_cast<size_t>(pairs);
+    if (table_bytes > 48 * 1024) return cudaErrorInvalidValue;  // rotary_dim > 24576: no such model
+    rope_vec_kernel<<<grid_for(total, kThreads), kThreads, table_bytes, stream>>>(
+        reinterpret_cast<uint4*>(qkv), positions, n, static_cast<int>(rotated), groups, slots, width / kBf16PerVec,
+        static_cast<int>(head_dim / kBf16PerVec), static_cast<int>(rotary_dim), base, direction);
+    return cudaGetLastError();
+  }
   const int64_t total = n * rotated * pairs;
-  if (total == 0) return cudaSuccess;
-  rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(qkv, positions, n, rotated, (heads + 2 * kv_heads) * head_dim,
-                                                        head_dim, pairs, rotary_dim, base, direction);
+  rope_scalar_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(qkv, positions, n, rotated, width, head_dim,
+                                                                         pairs, rotary_dim, base, direction);
   return cudaGetLastError();
 }
 

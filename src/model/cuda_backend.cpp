@@ -152,11 +152,11 @@ class CudaBackend final : public Backend {
   }
   Status rmsnorm_backward(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight, Tensor rstd, int64_t n,
                           int64_t hidden) override {
-    GLM_ASSIGN_OR_RETURN(void* acc, norm_scratch_.get(sizeof(float) * static_cast<size_t>(hidden)));
-    GLM_CUDA_RETURN(cudaMemsetAsync(acc, 0, sizeof(float) * static_cast<size_t>(hidden), stream_));
-    GLM_CUDA_RETURN(cuda::rmsnorm_backward(b(din), static_cast<float*>(acc), b(dout), b(in), b(weight),
-                                           rstd.as<float>(), n, hidden, stream_));
-    GLM_CUDA_RETURN(cuda::accumulate_into_bf16(b(dweight), static_cast<float*>(acc), hidden, stream_));
+    int64_t floats = 0;
+    GLM_CUDA_RETURN(cuda::rmsnorm_backward_scratch(n, hidden, &floats));
+    GLM_ASSIGN_OR_RETURN(void* partials, norm_scratch_.get(sizeof(float) * static_cast<size_t>(floats)));
+    GLM_CUDA_RETURN(cuda::rmsnorm_backward(b(din), b(dweight), static_cast<float*>(partials), b(dout), b(in),
+                                           b(weight), rstd.as<float>(), n, hidden, stream_));
     return Status::ok();
   }
   Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
@@ -230,8 +230,8 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::add_bf16(b(out), b(a), b(c), count, stream_));
     return Status::ok();
   }
-  Status lm_head_cross_entropy(Tensor losses, Tensor dhidden, Tensor dweight, Tensor hidden, Tensor weight,
-                               Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
+  Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
+                               Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                double grad_scale) override {
     // Rows per chunk so that fp32 logits plus bf16 dlogits stay near 512 MiB.
     const int64_t budget = int64_t{512} << 20;
@@ -246,7 +246,9 @@ class CudaBackend final : public Backend {
       const int64_t m = std::min(chunk, n - t0);
       const bf16* h = b(hidden) + t0 * hidden_size;
       GLM_CUBLAS_RETURN(gemm_.linear_forward(logits, true, h, b(weight), nullptr, m, hidden_size, vocab, stream_));
-      GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0, static_cast<bf16*>(dlogits),
+      GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0,
+                                          correct.empty() ? nullptr : correct.as<int32_t>() + t0,
+                                          static_cast<bf16*>(dlogits),
                                           static_cast<float*>(logits), targets.as<int32_t>() + t0, m, vocab,
                                           static_cast<float>(grad_scale), stream_));
       if (grad) {
