@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "cli/export.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
 #include "data/dataset.h"
@@ -145,7 +146,8 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const s
   if (comm.rank() == 0) {
     std::printf("glm_hpc: eval of %s on %lld samples, %lld target tokens\n", o.model_id_or_path.c_str(),
                 static_cast<long long>(n), static_cast<long long>(total.targets));
-    std::printf("eval_loss: %.8f\neval_ppl: %.8f\n", total.mean_loss(), std::exp(total.mean_loss()));
+    std::printf("eval_loss: %.8f\neval_ppl: %.8f\neval_token_acc: %.8f\n", total.mean_loss(), total.perplexity(),
+                total.token_accuracy());
     std::fflush(stdout);
   }
   return glm::Status::ok();
@@ -175,8 +177,16 @@ int main(int argc, char** argv) {
       in.zero_stage = options.train.zero_stage;
       in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
       in.recompute = options.train.recompute;
+      in.zero_options = options.train.zero_options;
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }
+    return 0;
+  }
+  if (options.command == "export") {
+    // Files only, on one process (rank 0 under mpirun): no device, no data.
+    auto report = proc.rank == 0 ? glm::run_export(options) : glm::Result<std::string>(std::string());
+    if (int code = settle(report.status())) return code;
+    if (proc.rank == 0) std::printf("%s", report.value().c_str());
     return 0;
   }
   // SIGUSR1/SIGTERM are caught from here on: one during start-up stops training after its first step.
@@ -195,6 +205,10 @@ int main(int argc, char** argv) {
   auto chosen_tokenizer = choose_tokenizer(options, hf.value());
   if (int code = settle(chosen_tokenizer.status())) return code;
   const glm::Tokenizer* tokenizer = chosen_tokenizer.value().get();
+  if (tokenizer != nullptr) {  // recorded in checkpoints; resuming with another tokenizer is refused
+    options.train.tokenizer = tokenizer->source();
+    options.train.tokenizer_hash = tokenizer->content_hash();
+  }
   const glm::ModelConfig& model = options.train.model;
   glm::Status vocab_ok = tokenizer == nullptr || model.vocab_size >= tokenizer->vocab_size()
                              ? glm::Status::ok()

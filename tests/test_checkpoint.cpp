@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
 #include "mpi/local_communicator.h"
 #include "train/checkpoint.h"
+#include "train/engine.h"
 #include "train/trainer.h"
 
 namespace glm::test {
@@ -142,6 +146,171 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
   expect_refused(out, (out / "checkpoint-2").string(), "the checkpoint's intermediate_size is 48, this run's 64",
                  [](TrainConfig& c) { c.model.intermediate_size = 64; });
   expect_refused(out, (out / "nowhere").string(), "is not a directory");
+}
+
+nlohmann::json meta_of(const fs::path& checkpoint) {
+  std::ifstream in(checkpoint / "meta.json");
+  return nlohmann::json::parse(in);
+}
+
+// --resume_only_model from a checkpoint whose weights are the initial ones (two steps at learning
+// rate 0) is exactly a fresh run: zero moments, optimizer step 0, schedule and data from the start.
+// From a trained checkpoint the same run starts lower: the weights did come from it.
+TEST(Checkpoint, ResumeOnlyModelStartsOptimizerScheduleAndDataOver) {
+  const fs::path out = fresh("only_model");
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  TrainConfig frozen = tiny(out / "frozen");
+  frozen.max_steps = 2;
+  frozen.learning_rate = 0.0;
+  ASSERT_TRUE(train(frozen, data(), comm, *backend).is_ok());
+
+  TrainConfig c = tiny(out / "fresh");
+  c.save_strategy = "no";
+  auto straight = train(c, data(), comm, *backend);
+  ASSERT_TRUE(straight.is_ok()) << straight.status().message();
+  c.output_dir = (out / "only").string();
+  c.resume_from_checkpoint = (out / "frozen" / "checkpoint-2").string();
+  c.resume_only_model = true;
+  auto only = train(c, data(), comm, *backend);
+  ASSERT_TRUE(only.is_ok()) << only.status().message();
+  EXPECT_EQ(only.value().losses, straight.value().losses) << "4 steps from step 0, bit for bit";
+
+  c.resume_only_model = false;  // the full resume continues the frozen run's step count instead
+  auto full = train(c, data(), comm, *backend);
+  ASSERT_TRUE(full.is_ok()) << full.status().message();
+  EXPECT_EQ(full.value().losses.size(), 2u);
+
+  const fs::path trained_out = trained("only_model_trained");
+  c.resume_from_checkpoint = (trained_out / "checkpoint-4").string();
+  c.resume_only_model = true;
+  auto from_trained = train(c, data(), comm, *backend);
+  ASSERT_TRUE(from_trained.is_ok()) << from_trained.status().message();
+  ASSERT_EQ(from_trained.value().losses.size(), 4u);
+  EXPECT_LT(from_trained.value().losses[0], straight.value().losses[0] - 0.05);
+}
+
+// Each checkpoint records its step's eval loss and the best so far; --save_total_limit prunes the
+// oldest but keeps the best checkpoint as well as the newest, also across a resume.
+TEST(Checkpoint, MetaRecordsEvaluationAndPruningKeepsTheBest) {
+  Dataset training = data(), held;
+  ASSERT_TRUE(split_dataset(training, 0.1, 5, held).is_ok());
+  const fs::path out = fresh("best");
+  TrainConfig c = tiny(out);
+  c.max_steps = 5;
+  c.eval_steps = 1;
+  c.save_total_limit = 2;
+  // A constant, large rate makes the held-out loss jump about (the preconditions below say how).
+  c.lr_scheduler_type = "constant";
+  c.learning_rate = 0.1;
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  auto r = train(c, training, comm, *backend, {}, &held);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  auto best_of = [](const std::vector<std::pair<int64_t, double>>& evals) {
+    return *std::min_element(evals.begin(), evals.end(),
+                             [](const auto& a, const auto& b) { return a.second < b.second; });
+  };
+  auto kept = [&] {
+    std::vector<int64_t> steps;
+    for (int64_t step = 1; step <= 10; ++step)
+      if (fs::exists(out / ("checkpoint-" + std::to_string(step)))) steps.push_back(step);
+    return steps;
+  };
+  std::vector<std::pair<int64_t, double>> evals = r.value().eval_losses;
+  ASSERT_EQ(evals.size(), 5u);
+  const auto best = best_of(evals);
+  ASSERT_LT(best.first, 4) << "precondition: the best is older than the two newest checkpoints";
+  const std::string best_name = "checkpoint-" + std::to_string(best.first);
+  EXPECT_EQ(kept(), (std::vector<int64_t>{best.first, 5}));
+  const nlohmann::json last = meta_of(out / "checkpoint-5"), at_best = meta_of(out / best_name);
+  EXPECT_EQ(last["eval_loss"].get<double>(), evals.back().second);
+  EXPECT_EQ(last["best_metric"].get<double>(), best.second);
+  EXPECT_EQ(last["best_global_step"].get<int64_t>(), best.first);
+  EXPECT_EQ(last["best_model_checkpoint"], best_name);
+  EXPECT_EQ(at_best["eval_loss"].get<double>(), best.second);
+  EXPECT_EQ(at_best["best_model_checkpoint"], best_name);
+
+  // Resumed to step 7, the record carries on: checkpoint-6 still names the old best, and once a
+  // later evaluation beats it the old best may go.
+  TrainConfig more = c;
+  more.max_steps = 7;
+  more.resume_from_checkpoint = "latest";
+  auto resumed = train(more, training, comm, *backend, {}, &held);
+  ASSERT_TRUE(resumed.is_ok()) << resumed.status().message();
+  for (const auto& e : resumed.value().eval_losses) evals.push_back(e);
+  ASSERT_EQ(evals.size(), 7u);
+  ASSERT_GT(evals[5].second, best.second) << "precondition: step 6 does not beat the best";
+  ASSERT_LT(evals[6].second, best.second) << "precondition: step 7 does";
+  EXPECT_EQ(meta_of(out / "checkpoint-6")["best_model_checkpoint"], best_name);
+  EXPECT_EQ(meta_of(out / "checkpoint-7")["best_model_checkpoint"], "checkpoint-7");
+  EXPECT_EQ(kept(), (std::vector<int64_t>{6, 7}));
+}
+
+// The tokenizer's content hash travels in meta.json; another tokenizer is refused naming both.
+TEST(Checkpoint, ResumeWithAnotherTokenizerIsRefused) {
+  const fs::path out = fresh("tokenizer");
+  TrainConfig c = tiny(out);
+  c.max_steps = 2;
+  c.tokenizer = "/models/a/tokenizer.model";
+  c.tokenizer_hash = "fnv1a64:00000000000000aa";
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  ASSERT_TRUE(train(c, data(), comm, *backend).is_ok());
+  const nlohmann::json meta = meta_of(out / "checkpoint-2");
+  EXPECT_EQ(meta["tokenizer"]["path"], c.tokenizer);
+  EXPECT_EQ(meta["tokenizer"]["content_hash"], c.tokenizer_hash);
+  EXPECT_TRUE(meta["eval_loss"].is_null()) << "no validation set";
+  auto other = [](TrainConfig& t) {
+    t.tokenizer = "/models/b/tokenizer.model";
+    t.tokenizer_hash = "fnv1a64:00000000000000bb";
+  };
+  expect_refused(out, (out / "checkpoint-2").string(),
+                 "tokenizer '/models/a/tokenizer.model' (content hash fnv1a64:00000000000000aa), this run's tokenizer "
+                 "'/models/b/tokenizer.model' has content hash fnv1a64:00000000000000bb",
+                 other);
+  expect_refused(out, (out / "checkpoint-2").string(), "content hash fnv1a64:00000000000000bb", [&](TrainConfig& t) {
+    other(t);
+    t.resume_only_model = true;  // the embeddings would mean other tokens all the same
+  });
+  TrainConfig same = tiny(out / "same");
+  same.max_steps = 3;
+  same.tokenizer = c.tokenizer;
+  same.tokenizer_hash = c.tokenizer_hash;
+  same.resume_from_checkpoint = (out / "checkpoint-2").string();
+  auto r = train(same, data(), comm, *backend);
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+}
+
+// Token accuracy counts the target tokens whose logits' argmax is the label: checked against the
+// logits themselves on a model that memorised one batch (so that some, not all, are right).
+TEST(Evaluation, TokenAccuracyCountsArgmaxHitsOfTheLogits) {
+  TrainConfig c = tiny(fresh("accuracy"));
+  HostMicroBatch batch;
+  for (int64_t i = 0; i < 3; ++i) append_document(batch, data().sample(i));
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  auto made = TrainingEngine::create(c.model, *backend, comm, batch.size(), AdamWOptions{}, 1.0);
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  auto engine = made.take();
+  ASSERT_TRUE(engine->initialize_parameters(3).is_ok());
+  for (int s = 0; s < 15; ++s) ASSERT_TRUE(engine->step({&batch, 1}, 1e-2).is_ok());
+  auto e = engine->evaluate(batch);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  std::vector<float> logits;
+  ASSERT_TRUE(engine->logits(batch, logits).is_ok());
+  const int64_t vocab = c.model.vocab_size;
+  int64_t hits = 0;
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    if (batch.targets[static_cast<size_t>(t)] < 0) continue;
+    const float* row = logits.data() + t * vocab;
+    hits += std::max_element(row, row + vocab) - row == batch.targets[static_cast<size_t>(t)];
+  }
+  EXPECT_EQ(e.value().targets, batch.target_count);
+  EXPECT_EQ(e.value().correct, hits);
+  EXPECT_GT(hits, 0);
+  EXPECT_LT(hits, batch.target_count);
+  EXPECT_DOUBLE_EQ(e.value().token_accuracy(), static_cast<double>(hits) / static_cast<double>(batch.target_count));
 }
 
 }  // namespace

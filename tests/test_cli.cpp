@@ -218,14 +218,23 @@ TEST(Cli, ShortRunWritesArgsAndLog) {
   std::ifstream log(out / "logging.jsonl");
   std::string line;
   int lines = 0;
+  int saves = 0;
   while (std::getline(log, line)) {
     auto rec = nlohmann::json::parse(line);
+    if (rec.contains("checkpoint")) {  // the save at the end: its size and duration
+      ++saves;
+      EXPECT_EQ(rec["step"], 3);
+      EXPECT_GT(rec["save_bytes"].get<int64_t>(), 0);
+      EXPECT_GT(rec["save_seconds"].get<double>(), 0.0);
+      continue;
+    }
     EXPECT_EQ(rec["step"], ++lines);
     for (const char* key :
          {"loss", "learning_rate", "grad_norm", "tokens_per_second", "elapsed_seconds", "eta_seconds"})
       EXPECT_TRUE(rec.contains(key)) << key;
   }
   EXPECT_EQ(lines, 3);
+  EXPECT_EQ(saves, 1);
 }
 
 }  // namespace
@@ -583,6 +592,36 @@ TEST(CliDatasetCache, DamagedEntryIsTokenizedAgain) {
   EXPECT_EQ(count(r.output, "glm_hpc: tokenization cache: wrote "), 1) << r.output;
   RunResult again = run_glm(args, 2, before);
   EXPECT_EQ(count(again.output, "glm_hpc: tokenization cache: read "), 1) << again.output;
+}
+
+// glm_hpc export of a default run (the sample tokenizer): the directory carries the run's
+// tokenizer.model and its special ids, and glm_hpc evaluates it as a Hugging Face model directory.
+TEST(CliExport, DefaultRunExportsAndEvaluates) {
+  const fs::path root = cli_scratch("export");
+  const std::string out = (root / "out").string(), hf = (root / "hf").string();
+  ASSERT_EQ(run_glm(kTinyModel + "--max_steps 2 --save_steps 2 --output_dir " + out, 2).exit_code, 0);
+  RunResult r = run_glm("export --ckpt_dir " + out + " --save_dir " + hf, 1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("glm_hpc: exported"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(root / "hf" / "tokenizer.model"));
+  std::ifstream in(root / "hf" / "config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  EXPECT_EQ(cfg["model_type"], "glm");
+  EXPECT_EQ(cfg["pad_token_id"], 1500);  // data/sample/tokenizer.model: 1500 ranks, then the specials
+  EXPECT_EQ(cfg["eos_token_id"], nlohmann::json({1500, 1507, 1509}));
+  RunResult eval = run_glm("eval --model_id_or_path " + hf, 1);
+  EXPECT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("eval_loss: "), std::string::npos) << eval.output;
+  // A second export into the same directory, a missing --save_dir, a bad size: one message, exit 2.
+  RunResult again = run_glm("export --ckpt_dir " + out + " --save_dir " + hf, 1);
+  EXPECT_EQ(again.exit_code, 2) << again.output;
+  EXPECT_NE(again.output.find("is not empty; give --overwrite true"), std::string::npos) << again.output;
+  expect_bad_input("export --ckpt_dir " + out, "--save_dir is required by 'glm_hpc export'");
+  expect_bad_input("export --ckpt_dir " + out + " --save_dir " + hf + "2 --max_shard_size 5XB",
+                   "--max_shard_size '5XB' is not a size");
+  expect_bad_input("export --ckpt_dir " + out + " --save_dir " + hf + "2 --export_format gguf",
+                   "--export_format must be hf or chatglm");
 }
 
 }  // namespace

@@ -224,6 +224,29 @@ TEST(CpuOps, CrossEntropyGradientAndIgnoredRows) {
   expect_gradient_matches(loss, logits, dlogits, kGradTolerance, "dlogits");
 }
 
+// Token accuracy: argmax == target with torch.argmax's tie rule (the first maximum), 0 on ignored rows.
+TEST(CpuOps, CrossEntropyCountsArgmaxHits) {
+  const int64_t n = 6, vocab = 5;
+  const std::vector<double> logits = {
+      0.1, 2.0, -1.0, 0.5, 0.0,  // argmax 1, target 1: hit
+      0.1, 2.0, -1.0, 0.5, 0.0,  // target 3: miss
+      3.0, 0.0, 0.0, 3.0, 1.0,   // tie between 0 and 3, target 3: miss (the first maximum wins)
+      3.0, 0.0, 0.0, 3.0, 1.0,   // same row, target 0: hit
+      0.0, 0.0, 0.0, 0.0, 9.0,   // ignored row whose argmax would be its (absent) target
+      -5., -4., -3., -2., -1.,   // argmax is the last index, target 4: hit
+  };
+  const std::vector<int32_t> targets = {1, 3, 3, 0, -1, 4};
+  std::vector<double> losses(n);
+  std::vector<int32_t> correct(n, 7);
+  EXPECT_EQ(cpu::cross_entropy(losses.data(), static_cast<double*>(nullptr), logits.data(), targets.data(), n, vocab,
+                               0.0, correct.data()),
+            5);
+  EXPECT_EQ(correct, (std::vector<int32_t>{1, 0, 0, 1, 0, 1}));
+  std::vector<double> without(n);
+  cpu::cross_entropy(without.data(), static_cast<double*>(nullptr), logits.data(), targets.data(), n, vocab, 0.0);
+  EXPECT_EQ(losses, without) << "asking for the argmax changes no loss";
+}
+
 TEST(CpuOps, AdamWMatchesClosedFormFirstTwoSteps) {
   // With bias correction, step 1 moves by lr * g / (|g| + eps) after decay p *= 1 - lr * wd.
   cpu::AdamWStep s;

@@ -69,6 +69,7 @@ const Dataset& validation() {
 struct Reference {
   std::vector<double> losses;
   std::vector<double> eval_losses;  // after steps 10 and 20
+  std::vector<int64_t> eval_correct;  // argmax-correct validation tokens after steps 10 and 20
   double checksum = 0;
 };
 
@@ -79,6 +80,7 @@ const Reference& reference() {
     Reference r;
     r.losses.assign(20, 0.0);
     r.eval_losses.assign(2, 0.0);
+    r.eval_correct.assign(2, 0);
     if (rank == 0) {
       TrainConfig single = zero_config();
       single.gradient_accumulation_steps = kGlobalBatch;
@@ -91,9 +93,12 @@ const Reference& reference() {
       EXPECT_EQ(s.value().eval_losses.size(), 2u);
       for (size_t i = 0; i < 2 && i < s.value().eval_losses.size(); ++i)
         r.eval_losses[i] = s.value().eval_losses[i].second;
+      for (size_t i = 0; i < 2 && i < s.value().eval_correct.size(); ++i)
+        r.eval_correct[i] = s.value().eval_correct[i].second;
     }
     MPI_Bcast(r.losses.data(), 20, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Bcast(r.eval_losses.data(), 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(r.eval_correct.data(), 2, MPI_INT64_T, 0, MPI_COMM_WORLD);
     MPI_Bcast(&r.checksum, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     return r;
   }();
@@ -124,7 +129,11 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(r.value().eval_losses[i].first, static_cast<int64_t>(10 * (i + 1)));
     EXPECT_NEAR(r.value().eval_losses[i].second, ref.eval_losses[i], kTrajectoryTolerance * ref.eval_losses[i]);
+    // Token accuracy: counts summed over the ranks like the loss; argmaxes this far from a tie
+    // do not move with the ~1e-7 reordering, so the counts match exactly.
+    EXPECT_EQ(r.value().eval_correct[i].second, ref.eval_correct[i]) << "evaluation " << i;
   }
+  EXPECT_GT(ref.eval_correct[1], 0) << "a trained model predicts some validation tokens";
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(r.value().losses[i], ref.losses[i], kTrajectoryTolerance * ref.losses[i])
         << "stage " << stage << " step " << i + 1 << " world " << comm.size() << " recompute "

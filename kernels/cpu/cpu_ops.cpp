@@ -273,11 +273,12 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, in
 
 template <typename T>
 int64_t cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
-                      double grad_scale) {
+                      double grad_scale, int32_t* correct) {
   int64_t counted = 0;
   for (int64_t t = 0; t < n; ++t) {
     const T* z = logits + t * vocab;
     T* dz = dlogits != nullptr ? dlogits + t * vocab : nullptr;
+    if (correct != nullptr) correct[t] = 0;
     if (targets[t] < 0) {
       losses[t] = 0;
       if (dz != nullptr) std::fill(dz, dz + vocab, T(0));
@@ -285,7 +286,14 @@ int64_t cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* tar
     }
     ++counted;
     double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+    int64_t argmax = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (static_cast<double>(z[v]) > mx) {  // strict: the first maximum wins, as torch.argmax
+        mx = static_cast<double>(z[v]);
+        argmax = v;
+      }
+    }
+    if (correct != nullptr) correct[t] = argmax == targets[t] ? 1 : 0;
     double sum = 0;
     for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v]) - mx);
     const double lse = mx + std::log(sum);
@@ -344,7 +352,7 @@ void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, co
                                       AttentionShape);                                                         \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                             \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                                  \
-  template int64_t cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, double);               \
+  template int64_t cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, double, int32_t*);     \
   template void add<T>(T*, const T*, const T*, int64_t);                                                       \
   template double sum_squares<T>(const T*, int64_t);                                                           \
   template void adamw<T>(T*, const T*, T*, T*, int64_t, const AdamWStep&);

@@ -65,10 +65,12 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t n, in
 
 // losses[t] = logsumexp(logits[t]) - logits[t, targets[t]], or 0 where targets[t] < 0.
 // If dlogits is non-null: dlogits = (softmax - onehot) * grad_scale on targeted rows, 0 elsewhere.
+// If correct is non-null: correct[t] = 1 where the first index of the row's maximum is the target
+// (torch.argmax), else 0 (also on untargeted rows): token accuracy.
 // Returns the number of targeted rows.
 template <typename T>
 int64_t cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
-                      double grad_scale);
+                      double grad_scale, int32_t* correct = nullptr);
 
 // out = a + b (elementwise); out may alias a or b.
 template <typename T>

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/ini_file.h"
+#include "io/hf_export.h"
 
 namespace po = boost::program_options;
 
@@ -94,6 +95,9 @@ class OptionTable {
     add(general, "resume_from_checkpoint", &t.resume_from_checkpoint,
         "a checkpoint directory, or latest (the newest complete one in --output_dir): weights, optimizer, "
         "schedule and data position; any world size and ZeRO stage");
+    add(general, "resume_only_model", &t.resume_only_model,
+        "true: take only the weights of --resume_from_checkpoint; the optimizer moments start at zero and the "
+        "step, LR schedule and data position at the beginning (ms-swift's option)");
     add(general, "collective_timeout", &o_.collective_timeout,
         "seconds a collective may wait before all ranks abort (a peer died or hangs)");
 
@@ -172,6 +176,22 @@ class OptionTable {
         "recomputed from its input before its backward)");
     add(train, "gradient_checkpointing", &o_.gradient_checkpointing,
         "true is --recompute full (the transformers/ms-swift name)");
+    add(train, "reduce_bucket_size", &o_.reduce_bucket_size,
+        "ZeRO gradient bucket in elements (DeepSpeed's name; 5e8 or 500000000): consecutive layers' gradients are "
+        "reduced in one collective up to this size, a larger layer alone; auto: the knee of the bus-bandwidth curve "
+        "(90% of its plateau), from --comm_profile or measured at start");
+    add(train, "allgather_bucket_size", &o_.allgather_bucket_size,
+        "ZeRO-1/2 parameter all-gather bucket in elements after the optimizer step");
+    add(train, "overlap_comm", &t.zero_options.overlap_comm,
+        "true: start each bucket's collective as soon as it is complete, overlapping backward, the optimizer and "
+        "the next layer's forward; false: after its producer, one at a time (a baseline)");
+    add(train, "prefetch_bucket_size", &o_.prefetch_bucket_size,
+        "ZeRO-3: gather the next layer ahead while the current one computes when it has at most this many "
+        "elements (one layer ahead at most); 0 disables prefetching");
+    add(train, "grad_reduce_dtype", &o_.grad_reduce_dtype,
+        "dtype gradients are reduced in: fp32 (PyTorch FSDP2's reduce_dtype=float32) or bf16 (half the traffic)");
+    add(train, "comm_profile", &t.comm_profile,
+        "bench_comm --json file that --reduce_bucket_size auto reads instead of measuring at start");
     po::options_description plan("Memory planner (glm_hpc plan)");
     add(plan, "world_size", &o_.plan_world_size, "GPUs the plan spreads the model over");
     add(plan, "gpu_memory_gib", &o_.gpu_memory_gib, "memory of one GPU in GiB (default: an H200)");
@@ -181,7 +201,21 @@ class OptionTable {
         "print kept sample N (0-based) decoded, its trained tokens between [[ and ]] (a trained token shows its "
         "label); -1 = none");
 
-    all_.add(general).add(model).add(data).add(train).add(plan).add(prepare);
+    po::options_description hf_export("Export to Hugging Face (glm_hpc export)");
+    add(hf_export, "ckpt_dir", &o_.ckpt_dir,
+        "the checkpoint to export: a checkpoint-N directory, or an --output_dir (its latest checkpoint)");
+    add(hf_export, "save_dir", &o_.save_dir, "the model directory to write (created; written whole or not at all)");
+    add(hf_export, "export_format", &o_.export_format,
+        "hf: transformers GlmForCausalLM (model_type glm); chatglm: the THUDM layout (model_type chatglm, "
+        "fused query_key_value, trust_remote_code)");
+    add(hf_export, "max_shard_size", &o_.max_shard_size,
+        "largest safetensors shard: 5GB, 500MB, 2GiB or bytes, as transformers' save_pretrained");
+    add(hf_export, "tokenizer_dir", &o_.tokenizer_dir,
+        "tokenizer files to copy (tokenizer.model, tokenizer_config.json, tokenization_chatglm.py, ...), a "
+        "directory or a tokenizer.model; default: the training run's --model_id_or_path or tokenizer");
+    add(hf_export, "overwrite", &o_.overwrite, "true: replace a non-empty --save_dir");
+
+    all_.add(general).add(model).add(data).add(train).add(plan).add(prepare).add(hf_export);
   }
 
   CliOptions& o_;
@@ -205,6 +239,21 @@ constexpr const char* kModelShapeOptions[] = {"vocab_size",
 std::string strip_dashes(std::string s) {
   while (!s.empty() && s.front() == '-') s.erase(s.begin());
   return s;
+}
+
+// DeepSpeed writes sizes as 5e8 or 500000000: a whole number of elements, plain or in e-notation.
+Result<int64_t> parse_element_count(const std::string& text, bool allow_zero) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(value) || value != std::floor(value) || value < 0 ||
+      value > 4e18 || (value == 0 && !allow_zero))
+    return GLM_USER_ERROR("not an element count");
+  return static_cast<int64_t>(value);
 }
 
 struct Sources {
@@ -245,6 +294,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(t.save_strategy == "steps" || t.save_strategy == "no", src, "save_strategy",
                             "must be steps or no, got '" + t.save_strategy + "'"));
   GLM_RETURN_IF_ERROR(check(t.save_steps >= 1, src, "save_steps", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(!t.resume_only_model || !t.resume_from_checkpoint.empty(), src, "resume_only_model",
+                            "needs --resume_from_checkpoint (the checkpoint whose weights to load)"));
   GLM_RETURN_IF_ERROR(check(t.zero_stage >= 0 && t.zero_stage <= 3, src, "zero_stage", "must be 0, 1, 2 or 3"));
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
   {
@@ -256,6 +307,33 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
     GLM_RETURN_IF_ERROR(check(!o.gradient_checkpointing || !explicit_policy || t.recompute == Recompute::full, src,
                               "gradient_checkpointing", "true contradicts --recompute " + o.recompute));
     if (o.gradient_checkpointing) t.recompute = Recompute::full;
+  }
+  {
+    ZeroOptions& z = t.zero_options;
+    if (o.reduce_bucket_size == "auto") {
+      z.reduce_bucket_size = ZeroOptions::kAutoBucketSize;
+    } else {
+      auto n = parse_element_count(o.reduce_bucket_size, false);
+      GLM_RETURN_IF_ERROR(check(n.is_ok(), src, "reduce_bucket_size",
+                                "must be a positive element count (5e8, 500000000) or auto, got '" +
+                                    o.reduce_bucket_size + "'"));
+      z.reduce_bucket_size = n.value();
+    }
+    auto gather = parse_element_count(o.allgather_bucket_size, false);
+    GLM_RETURN_IF_ERROR(check(gather.is_ok(), src, "allgather_bucket_size",
+                              "must be a positive element count (5e8, 500000000), got '" + o.allgather_bucket_size +
+                                  "'"));
+    z.allgather_bucket_size = gather.value();
+    auto prefetch = parse_element_count(o.prefetch_bucket_size, true);
+    GLM_RETURN_IF_ERROR(check(prefetch.is_ok(), src, "prefetch_bucket_size",
+                              "must be an element count >= 0 (5e8, 0 = no prefetch), got '" + o.prefetch_bucket_size +
+                                  "'"));
+    z.prefetch_bucket_size = prefetch.value();
+    GLM_RETURN_IF_ERROR(check(o.grad_reduce_dtype == "fp32" || o.grad_reduce_dtype == "bf16", src,
+                              "grad_reduce_dtype", "must be fp32 or bf16, got '" + o.grad_reduce_dtype + "'"));
+    z.grad_reduce_dtype = o.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+    GLM_RETURN_IF_ERROR(check(t.comm_profile.empty() || z.reduce_bucket_size == ZeroOptions::kAutoBucketSize, src,
+                              "comm_profile", "is only read by --reduce_bucket_size auto"));
   }
   GLM_RETURN_IF_ERROR(check(t.lr_scheduler_type == "cosine" || t.lr_scheduler_type == "linear" ||
                                 t.lr_scheduler_type == "constant_with_warmup" || t.lr_scheduler_type == "constant",
@@ -280,6 +358,14 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(o.gpu_memory_gib > 0, src, "gpu_memory_gib", "must be positive"));
   GLM_RETURN_IF_ERROR(check(o.command != "eval" || !o.model_id_or_path.empty(), src, "model_id_or_path",
                             "is required by 'glm_hpc eval'"));
+  if (o.command == "export") {
+    GLM_RETURN_IF_ERROR(check(!o.ckpt_dir.empty(), src, "ckpt_dir", "is required by 'glm_hpc export'"));
+    GLM_RETURN_IF_ERROR(check(!o.save_dir.empty(), src, "save_dir", "is required by 'glm_hpc export'"));
+    GLM_RETURN_IF_ERROR(check(o.export_format == "hf" || o.export_format == "chatglm", src, "export_format",
+                              "must be hf or chatglm, got '" + o.export_format + "'"));
+    auto shard = parse_byte_size(o.max_shard_size);
+    if (!shard.is_ok()) return GLM_USER_ERROR(src.where("max_shard_size"), " ", shard.status().message());
+  }
   if (!o.model_id_or_path.empty()) {
     // The checkpoint's config.json defines the model: a shape given here as well is a contradiction.
     for (const char* name : kModelShapeOptions)
@@ -320,7 +406,9 @@ std::string help_text() {
     << "       mpirun -np N glm_hpc eval --model_id_or_path DIR --dataset FILE [--option value ...]\n"
     << "       glm_hpc plan --config FILE --world_size N --zero_stage S [--option value ...]\n"
     << "       glm_hpc prepare --dataset FILE... [--max_length N --packing true ...] [--print_example N]\n"
-    << "                       [--output_dir DIR]\n\n"
+    << "                       [--output_dir DIR]\n"
+    << "       glm_hpc export --ckpt_dir DIR --save_dir OUT [--export_format hf|chatglm] [--max_shard_size 5GB]\n"
+    << "                      [--tokenizer_dir DIR] [--overwrite true]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
     << "embedded tiny GLM-4 on data/sample/conversations.jsonl, tokenized with the project's\n"
     << "data/sample/tokenizer.model (tools/train_tokenizer.cpp). 'eval' prints eval_loss and eval_ppl\n"
@@ -328,7 +416,11 @@ std::string help_text() {
     << "predicts the per-GPU memory of a CUDA run and says whether it fits. 'prepare' runs the data\n"
     << "pipeline only: the length report (and packing report) training prints at start, and with\n"
     << "--print_example N sample N with its trained tokens between [[ and ]]; with --output_dir DIR it\n"
-    << "writes the tokenized samples as token shards that --dataset DIR then trains on, memory-mapped.\n\n"
+    << "writes the tokenized samples as token shards that --dataset DIR then trains on, memory-mapped.\n"
+    << "'export' reassembles a checkpoint's fp32 master weights (saved at any world size and ZeRO stage)\n"
+    << "into a Hugging Face model directory: config.json, generation_config.json, bf16 safetensors shards\n"
+    << "(+ model.safetensors.index.json) and the tokenizer files; transformers loads the default layout\n"
+    << "with GlmForCausalLM.from_pretrained, and glm_hpc with --model_id_or_path.\n\n"
     << table.all();
   return s.str();
 }
@@ -340,8 +432,9 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   if (!args.empty() && !args.front().empty() && args.front().front() != '-') {
     o.command = args.front();
     args.erase(args.begin());
-    if (o.command != "train" && o.command != "eval" && o.command != "plan" && o.command != "prepare")
-      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan, prepare)");
+    if (o.command != "train" && o.command != "eval" && o.command != "plan" && o.command != "prepare" &&
+        o.command != "export")
+      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan, prepare, export)");
   }
   po::variables_map vm;
   Sources src;

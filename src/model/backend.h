@@ -95,10 +95,12 @@ class Backend {
   virtual Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) = 0;
   virtual Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) = 0;
   virtual Status add(Tensor out, Tensor a, Tensor b, int64_t count) = 0;
-  // Fused lm_head + cross-entropy: losses[t] per token (0 where targets[t] < 0). When dhidden is
-  // non-empty also dhidden = dlogits W and dweight += dlogits^T hidden, with dlogits scaled by grad_scale.
-  virtual Status lm_head_cross_entropy(Tensor losses, Tensor dhidden, Tensor dweight, Tensor hidden, Tensor weight,
-                                       Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
+  // Fused lm_head + cross-entropy: losses[t] per token (0 where targets[t] < 0). When correct (i32)
+  // is non-empty, correct[t] = 1 where the logits' argmax (first maximum) is the target, else 0.
+  // When dhidden is non-empty also dhidden = dlogits W and dweight += dlogits^T hidden, with dlogits
+  // scaled by grad_scale.
+  virtual Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
+                                       Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                        double grad_scale) = 0;
   virtual Result<double> sum_squares(Tensor x) = 0;
   // dst[i] = value; dst[i] = std * counter_normal(key, offset + i) (kernels/counter_rng.h).

@@ -1,4 +1,5 @@
 // The CPU backend: host memory and the reference ops of kernels/cpu, in fp32 or fp64.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -50,14 +51,32 @@ class CpuBackend final : public Backend {
       if (dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
       return Status::ok();
     }
+    // bf16 (ZeRO's --grad_reduce_dtype bf16): the upper 16 bits of an fp32, rounded to nearest even.
     auto load = [&](int64_t i) -> double {
-      return src.dtype == DType::f64 ? src.as<double>()[i] : static_cast<double>(src.as<float>()[i]);
+      if (src.dtype == DType::f64) return src.as<double>()[i];
+      if (src.dtype == DType::bf16) {
+        const uint32_t bits = static_cast<uint32_t>(src.as<uint16_t>()[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+      }
+      return static_cast<double>(src.as<float>()[i]);
     };
     for (int64_t i = 0; i < dst.numel; ++i) {
-      if (dst.dtype == DType::f64)
+      if (dst.dtype == DType::f64) {
         dst.as<double>()[i] = load(i);
-      else
+      } else if (dst.dtype == DType::bf16) {
+        const float f = static_cast<float>(load(i));
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        if ((bits & 0x7fffffffu) > 0x7f800000u)
+          bits |= 0x00400000u;  // NaN stays a (quiet) NaN
+        else
+          bits += 0x7fffu + ((bits >> 16) & 1u);
+        dst.as<uint16_t>()[i] = static_cast<uint16_t>(bits >> 16);
+      } else {
         dst.as<float>()[i] = static_cast<float>(load(i));
+      }
     }
     return Status::ok();
   }
@@ -125,8 +144,8 @@ class CpuBackend final : public Backend {
     cpu::add(p(out), p(a), p(b), count);
     return Status::ok();
   }
-  Status lm_head_cross_entropy(Tensor losses, Tensor dhidden, Tensor dweight, Tensor hidden, Tensor weight,
-                               Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
+  Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
+                               Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                double grad_scale) override {
     // Token chunks bound the logits scratch to kChunk x vocab.
     constexpr int64_t kChunk = 32;
@@ -138,7 +157,8 @@ class CpuBackend final : public Backend {
       const T* h = p(hidden) + t0 * hidden_size;
       cpu::linear_forward(logits_.data(), h, p(weight), static_cast<const T*>(nullptr), m, hidden_size, vocab);
       cpu::cross_entropy(p(losses) + t0, grad ? dlogits_.data() : static_cast<T*>(nullptr), logits_.data(),
-                         targets.as<int32_t>() + t0, m, vocab, grad_scale);
+                         targets.as<int32_t>() + t0, m, vocab, grad_scale,
+                         correct.empty() ? nullptr : correct.as<int32_t>() + t0);
       if (grad)
         cpu::linear_backward(p(dhidden) + t0 * hidden_size, p(dweight), static_cast<T*>(nullptr), dlogits_.data(), h,
                              p(weight), m, hidden_size, vocab, false);

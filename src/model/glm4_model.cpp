@@ -116,7 +116,9 @@ Status Glm4Model::forward_backward(const MicroBatch& batch, double grad_scale, P
   return run(batch, true, grad_scale, params);
 }
 
-Status Glm4Model::forward(const MicroBatch& batch, ParameterProvider& params) { return run(batch, false, 0.0, params); }
+Status Glm4Model::forward(const MicroBatch& batch, ParameterProvider& params, Tensor correct) {
+  return run(batch, false, 0.0, params, correct);
+}
 
 Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool to_output) {
   const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
@@ -228,7 +230,8 @@ Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params,
   return params.release_params(head);
 }
 
-Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params) {
+Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params,
+                      Tensor correct) {
   GLM_RETURN_IF_ERROR(forward_layers(b, params));
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
 
@@ -241,15 +244,16 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
                                                config_.rms_norm_eps));
   Tensor losses = losses_.slice(0, n);
   if (!with_grad) {
-    GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, Tensor{}, normed, view(hw, layout_.output()),
-                                                       b.targets, n, h, config_.vocab_size, 0.0));
+    GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, correct, Tensor{}, Tensor{}, normed,
+                                                       view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
+                                                       0.0));
     return params.release_params(head);
   }
   // Backward starts with the last layer: its gather overlaps the head's backward.
   if (layers > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(layers - 1)));
   Tensor hg = params.unit_grads(head);
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
-  GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, dnorm, view(hg, layout_.output()), normed,
+  GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, dnorm, view(hg, layout_.output()), normed,
                                                      view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
                                                      grad_scale));
   GLM_RETURN_IF_ERROR(backend_.zero(dres));

@@ -58,8 +58,9 @@ class Glm4Model {
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
   // provider's gradient slots. Per-token losses land in losses().
   Status forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params);
-  // Forward only (evaluation): per-token losses in losses().
-  Status forward(const MicroBatch& batch, ParameterProvider& params);
+  // Forward only (evaluation): per-token losses in losses(); with correct (i32, batch.n) non-empty
+  // also 1 per token whose logits' argmax is its target (token accuracy), else 0.
+  Status forward(const MicroBatch& batch, ParameterProvider& params, Tensor correct = Tensor{});
   Tensor losses() const { return losses_.tensor(); }
   // Forward to the logits [n, vocab] in compute dtype (evaluation against other implementations).
   Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits);
@@ -67,7 +68,8 @@ class Glm4Model {
  private:
   Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute);
   Status allocate();
-  Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params);
+  Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params,
+             Tensor correct = Tensor{});
   // Embedding and every layer; the last layer's output is residual_[L].
   Status forward_layers(const MicroBatch& batch, ParameterProvider& params);
   // The layer's forward; with to_output false it stops before the MLP's down projection (the

@@ -7,10 +7,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <vector>
 
 namespace glm {
@@ -95,6 +100,17 @@ nlohmann::json model_shape(const ModelConfig& c) {
           {"head_dim", c.head_dim}};
 }
 
+// Everything export needs to describe the model (model_shape() is what resuming must match).
+nlohmann::json model_config_json(const ModelConfig& c) {
+  nlohmann::json j = model_shape(c);
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rope_theta"] = c.rope_theta;
+  j["partial_rotary_factor"] = c.partial_rotary_factor;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["initializer_range"] = c.initializer_range;
+  return j;
+}
+
 // The unit sizes without world-size padding: what a checkpoint must cover.
 std::vector<int64_t> unpadded_units(const ModelConfig& c) {
   std::vector<int64_t> sizes;
@@ -122,13 +138,33 @@ Slice write_slice(const TrainingEngine& e, int unit, int rank, int world) {
   return out;
 }
 
-Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, int rank, int world) {
+// GLM_TEST_KILL_DURING_SAVE=<rank>[:<step>] (fault tests only): that rank raises SIGKILL on itself
+// halfway through writing its file of checkpoint-<step> (of every save when no step is given).
+bool test_kill_during_save(int rank, int64_t step) {
+  const char* spec = std::getenv("GLM_TEST_KILL_DURING_SAVE");
+  if (spec == nullptr || *spec == '\0') return false;
+  char* end = nullptr;
+  const long who = std::strtol(spec, &end, 10);
+  if (end == spec || who != rank) return false;
+  if (*end == '\0') return true;
+  return *end == ':' && std::strtoll(end + 1, nullptr, 10) == step;
+}
+
+Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, int rank, int world,
+                       bool kill_midway) {
   quiet_hdf5();
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) return GLM_ERROR(ErrorKind::io, "cannot create '", path.string(), "'");
   const int units = static_cast<int>(engine.layout().units().size());
   std::vector<float> host;
   for (int u = 0; u < units; ++u) {
+    if (kill_midway && u == units / 2) {  // part of the shard is on disk, the rest never will be
+      H5Fflush(file.get(), H5F_SCOPE_LOCAL);
+      std::fprintf(stderr, "glm_hpc: rank %d: GLM_TEST_KILL_DURING_SAVE: SIGKILL while writing '%s'\n", rank,
+                   path.c_str());
+      std::fflush(stderr);
+      std::raise(SIGKILL);
+    }
     const Slice slice = write_slice(engine, u, rank, world);
     const TrainingEngine::OptimizerShard s = engine.optimizer_shard(u);
     if (s.master.dtype != DType::f32)
@@ -189,8 +225,15 @@ std::vector<fs::path> complete_checkpoints(const fs::path& output_dir) {
 
 // Rank 0, after every rank file is on disk: meta, marker, rename, latest, pruning.
 Status publish(const fs::path& tmp, const fs::path& final_dir, const fs::path& output_dir, const nlohmann::json& meta,
-               int64_t save_total_limit) {
+               int64_t save_total_limit, const std::string& best_checkpoint) {
   GLM_RETURN_IF_ERROR(write_text_durably(tmp / "meta.json", meta.dump(2) + "\n"));
+  if (fs::exists(output_dir / "args.json")) {  // the run's options travel with its checkpoints (export reads them)
+    std::ifstream in(output_dir / "args.json", std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) return GLM_ERROR(ErrorKind::io, "cannot read '", (output_dir / "args.json").string(), "'");
+    GLM_RETURN_IF_ERROR(write_text_durably(tmp / "args.json", text.str()));
+  }
   GLM_RETURN_IF_ERROR(write_text_durably(tmp / "COMPLETE", std::to_string(meta["step"].get<int64_t>()) + "\n"));
   GLM_RETURN_IF_ERROR(fsync_path(tmp));
   std::error_code ec;
@@ -208,10 +251,19 @@ Status publish(const fs::path& tmp, const fs::path& final_dir, const fs::path& o
   GLM_RETURN_IF_ERROR(fsync_path(output_dir));
   GLM_RETURN_IF_ERROR(write_text_durably(output_dir / "latest", final_dir.filename().string() + "\n"));
   if (save_total_limit > 0) {
-    std::vector<fs::path> all = complete_checkpoints(output_dir);
-    for (size_t i = 0; i + static_cast<size_t>(save_total_limit) < all.size(); ++i) {
-      if (all[i] == final_dir) continue;  // never the newest
+    // Oldest first, never the newest nor the best; the best counts toward the limit (so a limit of
+    // 1 keeps 2 while the best is older), as in Hugging Face's Trainer._sorted_checkpoints.
+    const std::vector<fs::path> all = complete_checkpoints(output_dir);
+    auto kept = [&](const fs::path& p) {
+      return p == final_dir || (!best_checkpoint.empty() && p.filename() == best_checkpoint);
+    };
+    const int64_t protected_count = std::count_if(all.begin(), all.end(), kept);
+    int64_t excess = static_cast<int64_t>(all.size()) - std::max(save_total_limit, protected_count);
+    for (size_t i = 0; i < all.size() && excess > 0; ++i) {
+      if (kept(all[i])) continue;
       fs::remove_all(all[i], ec);
+      if (ec) return GLM_ERROR(ErrorKind::io, "cannot remove the old checkpoint '", all[i].string(), "': ", ec.message());
+      --excess;
     }
   }
   return Status::ok();
@@ -257,7 +309,7 @@ Status read_range(hid_t group, const char* dataset, const fs::path& file, int un
 }
 
 Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_world,
-                        const std::vector<int64_t>& unpadded) {
+                        const std::vector<int64_t>& unpadded, bool weights_only) {
   quiet_hdf5();
   Backend& backend = engine.backend();
   const int units = static_cast<int>(engine.layout().units().size());
@@ -281,7 +333,7 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
       const int64_t hi = std::min({bc[0] + bc[1], mine.unit_begin + mine.master.numel, unpadded[static_cast<size_t>(u)]});
       if (lo >= hi) continue;
       const Tensor targets[3] = {mine.master, mine.exp_avg, mine.exp_avg_sq};
-      for (int d = 0; d < 3; ++d) {
+      for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
         GLM_RETURN_IF_ERROR(read_range(group.get(), kDatasets[d], path, u, bc[0], lo, hi, host));
         GLM_RETURN_IF_ERROR(backend.upload(targets[d].slice(lo - mine.unit_begin, hi - lo), host.data()));
       }
@@ -290,6 +342,10 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
   }
   for (int u = 0; u < units; ++u) {
     const TrainingEngine::OptimizerShard mine = engine.optimizer_shard(u);
+    if (weights_only) {  // Adam starts over: zero moments, as a fresh optimizer has
+      GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg));
+      GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg_sq));
+    }
     const int64_t need =
         std::max<int64_t>(0, std::min(mine.unit_begin + mine.master.numel, unpadded[static_cast<size_t>(u)]) -
                                  mine.unit_begin);
@@ -302,8 +358,9 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
 
 }  // namespace
 
-Result<std::string> save_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& output_dir,
-                                    const CheckpointState& state, int64_t save_total_limit) {
+Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& output_dir,
+                                   const CheckpointState& state, int64_t save_total_limit) {
+  const auto started = std::chrono::steady_clock::now();
   const fs::path out(output_dir), final_dir = out / ("checkpoint-" + std::to_string(state.step));
   const fs::path tmp = out / (".checkpoint-" + std::to_string(state.step) + ".tmp");
   const int rank = comm.rank(), world = comm.size();
@@ -316,9 +373,17 @@ Result<std::string> save_checkpoint(TrainingEngine& engine, Communicator& comm, 
   }
   GLM_RETURN_IF_ERROR(agree(comm, made, "creating the checkpoint directory"));
   GLM_RETURN_IF_ERROR(engine.backend().synchronize());
-  Status wrote = write_rank_file(engine, engine.backend(), tmp / rank_file(rank), rank, world);
-  if (wrote.is_ok()) wrote = fsync_path(tmp / rank_file(rank));
+  const fs::path mine = tmp / rank_file(rank);
+  Status wrote = write_rank_file(engine, engine.backend(), mine, rank, world, test_kill_during_save(rank, state.step));
+  if (wrote.is_ok()) wrote = fsync_path(mine);
+  int64_t bytes = 0;
+  if (wrote.is_ok()) {
+    std::error_code ec;
+    bytes = static_cast<int64_t>(fs::file_size(mine, ec));
+    if (ec) wrote = GLM_ERROR(ErrorKind::io, "cannot stat '", mine.string(), "': ", ec.message());
+  }
   GLM_RETURN_IF_ERROR(agree(comm, wrote, "writing the checkpoint"));
+  GLM_RETURN_IF_ERROR(comm.all_reduce(&bytes, &bytes, 1, CommType::i64, ReduceOp::sum));
   Status published = Status::ok();
   if (rank == 0) {
     nlohmann::json meta = {{"format", kFormat},
@@ -330,14 +395,30 @@ Result<std::string> save_checkpoint(TrainingEngine& engine, Communicator& comm, 
                            {"zero_stage", engine.zero_stage()},
                            {"optimizer_steps", engine.optimizer_steps()},
                            {"model", model_shape(engine.config())},
+                           {"model_config", model_config_json(engine.config())},
                            {"units", unpadded_units(engine.config())}};
-    published = publish(tmp, final_dir, out, meta, save_total_limit);
+    meta["tokenizer"] = state.tokenizer_hash.empty()
+                            ? nlohmann::json(nullptr)
+                            : nlohmann::json{{"path", state.tokenizer}, {"content_hash", state.tokenizer_hash}};
+    meta["eval_loss"] = state.eval_loss ? nlohmann::json(*state.eval_loss) : nlohmann::json(nullptr);
+    // Hugging Face's trainer_state.json names.
+    meta["best_metric"] = state.best ? nlohmann::json(state.best->loss) : nlohmann::json(nullptr);
+    meta["best_global_step"] = state.best ? nlohmann::json(state.best->step) : nlohmann::json(nullptr);
+    meta["best_model_checkpoint"] = state.best && !state.best->checkpoint.empty()
+                                        ? nlohmann::json(state.best->checkpoint)
+                                        : nlohmann::json(nullptr);
+    published = publish(tmp, final_dir, out, meta, save_total_limit, state.best ? state.best->checkpoint : "");
   }
   GLM_RETURN_IF_ERROR(agree(comm, published, "publishing the checkpoint"));
-  return final_dir.string();
+  SaveReport report;
+  report.dir = final_dir.string();
+  report.bytes = bytes;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return report;
 }
 
-Result<std::string> resolve_checkpoint(const std::string& spec, const std::string& output_dir) {
+Result<std::string> resolve_checkpoint(const std::string& spec, const std::string& output_dir,
+                                       const std::string& option) {
   fs::path dir(spec);
   if (spec == "latest") {
     const fs::path out(output_dir);
@@ -348,17 +429,39 @@ Result<std::string> resolve_checkpoint(const std::string& spec, const std::strin
     } else {
       // latest is written after the rename; if it is missing or stale, the newest complete one.
       const auto all = complete_checkpoints(out);
-      if (all.empty()) return GLM_USER_ERROR("--resume_from_checkpoint latest: no complete checkpoint in '", output_dir, "'");
+      if (all.empty()) return GLM_USER_ERROR(option, " latest: no complete checkpoint in '", output_dir, "'");
       dir = all.back();
     }
   }
-  if (!fs::is_directory(dir)) return GLM_USER_ERROR("--resume_from_checkpoint: '", dir.string(), "' is not a directory");
+  if (!fs::is_directory(dir)) return GLM_USER_ERROR(option, ": '", dir.string(), "' is not a directory");
   if (!fs::exists(dir / "COMPLETE"))
     return GLM_USER_ERROR("checkpoint '", dir.string(), "' is incomplete (no COMPLETE marker: its save was interrupted)");
   return dir.string();
 }
 
-Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& dir_name) {
+namespace {
+
+// The tokenizer recorded in meta.json against this run's: another vocabulary mapping would make the
+// trained embeddings mean other tokens.
+Status check_tokenizer(const nlohmann::json& m, const ResumeExpectation& expect, const fs::path& meta) {
+  if (expect.tokenizer_hash.empty() || !m.contains("tokenizer") || !m["tokenizer"].is_object()) return Status::ok();
+  const nlohmann::json& t = m["tokenizer"];
+  const std::string saved = t.value("content_hash", ""), path = t.value("path", "");
+  if (saved.empty() || saved == expect.tokenizer_hash) return Status::ok();
+  return GLM_USER_ERROR(meta.string(), ": the checkpoint was trained with the tokenizer '", path, "' (content hash ",
+                        saved, "), this run's tokenizer '", expect.tokenizer, "' has content hash ",
+                        expect.tokenizer_hash, ": resume with the tokenizer the checkpoint was trained with");
+}
+
+std::optional<double> optional_number(const nlohmann::json& m, const char* field) {
+  if (!m.contains(field) || !m[field].is_number()) return std::nullopt;
+  return m[field].get<double>();
+}
+
+}  // namespace
+
+Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& dir_name,
+                                        const ResumeExpectation& expect) {
   const fs::path dir(dir_name);
   Status local = Status::ok();
   CheckpointState state;
@@ -374,16 +477,158 @@ Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& co
     const std::vector<int64_t> units = unpadded_units(engine.config());
     if (local.is_ok() && m["units"].get<std::vector<int64_t>>() != units)
       local = GLM_USER_ERROR((dir / "meta.json").string(), ": unit sizes differ from this model's layout");
-    if (local.is_ok()) local = load_rank_slices(engine, dir, m["world_size"].get<int>(), units);
+    if (local.is_ok()) local = check_tokenizer(m, expect, dir / "meta.json");
+    if (local.is_ok()) local = load_rank_slices(engine, dir, m["world_size"].get<int>(), units, expect.weights_only);
     if (local.is_ok()) {
       state.step = m["step"].get<int64_t>();
       state.consumed_samples = m["consumed_samples"].get<int64_t>();
       state.seed = m["seed"].get<uint64_t>();
+      if (m.contains("tokenizer") && m["tokenizer"].is_object()) {
+        state.tokenizer = m["tokenizer"].value("path", "");
+        state.tokenizer_hash = m["tokenizer"].value("content_hash", "");
+      }
+      state.eval_loss = optional_number(m, "eval_loss");
+      const std::optional<double> best = optional_number(m, "best_metric");
+      if (best && m.contains("best_global_step") && m["best_global_step"].is_number_integer()) {
+        state.best = EvalRecord{m["best_global_step"].get<int64_t>(), *best,
+                                m.contains("best_model_checkpoint") && m["best_model_checkpoint"].is_string()
+                                    ? m["best_model_checkpoint"].get<std::string>()
+                                    : std::string()};
+      }
     }
   }
   GLM_RETURN_IF_ERROR(agree(comm, local, "loading the checkpoint"));
-  GLM_RETURN_IF_ERROR(engine.optimizer_restored(meta.value()["optimizer_steps"].get<int64_t>()));
+  // Weights only: the optimizer starts at step 0 (bias correction from scratch) with zero moments.
+  GLM_RETURN_IF_ERROR(
+      engine.optimizer_restored(expect.weights_only ? 0 : meta.value()["optimizer_steps"].get<int64_t>()));
   return state;
+}
+
+namespace {
+
+// meta.json's model_config; checkpoints written before it existed fall back on the run's args.json.
+Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohmann::json& args, const fs::path& meta_path) {
+  const bool has_config = meta.contains("model_config") && meta["model_config"].is_object();
+  const nlohmann::json* options = args.is_object() && args.contains("options") ? &args["options"] : nullptr;
+  if (!has_config && options == nullptr)
+    return GLM_USER_ERROR(meta_path.string(), " has no model_config (an older glm_hpc wrote it) and no args.json is "
+                          "beside the checkpoint to take RoPE and norm settings from");
+  auto number = [&](const char* field) -> Result<double> {
+    const nlohmann::json* v = nullptr;
+    if (has_config && meta["model_config"].contains(field)) {
+      v = &meta["model_config"][field];
+    } else if (!has_config && meta["model"].contains(field)) {
+      v = &meta["model"][field];
+    } else if (!has_config && options->contains(field) && (*options)[field].contains("value")) {
+      v = &(*options)[field]["value"];
+    }
+    if (v == nullptr || !v->is_number())
+      return GLM_USER_ERROR(meta_path.string(), ": model_config field '", field, "' is missing or not a number");
+    return v->get<double>();
+  };
+  ModelConfig c;
+  int64_t* integers[] = {&c.vocab_size,          &c.hidden_size,         &c.intermediate_size,
+                         &c.num_hidden_layers,   &c.num_attention_heads, &c.num_key_value_heads,
+                         &c.head_dim,            &c.max_position_embeddings};
+  const char* integer_names[] = {"vocab_size",          "hidden_size",         "intermediate_size",
+                                 "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
+                                 "head_dim",            "max_position_embeddings"};
+  for (size_t i = 0; i < std::size(integers); ++i) {
+    GLM_ASSIGN_OR_RETURN(const double v, number(integer_names[i]));
+    *integers[i] = static_cast<int64_t>(v);
+  }
+  GLM_ASSIGN_OR_RETURN(c.rope_theta, number("rope_theta"));
+  GLM_ASSIGN_OR_RETURN(c.partial_rotary_factor, number("partial_rotary_factor"));
+  GLM_ASSIGN_OR_RETURN(c.rms_norm_eps, number("rms_norm_eps"));
+  GLM_ASSIGN_OR_RETURN(c.initializer_range, number("initializer_range"));
+  Status valid = c.finalize_and_validate();
+  if (!valid.is_ok()) return GLM_USER_ERROR(meta_path.string(), ": invalid model configuration: ", valid.message());
+  return c;
+}
+
+Result<nlohmann::json> read_args(const fs::path& path) {
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
+  return j;
+}
+
+}  // namespace
+
+Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
+  const fs::path dir(dir_name);
+  CheckpointInfo info;
+  info.dir = dir_name;
+  GLM_ASSIGN_OR_RETURN(const nlohmann::json meta, read_meta(dir));
+  for (const fs::path& args : {dir / "args.json", dir.parent_path() / "args.json"}) {
+    if (fs::exists(args)) {
+      GLM_ASSIGN_OR_RETURN(info.args, read_args(args));
+      break;
+    }
+  }
+  const fs::path meta_path = dir / "meta.json";
+  GLM_ASSIGN_OR_RETURN(info.config, saved_model_config(meta, info.args, meta_path));
+  const nlohmann::json ours = model_shape(info.config);
+  for (const auto& [field, value] : ours.items()) GLM_RETURN_IF_ERROR(check_field(meta["model"], ours, field, meta_path));
+  if (!meta["units"].is_array() || meta["units"] != nlohmann::json(unpadded_units(info.config)))
+    return GLM_USER_ERROR(meta_path.string(), ": unit sizes differ from the layout of the model it describes");
+  if (!meta["world_size"].is_number_integer() || meta["world_size"].get<int>() < 1)
+    return GLM_USER_ERROR(meta_path.string(), ": world_size must be a positive integer");
+  info.world_size = meta["world_size"].get<int>();
+  info.zero_stage = meta.value("zero_stage", 0);
+  info.step = meta["step"].get<int64_t>();
+  if (meta.contains("tokenizer") && meta["tokenizer"].is_object()) info.tokenizer = meta["tokenizer"].value("path", "");
+  return info;
+}
+
+Status read_checkpoint_masters(const CheckpointInfo& info,
+                               const std::function<Status(int unit, std::span<const float> values)>& sink) {
+  quiet_hdf5();
+  const fs::path dir(info.dir);
+  std::vector<std::unique_ptr<H5Id>> files;
+  for (int r = 0; r < info.world_size; ++r) {
+    const fs::path path = dir / rank_file(r);
+    if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", rank_file(r));
+    files.push_back(std::make_unique<H5Id>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose));
+    if (!files.back()->ok()) return GLM_USER_ERROR(path.string(), " is not a readable HDF5 file (truncated or corrupt)");
+  }
+  const std::vector<int64_t> units = unpadded_units(info.config);
+  std::vector<float> unit_values, host;
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    const int64_t size = units[static_cast<size_t>(u)];
+    unit_values.assign(static_cast<size_t>(size), 0.0f);
+    std::vector<std::pair<int64_t, int64_t>> pieces;  // [lo, hi) read, to prove exact coverage
+    for (int r = 0; r < info.world_size; ++r) {
+      const fs::path path = dir / rank_file(r);
+      H5Id group(H5Gopen2(files[static_cast<size_t>(r)]->get(), unit_group(u).c_str(), H5P_DEFAULT), H5Gclose);
+      if (!group.ok()) return GLM_USER_ERROR(path.string(), ": group ", unit_group(u), " is missing");
+      int64_t bc[2] = {0, 0};
+      H5Id attr(H5Aopen(group.get(), "begin_count", H5P_DEFAULT), H5Aclose);
+      if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, bc) < 0)
+        return GLM_USER_ERROR(path.string(), ": ", unit_group(u), " has no readable begin_count attribute");
+      if (bc[0] < 0 || bc[1] < 0)
+        return GLM_USER_ERROR(path.string(), ": ", unit_group(u), " has a negative begin_count attribute");
+      const int64_t lo = bc[0], hi = std::min(bc[0] + bc[1], size);  // the tail past `size` is padding
+      if (lo >= hi) continue;
+      GLM_RETURN_IF_ERROR(read_range(group.get(), kDatasets[0], path, u, bc[0], lo, hi, host));
+      std::copy(host.begin(), host.end(), unit_values.begin() + lo);
+      pieces.emplace_back(lo, hi);
+    }
+    std::sort(pieces.begin(), pieces.end());
+    int64_t cursor = 0;
+    for (const auto& [lo, hi] : pieces) {
+      if (lo < cursor)
+        return GLM_USER_ERROR("checkpoint '", dir.string(), "': ", unit_group(u), " elements [", lo, ", ",
+                              std::min(cursor, hi), ") are in two rank files");
+      if (lo > cursor) break;
+      cursor = hi;
+    }
+    if (cursor != size)
+      return GLM_USER_ERROR("checkpoint '", dir.string(), "': ", unit_group(u), " elements from ", cursor,
+                            " on are in no rank file (of ", info.world_size, "; meta.json's world_size)");
+    GLM_RETURN_IF_ERROR(sink(u, unit_values));
+  }
+  return Status::ok();
 }
 
 }  // namespace glm

@@ -6,9 +6,17 @@
 // every rank finished; <output_dir>/latest names the newest complete checkpoint.
 //
 // Datasets are chunked with HDF5's Fletcher-32 checksum, so a damaged file fails to read.
+//
+// meta.json also records the evaluation: the eval loss at the checkpoint's step (if evaluated) and
+// the best eval loss of the run so far with its step and checkpoint; pruning keeps that checkpoint.
+// It records the tokenizer (path and content hash) too: resuming with another one is refused.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 #include <string>
 
 #include "mpi/communicator.h"
@@ -16,23 +24,71 @@
 
 namespace glm {
 
+// One evaluation of the validation set; checkpoint names the directory saved at that step
+// ("checkpoint-<step>"), empty when none was.
+struct EvalRecord {
+  int64_t step = 0;
+  double loss = 0;
+  std::string checkpoint;
+};
+
 struct CheckpointState {
   int64_t step = 0;              // optimizer steps taken
   int64_t consumed_samples = 0;  // loader position: samples (or packed rows) consumed
   uint64_t seed = 0;
+  std::string tokenizer;       // what tokenized the data (its path) and its content hash; empty: none
+  std::string tokenizer_hash;
+  std::optional<double> eval_loss;  // at this step, when the validation set was evaluated at it
+  std::optional<EvalRecord> best;   // the lowest eval loss so far; its checkpoint is never pruned
+};
+
+struct SaveReport {
+  std::string dir;     // the published checkpoint directory
+  int64_t bytes = 0;   // all ranks' files together
+  double seconds = 0;  // wall time of the collective save, publication included
 };
 
 // Collective: every rank writes its file; rank 0 writes meta.json, the marker, renames the
 // directory, points latest at it and prunes to save_total_limit (<= 0 keeps all; never the
-// newest). Returns the checkpoint directory.
-Result<std::string> save_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& output_dir,
-                                    const CheckpointState& state, int64_t save_total_limit);
+// newest, nor state.best's checkpoint, as Hugging Face's Trainer keeps its best model).
+Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& output_dir,
+                                   const CheckpointState& state, int64_t save_total_limit);
 
 // "latest" (inside output_dir) or a checkpoint directory -> the directory, checked complete.
-Result<std::string> resolve_checkpoint(const std::string& spec, const std::string& output_dir);
+// `option` names the option in messages.
+Result<std::string> resolve_checkpoint(const std::string& spec, const std::string& output_dir,
+                                       const std::string& option = "--resume_from_checkpoint");
 
-// Collective: validates meta.json against the engine's model, reads the slices this rank owns from
-// whichever rank files hold them, restores the optimizer and parameters. Returns the saved state.
-Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& dir);
+// What a resuming run expects of a checkpoint beyond its model's shape.
+struct ResumeExpectation {
+  std::string tokenizer;       // this run's tokenizer (its path) and content hash: a checkpoint that
+  std::string tokenizer_hash;  // records another hash is refused; empty: not checked
+  bool weights_only = false;   // --resume_only_model: moments stay zero, the optimizer at step 0
+};
+
+// Collective: validates meta.json against the engine's model (and the tokenizer), reads the slices
+// this rank owns from whichever rank files hold them, restores the optimizer (weights_only: only the
+// master weights) and the parameters. Returns the saved state.
+Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& dir,
+                                        const ResumeExpectation& expect = {});
+
+// A checkpoint as one process reads it without an engine or communicator (glm_hpc export).
+struct CheckpointInfo {
+  std::string dir;
+  ModelConfig config;  // the whole model configuration, validated against the saved layout
+  int world_size = 0;
+  int zero_stage = 0;
+  int64_t step = 0;
+  std::string tokenizer;  // what tokenized the training data (meta.json's path, "bytes"); empty: unknown
+  nlohmann::json args;    // the run's args.json ({"command", "options"}); null when there is none
+};
+// Reads meta.json (and args.json: the checkpoint's own, else its output directory's).
+Result<CheckpointInfo> read_checkpoint_info(const std::string& dir);
+// Reassembles the fp32 master weights from every rank file (any world size and ZeRO stage), one
+// unit at a time in layout order: sink gets each unit's elements laid out as ParamLayout(config, 1)
+// lays them out, relative to the unit's offset. Missing, overlapping or unreadable slices are user
+// errors naming the file.
+Status read_checkpoint_masters(const CheckpointInfo& info,
+                               const std::function<Status(int unit, std::span<const float> values)>& sink);
 
 }  // namespace glm

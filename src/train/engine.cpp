@@ -12,12 +12,14 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                                Communicator& comm, int64_t max_tokens,
                                                                std::optional<AdamWOptions> adam, double max_grad_norm,
                                                                int zero_stage, Recompute recompute,
-                                                               Communicator* data_comm) {
+                                                               Communicator* data_comm,
+                                                               const ZeroOptions& zero_options) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
   GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute));
-  GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm));
-  for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_}) {
+  GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
+                                                              zero_options));
+  for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_, &e->correct_}) {
     GLM_ASSIGN_OR_RETURN(*b, backend.allocate(max_tokens, DType::i32));
   }
   if (adam) {
@@ -183,11 +185,17 @@ Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {
   idle.doc_start = {0};
   const HostMicroBatch& batch = hb.size() > 0 ? hb : idle;
   GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(batch));
-  GLM_RETURN_IF_ERROR(model_->forward(b, *zero_));
+  Tensor correct = correct_.slice(0, b.n);
+  GLM_RETURN_IF_ERROR(model_->forward(b, *zero_, correct));
   GLM_ASSIGN_OR_RETURN(r.loss_sum, local_loss_sum(b.n));
-  r.targets = batch.target_count;
+  std::vector<int32_t> flags(static_cast<size_t>(b.n));
+  GLM_RETURN_IF_ERROR(backend_.download(flags.data(), correct));
+  int64_t counts[2] = {batch.target_count, 0};  // targets, argmax-correct targets
+  for (int32_t f : flags) counts[1] += f;
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&r.loss_sum, &r.loss_sum, 1, CommType::f64, ReduceOp::sum));
-  GLM_RETURN_IF_ERROR(comm_.all_reduce(&r.targets, &r.targets, 1, CommType::i64, ReduceOp::sum));
+  GLM_RETURN_IF_ERROR(comm_.all_reduce(counts, counts, 2, CommType::i64, ReduceOp::sum));
+  r.targets = counts[0];
+  r.correct = counts[1];
   return r;
 }
 

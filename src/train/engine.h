@@ -2,6 +2,7 @@
 // gradient reduction. One call to step() is one optimizer step over a window of micro-batches.
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <span>
@@ -27,7 +28,10 @@ struct StepResult {
 struct EvalResult {
   double loss_sum = 0;  // global sum of target-token losses
   int64_t targets = 0;  // global target-token count
+  int64_t correct = 0;  // global count of target tokens whose logits' argmax is the target
   double mean_loss() const { return targets > 0 ? loss_sum / static_cast<double>(targets) : 0.0; }
+  double perplexity() const { return std::exp(mean_loss()); }
+  double token_accuracy() const { return targets > 0 ? static_cast<double>(correct) / static_cast<double>(targets) : 0.0; }
 };
 
 class TrainingEngine {
@@ -37,7 +41,8 @@ class TrainingEngine {
                                                         int64_t max_tokens, std::optional<AdamWOptions> adam,
                                                         double max_grad_norm, int zero_stage = 0,
                                                         Recompute recompute = Recompute::none,
-                                                        Communicator* data_comm = nullptr);
+                                                        Communicator* data_comm = nullptr,
+                                                        const ZeroOptions& zero_options = ZeroOptions{});
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
@@ -89,7 +94,7 @@ class TrainingEngine {
   Communicator& comm_;
   std::unique_ptr<Glm4Model> model_;
   std::unique_ptr<ZeroParameters> zero_;
-  Buffer tokens_, targets_, positions_, doc_start_, logits_;
+  Buffer tokens_, targets_, positions_, doc_start_, correct_, logits_;
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns
   bool has_optimizer_ = false;
   double max_grad_norm_ = 0;

@@ -33,16 +33,42 @@ void MetricsLogger::print(const std::string& line) const {
   std::fflush(stdout);
 }
 
-Status MetricsLogger::log_eval(int64_t step, int64_t max_steps, double eval_loss, int64_t eval_tokens) {
+Status MetricsLogger::log_eval(int64_t step, int64_t max_steps, double eval_loss, double token_accuracy,
+                              int64_t eval_tokens) {
   if (!enabled_) return Status::ok();
   const double ppl = std::exp(eval_loss);
   char line[256];
-  std::snprintf(line, sizeof(line), "eval at step %lld/%lld | eval_loss %.4f | eval_ppl %.4f | %lld target tokens",
-                static_cast<long long>(step), static_cast<long long>(max_steps), eval_loss, ppl,
+  std::snprintf(line, sizeof(line),
+                "eval at step %lld/%lld | eval_loss %.4f | eval_ppl %.4f | eval_token_acc %.4f | %lld target tokens",
+                static_cast<long long>(step), static_cast<long long>(max_steps), eval_loss, ppl, token_accuracy,
                 static_cast<long long>(eval_tokens));
   print(line);
   if (jsonl_.is_open()) {
-    jsonl_ << nlohmann::json{{"step", step}, {"eval_loss", eval_loss}, {"eval_ppl", ppl}, {"eval_tokens", eval_tokens}}
+    jsonl_ << nlohmann::json{{"step", step},
+                             {"eval_loss", eval_loss},
+                             {"eval_ppl", ppl},
+                             {"eval_token_acc", token_accuracy},
+                             {"eval_tokens", eval_tokens}}
+                  .dump()
+           << '\n';
+    jsonl_.flush();
+    if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
+  }
+  return Status::ok();
+}
+
+Status MetricsLogger::log_save(int64_t step, const std::string& dir, int64_t bytes, double seconds) {
+  if (!enabled_) return Status::ok();
+  const double gb = static_cast<double>(bytes) / 1e9, rate = seconds > 0 ? gb / seconds : 0.0;
+  char detail[128];
+  std::snprintf(detail, sizeof(detail), " (%.3f GB in %.2f s, %.2f GB/s)", gb, seconds, rate);
+  print("glm_hpc: saved " + dir + detail);
+  if (jsonl_.is_open()) {
+    jsonl_ << nlohmann::json{{"step", step},
+                             {"checkpoint", dir},
+                             {"save_bytes", bytes},
+                             {"save_seconds", seconds},
+                             {"save_gb_per_s", rate}}
                   .dump()
            << '\n';
     jsonl_.flush();

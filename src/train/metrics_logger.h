@@ -29,8 +29,12 @@ class MetricsLogger {
   // Inactive (prints and writes nothing) unless enabled; output_dir empty = console only.
   static Result<MetricsLogger> open(const std::string& output_dir, bool enabled);
   Status log(const StepMetrics& m);
-  // Validation loss and perplexity after `step`: one console line and one jsonl record.
-  Status log_eval(int64_t step, int64_t max_steps, double eval_loss, int64_t eval_tokens);
+  // Validation loss, perplexity (exp of the loss) and token accuracy (argmax of the logits equal to
+  // the label, over the eval_tokens target tokens) after `step`: one console line, one jsonl record.
+  Status log_eval(int64_t step, int64_t max_steps, double eval_loss, double token_accuracy, int64_t eval_tokens);
+  // A checkpoint saved after `step`: "glm_hpc: saved DIR (bytes, seconds, GB/s)" and a jsonl record
+  // (save_bytes, save_seconds, save_gb_per_s; GB = 1e9 bytes, as dd counts).
+  Status log_save(int64_t step, const std::string& dir, int64_t bytes, double seconds);
   void print(const std::string& line) const;
 
  private:

@@ -7,6 +7,7 @@
 
 #include "model/config.h"
 #include "model/recompute.h"
+#include "zero/zero_options.h"
 
 namespace glm {
 
@@ -39,11 +40,16 @@ struct TrainConfig {
   int64_t per_device_eval_batch_size = 8;
   int zero_stage = 0;      // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_parameters.h)
   Recompute recompute = Recompute::none;  // activation recomputation (src/model/recompute.h)
+  ZeroOptions zero_options;  // buckets, overlap, reduce dtype (src/zero/zero_options.h)
+  std::string comm_profile;  // bench_comm JSON for --reduce_bucket_size auto; empty: measure at start
   std::string output_dir;  // empty: no files (tests)
   std::string save_strategy = "steps";  // steps: checkpoint every save_steps and at the end; no: never
   int64_t save_steps = 500;
   int64_t save_total_limit = -1;        // keep at most this many checkpoints (<= 0: all)
   std::string resume_from_checkpoint;   // a checkpoint directory or "latest" (in output_dir)
+  bool resume_only_model = false;       // from that checkpoint the weights only: fresh optimizer, step 0, data start
+  std::string tokenizer;                // the tokenizer's path and content hash, recorded in checkpoints
+  std::string tokenizer_hash;           // (empty: none; resuming with a different hash is refused)
   bool log_to_console = true;
 };
 

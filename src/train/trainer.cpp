@@ -12,6 +12,7 @@
 #include "train/engine.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_logger.h"
+#include "zero/bucket_autotune.h"
 #include "train/preemption.h"
 
 namespace glm {
@@ -67,8 +68,43 @@ Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data,
     GLM_ASSIGN_OR_RETURN(EvalResult r, engine.evaluate(batch));  // collective: every rank calls it
     total.loss_sum += r.loss_sum;
     total.targets += r.targets;
+    total.correct += r.correct;
   }
   return total;
+}
+
+Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator& comm, Communicator& data,
+                                         Backend& backend) {
+  ZeroOptions z = config.zero_options;
+  if (z.reduce_bucket_size != ZeroOptions::kAutoBucketSize) return z;
+  const DType reduce = effective_reduce_dtype(z, backend.compute_dtype());
+  std::vector<BandwidthPoint> curve;
+  std::string source;
+  if (!config.comm_profile.empty()) {
+    GLM_ASSIGN_OR_RETURN(curve, read_bandwidth_curve(config.comm_profile, config.zero_stage, reduce));
+    source = "from " + config.comm_profile;
+  } else if (comm.size() > 1) {
+    // Measured with the run's own communicator: 1 MiB to 1 GiB on GPUs, 64 KiB to 16 MiB over MPI.
+    const bool device = data.device_buffers();
+    const int64_t lo = device ? int64_t{1} << 20 : int64_t{64} << 10, hi = device ? int64_t{1} << 30 : int64_t{16} << 20;
+    GLM_ASSIGN_OR_RETURN(curve, measure_bandwidth_curve(data, comm, backend, config.zero_stage, reduce, lo, hi));
+    source = concat("measured now on ", comm.size(), " ranks (", data.name(), ")");
+  }
+  std::string explanation;
+  if (curve.empty()) {
+    z.reduce_bucket_size = ZeroOptions{}.reduce_bucket_size;
+    explanation = concat("--reduce_bucket_size auto: one rank communicates no gradients; keeping DeepSpeed's default ",
+                         z.reduce_bucket_size, " elements");
+  } else {
+    const BucketChoice choice = choose_reduce_bucket_size(curve, config.zero_stage, reduce, source);
+    z.reduce_bucket_size = choice.elements;
+    explanation = choice.explanation;
+  }
+  if (comm.rank() == 0 && config.log_to_console) {
+    std::printf("glm_hpc: %s\n", explanation.c_str());
+    std::fflush(stdout);
+  }
+  return z;
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
@@ -88,9 +124,11 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   const int64_t max_tokens = std::max(config.per_device_train_batch_size * config.max_length, eval_tokens);
 
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
+  GLM_ASSIGN_OR_RETURN(const ZeroOptions zero_options,
+                       resolve_zero_options(config, comm, data_comm != nullptr ? *data_comm : comm, backend));
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
                                                            config.max_grad_norm, config.zero_stage, config.recompute,
-                                                           data_comm));
+                                                           data_comm, zero_options));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
   } else {
@@ -137,21 +175,39 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   int64_t interval_tokens = 0;
   std::vector<HostMicroBatch> micro(static_cast<size_t>(config.gradient_accumulation_steps));
   int64_t start_step = 0;
+  std::optional<EvalRecord> best;  // the lowest eval loss so far, carried through resumes
   if (!config.resume_from_checkpoint.empty()) {
     GLM_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(config.resume_from_checkpoint, config.output_dir));
-    GLM_ASSIGN_OR_RETURN(const CheckpointState saved, load_checkpoint(*engine, comm, dir));
-    start_step = saved.step;
-    if (start_step >= total_steps)
-      return GLM_USER_ERROR("checkpoint '", dir, "' is at step ", start_step, ", not before this run's last step ",
-                            total_steps);
-    // The loader is a function of the step: the same global batch resumes at the same sample.
-    const int64_t now = loader.consumed_samples(start_step);
-    logger.print(concat("glm_hpc: resumed from ", dir, " at step ", start_step,
-                        now == saved.consumed_samples
-                            ? std::string()
-                            : concat(" (the global batch changed: the checkpoint consumed ", saved.consumed_samples,
-                                     " samples, this run continues at ", now, ")")));
+    const ResumeExpectation expect{config.tokenizer, config.tokenizer_hash, config.resume_only_model};
+    GLM_ASSIGN_OR_RETURN(const CheckpointState saved, load_checkpoint(*engine, comm, dir, expect));
+    if (config.resume_only_model) {
+      logger.print(concat("glm_hpc: loaded the weights of ", dir, " (step ", saved.step,
+                          "); --resume_only_model: optimizer, schedule and data start at step 0"));
+    } else {
+      start_step = saved.step;
+      best = saved.best;
+      if (start_step >= total_steps)
+        return GLM_USER_ERROR("checkpoint '", dir, "' is at step ", start_step, ", not before this run's last step ",
+                              total_steps);
+      // The loader is a function of the step: the same global batch resumes at the same sample.
+      const int64_t now = loader.consumed_samples(start_step);
+      logger.print(concat("glm_hpc: resumed from ", dir, " at step ", start_step,
+                          now == saved.consumed_samples
+                              ? std::string()
+                              : concat(" (the global batch changed: the checkpoint consumed ", saved.consumed_samples,
+                                       " samples, this run continues at ", now, ")")));
+    }
   }
+  // A checkpoint after `done` steps, with the eval loss of that step (if evaluated) and the best so far.
+  auto checkpoint = [&](int64_t done, std::optional<double> eval_loss) -> Result<std::string> {
+    if (best && best->step == done) best->checkpoint = concat("checkpoint-", done);
+    const CheckpointState state{done,      loader.consumed_samples(done), config.seed, config.tokenizer,
+                                config.tokenizer_hash, eval_loss, best};
+    GLM_ASSIGN_OR_RETURN(const SaveReport saved,
+                         save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
+    GLM_RETURN_IF_ERROR(logger.log_save(done, saved.dir, saved.bytes, saved.seconds));
+    return saved.dir;
+  };
   for (int64_t step = start_step; step < total_steps; ++step) {
     for (int64_t m = 0; m < config.gradient_accumulation_steps; ++m)
       micro[static_cast<size_t>(m)] = loader.micro_batch(step, m);
@@ -184,19 +240,20 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       interval_start = now;
       interval_tokens = 0;
     }
+    std::optional<double> eval_now;
     if (validation != nullptr && config.eval_steps > 0 && ((step + 1) % config.eval_steps == 0 || last)) {
       GLM_ASSIGN_OR_RETURN(EvalResult e,
                            evaluate_dataset(*engine, *validation, config.per_device_eval_batch_size, rank, world));
       summary.eval_losses.emplace_back(step + 1, e.mean_loss());
-      GLM_RETURN_IF_ERROR(logger.log_eval(step + 1, total_steps, e.mean_loss(), e.targets));
+      summary.eval_correct.emplace_back(step + 1, e.correct);
+      GLM_RETURN_IF_ERROR(logger.log_eval(step + 1, total_steps, e.mean_loss(), e.token_accuracy(), e.targets));
+      eval_now = e.mean_loss();
+      if (!best || e.mean_loss() < best->loss) best = EvalRecord{step + 1, e.mean_loss(), ""};
     }
     const bool save_now =
         !config.output_dir.empty() && config.save_strategy == "steps" && ((step + 1) % config.save_steps == 0 || last);
     if (save_now) {
-      CheckpointState state{step + 1, loader.consumed_samples(step + 1), config.seed};
-      GLM_ASSIGN_OR_RETURN(const std::string dir,
-                           save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
-      logger.print(concat("glm_hpc: saved ", dir));
+      GLM_RETURN_IF_ERROR(checkpoint(step + 1, eval_now).status());
     }
     // Preemption (src/train/preemption.h): every rank asks after every step, so all stop together.
     if (!last) {

@@ -19,6 +19,7 @@ struct TrainSummary {
   int64_t steps = 0;
   double parameter_checksum = 0;                        // sum of squares of the final parameters (equal on every rank)
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, mean validation loss)
+  std::vector<std::pair<int64_t, int64_t>> eval_correct;  // (step, target tokens whose argmax is the label)
   int preempted_by = 0;  // the signal that stopped the run after `steps` steps (0: it ran to the end)
 };
 
@@ -36,6 +37,11 @@ using WeightLoader = std::function<Status(TrainingEngine&)>;
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
                            const WeightLoader& load_weights = {}, const Dataset* validation = nullptr,
                            Communicator* data_comm = nullptr);
+
+// The run's ZeRO options with --reduce_bucket_size auto resolved (zero/bucket_autotune.h): from
+// --comm_profile, or measured on `data` now (every rank calls it); printed on rank 0.
+Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator& comm, Communicator& data,
+                                         Backend& backend);
 
 // Mean loss of every sample of `data`, spread over the ranks in batches of per_device samples.
 Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
