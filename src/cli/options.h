@@ -27,6 +27,18 @@ struct CliOptions {
   bool dataset_cache = true;              // --dataset_cache: reuse tokenized jsonl (data/dataset_cache.h)
   std::string recompute = "none";         // --recompute, parsed into train.recompute
   bool gradient_checkpointing = false;    // transformers' name for --recompute full
+  // glm_hpc export: a checkpoint to a Hugging Face model directory (src/cli/export.h).
+  std::string ckpt_dir;                // a checkpoint, or an output directory (its latest)
+  std::string save_dir;                // where the model directory goes
+  std::string export_format = "hf";    // hf (transformers GlmForCausalLM) or chatglm (THUDM layout)
+  std::string max_shard_size = "5GB";  // transformers' spellings: 5GB, 500MB, 2GiB, bytes
+  std::string tokenizer_dir;           // tokenizer files to copy; empty: the checkpoint's run's
+  bool overwrite = false;              // replace a non-empty save_dir
+  // ZeRO communication (DeepSpeed names, element counts such as 5e8), parsed into train.zero_options.
+  std::string reduce_bucket_size = "5e8";  // or auto
+  std::string allgather_bucket_size = "5e8";
+  std::string prefetch_bucket_size = "5e8";
+  std::string grad_reduce_dtype = "fp32";
   TrainConfig train;
   // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.
   nlohmann::json effective;

@@ -316,82 +316,167 @@ std::vector<std::string> SafetensorsCheckpoint::names() const {
   return n;
 }
 
-Status write_safetensors(const std::string& path, const std::vector<StTensorView>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+namespace {
+
+uint64_t byte_size(StDType dtype, const std::vector<int64_t>& shape) {
+  uint64_t numel = 1;
+  for (int64_t s : shape) numel *= static_cast<uint64_t>(s);
+  return numel * st_dtype_size(dtype);
+}
+
+// The 8-byte length and the JSON header, padded with spaces so the data starts 8-byte aligned.
+Result<std::string> make_header(const std::vector<StTensorSpec>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   std::set<std::string> names;
   for (const auto& t : tensors) {
     if (!names.insert(t.name).second) return GLM_INTERNAL_ERROR("tensor '", t.name, "' written twice");
-    uint64_t numel = 1;
-    for (int64_t s : t.shape) numel *= static_cast<uint64_t>(s);
-    const uint64_t bytes = numel * st_dtype_size(t.dtype);
+    const uint64_t bytes = t.bytes();
     header[t.name] = {
         {"dtype", st_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp, "'");
-    uint64_t len = text.size();
-    char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<char>((len >> (8 * i)) & 0xff);
-    out.write(le, 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& t : tensors) {
-      uint64_t numel = 1;
-      for (int64_t s : t.shape) numel *= static_cast<uint64_t>(s);
-      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(numel * st_dtype_size(t.dtype)));
-    }
-    out.flush();
-    if (!out) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "' (disk full?)");
-  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t len = text.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+Status rename_into_place(const std::string& tmp, const std::string& path) {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
   return Status::ok();
 }
 
+}  // namespace
+
+uint64_t StTensorSpec::bytes() const { return byte_size(dtype, shape); }
+
+Status write_safetensors(const std::string& path, const std::vector<StTensorView>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  std::vector<StTensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  GLM_ASSIGN_OR_RETURN(const std::string header, make_header(specs, metadata));
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp, "'");
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    for (const auto& t : tensors)
+      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(byte_size(t.dtype, t.shape)));
+    out.flush();
+    if (!out) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "' (disk full?)");
+  }
+  return rename_into_place(tmp, path);
+}
+
 Status write_sharded_safetensors(const std::string& dir, const std::vector<StTensorView>& tensors,
                                  uint64_t max_shard_bytes) {
-  std::vector<std::vector<StTensorView>> shards(1);
-  uint64_t current = 0, total = 0;
+  std::vector<StTensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  GLM_ASSIGN_OR_RETURN(SafetensorsShardWriter writer, SafetensorsShardWriter::create(dir, specs, max_shard_bytes));
+  for (const auto& t : tensors) GLM_RETURN_IF_ERROR(writer.write(t.name, t.data));
+  return writer.finish();
+}
+
+Result<SafetensorsShardWriter> SafetensorsShardWriter::create(const std::string& dir, std::vector<StTensorSpec> tensors,
+                                                              uint64_t max_shard_bytes) {
+  SafetensorsShardWriter w;
+  w.dir_ = dir;
+  // transformers' rule: a tensor that would overflow a non-empty shard starts the next one; a
+  // tensor larger than the limit gets a shard of its own.
+  size_t shards = 0, in_shard = 0;
+  uint64_t current = 0;
   for (const auto& t : tensors) {
-    uint64_t numel = 1;
-    for (int64_t s : t.shape) numel *= static_cast<uint64_t>(s);
-    const uint64_t bytes = numel * st_dtype_size(t.dtype);
-    if (!shards.back().empty() && current + bytes > max_shard_bytes) {
-      shards.emplace_back();
+    const uint64_t bytes = t.bytes();
+    if (shards == 0 || (in_shard > 0 && current + bytes > max_shard_bytes)) {
+      ++shards;
+      in_shard = 0;
       current = 0;
     }
-    shards.back().push_back(t);
+    w.shard_of_.push_back(shards - 1);
+    ++in_shard;
     current += bytes;
-    total += bytes;
+    w.total_bytes_ += bytes;
   }
+  if (shards <= 1) {
+    w.shard_names_ = {"model.safetensors"};
+  } else {
+    for (size_t i = 0; i < shards; ++i) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards);
+      w.shard_names_.push_back(name);
+    }
+  }
+  w.tensors_ = std::move(tensors);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return GLM_ERROR(ErrorKind::io, "cannot create '", dir, "': ", ec.message());
-  if (shards.size() == 1) return write_safetensors(dir + "/model.safetensors", shards[0]);
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    GLM_RETURN_IF_ERROR(write_safetensors(dir + "/" + name, shards[i]));
-    for (const auto& t : shards[i]) weight_map[t.name] = name;
+  return w;
+}
+
+Status SafetensorsShardWriter::close_shard() {
+  if (open_shard_ < 0) return Status::ok();
+  const std::string path = dir_ + "/" + shard_names_[static_cast<size_t>(open_shard_)];
+  out_->flush();
+  const bool ok = static_cast<bool>(*out_);
+  out_.reset();
+  if (!ok) return GLM_ERROR(ErrorKind::io, "error writing '", path, ".tmp' (disk full?)");
+  GLM_RETURN_IF_ERROR(rename_into_place(path + ".tmp", path));
+  files_.push_back(shard_names_[static_cast<size_t>(open_shard_)]);
+  open_shard_ = -1;
+  return Status::ok();
+}
+
+Status SafetensorsShardWriter::write(const std::string& name, const void* data) {
+  if (next_ >= tensors_.size() || tensors_[next_].name != name)
+    return GLM_INTERNAL_ERROR("SafetensorsShardWriter: got '", name, "', expected ",
+                              next_ < tensors_.size() ? "'" + tensors_[next_].name + "'" : "no more tensors");
+  const size_t shard = shard_of_[next_];
+  if (open_shard_ != static_cast<int>(shard)) {
+    GLM_RETURN_IF_ERROR(close_shard());
+    std::vector<StTensorSpec> mine;
+    for (size_t i = next_; i < tensors_.size() && shard_of_[i] == shard; ++i) mine.push_back(tensors_[i]);
+    GLM_ASSIGN_OR_RETURN(const std::string header, make_header(mine, {{"format", "pt"}}));
+    const std::string tmp = dir_ + "/" + shard_names_[shard] + ".tmp";
+    out_ = std::make_unique<std::ofstream>(tmp, std::ios::binary | std::ios::trunc);
+    if (!*out_) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp, "'");
+    out_->write(header.data(), static_cast<std::streamsize>(header.size()));
+    open_shard_ = static_cast<int>(shard);
   }
-  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  const std::string path = dir + "/model.safetensors.index.json";
+  out_->write(static_cast<const char*>(data), static_cast<std::streamsize>(tensors_[next_].bytes()));
+  if (!*out_)
+    return GLM_ERROR(ErrorKind::io, "error writing '", dir_, "/", shard_names_[shard], ".tmp' (disk full?)");
+  ++next_;
+  return Status::ok();
+}
+
+Status SafetensorsShardWriter::finish() {
+  if (next_ != tensors_.size())
+    return GLM_INTERNAL_ERROR("SafetensorsShardWriter: ", tensors_.size() - next_, " tensors were never written");
+  if (tensors_.empty()) {  // an empty model.safetensors, as the reference writes for no tensors
+    GLM_RETURN_IF_ERROR(write_safetensors(dir_ + "/model.safetensors", {}));
+    files_.push_back("model.safetensors");
+    return Status::ok();
+  }
+  GLM_RETURN_IF_ERROR(close_shard());
+  if (shard_names_.size() == 1) return Status::ok();
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < tensors_.size(); ++i) weight_map[tensors_[i].name] = shard_names_[shard_of_[i]];
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
+  const std::string path = dir_ + "/model.safetensors.index.json";
   {
     std::ofstream out(path + ".tmp", std::ios::trunc);
     out << index.dump(2) << '\n';
     if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", path, ".tmp'");
   }
-  std::filesystem::rename(path + ".tmp", path, ec);
-  if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", path, ".tmp': ", ec.message());
+  GLM_RETURN_IF_ERROR(rename_into_place(path + ".tmp", path));
+  files_.push_back("model.safetensors.index.json");
   return Status::ok();
 }
 

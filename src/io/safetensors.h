@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <span>
@@ -99,5 +100,41 @@ Status write_safetensors(const std::string& path, const std::vector<StTensorView
 // model-0000i-of-0000n.safetensors with model.safetensors.index.json, as transformers does.
 Status write_sharded_safetensors(const std::string& dir, const std::vector<StTensorView>& tensors,
                                  uint64_t max_shard_bytes);
+
+struct StTensorSpec {
+  std::string name;
+  StDType dtype = StDType::F32;
+  std::vector<int64_t> shape;
+  uint64_t bytes() const;
+};
+
+// write_sharded_safetensors one tensor at a time, so a model is never in memory whole (export of
+// GLM-4-9B): the shards are planned from the specs, the tensors then arrive in the same order.
+// Each file is written under a temporary name and renamed once complete.
+class SafetensorsShardWriter {
+ public:
+  static Result<SafetensorsShardWriter> create(const std::string& dir, std::vector<StTensorSpec> tensors,
+                                               uint64_t max_shard_bytes);
+  // The next tensor in the order of create(); data holds its bytes() bytes.
+  Status write(const std::string& name, const void* data);
+  // After the last tensor: closes the last file and writes the index when sharded.
+  Status finish();
+  // The files written (shards, then the index when sharded) and the tensor bytes (index total_size).
+  const std::vector<std::string>& files() const { return files_; }
+  uint64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  Status close_shard();
+
+  std::string dir_;
+  std::vector<StTensorSpec> tensors_;
+  std::vector<size_t> shard_of_;  // per tensor
+  std::vector<std::string> shard_names_;
+  std::vector<std::string> files_;
+  uint64_t total_bytes_ = 0;
+  size_t next_ = 0;
+  int open_shard_ = -1;
+  std::unique_ptr<std::ofstream> out_;
+};
 
 }  // namespace glm

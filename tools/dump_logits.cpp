@@ -1,0 +1,154 @@
+// Our logits for a fixed batch, for comparisons with transformers (benchmarks/export_check.sh):
+// the model comes from a glm_hpc checkpoint (its fp32 masters, rounded to bf16 by default as the
+// export stores them) or a Hugging Face directory; fp32 on the CPU backend, one process.
+//
+// usage: glm_dump_logits (--ckpt_dir DIR | --model_dir DIR) --input_ids FILE --out FILE [--bf16_weights true|false]
+//   --ckpt_dir as glm_hpc export takes it (a checkpoint, or an output directory: its latest).
+//   FILE of --input_ids: a JSON list of equally long rows of token ids, each its own sequence.
+//   --out: a safetensors file holding "logits" F32 [rows, length, vocab_size].
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/export.h"
+#include "io/hf_export.h"
+#include "io/hf_import.h"
+#include "io/safetensors.h"
+#include "mpi/local_communicator.h"
+#include "train/checkpoint.h"
+#include "train/engine.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: glm_dump_logits (--ckpt_dir DIR | --model_dir DIR) --input_ids FILE --out FILE "
+    "[--bf16_weights true|false]\n";
+
+glm::Result<std::vector<std::vector<int32_t>>> read_rows(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return GLM_USER_ERROR("cannot open --input_ids '", path, "'");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_array() || j.empty())
+    return GLM_USER_ERROR("--input_ids '", path, "' is not a non-empty JSON list of rows");
+  std::vector<std::vector<int32_t>> rows;
+  for (const auto& row : j) {
+    if (!row.is_array() || row.empty() || (!rows.empty() && row.size() != rows.front().size()))
+      return GLM_USER_ERROR("--input_ids '", path, "': rows must be non-empty lists of equal length");
+    std::vector<int32_t> ids;
+    for (const auto& id : row) {
+      if (!id.is_number_integer()) return GLM_USER_ERROR("--input_ids '", path, "': ids must be integers");
+      ids.push_back(id.get<int32_t>());
+    }
+    rows.push_back(std::move(ids));
+  }
+  return rows;
+}
+
+glm::Status run(const std::map<std::string, std::string>& args) {
+  auto arg = [&](const char* name) {
+    auto it = args.find(name);
+    return it == args.end() ? std::string() : it->second;
+  };
+  for (const auto& [name, value] : args)
+    if (name != "ckpt_dir" && name != "model_dir" && name != "input_ids" && name != "out" && name != "bf16_weights")
+      return GLM_USER_ERROR("unknown option --", name);
+  const std::string ckpt = arg("ckpt_dir"), model_dir = arg("model_dir");
+  if (ckpt.empty() == model_dir.empty()) return GLM_USER_ERROR("give exactly one of --ckpt_dir and --model_dir");
+  if (arg("input_ids").empty() || arg("out").empty()) return GLM_USER_ERROR("--input_ids and --out are required");
+  const std::string bf16_arg = args.count("bf16_weights") ? arg("bf16_weights") : "true";
+  if (bf16_arg != "true" && bf16_arg != "false") return GLM_USER_ERROR("--bf16_weights must be true or false");
+  const bool bf16 = bf16_arg == "true";
+  GLM_ASSIGN_OR_RETURN(const auto rows, read_rows(arg("input_ids")));
+
+  glm::ModelConfig config;
+  std::optional<glm::CheckpointInfo> info;
+  std::optional<glm::HfModel> hf;
+  if (!ckpt.empty()) {
+    GLM_ASSIGN_OR_RETURN(const std::string dir, glm::resolve_export_checkpoint(ckpt));
+    GLM_ASSIGN_OR_RETURN(info, glm::read_checkpoint_info(dir));
+    config = info->config;
+  } else {
+    GLM_ASSIGN_OR_RETURN(hf, glm::read_hf_config(model_dir));
+    config = hf->config;
+  }
+  glm::HostMicroBatch batch;
+  for (const auto& row : rows) {
+    glm::TokenizedSample s;
+    for (int32_t id : row) {
+      if (id < 0 || id >= config.vocab_size)
+        return GLM_USER_ERROR("--input_ids: id ", id, " is outside the model's vocabulary of ", config.vocab_size);
+      s.tokens.push_back(id);
+      s.labels.push_back(-1);
+    }
+    glm::append_document(batch, s);  // each row its own causal sequence
+  }
+  auto backend = glm::make_cpu_backend(glm::DType::f32);
+  glm::LocalCommunicator comm;
+  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(config, *backend, comm, batch.size(), std::nullopt, 0.0));
+  const glm::ParamLayout& layout = engine->layout();
+  if (info) {
+    const glm::ParamLayout unpadded(config, 1);
+    std::vector<float> values;
+    const auto sink = [&](int unit, std::span<const float> v) -> glm::Status {
+      const glm::ParamUnit& u = unpadded.units()[static_cast<size_t>(unit)];
+      for (int entry : u.entries) {
+        const glm::ParamEntry& e = unpadded.entry(entry);
+        values.assign(v.begin() + (e.offset - u.offset), v.begin() + (e.offset - u.offset) + e.numel);
+        if (bf16) {
+          for (float& x : values) {
+            const uint32_t bits = static_cast<uint32_t>(glm::float_to_bf16_bits(x)) << 16;
+            std::memcpy(&x, &bits, 4);
+          }
+        }
+        GLM_RETURN_IF_ERROR(engine->set_parameter(entry, values));
+      }
+      return glm::Status::ok();
+    };
+    GLM_RETURN_IF_ERROR(glm::read_checkpoint_masters(*info, sink));
+  } else {
+    GLM_RETURN_IF_ERROR(glm::load_hf_weights(
+        *hf, layout, [&](int entry, std::span<const float> v) { return engine->set_parameter(entry, v); }));
+  }
+  GLM_RETURN_IF_ERROR(engine->parameters_updated());
+  std::vector<float> logits;
+  GLM_RETURN_IF_ERROR(engine->logits(batch, logits));
+  const std::vector<int64_t> shape = {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows.front().size()),
+                                      config.vocab_size};
+  if (static_cast<int64_t>(logits.size()) != shape[0] * shape[1] * shape[2])
+    return GLM_INTERNAL_ERROR("logits hold ", logits.size(), " values, expected ", shape[0] * shape[1] * shape[2]);
+  GLM_RETURN_IF_ERROR(glm::write_safetensors(arg("out"), {{"logits", glm::StDType::F32, shape, logits.data()}}));
+  std::printf("glm_dump_logits: logits [%lld, %lld, %lld] of %s (%s weights) to %s\n",
+              static_cast<long long>(shape[0]), static_cast<long long>(shape[1]), static_cast<long long>(shape[2]),
+              info ? info->dir.c_str() : model_dir.c_str(), info && bf16 ? "bf16-rounded" : "as stored",
+              arg("out").c_str());
+  return glm::Status::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (a.rfind("--", 0) != 0 || i + 1 >= argc) {
+      std::fprintf(stderr, "glm_dump_logits: error: unexpected argument '%s'\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    args[a.substr(2)] = argv[++i];
+  }
+  const glm::Status s = run(args);
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "glm_dump_logits: error: %s\n", s.message().c_str());
+    return s.exit_code();
+  }
+  return 0;
+}
