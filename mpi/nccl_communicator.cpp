@@ -66,15 +66,63 @@ struct Shared {
   }
 };
 
+// Reused CUDA events: creating and destroying two or three events per collective cost tens of
+// microseconds a call. An event goes back to the pool only when nothing will query it again (its
+// Op is gone); stream waits already enqueued on it captured its state when they were issued, so
+// recording it again for a later collective is safe.
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaError_t take(cudaEvent_t* event) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        *event = free_.back();
+        free_.pop_back();
+        return cudaSuccess;
+      }
+    }
+    return cudaEventCreateWithFlags(event, cudaEventDefault);  // timing on: exposed time is measured
+  }
+  void give_back(cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(event);
+  }
+
+ private:
+  std::mutex mutex_;  // the watchdog thread may release the last reference to an Op
+  std::vector<cudaEvent_t> free_;
+};
+
+enum class OpKind { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+
 // One collective in flight: the events that order it and measure how long compute waited on it.
+// Its description is formatted only when something failed (no string work per call).
 struct Op {
-  std::string what;
+  OpKind kind = OpKind::barrier;
+  size_t count = 0;
+  CommType type = CommType::u8;
+  int root = 0;
   Clock::time_point start;
   cudaEvent_t done = nullptr;     // recorded on the communication stream after the collective
   cudaEvent_t reached = nullptr;  // recorded on the compute stream where it waits for the collective
+  std::shared_ptr<EventPool> pool;
   ~Op() {
-    if (done != nullptr) cudaEventDestroy(done);
-    if (reached != nullptr) cudaEventDestroy(reached);
+    if (done != nullptr) pool->give_back(done);
+    if (reached != nullptr) pool->give_back(reached);
+  }
+  std::string what() const {
+    switch (kind) {
+      case OpKind::all_reduce: return concat("all_reduce(", count, " x ", comm_type_name(type), ")");
+      case OpKind::reduce_scatter: return concat("reduce_scatter(", count, " x ", comm_type_name(type), ")");
+      case OpKind::all_gather: return concat("all_gather(", count, " x ", comm_type_name(type), ")");
+      case OpKind::broadcast:
+        return concat("broadcast(", count, " x ", comm_type_name(type), " from rank ", root, ")");
+      case OpKind::barrier: return "barrier";
+    }
+    return "collective";
   }
 };
 
@@ -137,6 +185,7 @@ class NcclCommunicatorImpl final : public Communicator {
       }
     }
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -144,6 +193,7 @@ class NcclCommunicatorImpl final : public Communicator {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
     GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     GLM_NCCL_CUDA_RETURN(cudaMalloc(&scratch_, sizeof(int32_t)));
+    GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     ncclUniqueId id{};
     if (rank_ == 0) {
       const ncclResult_t r = ncclGetUniqueId(&id);
@@ -191,29 +241,30 @@ class NcclCommunicatorImpl final : public Communicator {
 
   std::unique_ptr<CommRequest> start_all_reduce(const void* send, void* recv, size_t count, CommType type,
                                                 ReduceOp op) override {
-    return enqueue(concat("all_reduce(", count, " x ", comm_type_name(type), ")"), [&](ncclComm_t c) {
+    return enqueue(OpKind::all_reduce, count, type, 0, [&](ncclComm_t c) {
       return ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), c, stream_);
     });
   }
   std::unique_ptr<CommRequest> start_reduce_scatter(const void* send, void* recv, size_t recv_count, CommType type,
                                                     ReduceOp op) override {
-    return enqueue(concat("reduce_scatter(", recv_count, " x ", comm_type_name(type), ")"), [&](ncclComm_t c) {
+    return enqueue(OpKind::reduce_scatter, recv_count, type, 0, [&](ncclComm_t c) {
       return ncclReduceScatter(send, recv, recv_count, nccl_type(type), nccl_op(op), c, stream_);
     });
   }
   std::unique_ptr<CommRequest> start_all_gather(const void* send, void* recv, size_t send_count,
                                                 CommType type) override {
-    return enqueue(concat("all_gather(", send_count, " x ", comm_type_name(type), ")"), [&](ncclComm_t c) {
+    return enqueue(OpKind::all_gather, send_count, type, 0, [&](ncclComm_t c) {
       return ncclAllGather(send, recv, send_count, nccl_type(type), c, stream_);
     });
   }
   std::unique_ptr<CommRequest> start_broadcast(void* buffer, size_t count, CommType type, int root) override {
-    return enqueue(concat("broadcast(", count, " x ", comm_type_name(type), " from rank ", root, ")"),
-                   [&](ncclComm_t c) { return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, c, stream_); });
+    return enqueue(OpKind::broadcast, count, type, root, [&](ncclComm_t c) {
+      return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, c, stream_);
+    });
   }
   std::unique_ptr<CommRequest> start_barrier() override {
     // NCCL has no barrier: a one-element all-reduce completes only when every rank joined.
-    return enqueue("barrier", [&](ncclComm_t c) {
+    return enqueue(OpKind::barrier, 1, CommType::i32, 0, [&](ncclComm_t c) {
       return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, c, stream_);
     });
   }
@@ -249,9 +300,13 @@ class NcclCommunicatorImpl final : public Communicator {
   }
 
   template <typename Call>
-  std::unique_ptr<CommRequest> enqueue(std::string what, Call&& call) {
+  std::unique_ptr<CommRequest> enqueue(OpKind kind, size_t count, CommType type, int root, Call&& call) {
     auto op = std::make_shared<Op>();
-    op->what = std::move(what);
+    op->kind = kind;
+    op->count = count;
+    op->type = type;
+    op->root = root;
+    op->pool = pool_;
     Status s = start(*op, call);
     if (s.is_ok()) {
       // The watchdog holds the collective until its done event fires or its deadline passes.
@@ -264,33 +319,31 @@ class NcclCommunicatorImpl final : public Communicator {
   template <typename Call>
   Status start(Op& op, Call& call) {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
-    GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&op.done, cudaEventDefault));
-    GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&op.reached, cudaEventDefault));
-    // The communication stream starts after everything compute enqueued so far (the buffer's producer).
-    cudaEvent_t ready = nullptr;
-    GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    cudaError_t e = cudaEventRecord(ready, compute_);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ready, 0);
-    cudaEventDestroy(ready);  // safe: destruction is deferred until the recorded work completes
-    GLM_NCCL_CUDA_RETURN(e);
+    GLM_NCCL_CUDA_RETURN(pool_->take(&op.done));
+    GLM_NCCL_CUDA_RETURN(pool_->take(&op.reached));
+    // The communication stream starts after everything compute enqueued so far (the buffer's
+    // producer). One event serves every call: the wait captures the record made just before it.
+    GLM_NCCL_CUDA_RETURN(cudaEventRecord(ready_, compute_));
+    GLM_NCCL_CUDA_RETURN(cudaStreamWaitEvent(stream_, ready_, 0));
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
       if (shared_->aborted)
-        return GLM_ERROR(ErrorKind::comm, op.what, " on an aborted NCCL communicator (", rank_prefix(),
+        return GLM_ERROR(ErrorKind::comm, op.what(), " on an aborted NCCL communicator (", rank_prefix(),
                          "): ", shared_->failure);
       ncclResult_t r = call(shared_->comm);
       // A non-blocking communicator may still be enqueueing: poll to completion of the enqueue.
       const auto start = Clock::now();
       while (r == ncclInProgress) {
         if (Clock::now() - start > timeout_) {
-          shared_->abort_locked(concat(op.what, " could not be enqueued within ", timeout_.count(), " s"));
-          return GLM_ERROR(ErrorKind::comm, op.what, " could not be enqueued within ", timeout_.count(),
+          shared_->abort_locked(concat(op.what(), " could not be enqueued within ", timeout_.count(), " s"));
+          return GLM_ERROR(ErrorKind::comm, op.what(), " could not be enqueued within ", timeout_.count(),
                            " s (collective timeout) on ", rank_prefix());
         }
         ncclCommGetAsyncError(shared_->comm, &r);
       }
       if (r != ncclSuccess) {
-        const std::string why = concat(op.what, " failed: ", ncclGetErrorString(r), " (", ncclGetLastError(shared_->comm), ")");
+        const std::string why =
+            concat(op.what(), " failed: ", ncclGetErrorString(r), " (", ncclGetLastError(shared_->comm), ")");
         shared_->abort_locked(why);
         return GLM_ERROR(ErrorKind::comm, why, " on ", rank_prefix());
       }
@@ -317,11 +370,11 @@ class NcclCommunicatorImpl final : public Communicator {
           continue;
         }
         if (q != cudaErrorNotReady) {
-          failure = concat((*it)->what, ": CUDA error ", cudaGetErrorString(q));
+          failure = concat((*it)->what(), ": CUDA error ", cudaGetErrorString(q));
           break;
         }
         if (timeout_.count() > 0 && Clock::now() - (*it)->start > timeout_) {
-          failure = concat((*it)->what, " did not complete within ", timeout_.count(),
+          failure = concat((*it)->what(), " did not complete within ", timeout_.count(),
                            " s (collective timeout): a peer rank died or is stuck");
           break;
         }
@@ -351,6 +404,8 @@ class NcclCommunicatorImpl final : public Communicator {
   std::chrono::duration<double> timeout_;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // compute stream's position at each start_*, waited on by stream_
+  std::shared_ptr<EventPool> pool_ = std::make_shared<EventPool>();
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
   std::vector<std::shared_ptr<Op>> measured_;  // waited collectives whose stall is not yet counted
 

@@ -7,17 +7,16 @@
 
 #include "model/glm4_model.h"
 #include "model/param_layout.h"
+#include "zero/comm_buckets.h"
 
 namespace glm {
 
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   const ParamLayout layout(in.model, in.world_size);
   const int units = static_cast<int>(layout.units().size());
-  int64_t shard_total = 0, largest_unit = 0, largest_shard = 0;
+  int64_t shard_total = 0;
   for (int u = 0; u < units; ++u) {
     shard_total += layout.shard_numel(u);
-    largest_unit = std::max(largest_unit, layout.units()[static_cast<size_t>(u)].numel);
-    largest_shard = std::max(largest_shard, layout.shard_numel(u));
   }
   const int64_t total = layout.total_numel(), n = in.micro_batch_tokens;
   const int stage = in.zero_stage;
@@ -29,10 +28,10 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   add("parameters (bf16)", stage == 3 ? 2 * shard_total : 2 * total);
   add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
   add("optimizer: fp32 master + Adam moments", 12 * (stage == 0 ? total : shard_total));
-  int64_t comm = 0;
-  if (stage >= 2) comm += 2 * (2 * largest_unit + 2 * largest_shard);  // two gradient buckets
-  if (stage == 3) comm += 2 * 2 * largest_unit;  // the gathered unit in use and the prefetched one
-  add("communication buffers", comm);
+  ZeroOptions zero = in.zero_options;
+  if (zero.reduce_bucket_size == ZeroOptions::kAutoBucketSize) zero.reduce_bucket_size = ZeroOptions{}.reduce_bucket_size;
+  // Gradient buckets, packed send and receive slots, gathered units: what ZeroParameters allocates.
+  add("communication buffers", zero_buffer_sizes(layout, stage, zero, DType::bf16).bytes());
   add("activations and backward scratch", Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 16 * n);
   const int64_t vocab = in.model.vocab_size;
   const int64_t chunk = std::clamp<int64_t>((int64_t{512} << 20) / (vocab * 6), 1, n);

@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "model/recompute.h"
+#include "zero/zero_options.h"
 
 namespace glm {
 
@@ -17,6 +18,7 @@ struct MemoryPlanInput {
   int zero_stage = 0;
   int64_t micro_batch_tokens = 4096;  // per_device_train_batch_size x max_length
   Recompute recompute = Recompute::none;
+  ZeroOptions zero_options;  // bucket sizes and reduce dtype (a --reduce_bucket_size auto plans with 5e8)
 };
 
 struct MemoryPlanRow {

@@ -23,39 +23,64 @@ CommType comm_type(DType d) {
 }  // namespace
 
 Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout& layout, Backend& backend,
-                                                               Communicator& comm, int stage, Communicator* data) {
+                                                               Communicator& comm, int stage, Communicator* data,
+                                                               const ZeroOptions& options) {
   if (stage < 0 || stage > 3) return GLM_USER_ERROR("--zero_stage must be 0, 1, 2 or 3, got ", stage);
   if (layout.shards() != comm.size())
     return GLM_INTERNAL_ERROR("layout has ", layout.shards(), " shards for ", comm.size(), " ranks");
   if (data != nullptr && data->size() != comm.size())
     return GLM_INTERNAL_ERROR("data communicator of ", data->size(), " ranks beside ", comm.size());
-  std::unique_ptr<ZeroParameters> z(new ZeroParameters(layout, backend, comm, data != nullptr ? *data : comm, stage));
+  if (options.reduce_bucket_size <= 0)
+    return GLM_INTERNAL_ERROR("reduce_bucket_size ", options.reduce_bucket_size, " (auto must be resolved first)");
+  if (options.allgather_bucket_size <= 0 || options.prefetch_bucket_size < 0)
+    return GLM_INTERNAL_ERROR("allgather_bucket_size ", options.allgather_bucket_size, ", prefetch_bucket_size ",
+                              options.prefetch_bucket_size);
+  if (options.grad_reduce_dtype != DType::f32 && options.grad_reduce_dtype != DType::bf16)
+    return GLM_INTERNAL_ERROR("grad_reduce_dtype must be f32 or bf16");
+  std::unique_ptr<ZeroParameters> z(
+      new ZeroParameters(layout, backend, comm, data != nullptr ? *data : comm, stage, options));
   const DType dt = backend.compute_dtype();
+  z->options_.grad_reduce_dtype = effective_reduce_dtype(options, dt);
+  const DType rt = z->options_.grad_reduce_dtype;
   const int units = static_cast<int>(layout.units().size());
-  int64_t shard_total = 0, largest_unit = 0, largest_shard = 0;
+  int64_t shard_total = 0;
   for (int u = 0; u < units; ++u) {
     z->shard_base_.push_back(shard_total);
     shard_total += layout.shard_numel(u);
-    largest_unit = std::max(largest_unit, layout.units()[static_cast<size_t>(u)].numel);
-    largest_shard = std::max(largest_shard, layout.shard_numel(u));
   }
-  auto alloc = [&](Buffer& b, int64_t n) -> Status {
-    GLM_ASSIGN_OR_RETURN(b, backend.allocate(n, dt));
+  z->sizes_ = zero_buffer_sizes(layout, stage, z->options_, dt);
+  const ZeroBufferSizes& sz = z->sizes_;
+  z->reduce_buckets_ = plan_comm_buckets(layout, options.reduce_bucket_size, true);
+  z->bucket_of_unit_.assign(static_cast<size_t>(units), -1);
+  for (size_t b = 0; b < z->reduce_buckets_.size(); ++b)
+    for (int u = z->reduce_buckets_[b].first; u <= z->reduce_buckets_[b].last; ++u)
+      z->bucket_of_unit_[static_cast<size_t>(u)] = static_cast<int>(b);
+  z->pack_ = sz.reduce_send_numel > 0;
+  if (comm.size() > 1 && (stage == 1 || stage == 2)) {
+    z->gather_buckets_ = plan_comm_buckets(layout, options.allgather_bucket_size, false);
+    z->gather_bucket_of_unit_.assign(static_cast<size_t>(units), -1);
+    for (size_t b = 0; b < z->gather_buckets_.size(); ++b)
+      for (int u = z->gather_buckets_[b].first; u <= z->gather_buckets_[b].last; ++u)
+        z->gather_bucket_of_unit_[static_cast<size_t>(u)] = static_cast<int>(b);
+  }
+  auto alloc = [&](Buffer& b, int64_t n, DType type) -> Status {
+    GLM_ASSIGN_OR_RETURN(b, backend.allocate(n, type));
     return Status::ok();
   };
-  if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel()));
+  if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel(), dt));
   if (stage == 3) {
-    GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total));
-    for (auto& g : z->gathered_) GLM_RETURN_IF_ERROR(alloc(g.params, largest_unit));
+    GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total, dt));
+    for (auto& g : z->gathered_) GLM_RETURN_IF_ERROR(alloc(g.params, sz.gathered_unit_numel, dt));
   }
-  if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel()));
-  if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total));
-  if (stage >= 2) {
-    for (auto& b : z->buckets_) {
-      GLM_RETURN_IF_ERROR(alloc(b.grads, largest_unit));
-      GLM_RETURN_IF_ERROR(alloc(b.scattered, largest_shard));
-    }
+  if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel(), dt));
+  if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total, dt));
+  for (int i = 0; i < sz.grad_bucket_count; ++i) GLM_RETURN_IF_ERROR(alloc(z->grad_buckets_[i], sz.grad_bucket_numel, dt));
+  for (auto& slot : z->reduce_slots_) {
+    if (sz.reduce_send_numel > 0) GLM_RETURN_IF_ERROR(alloc(slot.send, sz.reduce_send_numel, rt));
+    if (sz.reduce_recv_numel > 0) GLM_RETURN_IF_ERROR(alloc(slot.recv, sz.reduce_recv_numel, rt));
   }
+  if (sz.reduce_convert_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->reduce_convert_, sz.reduce_convert_numel, dt));
+  if (sz.gather_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->gather_staging_, sz.gather_numel, dt));
   return z;
 }
 
@@ -65,16 +90,7 @@ Tensor ZeroParameters::shard_slice(const Buffer& shards, int unit) const {
 
 Status ZeroParameters::copy(Tensor dst, Tensor src) { return backend_.convert(dst, src); }
 
-Status ZeroParameters::all_gather_unit(Tensor shard, Tensor full) {
-  if (comm_.size() == 1) return copy(full, shard);
-  return data_.all_gather(shard.data, full.data, static_cast<size_t>(shard.numel), comm_type(shard.dtype));
-}
-
-Status ZeroParameters::reduce_scatter_unit(Tensor full, Tensor shard) {
-  if (comm_.size() == 1) return copy(shard, full);
-  return data_.reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel), comm_type(full.dtype),
-                              ReduceOp::sum);
-}
+CommType ZeroParameters::reduce_type() const { return comm_type(options_.grad_reduce_dtype); }
 
 Result<Tensor> ZeroParameters::acquire_params(int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
@@ -92,6 +108,9 @@ Result<Tensor> ZeroParameters::acquire_params(int unit) {
 
 Status ZeroParameters::prefetch_params(int unit) {
   if (stage_ != 3 || gathered_[0].unit == unit || gathered_[1].unit == unit) return Status::ok();
+  // --prefetch_bucket_size bounds the elements gathered ahead; without --overlap_comm nothing is.
+  if (!options_.overlap_comm || layout_.units()[static_cast<size_t>(unit)].numel > options_.prefetch_bucket_size)
+    return Status::ok();
   // Into the slot the model does not hold. On a device communicator the gather is ordered after
   // all compute enqueued so far, so it cannot overwrite parameters a queued kernel still reads.
   return gather_into(held_slot_ < 0 ? 0 : held_slot_ ^ 1, unit);
@@ -133,57 +152,109 @@ Status ZeroParameters::forget_gathered() {
 Tensor ZeroParameters::unit_grads(int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   if (stage_ <= 1) return grads_.slice(u.offset, u.numel);
-  // Stages 2-3: a free bucket; the model accumulates this micro-batch's gradient of the unit into it.
-  Bucket& bucket = buckets_[current_bucket_];
-  const Status drained = drain(bucket);
-  if (!drained.is_ok()) fatal_status(drained);  // a collective failed: the job cannot go on
-  Tensor b = bucket.grads.slice(0, u.numel);
-  const Status zeroed = backend_.zero(b);
+  // Stages 2-3: the open bucket's buffer; backward reaches a bucket's units from `last` down.
+  const CommBucket& bucket = reduce_buckets_[static_cast<size_t>(bucket_of_unit_[static_cast<size_t>(unit)])];
+  const int index = pack_ ? 0 : next_slot_;
+  if (unit == bucket.last && !pack_ && comm_.size() > 1) {
+    // Unpacked, a collective reads this buffer directly: it must have finished.
+    const Status drained = drain(reduce_slots_[index]);
+    if (!drained.is_ok()) fatal_status(drained);  // a collective failed: the job cannot go on
+  }
+  Tensor g = grad_buckets_[index].slice(u.offset - bucket.offset, u.numel);
+  const Status zeroed = backend_.zero(g);
   if (!zeroed.is_ok()) fatal_status(zeroed);
-  return b;
+  return g;
 }
 
-// Waits for a bucket's reduce-scatter and adds the result to this rank's gradient shard.
-Status ZeroParameters::drain(Bucket& b) {
-  if (b.unit < 0) return Status::ok();
-  Tensor shard = shard_slice(grad_shards_, b.unit);
-  GLM_RETURN_IF_ERROR(wait_timed(b.in_flight));
-  b.unit = -1;
-  return backend_.add(shard, shard, b.scattered.slice(0, shard.numel), shard.numel);  // accumulate
+Tensor ZeroParameters::bucket_source(const CommBucket& b) const {
+  if (stage_ <= 1) return grads_.slice(b.offset, b.numel);
+  return grad_buckets_[pack_ ? 0 : next_slot_].slice(0, b.numel);
+}
+
+// Rank-major copy in the reduce dtype: block r holds rank r's shard of every unit of the bucket,
+// in unit order, which is where reduce-scatter puts it and how rank r's shard buffer is laid out.
+Status ZeroParameters::pack(const CommBucket& b, Tensor src, Tensor dst) {
+  if (stage_ == 0) return copy(dst, src);  // all-reduce needs no reordering, only the dtype
+  const int world = comm_.size();
+  int64_t pos = 0;
+  for (int r = 0; r < world; ++r) {
+    for (int unit = b.first; unit <= b.last; ++unit) {
+      const int64_t n = layout_.shard_numel(unit);
+      const int64_t from = layout_.units()[static_cast<size_t>(unit)].offset - b.offset + r * n;
+      GLM_RETURN_IF_ERROR(copy(dst.slice(pos, n), src.slice(from, n)));
+      pos += n;
+    }
+  }
+  return Status::ok();
+}
+
+// Starts bucket `index`'s all-reduce (stage 0) or reduce-scatter (stages 1-3) in the next slot.
+Status ZeroParameters::reduce_bucket(int index) {
+  const CommBucket& b = reduce_buckets_[static_cast<size_t>(index)];
+  ReduceSlot& slot = reduce_slots_[next_slot_];
+  GLM_RETURN_IF_ERROR(drain(slot));
+  Tensor src = bucket_source(b);
+  const int64_t shard_numel = b.shard_numel(comm_.size());
+  Tensor send = src;
+  if (pack_) {
+    send = slot.send.slice(0, b.numel);
+    GLM_RETURN_IF_ERROR(pack(b, src, send));
+  }
+  // MPI reads host memory: the backward's results must be there first. NCCL orders itself after
+  // the compute stream.
+  if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+  if (stage_ == 0) {
+    slot.in_flight =
+        data_.start_all_reduce(send.data, send.data, static_cast<size_t>(b.numel), reduce_type(), ReduceOp::sum);
+  } else {
+    const bool direct = stage_ == 1 && options_.grad_reduce_dtype == src.dtype;
+    Tensor recv = direct ? grad_shards_.slice(b.shard_offset, shard_numel) : slot.recv.slice(0, shard_numel);
+    slot.in_flight = data_.start_reduce_scatter(send.data, recv.data, static_cast<size_t>(shard_numel),
+                                                reduce_type(), ReduceOp::sum);
+  }
+  slot.bucket = index;
+  ++buckets_reduced_;
+  next_slot_ ^= 1;
+  if (!options_.overlap_comm) return drain(slot);  // the serial baseline: nothing overlaps
+  return Status::ok();
+}
+
+// Waits for a slot's reduction and stores the result: converted back (stages 0-1) or added to this
+// rank's gradient shards (stages 2-3 accumulate one reduction per micro-batch).
+Status ZeroParameters::drain(ReduceSlot& slot) {
+  if (slot.bucket < 0) return Status::ok();
+  const CommBucket& b = reduce_buckets_[static_cast<size_t>(slot.bucket)];
+  slot.bucket = -1;
+  GLM_RETURN_IF_ERROR(wait_timed(slot.in_flight));
+  const int64_t shard_numel = b.shard_numel(comm_.size());
+  const bool converted = options_.grad_reduce_dtype != backend_.compute_dtype();
+  if (stage_ == 0) return pack_ ? copy(grads_.slice(b.offset, b.numel), slot.send.slice(0, b.numel)) : Status::ok();
+  Tensor shards = grad_shards_.slice(b.shard_offset, shard_numel);
+  if (stage_ == 1) return converted ? copy(shards, slot.recv.slice(0, shard_numel)) : Status::ok();
+  Tensor part = slot.recv.slice(0, shard_numel);
+  if (converted) {
+    Tensor c = reduce_convert_.slice(0, shard_numel);
+    GLM_RETURN_IF_ERROR(copy(c, part));
+    part = c;
+  }
+  return backend_.add(shards, shards, part, shard_numel);
 }
 
 Status ZeroParameters::grads_ready(int unit) {
-  const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  const int index = bucket_of_unit_[static_cast<size_t>(unit)];
+  const CommBucket& b = reduce_buckets_[static_cast<size_t>(index)];
+  if (unit != b.first) return Status::ok();  // backward completes a bucket with its first unit
   if (stage_ <= 1) {
-    // The unit's gradient is final once the last micro-batch's backward finished it: reduce it
-    // now, overlapping the rest of backward.
-    if (!last_micro_batch_ || comm_.size() == 1) return Status::ok();
-    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
-    Tensor g = grads_.slice(u.offset, u.numel);
-    if (stage_ == 0) {
-      pending_.push_back(
-          data_.start_all_reduce(g.data, g.data, static_cast<size_t>(g.numel), comm_type(g.dtype), ReduceOp::sum));
-    } else {
-      Tensor shard = shard_slice(grad_shards_, unit);
-      pending_.push_back(data_.start_reduce_scatter(g.data, shard.data, static_cast<size_t>(shard.numel),
-                                                    comm_type(g.dtype), ReduceOp::sum));
-    }
-    return Status::ok();
+    // The bucket's gradient is final once the last micro-batch's backward finished it: reduce it
+    // now, overlapping the rest of backward (without overlap: after backward, finish_backward).
+    if (!last_micro_batch_ || comm_.size() == 1 || !options_.overlap_comm) return Status::ok();
+    return reduce_bucket(index);
   }
-  Bucket& b = buckets_[current_bucket_];
-  Tensor full = b.grads.slice(0, u.numel), shard = b.scattered.slice(0, layout_.shard_numel(unit));
-  b.unit = unit;
-  if (comm_.size() == 1) {
-    GLM_RETURN_IF_ERROR(copy(shard, full));
-  } else {
-    // MPI reads host memory: the backward's results must be there first. NCCL orders itself
-    // after the compute stream.
-    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
-    b.in_flight = data_.start_reduce_scatter(full.data, shard.data, static_cast<size_t>(shard.numel),
-                                             comm_type(full.dtype), ReduceOp::sum);
+  if (comm_.size() == 1) {  // shards are whole units: accumulate the bucket directly
+    Tensor shards = grad_shards_.slice(b.shard_offset, b.numel);
+    return backend_.add(shards, shards, grad_buckets_[0].slice(0, b.numel), b.numel);
   }
-  current_bucket_ ^= 1;  // backward continues into the other bucket while this one reduces
-  return Status::ok();
+  return reduce_bucket(index);
 }
 
 double ZeroParameters::take_exposed_comm_seconds() {
@@ -218,22 +289,17 @@ Status ZeroParameters::zero_grads() {
 }
 
 Status ZeroParameters::finish_backward() {
-  for (auto& b : buckets_) GLM_RETURN_IF_ERROR(drain(b));
-  const int units = static_cast<int>(layout_.units().size());
-  if (stage_ <= 1 && comm_.size() > 1) {
-    // Started by grads_ready during the last micro-batch; every unit must have been reduced.
-    if (static_cast<int>(pending_.size()) != units)
-      return GLM_INTERNAL_ERROR(pending_.size(), " gradient reductions started for ", units,
-                                " units (set_last_micro_batch not called before the last backward?)");
-    for (auto& r : pending_) GLM_RETURN_IF_ERROR(wait_timed(r));
-    pending_.clear();
-  }
-  if (stage_ == 1 && comm_.size() == 1) {
-    for (int u = 0; u < units; ++u) {
-      const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
-      GLM_RETURN_IF_ERROR(reduce_scatter_unit(grads_.slice(unit.offset, unit.numel), shard_slice(grad_shards_, u)));
-    }
-  }
+  const int world = comm_.size();
+  const int buckets = static_cast<int>(reduce_buckets_.size());
+  if (stage_ <= 1 && world > 1 && !options_.overlap_comm)
+    for (int b = 0; b < buckets; ++b) GLM_RETURN_IF_ERROR(reduce_bucket(b));  // each waited at once
+  for (auto& slot : reduce_slots_) GLM_RETURN_IF_ERROR(drain(slot));
+  const int reduced = buckets_reduced_;
+  buckets_reduced_ = 0;
+  if (stage_ <= 1 && world > 1 && reduced != buckets)
+    return GLM_INTERNAL_ERROR(reduced, " gradient buckets reduced of ", buckets,
+                              " (set_last_micro_batch not called before the last backward?)");
+  if (stage_ == 1 && world == 1) GLM_RETURN_IF_ERROR(copy(grad_shards_.tensor(), grads_.tensor()));
   return Status::ok();
 }
 
@@ -246,18 +312,70 @@ Result<double> ZeroParameters::grad_norm_squared() {
 
 Status ZeroParameters::unit_updated(int u) {
   if ((stage_ != 1 && stage_ != 2) || comm_.size() == 1) return Status::ok();  // one rank: the shard is the unit
-  const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
-  Tensor full = params_.slice(unit.offset, unit.numel);
-  if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
-  // In place: this rank's shard already sits at its block of the unit.
-  pending_.push_back(data_.start_all_gather(owned_params(u).data, full.data,
-                                            static_cast<size_t>(layout_.shard_numel(u)), comm_type(full.dtype)));
+  const int index = gather_bucket_of_unit_[static_cast<size_t>(u)];
+  if (u != gather_buckets_[static_cast<size_t>(index)].last || !options_.overlap_comm) return Status::ok();
+  return gather_bucket(index);
+}
+
+// Starts bucket `index`'s parameter all-gather. A one-unit bucket gathers in place (this rank's
+// shard already sits at its block of the unit); a multi-unit bucket packs this rank's shards into
+// its block of the staging buffer, gathers there in place and is unpacked when finished.
+Status ZeroParameters::gather_bucket(int index) {
+  const CommBucket& b = gather_buckets_[static_cast<size_t>(index)];
+  const int rank = comm_.rank();
+  const int64_t shard_numel = b.shard_numel(comm_.size());
+  GatherInFlight g;
+  g.bucket = index;
+  if (b.units() == 1) {
+    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+    Tensor full = params_.slice(b.offset, b.numel);
+    g.request = data_.start_all_gather(owned_params(b.first).data, full.data, static_cast<size_t>(shard_numel),
+                                       comm_type(full.dtype));
+  } else {
+    for (auto& other : gathers_)  // one staging buffer: an earlier multi-unit gather finishes first
+      if (other.bucket >= 0 && gather_buckets_[static_cast<size_t>(other.bucket)].units() > 1)
+        GLM_RETURN_IF_ERROR(finish_gather(other));
+    Tensor block = gather_staging_.slice(rank * shard_numel, shard_numel);
+    int64_t pos = 0;
+    for (int unit = b.first; unit <= b.last; ++unit) {
+      const int64_t n = layout_.shard_numel(unit);
+      GLM_RETURN_IF_ERROR(copy(block.slice(pos, n), owned_params(unit)));
+      pos += n;
+    }
+    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+    g.request = data_.start_all_gather(block.data, gather_staging_.tensor().data, static_cast<size_t>(shard_numel),
+                                       comm_type(block.dtype));
+  }
+  gathers_.push_back(std::move(g));
+  if (!options_.overlap_comm) return finish_gather(gathers_.back());
+  return Status::ok();
+}
+
+Status ZeroParameters::finish_gather(GatherInFlight& g) {
+  if (g.bucket < 0) return Status::ok();
+  const CommBucket& b = gather_buckets_[static_cast<size_t>(g.bucket)];
+  g.bucket = -1;
+  GLM_RETURN_IF_ERROR(wait_timed(g.request));
+  if (b.units() == 1) return Status::ok();
+  const int world = comm_.size();
+  const int64_t shard_numel = b.shard_numel(world);
+  for (int r = 0; r < world; ++r) {
+    if (r == comm_.rank()) continue;  // this rank's shards are in place already
+    int64_t pos = r * shard_numel;
+    for (int unit = b.first; unit <= b.last; ++unit) {
+      const int64_t n = layout_.shard_numel(unit);
+      GLM_RETURN_IF_ERROR(copy(params_.slice(layout_.shard_offset(unit, r), n), gather_staging_.slice(pos, n)));
+      pos += n;
+    }
+  }
   return Status::ok();
 }
 
 Status ZeroParameters::after_update() {
-  for (auto& r : pending_) GLM_RETURN_IF_ERROR(wait_timed(r));
-  pending_.clear();
+  if ((stage_ == 1 || stage_ == 2) && comm_.size() > 1 && !options_.overlap_comm)
+    for (size_t b = 0; b < gather_buckets_.size(); ++b) GLM_RETURN_IF_ERROR(gather_bucket(static_cast<int>(b)));
+  for (auto& g : gathers_) GLM_RETURN_IF_ERROR(finish_gather(g));
+  gathers_.clear();
   return forget_gathered();
 }
 
@@ -286,9 +404,15 @@ ZeroMemory ZeroParameters::memory() const {
   m.parameter_bytes = static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes());
   m.gradient_bytes = static_cast<int64_t>(grads_.tensor().bytes() + grad_shards_.tensor().bytes());
   m.buffer_bytes = 0;
-  for (const auto& g : gathered_) m.buffer_bytes += static_cast<int64_t>(g.params.tensor().bytes());
-  for (const auto& b : buckets_)
-    m.buffer_bytes += static_cast<int64_t>(b.grads.tensor().bytes() + b.scattered.tensor().bytes());
+  auto add = [&](const Buffer& b) { m.buffer_bytes += static_cast<int64_t>(b.tensor().bytes()); };
+  for (const auto& g : gathered_) add(g.params);
+  for (const auto& b : grad_buckets_) add(b);
+  for (const auto& slot : reduce_slots_) {
+    add(slot.send);
+    add(slot.recv);
+  }
+  add(reduce_convert_);
+  add(gather_staging_);
   return m;
 }
 

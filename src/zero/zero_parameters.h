@@ -1,16 +1,21 @@
 // ZeRO stages 0-3 over the flat layout: which rank holds which parameters, gradients and optimizer
 // state, and the collectives that move them. Every unit (embedding, each layer, head) is split into
 // equal shards, rank r owning the r-th (ParamLayout with shards = world size).
-//   0: everything replicated; gradients all-reduced per unit after backward.
-//   1: optimizer state sharded; gradients reduce-scattered per unit after backward; each rank
-//      updates its shards, then parameters are all-gathered.
-//   2: gradients sharded too: each unit's gradient is reduce-scattered as soon as backward
-//      finished it and accumulated into this rank's shard; only one unit-sized bucket is kept.
+//   0: everything replicated; gradients all-reduced in buckets.
+//   1: optimizer state sharded; gradients reduce-scattered in buckets; each rank updates its
+//      shards, then parameters are all-gathered in buckets.
+//   2: gradients sharded too: each bucket is reduce-scattered as soon as backward filled it and
+//      accumulated into this rank's shards; only bucket-sized gradient buffers exist.
 //   3: parameters sharded too: a unit is all-gathered just before its forward and its backward,
 //      the next unit's gather prefetched into a second buffer while the current one computes.
-// Stages 0-1 start each unit's all-reduce / reduce-scatter during the last micro-batch's backward,
-// as soon as the unit's gradient is complete; stages 1-2 start each unit's parameter all-gather as
-// soon as the optimizer updated it.
+// Buckets (zero/comm_buckets.h) coalesce consecutive units up to --reduce_bucket_size /
+// --allgather_bucket_size elements. Reduce-scatter needs each rank's part of a bucket contiguous,
+// so a multi-unit bucket is packed rank-major (rank r's shards of every unit, side by side) into a
+// send buffer first, as FSDP2 does; the pack doubles as the conversion to --grad_reduce_dtype.
+// With --overlap_comm, stages 0-1 start each bucket's reduction during the last micro-batch's
+// backward as soon as its units are complete, stages 2-3 as soon as the bucket is full, and
+// stages 1-2 each bucket's parameter all-gather as soon as the optimizer updated its units.
+// Without it every collective is issued after its producer finished and waited for at once.
 #pragma once
 
 #include <chrono>
@@ -20,6 +25,8 @@
 
 #include "model/glm4_model.h"
 #include "mpi/communicator.h"
+#include "zero/comm_buckets.h"
+#include "zero/zero_options.h"
 
 namespace glm {
 
@@ -32,7 +39,8 @@ class ZeroParameters final : public ParameterProvider {
   // comm carries host scalars (norms, counts); data, when given, the parameter and gradient
   // buffers (NCCL over device memory), otherwise comm does both (MPI over host memory).
   static Result<std::unique_ptr<ZeroParameters>> create(const ParamLayout& layout, Backend& backend, Communicator& comm,
-                                                        int stage, Communicator* data = nullptr);
+                                                        int stage, Communicator* data = nullptr,
+                                                        const ZeroOptions& options = ZeroOptions{});
 
   // ParameterProvider
   Result<Tensor> acquire_params(int unit) override;
@@ -41,6 +49,8 @@ class ZeroParameters final : public ParameterProvider {
   Status grads_ready(int unit) override;
 
   int stage() const { return stage_; }
+  const ZeroOptions& options() const { return options_; }
+  const std::vector<CommBucket>& reduce_buckets() const { return reduce_buckets_; }
   // Parameters and gradients this rank updates: the whole unit (stage 0) or its shard.
   Tensor owned_params(int unit) const;
   Tensor owned_grads(int unit) const;
@@ -49,14 +59,15 @@ class ZeroParameters final : public ParameterProvider {
 
   Status zero_grads();
   // Before each micro-batch's backward: whether it is the last of the optimizer step (stages 0-1
-  // then reduce each unit as soon as backward completes it).
+  // then reduce each bucket as soon as backward completes its units).
   void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
   // After the last micro-batch: stage 0 all-reduces, stage 1 reduce-scatters, stages 2-3 have done
   // their part during backward.
   Status finish_backward();
   // Sum of squares of the whole (global) gradient, equal on every rank.
   Result<double> grad_norm_squared();
-  // After the optimizer wrote owned_params(unit): stages 1-2 start the unit's all-gather.
+  // After the optimizer wrote owned_params(unit), units in forward order: stages 1-2 start the
+  // all-gather of the bucket that unit completes.
   Status unit_updated(int unit);
   // After every unit_updated(): waits for the all-gathers.
   Status after_update();
@@ -72,18 +83,20 @@ class ZeroParameters final : public ParameterProvider {
   Result<double> take_device_exposed_comm_seconds();
 
  private:
-  ZeroParameters(const ParamLayout& layout, Backend& backend, Communicator& comm, Communicator& data, int stage)
-      : layout_(layout), backend_(backend), comm_(comm), data_(data), stage_(stage) {}
+  ZeroParameters(const ParamLayout& layout, Backend& backend, Communicator& comm, Communicator& data, int stage,
+                 const ZeroOptions& options)
+      : layout_(layout), backend_(backend), comm_(comm), data_(data), stage_(stage), options_(options) {}
   Status copy(Tensor dst, Tensor src);
-  Status all_gather_unit(Tensor shard, Tensor full);
-  Status reduce_scatter_unit(Tensor full, Tensor shard);
   Tensor shard_slice(const Buffer& shards, int unit) const;
+  CommType reduce_type() const;
 
   const ParamLayout& layout_;
   Backend& backend_;
   Communicator& comm_;
   Communicator& data_;
   int stage_;
+  ZeroOptions options_;
+  ZeroBufferSizes sizes_;
   std::vector<int64_t> shard_base_;  // local offset of each unit's shard inside shard buffers
   Buffer params_;                    // stages 0-2: the full parameters
   Buffer param_shards_;              // stage 3: this rank's shards
@@ -100,19 +113,41 @@ class ZeroParameters final : public ParameterProvider {
   Status forget_gathered();
   Status wait_timed(std::unique_ptr<CommRequest>& request);
   bool last_micro_batch_ = true;
-  std::vector<std::unique_ptr<CommRequest>> pending_;  // stage 0-1 reductions, stage 1-2 gathers
   Buffer grads_;                     // stages 0-1: the full gradients
   Buffer grad_shards_;               // stages 1-3: this rank's gradient shards
-  // Stages 2-3: two unit-sized gradient buckets. While backward fills one, the other's
-  // reduce-scatter runs (non-blocking); it is waited for only when its bucket is needed again.
-  struct Bucket {
-    Buffer grads, scattered;
+
+  // Gradient reduction. Buckets in backward order; bucket_of_unit_ maps a unit to its bucket.
+  std::vector<CommBucket> reduce_buckets_;
+  std::vector<int> bucket_of_unit_;
+  bool pack_ = false;                // collectives read a packed / converted copy of the bucket
+  // Stages 2-3: where backward writes the open bucket (two when collectives read them directly).
+  Buffer grad_buckets_[2];
+  // Two reductions in flight at most; a slot is drained (waited, its result stored) before reuse.
+  struct ReduceSlot {
+    Buffer send, recv;
     std::unique_ptr<CommRequest> in_flight;
-    int unit = -1;
+    int bucket = -1;
   };
-  Status drain(Bucket& b);
-  Bucket buckets_[2];
-  int current_bucket_ = 0;
+  ReduceSlot reduce_slots_[2];
+  int next_slot_ = 0;
+  Buffer reduce_convert_;            // stages 2-3 with another reduce dtype: recv in compute dtype
+  int buckets_reduced_ = 0;          // this step, to check every bucket was reduced exactly once
+  Tensor bucket_source(const CommBucket& b) const;  // the bucket's gradient in flat-layout order
+  Status pack(const CommBucket& b, Tensor src, Tensor dst);
+  Status reduce_bucket(int bucket);
+  Status drain(ReduceSlot& slot);
+
+  // Stages 1-2: parameter all-gathers after the optimizer, buckets in forward order.
+  std::vector<CommBucket> gather_buckets_;
+  std::vector<int> gather_bucket_of_unit_;
+  Buffer gather_staging_;            // a multi-unit bucket gathered rank-major, then unpacked
+  struct GatherInFlight {
+    std::unique_ptr<CommRequest> request;
+    int bucket = -1;
+  };
+  std::vector<GatherInFlight> gathers_;
+  Status gather_bucket(int bucket);
+  Status finish_gather(GatherInFlight& g);
   double exposed_comm_seconds_ = 0;  // time spent waiting for collectives (not overlapped)
 };
 

@@ -1,0 +1,87 @@
+// Bucket planning and the buffer sizes that follow from it.
+#include "zero/comm_buckets.h"
+
+#include <algorithm>
+
+namespace glm {
+
+std::vector<CommBucket> plan_comm_buckets(const ParamLayout& layout, int64_t bucket_size, bool backward) {
+  const int units = static_cast<int>(layout.units().size());
+  std::vector<CommBucket> buckets;
+  std::vector<int64_t> shard_base(static_cast<size_t>(units), 0);
+  for (int u = 1; u < units; ++u) shard_base[static_cast<size_t>(u)] = shard_base[static_cast<size_t>(u - 1)] +
+                                                                        layout.shard_numel(u - 1);
+  auto unit_numel = [&](int u) { return layout.units()[static_cast<size_t>(u)].numel; };
+  int open_first = -1, open_last = -1;
+  int64_t open_numel = 0;
+  auto close = [&] {
+    if (open_first < 0) return;
+    CommBucket b;
+    b.first = open_first;
+    b.last = open_last;
+    b.offset = layout.units()[static_cast<size_t>(open_first)].offset;
+    b.numel = open_numel;
+    b.shard_offset = shard_base[static_cast<size_t>(open_first)];
+    buckets.push_back(b);
+    open_first = open_last = -1;
+    open_numel = 0;
+  };
+  for (int i = 0; i < units; ++i) {
+    const int u = backward ? units - 1 - i : i;
+    if (open_first >= 0 && open_numel + unit_numel(u) > bucket_size) close();
+    if (open_first < 0) open_first = open_last = u;
+    open_first = std::min(open_first, u);
+    open_last = std::max(open_last, u);
+    open_numel += unit_numel(u);
+  }
+  close();
+  return buckets;
+}
+
+DType effective_reduce_dtype(const ZeroOptions& options, DType compute) {
+  if (options.grad_reduce_dtype == DType::bf16) return DType::bf16;
+  return compute == DType::f64 ? DType::f64 : DType::f32;
+}
+
+int64_t ZeroBufferSizes::bytes() const {
+  const int64_t c = static_cast<int64_t>(dtype_size(compute)), r = static_cast<int64_t>(dtype_size(reduce));
+  return c * (grad_bucket_numel * grad_bucket_count + reduce_convert_numel + gather_numel + 2 * gathered_unit_numel) +
+         r * 2 * (reduce_send_numel + reduce_recv_numel);
+}
+
+ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const ZeroOptions& options, DType compute) {
+  ZeroBufferSizes s;
+  s.compute = compute;
+  s.reduce = effective_reduce_dtype(options, compute);
+  const int world = layout.shards();
+  const int units = static_cast<int>(layout.units().size());
+  int64_t largest_unit = 0;
+  for (int u = 0; u < units; ++u) largest_unit = std::max(largest_unit, layout.units()[static_cast<size_t>(u)].numel);
+  if (stage == 3) s.gathered_unit_numel = largest_unit;
+  if (world > 1 && (stage == 1 || stage == 2)) {
+    for (const CommBucket& b : plan_comm_buckets(layout, options.allgather_bucket_size, false))
+      if (b.units() > 1) s.gather_numel = std::max(s.gather_numel, b.numel);
+  }
+  int64_t largest_bucket = 0;
+  bool multi_unit = false;
+  for (const CommBucket& b : plan_comm_buckets(layout, options.reduce_bucket_size, true)) {
+    largest_bucket = std::max(largest_bucket, b.numel);
+    multi_unit = multi_unit || b.units() > 1;
+  }
+  const bool convert = s.reduce != compute;
+  // Stage 0 all-reduces in place (packing is only a dtype conversion); stages 1-3 reduce-scatter,
+  // which needs each rank's shards of a multi-unit bucket side by side (rank-major).
+  const bool pack = world > 1 && (convert || (stage >= 1 && multi_unit));
+  if (stage >= 2) {
+    s.grad_bucket_numel = largest_bucket;
+    // A packed bucket is free again as soon as it is copied out; one rank only adds it to its shards.
+    s.grad_bucket_count = pack || world == 1 ? 1 : 2;
+  }
+  if (world == 1) return s;  // nothing is communicated: stages 2-3 add the bucket to the shards
+  if (pack) s.reduce_send_numel = largest_bucket;
+  if (stage >= 2 || (stage == 1 && convert)) s.reduce_recv_numel = largest_bucket / world;
+  if (stage >= 2 && convert) s.reduce_convert_numel = largest_bucket / world;
+  return s;
+}
+
+}  // namespace glm
