@@ -391,6 +391,13 @@ TEST(Export, BadInputIsRefusedAndLeavesNothing) {
     std::ofstream(d / "meta.json") << meta.dump();
     expect_refused(export_options(d, out), "intermediate_size");
   }
+  {
+    const fs::path d = copy("bad_world");
+    nlohmann::json meta = read_json(d / "meta.json");
+    meta["world_size"] = "two";
+    std::ofstream(d / "meta.json") << meta.dump();
+    expect_refused(export_options(d, out), "field 'world_size' must be an integer");
+  }
   expect_refused(export_options(root / "nowhere", out), "is not a directory");
   fs::create_directories(root / "empty_dir");
   expect_refused(export_options(root / "empty_dir", out), "holds neither a checkpoint");

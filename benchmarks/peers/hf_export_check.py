@@ -117,7 +117,7 @@ def main():
     rows, ok = [], True
 
     model, info = from_pretrained(a.hf_dir, torch.float32)
-    bad_keys = info["missing_keys"] + info["unexpected_keys"]
+    bad_keys = sorted(set(info.get("missing_keys", [])) | set(info.get("unexpected_keys", [])))
     with open(os.path.join(a.hf_dir, "config.json")) as fh:
         hf_cfg = json.load(fh)
     rope = model.config.rope_parameters if hasattr(model.config, "rope_parameters") else None
@@ -135,8 +135,9 @@ def main():
 
     with open(os.path.join(a.chatglm_dir, "config.json")) as fh:
         chat_cfg = json.load(fh)
-    chat = GlmForCausalLM(glm_config_from_chatglm(chat_cfg)).float()
-    chat.config._attn_implementation = "eager"
+    glm_cfg = glm_config_from_chatglm(chat_cfg)
+    glm_cfg._attn_implementation = "eager"
+    chat = GlmForCausalLM(glm_cfg).float()
     chat.load_state_dict(chatglm_to_glm(read_state(a.chatglm_dir), chat_cfg), strict=True)
     d = (logits(chat.eval(), ids) - ours).abs().max().item()
     good = d <= tol

@@ -572,12 +572,17 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
   for (const auto& [field, value] : ours.items()) GLM_RETURN_IF_ERROR(check_field(meta["model"], ours, field, meta_path));
   if (!meta["units"].is_array() || meta["units"] != nlohmann::json(unpadded_units(info.config)))
     return GLM_USER_ERROR(meta_path.string(), ": unit sizes differ from the layout of the model it describes");
-  if (!meta["world_size"].is_number_integer() || meta["world_size"].get<int>() < 1)
-    return GLM_USER_ERROR(meta_path.string(), ": world_size must be a positive integer");
+  for (const char* field : {"world_size", "step", "zero_stage"})
+    if (meta.contains(field) && !meta[field].is_number_integer())
+      return GLM_USER_ERROR(meta_path.string(), ": field '", field, "' must be an integer");
+  if (meta["world_size"].get<int64_t>() < 1 || meta["world_size"].get<int64_t>() > 1'000'000)
+    return GLM_USER_ERROR(meta_path.string(), ": world_size ", meta["world_size"].dump(), " is not a rank count");
   info.world_size = meta["world_size"].get<int>();
-  info.zero_stage = meta.value("zero_stage", 0);
+  info.zero_stage = meta.contains("zero_stage") ? meta["zero_stage"].get<int>() : 0;
   info.step = meta["step"].get<int64_t>();
-  if (meta.contains("tokenizer") && meta["tokenizer"].is_object()) info.tokenizer = meta["tokenizer"].value("path", "");
+  if (meta.contains("tokenizer") && meta["tokenizer"].is_object() && meta["tokenizer"].contains("path") &&
+      meta["tokenizer"]["path"].is_string())
+    info.tokenizer = meta["tokenizer"]["path"].get<std::string>();
   return info;
 }
 
