@@ -2,11 +2,12 @@
 # slurm/train_4gpu.sh under a real Slurm on this one host (Debian's munge, slurmctld, slurmd, which
 # scripts/setup.sh installs; nothing is installed here). Starts the daemons with their own state,
 # key and socket under a temporary directory, then:
-#   1. sbatch slurm/train_4gpu.sh with the CPU backend and the tiny config, 4 ranks on one node:
-#      the job COMPLETED, 4 ranks ran, the loss fell, checkpoints exist;
-#   2. a second job gets the pre-timeout signal as Slurm delivers it for --signal=B:USR1@N (to the
-#      batch shell, scancel --signal=USR1 --batch): every rank saves the same step and exits 75,
-#      the script requeues the job, and the requeued job resumes from latest to COMPLETED.
+#   1. sbatch slurm/train_4gpu.sh with the CPU backend and the tiny config, 4 ranks on one node
+#      launched by mpirun: the job COMPLETED, 4 ranks ran, the loss fell, checkpoints exist;
+#   2. a second job, launched by srun (PMIx), gets the pre-timeout signal as Slurm delivers it for
+#      --signal=B:USR1@N (to the batch shell: scancel --signal=USR1 --batch): every rank saves the
+#      same step and exits 75, the script requeues the job, and the requeued job resumes from
+#      latest and runs the remaining steps, none twice, to COMPLETED.
 # Every daemon started here is stopped on exit, failed or not. Usage: run_slurm_test.sh GLM_HPC_BINARY
 # (ctest: label slurm). KEEP=1 keeps the temporary directory (logs) for inspection.
 set -euo pipefail
@@ -201,6 +202,7 @@ for r in 0 1 2 3; do
   grep -q "^glm_hpc: rank $r/4 " "$log1" || fail "rank $r/4 did not report in $log1"
 done
 grep -q "world size 4" "$log1" || fail "glm_hpc did not run with world size 4"
+grep -q "^glm_job: mpirun -np 4 " "$log1" || fail "job $job1 did not launch with mpirun -np 4"
 out1="$tmp/out/slurm-$job1"
 steps="$(grep '"loss":' "$out1/logging.jsonl" || true)"
 [[ "$(wc -l <<<"$steps")" -eq 8 ]] || fail "$out1/logging.jsonl should hold 8 step records"
@@ -215,7 +217,8 @@ say "job $job1 COMPLETED: 4 ranks, loss $first -> $last, checkpoint-4 and checkp
 
 # ---- 2. The pre-timeout signal: checkpoint, requeue, resume.
 total=16
-job2="$(sbatch --parsable --output="$tmp/job-%j.out" slurm/train_4gpu.sh --max_steps $total --save_steps 100 --logging_steps 1 \
+# This job launches with srun (PMIx) instead of mpirun, so that both launchers run under Slurm.
+job2="$(sbatch --parsable --output="$tmp/job-%j.out" --export=ALL,GLM_LAUNCHER=srun slurm/train_4gpu.sh --max_steps $total --save_steps 100 --logging_steps 1 \
   --per_device_train_batch_size 2)"
 log2="$tmp/job-$job2.out"
 out2="$tmp/out/slurm-$job2"
@@ -238,6 +241,10 @@ preempted="$(grep '^glm_hpc: preempted: SIGUSR1 received; every rank stopped aft
 saved_step="$(sed -E 's/.*stopped after step ([0-9]+) of.*/\1/' <<<"$preempted")"
 ((saved_step >= 2 && saved_step < total)) || fail "preempted at step '$saved_step'"
 grep -q "requeueing job $job2" "$log2" || fail "the batch script did not requeue job $job2"
+grep -q "^glm_job: srun " "$log2" || fail "job $job2 did not launch with srun"
+for r in 0 1 2 3; do
+  grep -q "^glm_hpc: rank $r/4 " "$log2" || fail "rank $r/4 did not report in $log2"
+done
 ckpt="$out2/checkpoint-$saved_step"
 [[ -f "$ckpt/COMPLETE" ]] || fail "no complete checkpoint $ckpt"
 [[ "$(cat "$out2/latest")" == "checkpoint-$saved_step" ]] || fail "$out2/latest is not checkpoint-$saved_step"
@@ -245,7 +252,13 @@ rank_files="$(find "$ckpt" -maxdepth 1 -type f -name '*.h5' | wc -l)"
 [[ "$rank_files" -eq 4 ]] || fail "$ckpt holds $rank_files rank files, not 4"
 say "job $job2: every rank stopped after step $saved_step, checkpoint saved, job requeued"
 
-# Slurm holds a requeued job for a while (its BeginTime) before it may start again; release it now.
+# Slurm holds a requeued job for a while (its BeginTime) before it may start again; release it
+# once the node has finished cleaning up the first run (a new step must not meet the old one's).
+deadline=$((SECONDS + 60))
+until [[ "$(job_field "$job2" JobState)" == PENDING && "$(sinfo -h -N -o %T)" == idle ]]; do
+  ((SECONDS < deadline)) || fail "job $job2 not PENDING on an idle node 60 s after the requeue"
+  sleep 0.5
+done
 scontrol update jobid="$job2" StartTime=now
 state="$(wait_for_state "$job2" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE' 150)"
 [[ "$state" == COMPLETED ]] || fail "requeued job $job2 ended $state, exit $(job_field "$job2" ExitCode)"
