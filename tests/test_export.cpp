@@ -320,7 +320,8 @@ TEST(Export, RunTokenizerGivesTheIds) {
   const fs::path ckpt = root / "bytes_run" / "checkpoint-3";
   fs::create_directories(ckpt.parent_path());
   fs::copy(root / "run" / "checkpoint-3", ckpt, fs::copy_options::recursive);
-  std::ofstream(root / "bytes_run" / "args.json") << R"({"command": "train", "options": {"tokenizer": {"value": "bytes"}}})";
+  std::ofstream(root / "bytes_run" / "args.json")
+      << R"({"command": "train", "options": {"tokenizer": {"value": "bytes"}}})";
   auto r = run_export(export_options(ckpt, root / "bytes_hf"));
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   const nlohmann::json cfg = read_json(root / "bytes_hf" / "config.json");

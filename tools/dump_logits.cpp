@@ -89,7 +89,8 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   }
   auto backend = glm::make_cpu_backend(glm::DType::f32);
   glm::LocalCommunicator comm;
-  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(config, *backend, comm, batch.size(), std::nullopt, 0.0));
+  GLM_ASSIGN_OR_RETURN(auto engine,
+                       glm::TrainingEngine::create(config, *backend, comm, batch.size(), std::nullopt, 0.0));
   const glm::ParamLayout& layout = engine->layout();
   if (info) {
     const glm::ParamLayout unpadded(config, 1);
@@ -122,8 +123,8 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   if (static_cast<int64_t>(logits.size()) != shape[0] * shape[1] * shape[2])
     return GLM_INTERNAL_ERROR("logits hold ", logits.size(), " values, expected ", shape[0] * shape[1] * shape[2]);
   GLM_RETURN_IF_ERROR(glm::write_safetensors(arg("out"), {{"logits", glm::StDType::F32, shape, logits.data()}}));
-  std::printf("glm_dump_logits: logits [%lld, %lld, %lld] of %s (%s weights) to %s\n",
-              static_cast<long long>(shape[0]), static_cast<long long>(shape[1]), static_cast<long long>(shape[2]),
+  std::printf("glm_dump_logits: logits [%lld, %lld, %lld] of %s (%s weights) to %s\n", static_cast<long long>(shape[0]),
+              static_cast<long long>(shape[1]), static_cast<long long>(shape[2]),
               info ? info->dir.c_str() : model_dir.c_str(), info && bf16 ? "bf16-rounded" : "as stored",
               arg("out").c_str());
   return glm::Status::ok();

@@ -28,8 +28,9 @@ Result<std::string> resolve_export_checkpoint(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.is_directory() && entry.path().filename().string().rfind("checkpoint-", 0) == 0) holds_checkpoints = true;
   if (!holds_checkpoints)
-    return GLM_USER_ERROR("--ckpt_dir '", dir,
-                          "' holds neither a checkpoint (meta.json) nor the checkpoints of a run (latest, checkpoint-N)");
+    return GLM_USER_ERROR(
+        "--ckpt_dir '", dir,
+        "' holds neither a checkpoint (meta.json) nor the checkpoints of a run (latest, checkpoint-N)");
   return resolve_checkpoint("latest", dir, "--ckpt_dir");
 }
 
@@ -210,7 +211,8 @@ Status publish(const fs::path& tmp, const fs::path& save, bool replace) {
     }
   }
   fs::rename(tmp, save, ec);
-  if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp.string(), "' to '", save.string(), "': ", ec.message());
+  if (ec)
+    return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp.string(), "' to '", save.string(), "': ", ec.message());
   return Status::ok();
 }
 
@@ -228,7 +230,8 @@ Result<std::string> run_export(const CliOptions& o) {
   std::error_code ec;
   bool replace = false;
   if (fs::exists(save, ec)) {
-    if (!fs::is_directory(save, ec)) return GLM_USER_ERROR("--save_dir '", o.save_dir, "' exists and is not a directory");
+    if (!fs::is_directory(save, ec))
+      return GLM_USER_ERROR("--save_dir '", o.save_dir, "' exists and is not a directory");
     replace = !fs::is_empty(save, ec);
     if (replace && !o.overwrite)
       return GLM_USER_ERROR("--save_dir '", o.save_dir, "' is not empty; give --overwrite true to replace it");
@@ -281,13 +284,14 @@ Result<std::string> run_export(const CliOptions& o) {
   std::ostringstream r;
   r << "glm_hpc: exported " << ckpt << " (step " << info.step << ", saved by " << info.world_size
     << (info.world_size == 1 ? " rank" : " ranks") << " at ZeRO stage " << info.zero_stage << ") to " << save.string()
-    << (format == HfLayout::glm ? " in the hf layout (GlmForCausalLM)\n" : " in the chatglm layout (THUDM ChatGLMModel)\n")
+    << (format == HfLayout::glm ? " in the hf layout (GlmForCausalLM)\n"
+                                : " in the chatglm layout (THUDM ChatGLMModel)\n")
     << files.str() << "  " << ParamLayout(config, 1).parameter_count() << " parameters in " << weights.tensor_count()
     << " bf16 tensors (" << weights.total_bytes() << " bytes); " << written.size() << " files, " << total
     << " bytes in all\n"
-    << "  tokenizer: " << (tokenizer.origin.empty() ? "none" : tokenizer.origin)
-    << "; eos_token_id " << hf_generation_config(ids).value("eos_token_id", nlohmann::ordered_json()).dump()
-    << ", pad_token_id " << (ids.pad ? std::to_string(*ids.pad) : "null") << "\n";
+    << "  tokenizer: " << (tokenizer.origin.empty() ? "none" : tokenizer.origin) << "; eos_token_id "
+    << hf_generation_config(ids).value("eos_token_id", nlohmann::ordered_json()).dump() << ", pad_token_id "
+    << (ids.pad ? std::to_string(*ids.pad) : "null") << "\n";
   for (const auto& note : notes) r << "  note: " << note << "\n";
   return r.str();
 }

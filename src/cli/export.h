@@ -11,9 +11,9 @@ namespace glm {
 
 // Tokenizer files an exported directory carries when the source has them; the modeling files
 // only with --export_format chatglm (its remote code).
-inline constexpr const char* kTokenizerFiles[] = {"tokenizer.model",         "tokenizer.json",
-                                                  "tokenizer_config.json",   "special_tokens_map.json",
-                                                  "added_tokens.json",       "tokenization_chatglm.py"};
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.model",       "tokenizer.json",
+                                                  "tokenizer_config.json", "special_tokens_map.json",
+                                                  "added_tokens.json",     "tokenization_chatglm.py"};
 inline constexpr const char* kChatglmCodeFiles[] = {"configuration_chatglm.py", "modeling_chatglm.py"};
 
 // --ckpt_dir: a checkpoint directory, or an output directory whose latest complete checkpoint is

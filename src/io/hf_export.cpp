@@ -11,16 +11,15 @@ namespace {
 
 nlohmann::json optional_id(const std::optional<int64_t>& id) { return id ? nlohmann::json(*id) : nlohmann::json(); }
 
-nlohmann::json eos_ids(const HfTokenIds& ids) {
-  return ids.eos.empty() ? nlohmann::json() : nlohmann::json(ids.eos);
-}
+nlohmann::json eos_ids(const HfTokenIds& ids) { return ids.eos.empty() ? nlohmann::json() : nlohmann::json(ids.eos); }
 
 Status check_chatglm_rotary(const ModelConfig& c) {
   // THUDM's remote code builds its rotary embedding over kv_channels / 2 dims, whatever the config says.
   if (c.partial_rotary_factor != 0.5)
-    return GLM_USER_ERROR("--export_format chatglm: the THUDM layout rotates half of every head, but this model's "
-                          "partial_rotary_factor is ",
-                          c.partial_rotary_factor, "; export it with --export_format hf");
+    return GLM_USER_ERROR(
+        "--export_format chatglm: the THUDM layout rotates half of every head, but this model's "
+        "partial_rotary_factor is ",
+        c.partial_rotary_factor, "; export it with --export_format hf");
   return Status::ok();
 }
 
@@ -170,7 +169,8 @@ Result<HfWeightWriter> HfWeightWriter::create(const std::string& dir, const Mode
   std::vector<StTensorSpec> specs;
   for (const ParamUnit& unit : layout.units())
     for (int entry : unit.entries)
-      for (const HfPiece& piece : hf_pieces(model, layout, entry)) specs.push_back({piece.name, StDType::BF16, piece.shape});
+      for (const HfPiece& piece : hf_pieces(model, layout, entry))
+        specs.push_back({piece.name, StDType::BF16, piece.shape});
   if (format == HfLayout::chatglm)
     specs.push_back({kInvFreq, StDType::BF16, {static_cast<int64_t>(chatglm_inv_freq(config).size())}});
   GLM_ASSIGN_OR_RETURN(SafetensorsShardWriter writer, SafetensorsShardWriter::create(dir, specs, max_shard_bytes));

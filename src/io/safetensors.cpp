@@ -450,8 +450,7 @@ Status SafetensorsShardWriter::write(const std::string& name, const void* data) 
     open_shard_ = static_cast<int>(shard);
   }
   out_->write(static_cast<const char*>(data), static_cast<std::streamsize>(tensors_[next_].bytes()));
-  if (!*out_)
-    return GLM_ERROR(ErrorKind::io, "error writing '", dir_, "/", shard_names_[shard], ".tmp' (disk full?)");
+  if (!*out_) return GLM_ERROR(ErrorKind::io, "error writing '", dir_, "/", shard_names_[shard], ".tmp' (disk full?)");
   ++next_;
   return Status::ok();
 }

@@ -507,11 +507,13 @@ Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& co
 namespace {
 
 // meta.json's model_config; checkpoints written before it existed fall back on the run's args.json.
-Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohmann::json& args, const fs::path& meta_path) {
+Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohmann::json& args,
+                                       const fs::path& meta_path) {
   const bool has_config = meta.contains("model_config") && meta["model_config"].is_object();
   const nlohmann::json* options = args.is_object() && args.contains("options") ? &args["options"] : nullptr;
   if (!has_config && options == nullptr)
-    return GLM_USER_ERROR(meta_path.string(), " has no model_config (an older glm_hpc wrote it) and no args.json is "
+    return GLM_USER_ERROR(meta_path.string(),
+                          " has no model_config (an older glm_hpc wrote it) and no args.json is "
                           "beside the checkpoint to take RoPE and norm settings from");
   auto number = [&](const char* field) -> Result<double> {
     const nlohmann::json* v = nullptr;
@@ -527,12 +529,12 @@ Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohman
     return v->get<double>();
   };
   ModelConfig c;
-  int64_t* integers[] = {&c.vocab_size,          &c.hidden_size,         &c.intermediate_size,
-                         &c.num_hidden_layers,   &c.num_attention_heads, &c.num_key_value_heads,
-                         &c.head_dim,            &c.max_position_embeddings};
-  const char* integer_names[] = {"vocab_size",          "hidden_size",         "intermediate_size",
-                                 "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
-                                 "head_dim",            "max_position_embeddings"};
+  int64_t* integers[] = {
+      &c.vocab_size,          &c.hidden_size,         &c.intermediate_size, &c.num_hidden_layers,
+      &c.num_attention_heads, &c.num_key_value_heads, &c.head_dim,          &c.max_position_embeddings};
+  const char* integer_names[] = {
+      "vocab_size",          "hidden_size",         "intermediate_size", "num_hidden_layers",
+      "num_attention_heads", "num_key_value_heads", "head_dim",          "max_position_embeddings"};
   for (size_t i = 0; i < std::size(integers); ++i) {
     GLM_ASSIGN_OR_RETURN(const double v, number(integer_names[i]));
     *integers[i] = static_cast<int64_t>(v);
@@ -569,7 +571,8 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
   const fs::path meta_path = dir / "meta.json";
   GLM_ASSIGN_OR_RETURN(info.config, saved_model_config(meta, info.args, meta_path));
   const nlohmann::json ours = model_shape(info.config);
-  for (const auto& [field, value] : ours.items()) GLM_RETURN_IF_ERROR(check_field(meta["model"], ours, field, meta_path));
+  for (const auto& [field, value] : ours.items())
+    GLM_RETURN_IF_ERROR(check_field(meta["model"], ours, field, meta_path));
   if (!meta["units"].is_array() || meta["units"] != nlohmann::json(unpadded_units(info.config)))
     return GLM_USER_ERROR(meta_path.string(), ": unit sizes differ from the layout of the model it describes");
   for (const char* field : {"world_size", "step", "zero_stage"})
@@ -595,7 +598,8 @@ Status read_checkpoint_masters(const CheckpointInfo& info,
     const fs::path path = dir / rank_file(r);
     if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", rank_file(r));
     files.push_back(std::make_unique<H5Id>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose));
-    if (!files.back()->ok()) return GLM_USER_ERROR(path.string(), " is not a readable HDF5 file (truncated or corrupt)");
+    if (!files.back()->ok())
+      return GLM_USER_ERROR(path.string(), " is not a readable HDF5 file (truncated or corrupt)");
   }
   const std::vector<int64_t> units = unpadded_units(info.config);
   std::vector<float> unit_values, host;
