@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# ctest bucket_sweep_cpu: benchmarks/bucket_sweep.py on 2 CPU ranks over a tiny model (2 bucket
+# sizes x ZeRO 1, 3 x overlap on/off, 2 steps each). Asserts that the tools work: every setting
+# ran, the CSV is complete with numbers, a best setting is printed, and the PNG exists when gnuplot
+# does. Never asserts speed. Usage: bucket_sweep_test.sh GLM_HPC_BINARY MPIRUN
+set -euo pipefail
+binary=$1 mpirun=$2
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mktemp -d "${TMPDIR:-/tmp}/glm_bucket_sweep.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+cd "$here"
+python3 benchmarks/bucket_sweep.py --binary "$binary" --mpirun "$mpirun" --np 2 --device cpu \
+  --bucket_bytes 16K,4M --stages 1,3 --overlap true,false --steps 2 --skip_steps 1 --timeout 240 --out "$out" -- \
+  --hidden_size 64 --intermediate_size 128 --max_length 128 --per_device_train_batch_size 2 | tee "$out/stdout"
+grep -q "^best: ZeRO-[13] --overlap_comm \(true\|false\) --reduce_bucket_size [0-9]" "$out/stdout"
+python3 - "$out/bucket_sweep.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 8, f"{len(rows)} rows, expected 8"
+seen = set()
+for r in rows:
+    assert r["status"] == "ok", r
+    assert float(r["step_seconds"]) > 0 and float(r["exposed_comm_seconds"]) >= 0, r
+    assert float(r["tokens_per_second"]) > 0 and int(r["steps_timed"]) == 1, r
+    assert r["comm_buffers_mib"] != "", r
+    elements = {"16384": "4096", "4194304": "1048576"}[r["bucket_bytes"]]  # fp32: 4 bytes an element
+    assert r["reduce_bucket_size"] == elements, r
+    seen.add((r["stage"], r["overlap_comm"], r["bucket_bytes"]))
+assert len(seen) == 8, seen
+# ZeRO-3 keeps bucket-sized gradient buffers: the 4 MiB bucket (the whole tiny model) needs more.
+buf = {(r["stage"], r["bucket_bytes"]): float(r["comm_buffers_mib"]) for r in rows}
+assert buf[("3", "4194304")] > buf[("3", "16384")], buf
+print("bucket_sweep CSV complete:", len(rows), "settings")
+PY
+if command -v gnuplot >/dev/null; then
+  test -s "$out/bucket_sweep.png" || { echo "gnuplot is installed but no PNG was written"; exit 1; }
+else
+  grep -q "gnuplot not found" "$out/stdout"
+fi
