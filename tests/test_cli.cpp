@@ -171,6 +171,51 @@ TEST(CliFaults, KilledRankEndsTheJob) {
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << "the launcher names the killed rank\n" << r.output;
 }
 
+// Preemption as slurm/train_*.sh use it: SIGUSR1 to mpirun/mpiexec (which forwards it to every rank) once
+// training is under way. All ranks stop after the same step with a complete checkpoint and latest,
+// say so once, and mpirun exits 75; --resume_from_checkpoint latest goes on from that step.
+TEST(CliPreemption, UsrOneToMpirunSavesExits75AndResumes) {
+  const auto out = scratch_root() / "preempted";
+  std::filesystem::remove_all(out);
+  const std::string marker = "glm_hpc_preempt_marker_" + std::to_string(::getpid());
+  const auto dir = out / marker;
+  const std::string signaller = "(for i in $(seq 600); do [ -s '" + (dir / "logging.jsonl").string() +
+                                "' ] && break; sleep 0.1; done; pkill -USR1 -n -f '^[^ ]*mpi(run|exec) .*" + marker +
+                                "') & ";
+  const std::string args = kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " +
+                           dir.string();
+  RunResult r = run_glm(args, 3, signaller);
+  ASSERT_EQ(r.exit_code, 75) << r.output;
+  const std::string prefix = "glm_hpc: preempted: SIGUSR1 received; every rank stopped after step ";
+  EXPECT_EQ(count(r.output, prefix), 1) << "rank 0 says it once\n" << r.output;
+  const size_t at = r.output.find(prefix);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const int step = std::stoi(r.output.substr(at + prefix.size()));
+  ASSERT_GE(step, 1);
+  const std::string checkpoint = "checkpoint-" + std::to_string(step);
+  EXPECT_NE(r.output.find("saved " + (dir / checkpoint).string()), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / checkpoint / "COMPLETE")) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "rank_%05d.h5", rank);
+    EXPECT_TRUE(std::filesystem::exists(dir / checkpoint / name)) << name;
+  }
+  std::ifstream latest(dir / "latest");
+  std::string named;
+  latest >> named;
+  EXPECT_EQ(named, checkpoint);
+
+  RunResult resumed = run_glm(kTiny + "--max_steps " + std::to_string(step + 2) +
+                                  " --logging_steps 1 --resume_from_checkpoint latest --output_dir " + dir.string(),
+                              3);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("glm_hpc: resumed from " + (dir / checkpoint).string() + " at step " +
+                                std::to_string(step)),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(count(resumed.output, "\nstep "), 2) << "only the two steps after the checkpoint\n" << resumed.output;
+}
+
 // The same on two GPUs: the surviving rank is inside an NCCL collective when its peer dies; the
 // launcher or the collective watchdog (--collective_timeout) ends it. Skipped without 2 GPUs.
 TEST(CliFaults, KilledRankEndsTheJobOnGpus) {
