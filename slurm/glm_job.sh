@@ -142,6 +142,8 @@ glm_job_run() {
       if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"; fi
       local -a extra
       read -r -a extra <<<"${GLM_SRUN_ARGS:---mpi=pmix}"
+      # Seen with Slurm 22.05: srun may exit 0 when its step fails to launch ("task N launch
+      # failed" in the log), so this script cannot tell that from success; mpirun reports it.
       launch=(srun --kill-on-bad-exit=1 "${extra[@]}")
       ;;
     *) glm_die "GLM_LAUNCHER '$GLM_LAUNCHER' is not mpirun or srun" ;;
