@@ -252,14 +252,17 @@ rank_files="$(find "$ckpt" -maxdepth 1 -type f -name '*.h5' | wc -l)"
 [[ "$rank_files" -eq 4 ]] || fail "$ckpt holds $rank_files rank files, not 4"
 say "job $job2: every rank stopped after step $saved_step, checkpoint saved, job requeued"
 
-# Slurm holds a requeued job for a while (its BeginTime) before it may start again; release it
-# once the node has finished cleaning up the first run (a new step must not meet the old one's).
+# Slurm holds a requeued job for a while (its BeginTime) before it may start again. Released
+# early, it must not meet the first run: wait until that run's slurmstepd processes are gone (a
+# new step would find the old one's PMIx socket), then start it a few seconds later (slurmd
+# refuses credentials issued in the second it revoked the first run's).
+stepds_of() { grep -l -a -F "slurmstepd: [$1." /proc/[0-9]*/cmdline 2>/dev/null || true; }
 deadline=$((SECONDS + 60))
-until [[ "$(job_field "$job2" JobState)" == PENDING && "$(sinfo -h -N -o %T)" == idle ]]; do
-  ((SECONDS < deadline)) || fail "job $job2 not PENDING on an idle node 60 s after the requeue"
+until [[ "$(job_field "$job2" JobState)" == PENDING && -z "$(stepds_of "$job2")" ]]; do
+  ((SECONDS < deadline)) || fail "job $job2: the first run's slurmstepd still there 60 s after the requeue"
   sleep 0.5
 done
-scontrol update jobid="$job2" StartTime=now
+scontrol update jobid="$job2" StartTime=now+3
 state="$(wait_for_state "$job2" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE' 150)"
 [[ "$state" == COMPLETED ]] || fail "requeued job $job2 ended $state, exit $(job_field "$job2" ExitCode)"
 grep -q "^glm_job: job $job2 (restart 1)" "$log2" || fail "the requeued run did not start (restart 1) in $log2"
