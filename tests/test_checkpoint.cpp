@@ -2,6 +2,7 @@
 // with the file and the reason before anything trains. (Resume and resharding across world sizes
 // and ZeRO stages are in test_zero, under mpirun.)
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,21 +123,27 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
     expect_refused(out, d.string(), "rank_00000.h5");
   }
   {
-    // Flip bytes inside the data (past the metadata at the front): the Fletcher-32 checksum fails.
+    // One flipped byte in unit_00001's exp_avg: its CRC32C block fails, named with file and dataset.
     const fs::path d = copy("corrupt");
-    const auto size = fs::file_size(d / "rank_00000.h5");
-    std::fstream f(d / "rank_00000.h5", std::ios::in | std::ios::out | std::ios::binary);
-    for (std::streamoff at = static_cast<std::streamoff>(size) / 2; at < static_cast<std::streamoff>(size) / 2 + 64;
-         ++at) {
-      f.seekg(at);
-      char c = 0;
-      f.read(&c, 1);
-      f.seekp(at);
-      c = static_cast<char>(c ^ 0x5a);
-      f.write(&c, 1);
+    const fs::path file = d / "rank_00000.h5";
+    int64_t at = -1;
+    {
+      const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      const hid_t ds = H5Dopen2(f, "unit_00001/exp_avg", H5P_DEFAULT);
+      at = static_cast<int64_t>(H5Dget_offset(ds));
+      H5Dclose(ds);
+      H5Fclose(f);
     }
+    ASSERT_GT(at, 0);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(at + 5);
+    f.read(&c, 1);
+    f.seekp(at + 5);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
     f.close();
-    expect_refused(out, d.string(), "cannot be read (truncated or corrupt");
+    expect_refused(out, d.string(), file.string() + ": unit_00001/exp_avg is corrupt: elements [0, ");
   }
   {
     const fs::path d = copy("incomplete");
@@ -146,6 +153,89 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
   expect_refused(out, (out / "checkpoint-2").string(), "the checkpoint's intermediate_size is 48, this run's 64",
                  [](TrainConfig& c) { c.model.intermediate_size = 64; });
   expect_refused(out, (out / "nowhere").string(), "is not a directory");
+}
+
+// The same checkpoint in version 1's layout (glm_hpc before block checksums): chunked datasets with
+// HDF5's Fletcher-32, no checksum_block_bytes attribute, "version": 1 in meta.json.
+void rewrite_as_version1(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".h5") continue;
+    const fs::path old_path = entry.path().string() + ".v2";
+    fs::rename(entry.path(), old_path);
+    const hid_t in = H5Fopen(old_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    const hid_t out = H5Fcreate(entry.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(in, 0);
+    ASSERT_GE(out, 0);
+    for (int u = 0;; ++u) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "unit_%05d", u);
+      if (H5Lexists(in, name, H5P_DEFAULT) <= 0) break;
+      const hid_t gi = H5Gopen2(in, name, H5P_DEFAULT), go = H5Gcreate2(out, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      int64_t bc[2];
+      const hid_t ai = H5Aopen(gi, "begin_count", H5P_DEFAULT);
+      ASSERT_GE(H5Aread(ai, H5T_NATIVE_INT64, bc), 0);
+      H5Aclose(ai);
+      const hsize_t two = 2;
+      const hid_t aspace = H5Screate_simple(1, &two, nullptr);
+      const hid_t ao = H5Acreate2(go, "begin_count", H5T_STD_I64LE, aspace, H5P_DEFAULT, H5P_DEFAULT);
+      ASSERT_GE(H5Awrite(ao, H5T_NATIVE_INT64, bc), 0);
+      H5Aclose(ao);
+      H5Sclose(aspace);
+      for (const char* ds_name : {"master", "exp_avg", "exp_avg_sq"}) {
+        if (bc[1] == 0) break;
+        std::vector<float> v(static_cast<size_t>(bc[1]));
+        const hid_t di = H5Dopen2(gi, ds_name, H5P_DEFAULT);
+        ASSERT_GE(H5Dread(di, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+        H5Dclose(di);
+        const hsize_t n = v.size(), chunk = std::min<hsize_t>(n, 100);
+        const hid_t plist = H5Pcreate(H5P_DATASET_CREATE);
+        ASSERT_GE(H5Pset_chunk(plist, 1, &chunk), 0);
+        ASSERT_GE(H5Pset_fletcher32(plist), 0);
+        const hid_t space = H5Screate_simple(1, &n, nullptr);
+        const hid_t d = H5Dcreate2(go, ds_name, H5T_IEEE_F32LE, space, H5P_DEFAULT, plist, H5P_DEFAULT);
+        ASSERT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+        H5Dclose(d);
+        H5Sclose(space);
+        H5Pclose(plist);
+      }
+      H5Gclose(gi);
+      H5Gclose(go);
+    }
+    H5Fclose(in);
+    H5Fclose(out);
+    fs::remove(old_path);
+  }
+  std::ifstream in(dir / "meta.json");
+  nlohmann::json meta = nlohmann::json::parse(in);
+  meta["version"] = 1;
+  std::ofstream(dir / "meta.json") << meta.dump(2);
+}
+
+// Checkpoints written before block checksums (version 1) resume exactly as today's do; a version
+// from the future is refused by number.
+TEST(Checkpoint, Version1CheckpointsStillResume) {
+  const fs::path out = trained("version1");
+  fs::copy(out / "checkpoint-2", out / "v1", fs::copy_options::recursive);
+  rewrite_as_version1(out / "v1");
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  TrainConfig c = tiny(out / "from_v2");
+  c.save_strategy = "no";
+  c.resume_from_checkpoint = (out / "checkpoint-2").string();
+  auto from_v2 = train(c, data(), comm, *backend);
+  ASSERT_TRUE(from_v2.is_ok()) << from_v2.status().message();
+  c.output_dir = (out / "from_v1").string();
+  c.resume_from_checkpoint = (out / "v1").string();
+  auto from_v1 = train(c, data(), comm, *backend);
+  ASSERT_TRUE(from_v1.is_ok()) << from_v1.status().message();
+  ASSERT_EQ(from_v1.value().losses.size(), 2u);
+  EXPECT_EQ(from_v1.value().losses, from_v2.value().losses);
+
+  fs::copy(out / "checkpoint-2", out / "v3", fs::copy_options::recursive);
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(out / "v3" / "meta.json"));
+  meta["version"] = 3;
+  std::ofstream(out / "v3" / "meta.json") << meta.dump(2);
+  expect_refused(out, (out / "v3").string(), "checkpoint version 3 is not one this glm_hpc reads (1 to 2)");
 }
 
 nlohmann::json meta_of(const fs::path& checkpoint) {

@@ -2,6 +2,8 @@
 // loading with resharding by unit-relative ranges.
 #include "train/checkpoint.h"
 
+#include "io/checkpoint_file.h"
+
 #include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -23,7 +25,10 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kFormat = "glm_hpc-checkpoint";
-constexpr int kVersion = 1;
+// 2: contiguous datasets written with O_DIRECT, CRC32C per block (io/checkpoint_file.h). 1: chunked
+// datasets with Fletcher-32; still read.
+constexpr int kVersion = 2;
+constexpr int kOldestReadableVersion = 1;
 constexpr const char* kDatasets[3] = {"master", "exp_avg", "exp_avg_sq"};
 
 // An HDF5 identifier closed by its own close function when it leaves scope.
@@ -152,51 +157,38 @@ bool test_kill_during_save(int rank, int64_t step) {
 
 Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, int rank, int world,
                        bool kill_midway) {
-  quiet_hdf5();
-  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!file.ok()) return GLM_ERROR(ErrorKind::io, "cannot create '", path.string(), "'");
   const int units = static_cast<int>(engine.layout().units().size());
-  std::vector<float> host;
+  std::vector<CheckpointFileGroup> groups(static_cast<size_t>(units));
+  std::vector<Slice> slices;
   for (int u = 0; u < units; ++u) {
-    if (kill_midway && u == units / 2) {  // part of the shard is on disk, the rest never will be
-      H5Fflush(file.get(), H5F_SCOPE_LOCAL);
+    const Slice slice = slices.emplace_back(write_slice(engine, u, rank, world));
+    if (engine.optimizer_shard(u).master.dtype != DType::f32)
+      return GLM_INTERNAL_ERROR("checkpoints store fp32 optimizer state, the backend keeps ",
+                                dtype_name(engine.optimizer_shard(u).master.dtype));
+    CheckpointFileGroup& g = groups[static_cast<size_t>(u)];
+    g.name = unit_group(u);
+    g.attributes = {{"begin_count", {slice.begin, slice.count}}};
+    if (slice.count > 0)
+      for (const char* name : kDatasets) g.datasets.emplace_back(name, slice.count);
+  }
+  auto fill = [&](size_t unit, size_t dataset, int64_t first, std::span<float> dst) -> Status {
+    const TrainingEngine::OptimizerShard s = engine.optimizer_shard(static_cast<int>(unit));
+    const Tensor sources[3] = {s.master, s.exp_avg, s.exp_avg_sq};
+    const int64_t at = slices[unit].owned_offset + first;
+    return backend.download(dst.data(), sources[dataset].slice(at, static_cast<int64_t>(dst.size())));
+  };
+  CheckpointFileOptions options;
+  if (kill_midway) {  // part of the shard is on disk, the rest never will be
+    options.pause_before_group = static_cast<size_t>(units / 2);
+    options.at_pause = [&] {
       std::fprintf(stderr, "glm_hpc: rank %d: GLM_TEST_KILL_DURING_SAVE: SIGKILL while writing '%s'\n", rank,
                    path.c_str());
       std::fflush(stderr);
       std::raise(SIGKILL);
-    }
-    const Slice slice = write_slice(engine, u, rank, world);
-    const TrainingEngine::OptimizerShard s = engine.optimizer_shard(u);
-    if (s.master.dtype != DType::f32)
-      return GLM_INTERNAL_ERROR("checkpoints store fp32 optimizer state, the backend keeps ", dtype_name(s.master.dtype));
-    H5Id group(H5Gcreate2(file.get(), unit_group(u).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    if (!group.ok()) return GLM_ERROR(ErrorKind::io, "cannot create group ", unit_group(u), " in '", path.string(), "'");
-    const int64_t attrs[2] = {slice.begin, slice.count};
-    const hsize_t two = 2;
-    H5Id aspace(H5Screate_simple(1, &two, nullptr), H5Sclose);
-    H5Id attr(H5Acreate2(group.get(), "begin_count", H5T_STD_I64LE, aspace.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, attrs) < 0)
-      return GLM_ERROR(ErrorKind::io, "cannot write attributes of ", unit_group(u), " in '", path.string(), "'");
-    if (slice.count == 0) continue;
-    const hsize_t n = static_cast<hsize_t>(slice.count);
-    const hsize_t chunk = std::min<hsize_t>(n, hsize_t{1} << 20);
-    H5Id plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-    if (H5Pset_chunk(plist.get(), 1, &chunk) < 0 || H5Pset_fletcher32(plist.get()) < 0)
-      return GLM_ERROR(ErrorKind::io, "HDF5 dataset properties failed for '", path.string(), "'");
-    H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-    host.resize(static_cast<size_t>(slice.count));
-    const Tensor sources[3] = {s.master, s.exp_avg, s.exp_avg_sq};
-    for (int d = 0; d < 3; ++d) {
-      GLM_RETURN_IF_ERROR(backend.download(host.data(), sources[d].slice(slice.owned_offset, slice.count)));
-      H5Id ds(H5Dcreate2(group.get(), kDatasets[d], H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, plist.get(), H5P_DEFAULT),
-              H5Dclose);
-      if (!ds.ok() || H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) < 0)
-        return GLM_ERROR(ErrorKind::io, "cannot write ", unit_group(u), "/", kDatasets[d], " to '", path.string(),
-                         "' (disk full?)");
-    }
+    };
   }
-  if (H5Fflush(file.get(), H5F_SCOPE_LOCAL) < 0) return GLM_ERROR(ErrorKind::io, "cannot flush '", path.string(), "'");
-  return Status::ok();
+  auto written = write_checkpoint_file(path.string(), groups, fill, options);
+  return written.is_ok() ? Status::ok() : written.status();
 }
 
 int64_t step_of(const fs::path& dir) {
@@ -284,28 +276,23 @@ Result<nlohmann::json> read_meta(const fs::path& dir) {
   if (!in) return GLM_USER_ERROR("checkpoint '", dir.string(), "' has no readable meta.json");
   nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (meta.is_discarded() || !meta.is_object()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
-  if (meta.value("format", "") != kFormat || meta.value("version", 0) != kVersion)
-    return GLM_USER_ERROR(path.string(), " is not a glm_hpc checkpoint of version ", kVersion);
+  if (meta.value("format", "") != kFormat)
+    return GLM_USER_ERROR(path.string(), " is not a glm_hpc checkpoint (its format field is not '", kFormat, "')");
+  const int version = meta.contains("version") && meta["version"].is_number_integer() ? meta["version"].get<int>() : -1;
+  if (version < kOldestReadableVersion || version > kVersion)
+    return GLM_USER_ERROR(path.string(), ": checkpoint version ", meta.contains("version") ? meta["version"].dump() : "(none)",
+                          " is not one this glm_hpc reads (", kOldestReadableVersion, " to ", kVersion, ")");
   for (const char* field : {"step", "world_size", "units", "model", "consumed_samples", "seed", "optimizer_steps"})
     if (!meta.contains(field)) return GLM_USER_ERROR(path.string(), ": field '", field, "' is missing");
   return meta;
 }
 
-// Reads [lo, hi) (unit-relative) of one dataset of one rank file into dst (this rank's tensor).
-Status read_range(hid_t group, const char* dataset, const fs::path& file, int unit, int64_t file_begin, int64_t lo,
-                  int64_t hi, std::vector<float>& host) {
-  H5Id ds(H5Dopen2(group, dataset, H5P_DEFAULT), H5Dclose);
-  if (!ds.ok()) return GLM_USER_ERROR(file.string(), ": ", unit_group(unit), "/", dataset, " is missing");
-  H5Id space(H5Dget_space(ds.get()), H5Sclose);
-  const hsize_t start = static_cast<hsize_t>(lo - file_begin), count = static_cast<hsize_t>(hi - lo);
-  if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0)
-    return GLM_USER_ERROR(file.string(), ": ", unit_group(unit), "/", dataset, " is shorter than its attributes say");
-  H5Id mem(H5Screate_simple(1, &count, nullptr), H5Sclose);
-  host.resize(count);
-  if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, host.data()) < 0)
-    return GLM_USER_ERROR(file.string(), ": ", unit_group(unit), "/", dataset,
-                          " cannot be read (truncated or corrupt: its checksum does not match)");
-  return Status::ok();
+// Reads [lo, hi) (unit-relative) of one dataset of one rank file into host, checked against the
+// file's block checksums (checksum_block; none in version-1 files, whose Fletcher-32 HDF5 checks).
+Status read_range(hid_t group, const char* dataset, const fs::path& file, std::optional<int64_t> checksum_block,
+                  int unit, int64_t file_begin, int64_t lo, int64_t hi, std::vector<float>& host) {
+  host.resize(static_cast<size_t>(hi - lo));
+  return read_checked_range(group, unit_group(unit), dataset, file.string(), checksum_block, lo - file_begin, host);
 }
 
 Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_world,
@@ -320,6 +307,7 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
     if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", rank_file(r));
     H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (!file.ok()) return GLM_USER_ERROR(path.string(), " is not a readable HDF5 file (truncated or corrupt)");
+    GLM_ASSIGN_OR_RETURN(const std::optional<int64_t> checksum_block, checksum_block_bytes(file.get(), path.string()));
     for (int u = 0; u < units; ++u) {
       H5Id group(H5Gopen2(file.get(), unit_group(u).c_str(), H5P_DEFAULT), H5Gclose);
       if (!group.ok()) return GLM_USER_ERROR(path.string(), ": group ", unit_group(u), " is missing");
@@ -334,7 +322,7 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
       if (lo >= hi) continue;
       const Tensor targets[3] = {mine.master, mine.exp_avg, mine.exp_avg_sq};
       for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
-        GLM_RETURN_IF_ERROR(read_range(group.get(), kDatasets[d], path, u, bc[0], lo, hi, host));
+        GLM_RETURN_IF_ERROR(read_range(group.get(), kDatasets[d], path, checksum_block, u, bc[0], lo, hi, host));
         GLM_RETURN_IF_ERROR(backend.upload(targets[d].slice(lo - mine.unit_begin, hi - lo), host.data()));
       }
       covered[static_cast<size_t>(u)] += hi - lo;
@@ -374,8 +362,8 @@ Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, c
   GLM_RETURN_IF_ERROR(agree(comm, made, "creating the checkpoint directory"));
   GLM_RETURN_IF_ERROR(engine.backend().synchronize());
   const fs::path mine = tmp / rank_file(rank);
+  // write_rank_file ends with the file's fdatasync.
   Status wrote = write_rank_file(engine, engine.backend(), mine, rank, world, test_kill_during_save(rank, state.step));
-  if (wrote.is_ok()) wrote = fsync_path(mine);
   int64_t bytes = 0;
   if (wrote.is_ok()) {
     std::error_code ec;
@@ -594,12 +582,15 @@ Status read_checkpoint_masters(const CheckpointInfo& info,
   quiet_hdf5();
   const fs::path dir(info.dir);
   std::vector<std::unique_ptr<H5Id>> files;
+  std::vector<std::optional<int64_t>> checksum_blocks;
   for (int r = 0; r < info.world_size; ++r) {
     const fs::path path = dir / rank_file(r);
     if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", rank_file(r));
     files.push_back(std::make_unique<H5Id>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose));
     if (!files.back()->ok())
       return GLM_USER_ERROR(path.string(), " is not a readable HDF5 file (truncated or corrupt)");
+    GLM_ASSIGN_OR_RETURN(const std::optional<int64_t> block, checksum_block_bytes(files.back()->get(), path.string()));
+    checksum_blocks.push_back(block);
   }
   const std::vector<int64_t> units = unpadded_units(info.config);
   std::vector<float> unit_values, host;
@@ -619,7 +610,8 @@ Status read_checkpoint_masters(const CheckpointInfo& info,
         return GLM_USER_ERROR(path.string(), ": ", unit_group(u), " has a negative begin_count attribute");
       const int64_t lo = bc[0], hi = std::min(bc[0] + bc[1], size);  // the tail past `size` is padding
       if (lo >= hi) continue;
-      GLM_RETURN_IF_ERROR(read_range(group.get(), kDatasets[0], path, u, bc[0], lo, hi, host));
+      GLM_RETURN_IF_ERROR(
+          read_range(group.get(), kDatasets[0], path, checksum_blocks[static_cast<size_t>(r)], u, bc[0], lo, hi, host));
       std::copy(host.begin(), host.end(), unit_values.begin() + lo);
       pieces.emplace_back(lo, hi);
     }

@@ -1,0 +1,67 @@
+// One rank's checkpoint file: HDF5 for the layout (groups, attributes, contiguous fp32 datasets at
+// 4 KiB-aligned offsets, allocated up front), the bytes written by us: large blocks with O_DIRECT
+// from aligned buffers on a background thread while the caller fills the next block (GPU->host
+// copies overlap the disk), one fdatasync at the end. Each dataset `name` has a sibling uint32
+// dataset `name.crc32c` with the CRC32C of every checksum block (the root attribute
+// checksum_block_bytes says how large); readers verify every block they touch.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mpi/status.h"
+
+namespace glm {
+
+struct CheckpointFileGroup {
+  std::string name;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> attributes;  // int64 arrays
+  std::vector<std::pair<std::string, int64_t>> datasets;                 // fp32 element counts (> 0)
+};
+
+struct CheckpointFileOptions {
+  int64_t io_block_bytes = int64_t{64} << 20;       // one write; a multiple of checksum_block_bytes
+  int64_t checksum_block_bytes = int64_t{8} << 20;  // one CRC32C; a multiple of 4096
+  int buffers = 4;                                  // host blocks in flight (io_block_bytes each)
+  bool direct_io = true;                            // O_DIRECT where the file system takes it
+  // Fault tests: before filling this group the writer finishes every queued write and calls at_pause.
+  std::optional<size_t> pause_before_group;
+  std::function<void()> at_pause;
+};
+
+struct CheckpointFileStats {
+  int64_t file_bytes = 0;
+  int64_t data_bytes = 0;
+  bool direct = false;       // the data went through O_DIRECT (else buffered: tmpfs and the like)
+  double fill_seconds = 0;   // in the caller's fill (GPU->host copies), overlapped with writing
+  double stall_seconds = 0;  // the caller waited for a free buffer (the disk was the bottleneck)
+  double seconds = 0;        // the whole file, layout to fdatasync
+};
+
+// fill(group, dataset, first element, destination) copies that many elements of the dataset;
+// it runs on the calling thread (the one that owns the GPU context), in file order.
+using CheckpointFileFill = std::function<Status(size_t group, size_t dataset, int64_t first, std::span<float> dst)>;
+
+Result<CheckpointFileStats> write_checkpoint_file(const std::string& path,
+                                                  const std::vector<CheckpointFileGroup>& groups,
+                                                  const CheckpointFileFill& fill,
+                                                  const CheckpointFileOptions& options = {});
+
+// Whether an open file carries block checksums (written by write_checkpoint_file) or not (older
+// files: chunked datasets with HDF5's Fletcher-32, which H5Dread checks itself).
+Result<std::optional<int64_t>> checksum_block_bytes(hid_t file, const std::string& path);
+
+// Reads elements [first, first + out.size()) of the fp32 dataset group/name. With block_bytes, every
+// checksum block overlapping the range is read whole and verified. Errors name `path`, the group
+// and the dataset (user errors: the file is damaged).
+Status read_checked_range(hid_t group, const std::string& group_name, const char* dataset, const std::string& path,
+                          std::optional<int64_t> block_bytes, int64_t first, std::span<float> out);
+
+}  // namespace glm
