@@ -339,6 +339,7 @@ class NcclCommunicatorImpl final : public Communicator {
           return GLM_ERROR(ErrorKind::comm, op.what(), " could not be enqueued within ", timeout_.count(),
                            " s (collective timeout) on ", rank_prefix());
         }
+        std::this_thread::yield();  // the thread finishing the enqueue may share this core
         ncclCommGetAsyncError(shared_->comm, &r);
       }
       if (r != ncclSuccess) {
