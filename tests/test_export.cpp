@@ -364,7 +364,7 @@ TEST(Export, BadInputIsRefusedAndLeavesNothing) {
   }
   {
     // Flip bytes of the master weights themselves (export reads no moments): rank 0's slice of
-    // the embedding starts with the embedding's first values; Fletcher-32 must catch it.
+    // the embedding starts with the embedding's first values; the per-block CRC32C must catch it.
     const fs::path d = copy("corrupt");
     const Weights masters = masters_by_entry(read_checkpoint_info(good.string()).value());
     std::string pattern(32, '\0');
@@ -378,7 +378,7 @@ TEST(Export, BadInputIsRefusedAndLeavesNothing) {
     ASSERT_NE(at, std::string::npos) << "the first master values are not in rank_00000.h5";
     for (size_t i = at; i < at + pattern.size(); ++i) bytes[i] = static_cast<char>(bytes[i] ^ 0x5a);
     std::ofstream(d / "rank_00000.h5", std::ios::binary | std::ios::trunc) << bytes;
-    expect_refused(export_options(d, out), "cannot be read (truncated or corrupt");
+    expect_refused(export_options(d, out), "rank_00000.h5: unit_00000/master is corrupt");
   }
   {
     const fs::path d = copy("incomplete");
