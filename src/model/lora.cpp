@@ -47,7 +47,7 @@ Result<std::vector<LoraTarget>> parse_lora_targets(std::string_view text) {
       if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
     }
     if (!known)
-      return GLM_USER_ERROR("--target_modules: unknown module '", name,
+      return GLM_USER_ERROR("unknown module '", name,
                             "'; use all-linear or a comma list of query_key_value, dense, dense_h_to_4h, "
                             "dense_4h_to_h (the lm_head is not a LoRA target)");
     if (comma == std::string_view::npos) break;

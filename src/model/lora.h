@@ -18,7 +18,8 @@ namespace glm {
 enum class LoraTarget : int { query_key_value = 0, dense = 1, dense_h_to_4h = 2, dense_4h_to_h = 3 };
 constexpr int kLoraTargetCount = 4;
 const char* lora_target_name(LoraTarget target);
-// "all-linear" (every target; the lm_head is never one) or a comma list of target names.
+// "all-linear" (every target; the lm_head is never one) or a comma list of target names; the
+// error names the unknown module (the caller names the option or file line).
 Result<std::vector<LoraTarget>> parse_lora_targets(std::string_view text);
 std::string lora_targets_text(const std::vector<LoraTarget>& targets);
 
