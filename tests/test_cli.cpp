@@ -85,6 +85,14 @@ TEST(CliBadInput, HeadsNotDivisibleByKvGroups) {
 TEST(CliBadInput, OddRotaryDimension) {
   expect_bad_input("--head_dim 10 --partial_rotary_factor 0.5", "must be an even integer");
 }
+TEST(CliBadInput, LoraOptions) {
+  expect_bad_input("--train_type qlora", "--train_type must be full or lora, got 'qlora'");
+  expect_bad_input("--train_type lora --save_strategy no --target_modules query_key_value,q_proj",
+                   "--target_modules: unknown module 'q_proj'");
+  expect_bad_input("--train_type lora --save_strategy no --lora_dropout 0.05", "--lora_dropout must be 0");
+  expect_bad_input("--train_type lora --save_strategy no --lora_rank 0", "--lora_rank must be >= 1");
+  expect_bad_input("--train_type lora", "--save_strategy must be no with --train_type lora");
+}
 TEST(CliBadInput, HiddenSizeNotMatchingHeads) {
   expect_bad_input("--head_dim 0 --hidden_size 130", "divisible by num_attention_heads");
 }

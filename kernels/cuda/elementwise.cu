@@ -115,7 +115,27 @@ cudaError_t launch_fill(void* dst, int dst_dtype, int64_t n, double value, bool 
   return cudaGetLastError();
 }
 
+template <typename D>
+__global__ void scale_kernel(D* x, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cast<D, float>(cast<float, D>(x[i]) * factor);
+}
+
 }  // namespace
+
+cudaError_t scale(void* x, int dtype, int64_t n, double factor, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned int grid = std::min<unsigned int>(grid_for(n, 256), 4096);
+  const float f = static_cast<float>(factor);
+  if (dtype == 0)
+    scale_kernel<float><<<grid, 256, 0, stream>>>(static_cast<float*>(x), n, f);
+  else if (dtype == 2)
+    scale_kernel<bf16><<<grid, 256, 0, stream>>>(static_cast<bf16*>(x), n, f);
+  else
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
 
 cudaError_t fill(void* dst, int dst_dtype, int64_t n, double value, cudaStream_t stream) {
   return launch_fill(dst, dst_dtype, n, value, false, 0, 0, stream);

@@ -6,6 +6,8 @@
 namespace glm::cuda {
 
 cudaError_t add_bf16(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
+// x[i] *= factor in place (fp32 arithmetic); dtype code 0 f32 or 2 bf16.
+cudaError_t scale(void* x, int dtype, int64_t n, double factor, cudaStream_t stream);
 // dtype codes follow glm::DType: 0 f32, 1 f64, 2 bf16.
 cudaError_t convert(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n, cudaStream_t stream);
 // result[0] += sum of squares (fp64 accumulation); result is device memory.

@@ -192,6 +192,16 @@ class OptionTable {
         "dtype gradients are reduced in: fp32 (PyTorch FSDP2's reduce_dtype=float32) or bf16 (half the traffic)");
     add(train, "comm_profile", &t.comm_profile,
         "bench_comm --json file that --reduce_bucket_size auto reads instead of measuring at start");
+    po::options_description tuner("Fine-tuning method (ms-swift names)");
+    add(tuner, "train_type", &t.train_type,
+        "full: train every parameter; lora: freeze the base model and train LoRA adapters on its linears");
+    add(tuner, "lora_rank", &t.lora.rank, "LoRA rank r");
+    add(tuner, "lora_alpha", &t.lora.alpha, "LoRA alpha: the adapter output is scaled by alpha / r");
+    add(tuner, "lora_dropout", &t.lora.dropout,
+        "dropout on the LoRA input; only 0 is implemented so far (ms-swift's default is 0.05)");
+    add(tuner, "target_modules", &o_.target_modules,
+        "all-linear, or a comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h (the lm_head is "
+        "never adapted)");
     po::options_description plan("Memory planner (glm_hpc plan)");
     add(plan, "world_size", &o_.plan_world_size, "GPUs the plan spreads the model over");
     add(plan, "gpu_memory_gib", &o_.gpu_memory_gib, "memory of one GPU in GiB (default: an H200)");
@@ -215,7 +225,7 @@ class OptionTable {
         "directory or a tokenizer.model; default: the training run's --model_id_or_path or tokenizer");
     add(hf_export, "overwrite", &o_.overwrite, "true: replace a non-empty --save_dir");
 
-    all_.add(general).add(model).add(data).add(train).add(plan).add(prepare).add(hf_export);
+    all_.add(general).add(model).add(data).add(train).add(tuner).add(plan).add(prepare).add(hf_export);
   }
 
   CliOptions& o_;
@@ -297,6 +307,24 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(!t.resume_only_model || !t.resume_from_checkpoint.empty(), src, "resume_only_model",
                             "needs --resume_from_checkpoint (the checkpoint whose weights to load)"));
   GLM_RETURN_IF_ERROR(check(t.zero_stage >= 0 && t.zero_stage <= 3, src, "zero_stage", "must be 0, 1, 2 or 3"));
+  GLM_RETURN_IF_ERROR(check(t.train_type == "full" || t.train_type == "lora", src, "train_type",
+                            "must be full or lora, got '" + t.train_type + "'"));
+  {
+    auto targets = parse_lora_targets(o.target_modules);
+    if (!targets.is_ok()) return GLM_USER_ERROR(src.where("target_modules"), ": ", targets.status().message());
+    t.lora.targets = targets.take();
+    GLM_RETURN_IF_ERROR(check(t.lora.rank >= 1, src, "lora_rank", "must be >= 1"));
+    GLM_RETURN_IF_ERROR(check(t.lora.alpha > 0 && std::isfinite(t.lora.alpha), src, "lora_alpha", "must be positive"));
+    GLM_RETURN_IF_ERROR(check(t.lora.dropout >= 0 && t.lora.dropout < 1, src, "lora_dropout", "must be in [0, 1)"));
+    GLM_RETURN_IF_ERROR(check(t.lora.dropout == 0, src, "lora_dropout",
+                              "must be 0: dropout on the LoRA input is not implemented yet"));
+    if (t.train_type == "lora" && o.command == "train") {
+      GLM_RETURN_IF_ERROR(check(t.save_strategy == "no" || t.output_dir.empty(), src, "save_strategy",
+                                "must be no with --train_type lora: adapter checkpoints are not implemented yet"));
+      GLM_RETURN_IF_ERROR(check(t.resume_from_checkpoint.empty(), src, "resume_from_checkpoint",
+                                "is not supported with --train_type lora yet (adapter checkpoints)"));
+    }
+  }
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
   {
     auto policy = parse_recompute(o.recompute);

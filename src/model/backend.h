@@ -95,6 +95,8 @@ class Backend {
   virtual Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) = 0;
   virtual Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) = 0;
   virtual Status add(Tensor out, Tensor a, Tensor b, int64_t count) = 0;
+  // x[i] *= factor, in place (the LoRA scaling alpha / r on rank-wide intermediates).
+  virtual Status scale(Tensor x, double factor) = 0;
   // Fused lm_head + cross-entropy: losses[t] per token (0 where targets[t] < 0). When correct (i32)
   // is non-empty, correct[t] = 1 where the logits' argmax (first maximum) is the target, else 0.
   // When dhidden is non-empty also dhidden = dlogits W and dweight += dlogits^T hidden, with dlogits

@@ -144,6 +144,11 @@ class CpuBackend final : public Backend {
     cpu::add(p(out), p(a), p(b), count);
     return Status::ok();
   }
+  Status scale(Tensor x, double factor) override {
+    T* v = p(x);
+    for (int64_t i = 0; i < x.numel; ++i) v[i] = static_cast<T>(v[i] * factor);
+    return Status::ok();
+  }
   Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
                                Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                double grad_scale) override {
@@ -160,7 +165,8 @@ class CpuBackend final : public Backend {
                          targets.as<int32_t>() + t0, m, vocab, grad_scale,
                          correct.empty() ? nullptr : correct.as<int32_t>() + t0);
       if (grad)
-        cpu::linear_backward(p(dhidden) + t0 * hidden_size, p(dweight), static_cast<T*>(nullptr), dlogits_.data(), h,
+        cpu::linear_backward(p(dhidden) + t0 * hidden_size, dweight.empty() ? static_cast<T*>(nullptr) : p(dweight),
+                             static_cast<T*>(nullptr), dlogits_.data(), h,
                              p(weight), m, hidden_size, vocab, false);
     }
     return Status::ok();

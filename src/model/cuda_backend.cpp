@@ -230,6 +230,10 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::add_bf16(b(out), b(a), b(c), count, stream_));
     return Status::ok();
   }
+  Status scale(Tensor x, double factor) override {
+    GLM_CUDA_RETURN(cuda::scale(x.data, dtype_code(x.dtype), x.numel, factor, stream_));
+    return Status::ok();
+  }
   Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
                                Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                double grad_scale) override {
@@ -254,8 +258,9 @@ class CudaBackend final : public Backend {
       if (grad) {
         GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, static_cast<bf16*>(dlogits),
                                                       b(weight), m, hidden_size, vocab, false, stream_));
-        GLM_CUBLAS_RETURN(
-            gemm_.linear_backward_weight(b(dweight), static_cast<bf16*>(dlogits), h, m, hidden_size, vocab, stream_));
+        if (!dweight.empty())  // a frozen lm_head (LoRA) has no gradient
+          GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), static_cast<bf16*>(dlogits), h, m, hidden_size,
+                                                         vocab, stream_));
       }
     }
     return Status::ok();

@@ -1,6 +1,7 @@
 // GLM-4 forward/backward over the op interface; activation buffers are allocated once in create().
 #include "model/glm4_model.h"
 
+#include <algorithm>
 #include <array>
 
 namespace glm {
@@ -91,7 +92,64 @@ Status Glm4Model::allocate() {
   GLM_RETURN_IF_ERROR(alloc(d_qkv_, n * config_.qkv_width(), act));
   GLM_RETURN_IF_ERROR(alloc(d_act_, n * f, act));
   GLM_RETURN_IF_ERROR(alloc(d_gate_up_, n * 2 * f, act));
+  GLM_RETURN_IF_ERROR(alloc(norm_grad_scratch_, h, act));
   return Status::ok();
+}
+
+Status Glm4Model::attach_lora(const LoraLayout& layout, Tensor params, Tensor grads) {
+  if (lora_ != nullptr) return GLM_INTERNAL_ERROR("attach_lora called twice");
+  if (params.numel != layout.total_numel() || grads.numel != layout.total_numel())
+    return GLM_INTERNAL_ERROR("LoRA buffers of ", params.numel, " / ", grads.numel, " elements for a layout of ",
+                              layout.total_numel());
+  const int64_t u_numel = max_tokens_ * layout.rank();
+  const int64_t entries = static_cast<int64_t>(layout.entries().size());
+  GLM_ASSIGN_OR_RETURN(lora_u_storage_, backend_.allocate(std::max<int64_t>(1, entries) * u_numel, backend_.compute_dtype()));
+  GLM_ASSIGN_OR_RETURN(lora_du_, backend_.allocate(u_numel, backend_.compute_dtype()));
+  activation_bytes_ += static_cast<int64_t>(lora_u_storage_.tensor().bytes() + lora_du_.tensor().bytes());
+  lora_ = &layout;
+  lora_params_ = params;
+  lora_grads_ = grads;
+  return Status::ok();
+}
+
+Result<Tensor> Glm4Model::norm_grad(Tensor unit_grads, int entry) {
+  if (!unit_grads.empty()) return view(unit_grads, entry);
+  // RMSNorm backward always produces the weight gradient; a frozen norm's goes to scratch.
+  Tensor t = norm_grad_scratch_.slice(0, layout_.entry(entry).numel);
+  GLM_RETURN_IF_ERROR(backend_.zero(t));
+  return t;
+}
+
+Status Glm4Model::lora_forward(int64_t l, LoraTarget target, Tensor out, Tensor in, int64_t n) {
+  if (lora_ == nullptr) return Status::ok();
+  const int index = lora_->find(l, target);
+  if (index < 0) return Status::ok();
+  const LoraEntry& e = lora_->entries()[static_cast<size_t>(index)];
+  const int64_t r = lora_->rank();
+  Tensor a = lora_params_.slice(e.a_offset, r * e.in_features), bt = lora_params_.slice(e.b_offset, r * e.out_features);
+  Tensor u = lora_u_storage_.slice(static_cast<int64_t>(index) * max_tokens_ * r, n * r);
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(u, in, a, Tensor{}, n, e.in_features, r));
+  GLM_RETURN_IF_ERROR(backend_.scale(u, lora_->config().scale()));
+  // out[n, out] += u[n, r] Bt[r, out]: the input-gradient GEMM of a [r, out] weight, accumulating.
+  return backend_.linear_backward(out, Tensor{}, Tensor{}, u, Tensor{}, bt, n, e.out_features, r, true);
+}
+
+Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor dout, Tensor in, int64_t n) {
+  if (lora_ == nullptr) return Status::ok();
+  const int index = lora_->find(l, target);
+  if (index < 0) return Status::ok();
+  const LoraEntry& e = lora_->entries()[static_cast<size_t>(index)];
+  const int64_t r = lora_->rank();
+  Tensor a = lora_params_.slice(e.a_offset, r * e.in_features), bt = lora_params_.slice(e.b_offset, r * e.out_features);
+  Tensor ga = lora_grads_.slice(e.a_offset, r * e.in_features), gbt = lora_grads_.slice(e.b_offset, r * e.out_features);
+  Tensor u = lora_u_storage_.slice(static_cast<int64_t>(index) * max_tokens_ * r, n * r);
+  Tensor du = lora_du_.slice(0, n * r);
+  // du = dout B = dout Bt^T; dBt += u^T dout (u already carries the scale).
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(du, dout, bt, Tensor{}, n, e.out_features, r));
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(Tensor{}, gbt, Tensor{}, u, dout, bt, n, e.out_features, r, false));
+  // d(A x) = scale * du: dA += (scale du)^T x, din += (scale du) A.
+  GLM_RETURN_IF_ERROR(backend_.scale(du, lora_->config().scale()));
+  return backend_.linear_backward(din, ga, Tensor{}, du, in, a, n, e.in_features, r, true);
 }
 
 int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats,
@@ -103,7 +161,7 @@ int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int
     fields += (a.shared ? 1 : layers) * a.numel * (a.statistics ? stats : act);
   const int64_t residual = act * n * h * (layers + 1);
   const int64_t head = act * n * h + stats * n * 2;
-  const int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f);
+  const int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f) + act * h;  // + norm_grad_scratch_
   return fields + residual + head + scratch;
 }
 
@@ -132,17 +190,21 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
       backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
       backend_.linear_forward(qkv, ln1, view(w, e.qkv_weight), view(w, e.qkv_bias), n, h, config_.qkv_width()));
+  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::query_key_value, qkv, ln1, n));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(mid, attn, view(w, e.dense), Tensor{}, n, config_.q_width(), h));
+  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::dense, mid, attn, n));
   GLM_RETURN_IF_ERROR(backend_.add(mid, mid, x, n * h));
   GLM_RETURN_IF_ERROR(
       backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
+  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::dense_h_to_4h, gate_up, ln2, n));
   GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
   if (!to_output) return Status::ok();
   Tensor out = rows(residual_[static_cast<size_t>(l + 1)], n, h);
   GLM_RETURN_IF_ERROR(backend_.linear_forward(out, act, view(w, e.four_h_to_h), Tensor{}, n, f, h));
+  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::dense_4h_to_h, out, act, n));
   return backend_.add(out, out, mid, n * h);
 }
 
@@ -179,23 +241,29 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   Tensor dact = rows(d_act_, n, f), dgu = rows(d_gate_up_, n, 2 * f);
   Tensor dattn = rows(d_attn_, n, q_w), dqkv = rows(d_qkv_, n, qkv_w);
   // MLP branch: out = mid + W_4hh (silu(gate) * up), gate|up = W_h4h ln2(mid).
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dact, view(g, e.four_h_to_h), Tensor{}, dres, rows(a.act, n, f),
+  // Every linear's LoRA backward runs right after the base one, before its dout is overwritten.
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dact, grad_view(g, e.four_h_to_h), Tensor{}, dres, rows(a.act, n, f),
                                                view(w, e.four_h_to_h), n, f, h, false));
+  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::dense_4h_to_h, dact, dres, rows(a.act, n, f), n));
   GLM_RETURN_IF_ERROR(backend_.swiglu_backward(dgu, dact, rows(a.gate_up, n, 2 * f), n, f));
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, view(g, e.h_to_4h), Tensor{}, dgu, rows(a.ln2, n, h),
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, grad_view(g, e.h_to_4h), Tensor{}, dgu, rows(a.ln2, n, h),
                                                view(w, e.h_to_4h), n, h, 2 * f, false));
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, view(g, e.post_norm), dnorm, rows(a.mid, n, h),
+  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::dense_h_to_4h, dnorm, dgu, rows(a.ln2, n, h), n));
+  GLM_ASSIGN_OR_RETURN(Tensor post_norm_grad, norm_grad(g, e.post_norm));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, post_norm_grad, dnorm, rows(a.mid, n, h),
                                                 view(w, e.post_norm), a.rstd2, n, h));
   // Attention branch: mid = x + W_dense attn(rope(W_qkv ln1(x) + b)).
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dattn, view(g, e.dense), Tensor{}, dres, rows(a.attn, n, q_w),
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dattn, grad_view(g, e.dense), Tensor{}, dres, rows(a.attn, n, q_w),
                                                view(w, e.dense), n, q_w, h, false));
+  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::dense, dattn, dres, rows(a.attn, n, q_w), n));
   GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse,
                                                   rows(a.qkv, n, qkv_w), b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(backend_.rope_backward(dqkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, view(g, e.qkv_weight), view(g, e.qkv_bias), dqkv,
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, grad_view(g, e.qkv_weight), grad_view(g, e.qkv_bias), dqkv,
                                                rows(a.ln1, n, h), view(w, e.qkv_weight), n, h, qkv_w, false));
-  return backend_.rmsnorm_backward(dres, view(g, e.input_norm), dnorm, x, view(w, e.input_norm), a.rstd1, n,
-                                   h);
+  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::query_key_value, dnorm, dqkv, rows(a.ln1, n, h), n));
+  GLM_ASSIGN_OR_RETURN(Tensor input_norm_grad, norm_grad(g, e.input_norm));
+  return backend_.rmsnorm_backward(dres, input_norm_grad, dnorm, x, view(w, e.input_norm), a.rstd1, n, h);
 }
 
 Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params) {
@@ -253,11 +321,12 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   if (layers > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(layers - 1)));
   Tensor hg = params.unit_grads(head);
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
-  GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, dnorm, view(hg, layout_.output()), normed,
+  GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, dnorm, grad_view(hg, layout_.output()), normed,
                                                      view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
                                                      grad_scale));
   GLM_RETURN_IF_ERROR(backend_.zero(dres));
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, view(hg, layout_.final_norm()), dnorm, last,
+  GLM_ASSIGN_OR_RETURN(Tensor final_norm_grad, norm_grad(hg, layout_.final_norm()));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, final_norm_grad, dnorm, last,
                                                 view(hw, layout_.final_norm()), final_rstd_.tensor(), n, h));
   GLM_RETURN_IF_ERROR(params.release_params(head));
   GLM_RETURN_IF_ERROR(params.grads_ready(head));
@@ -271,7 +340,7 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     GLM_RETURN_IF_ERROR(params.grads_ready(unit));
   }
   Tensor eg = params.unit_grads(layout_.embedding_unit());
-  GLM_RETURN_IF_ERROR(backend_.embedding_backward(view(eg, layout_.embedding()), dres, b.tokens, n, h));
+  if (!eg.empty()) GLM_RETURN_IF_ERROR(backend_.embedding_backward(view(eg, layout_.embedding()), dres, b.tokens, n, h));
   return params.grads_ready(layout_.embedding_unit());
 }
 

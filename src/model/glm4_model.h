@@ -8,6 +8,7 @@
 
 #include "model/backend.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
 
@@ -31,7 +32,8 @@ class ParameterProvider {
   // The model will acquire `unit` next after the one it holds: a provider that gathers parameters
   // (ZeRO-3) starts now so that the transfer overlaps the current unit's compute.
   virtual Status prefetch_params(int unit) { return Status::ok(); }
-  // Where the model accumulates this unit's gradient (same layout as the parameters).
+  // Where the model accumulates this unit's gradient (same layout as the parameters); empty when
+  // the parameters are frozen (LoRA): no parameter gradient of the unit is computed then.
   virtual Tensor unit_grads(int unit) = 0;
   // The unit's gradient contribution of this micro-batch is complete (bucketed reduction hooks here).
   virtual Status grads_ready(int unit) { return Status::ok(); }
@@ -54,6 +56,12 @@ class Glm4Model {
   // activation_size bytes per element and statistics of stats_size (the memory planner).
   static int64_t planned_activation_bytes(const ModelConfig& config, int64_t max_tokens, int64_t activation_size,
                                           int64_t stats_size, Recompute recompute = Recompute::none);
+
+  // Adds trainable LoRA adapters (model/lora.h) to the layers' linears: params and grads are laid
+  // out as `layout` (which must outlive the model); backward accumulates into grads. Allocates
+  // each adapter's rank-wide intermediate for max_tokens tokens.
+  Status attach_lora(const LoraLayout& layout, Tensor params, Tensor grads);
+  const LoraLayout* lora() const { return lora_; }
 
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
   // provider's gradient slots. Per-token losses land in losses().
@@ -79,6 +87,14 @@ class Glm4Model {
   Status recompute_layer(int64_t l, const MicroBatch& b, Tensor unit_params);
   Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads);
   Tensor view(Tensor unit_base, int entry) const;
+  // The entry's gradient slot; empty when the provider keeps no gradients (frozen base).
+  Tensor grad_view(Tensor unit_grads, int entry) const { return unit_grads.empty() ? Tensor{} : view(unit_grads, entry); }
+  // An RMSNorm weight's gradient slot, or a scratch the frozen base's norm gradients land in.
+  Result<Tensor> norm_grad(Tensor unit_grads, int entry);
+  // out += scale * (x A^T) Bt for layer l's adapter on `target` (nothing when not targeted).
+  Status lora_forward(int64_t l, LoraTarget target, Tensor out, Tensor in, int64_t n);
+  // The adapter's gradients from dout (the linear's output gradient) and x; din += its input gradient.
+  Status lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor dout, Tensor in, int64_t n);
   Tensor rows(const Buffer& buf, int64_t n, int64_t width) const { return buf.slice(0, n * width); }
   Tensor rows(const Tensor& t, int64_t n, int64_t width) const { return t.slice(0, n * width); }
 
@@ -100,6 +116,13 @@ class Glm4Model {
   Buffer final_norm_, final_rstd_, losses_;
   // Backward scratch, reused by every layer.
   Buffer d_residual_, d_norm_, d_attn_, d_qkv_, d_act_, d_gate_up_;
+  Buffer norm_grad_scratch_;  // hidden_size elements, written and never read (frozen norms)
+
+  // LoRA: adapter parameters and gradients (owned by the caller), each adapter's u = scale * A x
+  // kept for backward ([max_tokens, r] per adapter), and the backward's du scratch.
+  const LoraLayout* lora_ = nullptr;
+  Tensor lora_params_, lora_grads_;
+  Buffer lora_u_storage_, lora_du_;
 };
 
 }  // namespace glm

@@ -35,6 +35,23 @@ Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayou
   return opt;
 }
 
+Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
+                                                      bool decay) {
+  AdamWOptimizer opt(backend, params, options);
+  const DType odt = backend.optimizer_dtype();
+  if (odt == params.dtype) {
+    opt.master_ = params;
+  } else {
+    GLM_ASSIGN_OR_RETURN(opt.master_buffer_, backend.allocate(params.numel, odt));
+    opt.master_ = opt.master_buffer_.tensor();
+    GLM_RETURN_IF_ERROR(backend.convert(opt.master_, params));
+  }
+  GLM_ASSIGN_OR_RETURN(opt.exp_avg_, backend.allocate(params.numel, odt));
+  GLM_ASSIGN_OR_RETURN(opt.exp_avg_sq_, backend.allocate(params.numel, odt));
+  opt.ranges_.push_back({0, params.numel, decay});
+  return opt;
+}
+
 Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale) {
   ++step_;
   for (const Range& r : ranges_) {

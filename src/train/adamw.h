@@ -21,6 +21,9 @@ class AdamWOptimizer {
   // params/grads cover layout range [offset, offset + params.numel).
   static Result<AdamWOptimizer> create(Backend& backend, const ParamLayout& layout, Tensor params, int64_t offset,
                                        const AdamWOptions& options);
+  // Every element decayed alike (LoRA adapters: PEFT decays both A and B).
+  static Result<AdamWOptimizer> create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
+                                               bool decay);
   // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
   Status step(Tensor grads, double lr, double grad_scale);
   int64_t steps_taken() const { return step_; }

@@ -13,14 +13,35 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                                std::optional<AdamWOptions> adam, double max_grad_norm,
                                                                int zero_stage, Recompute recompute,
                                                                Communicator* data_comm,
-                                                               const ZeroOptions& zero_options) {
+                                                               const ZeroOptions& zero_options,
+                                                               const LoraConfig* lora) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
+  e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
+  e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype());
+  if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
   GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute));
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
-                                                              zero_options));
+                                                              zero_options, /*frozen=*/lora != nullptr));
   for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_, &e->correct_}) {
     GLM_ASSIGN_OR_RETURN(*b, backend.allocate(max_tokens, DType::i32));
+  }
+  if (lora != nullptr) {
+    e->lora_layout_ = std::make_unique<LoraLayout>(config, *lora);
+    const int64_t n = e->lora_layout_->total_numel();
+    GLM_ASSIGN_OR_RETURN(e->lora_params_, backend.allocate(n, backend.compute_dtype()));
+    GLM_ASSIGN_OR_RETURN(e->lora_grads_, backend.allocate(n, backend.compute_dtype()));
+    if (e->grad_reduce_dtype_ != backend.compute_dtype() && comm.size() > 1) {
+      GLM_ASSIGN_OR_RETURN(e->lora_reduce_, backend.allocate(n, e->grad_reduce_dtype_));
+    }
+    GLM_RETURN_IF_ERROR(e->model_->attach_lora(*e->lora_layout_, e->lora_params_.tensor(), e->lora_grads_.tensor()));
+    if (adam) {
+      GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
+                           AdamWOptimizer::create_uniform(backend, e->lora_params_.tensor(), *adam, /*decay=*/true));
+      e->lora_optimizer_.push_back(std::move(opt));
+      e->has_optimizer_ = true;
+    }
+    return e;
   }
   if (adam) {
     const int units = static_cast<int>(e->layout().units().size());
@@ -39,6 +60,71 @@ Status TrainingEngine::initialize_parameters(uint64_t seed) {
     return initialize_parameter_range(layout(), config(), seed, backend_, dst, begin);
   }));
   return parameters_updated();
+}
+
+int64_t TrainingEngine::steps_taken() const {
+  if (!lora_optimizer_.empty()) return lora_optimizer_.front().steps_taken();
+  return optimizers_.empty() ? 0 : optimizers_.front().steps_taken();
+}
+
+Status TrainingEngine::initialize_lora(uint64_t seed) {
+  if (!lora_layout_) return GLM_INTERNAL_ERROR("initialize_lora on an engine without LoRA");
+  return set_lora_adapters(initial_lora_values(*lora_layout_, seed));
+}
+
+Status TrainingEngine::set_lora_adapters(std::span<const float> values) {
+  if (!lora_layout_) return GLM_INTERNAL_ERROR("set_lora_adapters on an engine without LoRA");
+  if (static_cast<int64_t>(values.size()) != lora_params_.numel())
+    return GLM_INTERNAL_ERROR("set_lora_adapters: ", values.size(), " values for ", lora_params_.numel());
+  GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(lora_params_.numel(), DType::f32));
+  GLM_RETURN_IF_ERROR(backend_.upload(staging.tensor(), values.data()));
+  GLM_RETURN_IF_ERROR(backend_.convert(lora_params_.tensor(), staging.tensor()));
+  for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.reset_master());
+  return backend_.synchronize();
+}
+
+Result<std::vector<float>> TrainingEngine::download_f32(Tensor t) {
+  std::vector<float> out(static_cast<size_t>(t.numel));
+  GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(t.numel, DType::f32));
+  GLM_RETURN_IF_ERROR(backend_.convert(staging.tensor(), t));
+  GLM_RETURN_IF_ERROR(backend_.download(out.data(), staging.tensor()));
+  return out;
+}
+
+Result<std::vector<float>> TrainingEngine::lora_adapters() {
+  if (!lora_layout_) return GLM_INTERNAL_ERROR("lora_adapters on an engine without LoRA");
+  // The fp32 master where there is one: exactly what the optimizer holds.
+  return download_f32(lora_optimizer_.empty() ? lora_params_.tensor() : lora_optimizer_.front().master());
+}
+
+Result<std::vector<float>> TrainingEngine::parameters() {
+  if (zero_->stage() == 3) return GLM_INTERNAL_ERROR("parameters(): ZeRO-3 stores shards only");
+  std::vector<float> out(static_cast<size_t>(layout().total_numel()));
+  for (size_t u = 0; u < layout().units().size(); ++u) {
+    GLM_ASSIGN_OR_RETURN(Tensor t, zero_->acquire_params(static_cast<int>(u)));
+    GLM_ASSIGN_OR_RETURN(std::vector<float> v, download_f32(t));
+    std::copy(v.begin(), v.end(), out.begin() + layout().units()[u].offset);
+  }
+  return out;
+}
+
+Result<std::vector<float>> TrainingEngine::lora_gradients() {
+  if (!lora_layout_) return GLM_INTERNAL_ERROR("lora_gradients on an engine without LoRA");
+  return download_f32(lora_grads_.tensor());
+}
+
+// Adapters are replicated: one all-reduce of their whole gradient (about 21M elements for
+// GLM-4-9B at rank 8 on every linear), in --grad_reduce_dtype.
+Status TrainingEngine::reduce_lora_gradients() {
+  if (comm_.size() == 1) return Status::ok();
+  Communicator& data = *data_comm_;
+  Tensor g = lora_grads_.tensor(), wire = lora_reduce_.numel() > 0 ? lora_reduce_.tensor() : g;
+  if (wire.data != g.data) GLM_RETURN_IF_ERROR(backend_.convert(wire, g));
+  if (!data.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+  const CommType type = wire.dtype == DType::f64 ? CommType::f64 : (wire.dtype == DType::bf16 ? CommType::bf16 : CommType::f32);
+  GLM_RETURN_IF_ERROR(data.start_all_reduce(wire.data, wire.data, static_cast<size_t>(wire.numel), type, ReduceOp::sum)->wait());
+  if (wire.data != g.data) GLM_RETURN_IF_ERROR(backend_.convert(g, wire));
+  return Status::ok();
 }
 
 TrainingEngine::OptimizerShard TrainingEngine::optimizer_shard(int unit) const {
@@ -77,12 +163,17 @@ Result<double> TrainingEngine::parameter_checksum() {
     sum += s;
   }
   if (zero_->stage() > 0) GLM_RETURN_IF_ERROR(comm_.all_reduce(&sum, &sum, 1, CommType::f64, ReduceOp::sum));
+  if (lora_layout_) {  // replicated: the same on every rank
+    GLM_ASSIGN_OR_RETURN(double s, backend_.sum_squares(lora_params_.tensor()));
+    sum += s;
+  }
   return sum;
 }
 
 int64_t TrainingEngine::optimizer_bytes() const {
   int64_t b = 0;
   for (const auto& opt : optimizers_) b += opt.state_bytes();
+  for (const auto& opt : lora_optimizer_) b += opt.state_bytes();
   return b;
 }
 
@@ -135,6 +226,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     return st;
   };
   GLM_RETURN_IF_ERROR(zero_->zero_grads());
+  if (lora_layout_) GLM_RETURN_IF_ERROR(backend_.zero(lora_grads_.tensor()));
   double loss_sum = 0;
   for (const HostMicroBatch& hb : micro) {
     zero_->set_last_micro_batch(&hb == &micro.back());
@@ -148,16 +240,21 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   const double backward_waits = zero_->take_exposed_comm_seconds();
   GLM_RETURN_IF_ERROR(timed([&] { return zero_->finish_backward(); }));
   zero_->take_exposed_comm_seconds();
+  if (lora_layout_) GLM_RETURN_IF_ERROR(timed([&] { return reduce_lora_gradients(); }));
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
   StepResult r;
   r.loss = counts[0] > 0 ? loss_sum / static_cast<double>(counts[0]) : 0.0;
   r.targets = counts[0];
   r.tokens = counts[1];
   GLM_ASSIGN_OR_RETURN(double sq, zero_->grad_norm_squared());
+  if (lora_layout_) {
+    GLM_ASSIGN_OR_RETURN(const double lora_sq, backend_.sum_squares(lora_grads_.tensor()));
+    sq += lora_sq;
+  }
   r.grad_norm = std::sqrt(sq);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     return GLM_ERROR(ErrorKind::internal, "non-finite loss (", r.loss, ") or gradient norm (", r.grad_norm,
-                     ") at optimizer step ", optimizers_.front().steps_taken() + 1,
+                     ") at optimizer step ", steps_taken() + 1,
                      "; lower --learning_rate or check the data");
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
   const double clip = max_grad_norm_ > 0 ? std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6)) : 1.0;
@@ -166,6 +263,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip));
     GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));
   }
+  for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.step(lora_grads_.tensor(), lr, clip));
   GLM_RETURN_IF_ERROR(timed([&] { return zero_->after_update(); }));
   zero_->take_exposed_comm_seconds();  // inside the timed total already
   GLM_ASSIGN_OR_RETURN(const double device_waits, zero_->take_device_exposed_comm_seconds());

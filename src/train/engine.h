@@ -10,6 +10,7 @@
 
 #include "data/sharded_loader.h"
 #include "model/glm4_model.h"
+#include "model/lora.h"
 #include "mpi/communicator.h"
 #include "train/adamw.h"
 #include "zero/zero_parameters.h"
@@ -37,12 +38,16 @@ struct EvalResult {
 class TrainingEngine {
  public:
   // adam == nullopt: no optimizer state (evaluation only; step() is then an error).
+  // lora: the base model is frozen (no gradients, optimizer state or gradient collectives; ZeRO-3
+  // still partitions it) and LoRA adapters on its linears are trained: replicated on every rank,
+  // their gradients all-reduced in --grad_reduce_dtype, fp32 master weights and Adam moments.
   static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
                                                         int64_t max_tokens, std::optional<AdamWOptions> adam,
                                                         double max_grad_norm, int zero_stage = 0,
                                                         Recompute recompute = Recompute::none,
                                                         Communicator* data_comm = nullptr,
-                                                        const ZeroOptions& zero_options = ZeroOptions{});
+                                                        const ZeroOptions& zero_options = ZeroOptions{},
+                                                        const LoraConfig* lora = nullptr);
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
@@ -59,6 +64,17 @@ class TrainingEngine {
 
   Status initialize_parameters(uint64_t seed);
 
+  // LoRA (nullptr / empty without it). Adapters are laid out as lora_layout(); host copies in f32.
+  const LoraLayout* lora_layout() const { return lora_layout_.get(); }
+  // PEFT's initialisation (A kaiming-uniform, B zero) from seed.
+  Status initialize_lora(uint64_t seed);
+  Status set_lora_adapters(std::span<const float> values);
+  Result<std::vector<float>> lora_adapters();
+  // The base parameters this rank stores, the whole flat layout in f32 (ZeRO stages 0-2 only).
+  Result<std::vector<float>> parameters();
+  // The adapters' gradient of the last step, all-reduced (before clipping), in f32.
+  Result<std::vector<float>> lora_gradients();
+
   // What this rank's optimizer holds of `unit` (checkpoints): fp32 master weights and moments of
   // the unit's elements [unit_begin, unit_begin + master.numel) counted from the unit's start.
   struct OptimizerShard {
@@ -66,7 +82,7 @@ class TrainingEngine {
     int64_t unit_begin = 0;
   };
   OptimizerShard optimizer_shard(int unit) const;
-  int64_t optimizer_steps() const { return optimizers_.empty() ? 0 : optimizers_.front().steps_taken(); }
+  int64_t optimizer_steps() const { return steps_taken(); }
   // After every optimizer_shard() was written (checkpoint load): parameters follow the masters
   // (gathered again where ZeRO keeps full copies) and the step count continues from `steps`.
   Status optimizer_restored(int64_t steps);
@@ -95,7 +111,15 @@ class TrainingEngine {
   std::unique_ptr<Glm4Model> model_;
   std::unique_ptr<ZeroParameters> zero_;
   Buffer tokens_, targets_, positions_, doc_start_, correct_, logits_;
-  std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns
+  std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
+  Communicator* data_comm_ = nullptr;
+  DType grad_reduce_dtype_ = DType::f32;
+  std::unique_ptr<LoraLayout> lora_layout_;
+  Buffer lora_params_, lora_grads_, lora_reduce_;  // lora_reduce_: grads in the reduce dtype, if it differs
+  std::vector<AdamWOptimizer> lora_optimizer_;     // one over all adapters, when training LoRA
+  Result<std::vector<float>> download_f32(Tensor t);
+  Status reduce_lora_gradients();
+  int64_t steps_taken() const;
   bool has_optimizer_ = false;
   double max_grad_norm_ = 0;
 };

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/recompute.h"
 #include "zero/zero_options.h"
 
@@ -13,6 +14,8 @@ namespace glm {
 
 struct TrainConfig {
   ModelConfig model;
+  std::string train_type = "full";  // full | lora (the base frozen, adapters trained: model/lora.h)
+  LoraConfig lora;                  // used when train_type is lora
   std::vector<std::string> datasets;
   int64_t max_length = 512;
   std::string truncation_strategy = "delete";  // delete | left | right, for samples over max_length

@@ -126,14 +126,22 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
   GLM_ASSIGN_OR_RETURN(const ZeroOptions zero_options,
                        resolve_zero_options(config, comm, data_comm != nullptr ? *data_comm : comm, backend));
+  if (config.train_type != "full" && config.train_type != "lora")
+    return GLM_USER_ERROR("--train_type must be full or lora, got '", config.train_type, "'");
+  const bool lora = config.train_type == "lora";
+  if (lora && (!config.resume_from_checkpoint.empty() ||
+               (!config.output_dir.empty() && config.save_strategy == "steps")))
+    return GLM_USER_ERROR("--train_type lora: checkpoints of LoRA adapters are not implemented yet; run with "
+                          "--save_strategy no and without --resume_from_checkpoint");
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
                                                            config.max_grad_norm, config.zero_stage, config.recompute,
-                                                           data_comm, zero_options));
+                                                           data_comm, zero_options, lora ? &config.lora : nullptr));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
   } else {
     GLM_RETURN_IF_ERROR(engine->initialize_parameters(config.seed));
   }
+  if (lora) GLM_RETURN_IF_ERROR(engine->initialize_lora(config.seed));
   GLM_ASSIGN_OR_RETURN(LrSchedulerType schedule_type, parse_lr_scheduler_type(config.lr_scheduler_type));
   LrSchedule schedule{schedule_type, config.learning_rate,
                       resolve_warmup_steps(config.warmup_steps, config.warmup_ratio, total_steps), total_steps};
@@ -146,6 +154,10 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ",
                       engine->layout().parameter_count(), " parameters (", config.model.num_hidden_layers,
                       " layers, hidden ", config.model.hidden_size, ")"));
+  if (const LoraLayout* l = engine->lora_layout())
+    logger.print(concat("glm_hpc: LoRA rank ", l->rank(), ", alpha ", l->config().alpha, " on ",
+                        lora_targets_text(l->config().targets), ": ", l->parameter_count(),
+                        " trainable parameters; the base is frozen"));
   if (!dataset.prepared.empty()) logger.print("glm_hpc: samples memory-mapped from " + dataset.prepared);
   logger.print("glm_hpc: " + rep.describe());
   if (packing) logger.print("glm_hpc: " + packing->summary());

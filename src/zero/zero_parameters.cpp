@@ -24,7 +24,7 @@ CommType comm_type(DType d) {
 
 Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout& layout, Backend& backend,
                                                                Communicator& comm, int stage, Communicator* data,
-                                                               const ZeroOptions& options) {
+                                                               const ZeroOptions& options, bool frozen) {
   if (stage < 0 || stage > 3) return GLM_USER_ERROR("--zero_stage must be 0, 1, 2 or 3, got ", stage);
   if (layout.shards() != comm.size())
     return GLM_INTERNAL_ERROR("layout has ", layout.shards(), " shards for ", comm.size(), " ranks");
@@ -40,6 +40,7 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   std::unique_ptr<ZeroParameters> z(
       new ZeroParameters(layout, backend, comm, data != nullptr ? *data : comm, stage, options));
   const DType dt = backend.compute_dtype();
+  z->frozen_ = frozen;
   z->options_.grad_reduce_dtype = effective_reduce_dtype(options, dt);
   const DType rt = z->options_.grad_reduce_dtype;
   const int units = static_cast<int>(layout.units().size());
@@ -50,6 +51,18 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   }
   z->sizes_ = zero_buffer_sizes(layout, stage, z->options_, dt);
   const ZeroBufferSizes& sz = z->sizes_;
+  auto alloc = [&](Buffer& b, int64_t n, DType type) -> Status {
+    GLM_ASSIGN_OR_RETURN(b, backend.allocate(n, type));
+    return Status::ok();
+  };
+  if (frozen) {
+    if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel(), dt));
+    if (stage == 3) {
+      GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total, dt));
+      for (auto& g : z->gathered_) GLM_RETURN_IF_ERROR(alloc(g.params, sz.gathered_unit_numel, dt));
+    }
+    return z;
+  }
   z->reduce_buckets_ = plan_comm_buckets(layout, options.reduce_bucket_size, true);
   z->bucket_of_unit_.assign(static_cast<size_t>(units), -1);
   for (size_t b = 0; b < z->reduce_buckets_.size(); ++b)
@@ -63,10 +76,6 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
       for (int u = z->gather_buckets_[b].first; u <= z->gather_buckets_[b].last; ++u)
         z->gather_bucket_of_unit_[static_cast<size_t>(u)] = static_cast<int>(b);
   }
-  auto alloc = [&](Buffer& b, int64_t n, DType type) -> Status {
-    GLM_ASSIGN_OR_RETURN(b, backend.allocate(n, type));
-    return Status::ok();
-  };
   if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel(), dt));
   if (stage == 3) {
     GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total, dt));
@@ -150,6 +159,7 @@ Status ZeroParameters::forget_gathered() {
 }
 
 Tensor ZeroParameters::unit_grads(int unit) {
+  if (frozen_) return Tensor{};
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   if (stage_ <= 1) return grads_.slice(u.offset, u.numel);
   // Stages 2-3: the open bucket's buffer; backward reaches a bucket's units from `last` down.
@@ -241,6 +251,7 @@ Status ZeroParameters::drain(ReduceSlot& slot) {
 }
 
 Status ZeroParameters::grads_ready(int unit) {
+  if (frozen_) return Status::ok();
   const int index = bucket_of_unit_[static_cast<size_t>(unit)];
   const CommBucket& b = reduce_buckets_[static_cast<size_t>(index)];
   if (unit != b.first) return Status::ok();  // backward completes a bucket with its first unit
@@ -289,6 +300,7 @@ Status ZeroParameters::zero_grads() {
 }
 
 Status ZeroParameters::finish_backward() {
+  if (frozen_) return Status::ok();
   const int world = comm_.size();
   const int buckets = static_cast<int>(reduce_buckets_.size());
   if (stage_ <= 1 && world > 1 && !options_.overlap_comm)
@@ -304,6 +316,7 @@ Status ZeroParameters::finish_backward() {
 }
 
 Result<double> ZeroParameters::grad_norm_squared() {
+  if (frozen_) return 0.0;
   if (stage_ == 0) return backend_.sum_squares(grads_.tensor());
   GLM_ASSIGN_OR_RETURN(double local, backend_.sum_squares(grad_shards_.tensor()));
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&local, &local, 1, CommType::f64, ReduceOp::sum));
@@ -311,6 +324,7 @@ Result<double> ZeroParameters::grad_norm_squared() {
 }
 
 Status ZeroParameters::unit_updated(int u) {
+  if (frozen_) return GLM_INTERNAL_ERROR("unit_updated(", u, ") on frozen parameters");
   if ((stage_ != 1 && stage_ != 2) || comm_.size() == 1) return Status::ok();  // one rank: the shard is the unit
   const int index = gather_bucket_of_unit_[static_cast<size_t>(u)];
   if (u != gather_buckets_[static_cast<size_t>(index)].last || !options_.overlap_comm) return Status::ok();
@@ -372,6 +386,7 @@ Status ZeroParameters::finish_gather(GatherInFlight& g) {
 }
 
 Status ZeroParameters::after_update() {
+  if (frozen_) return forget_gathered();
   if ((stage_ == 1 || stage_ == 2) && comm_.size() > 1 && !options_.overlap_comm)
     for (size_t b = 0; b < gather_buckets_.size(); ++b) GLM_RETURN_IF_ERROR(gather_bucket(static_cast<int>(b)));
   for (auto& g : gathers_) GLM_RETURN_IF_ERROR(finish_gather(g));

@@ -38,9 +38,14 @@ class ZeroParameters final : public ParameterProvider {
  public:
   // comm carries host scalars (norms, counts); data, when given, the parameter and gradient
   // buffers (NCCL over device memory), otherwise comm does both (MPI over host memory).
+  // frozen (LoRA's base model): parameters only, no gradient buffers and no gradient collectives;
+  // unit_grads() is empty. Stage 3 still partitions the parameters and gathers them just in time;
+  // stages 0-2 keep them replicated (they shard only gradients and optimizer state, which a frozen
+  // model has none of).
   static Result<std::unique_ptr<ZeroParameters>> create(const ParamLayout& layout, Backend& backend, Communicator& comm,
                                                         int stage, Communicator* data = nullptr,
-                                                        const ZeroOptions& options = ZeroOptions{});
+                                                        const ZeroOptions& options = ZeroOptions{},
+                                                        bool frozen = false);
 
   // ParameterProvider
   Result<Tensor> acquire_params(int unit) override;
@@ -49,6 +54,7 @@ class ZeroParameters final : public ParameterProvider {
   Status grads_ready(int unit) override;
 
   int stage() const { return stage_; }
+  bool frozen() const { return frozen_; }
   const ZeroOptions& options() const { return options_; }
   const std::vector<CommBucket>& reduce_buckets() const { return reduce_buckets_; }
   // Parameters and gradients this rank updates: the whole unit (stage 0) or its shard.
@@ -95,6 +101,7 @@ class ZeroParameters final : public ParameterProvider {
   Communicator& comm_;
   Communicator& data_;
   int stage_;
+  bool frozen_ = false;
   ZeroOptions options_;
   ZeroBufferSizes sizes_;
   std::vector<int64_t> shard_base_;  // local offset of each unit's shard inside shard buffers
