@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 namespace glm {
 
@@ -19,12 +21,41 @@ std::string format_duration(double seconds) {
 Result<MetricsLogger> MetricsLogger::open(const std::string& output_dir, bool enabled) {
   MetricsLogger logger;
   logger.enabled_ = enabled;
-  if (enabled && !output_dir.empty()) {
-    logger.path_ = output_dir + "/logging.jsonl";
-    logger.jsonl_.open(logger.path_, std::ios::out | std::ios::trunc);
-    if (!logger.jsonl_) return GLM_ERROR(ErrorKind::io, "cannot write '", logger.path_, "'");
-  }
+  if (enabled && !output_dir.empty()) logger.path_ = output_dir + "/logging.jsonl";
   return logger;
+}
+
+Status MetricsLogger::begin(int64_t resumed_step) {
+  if (path_.empty() || jsonl_.is_open()) return Status::ok();
+  if (resumed_step > 0) {
+    // Keep what was logged up to the checkpoint (a record torn by a kill is dropped), through a
+    // temporary file and a rename so that a failure here loses nothing.
+    std::ifstream in(path_);
+    if (in) {
+      const std::string tmp = path_ + ".tmp";
+      {
+        std::ofstream out(tmp, std::ios::out | std::ios::trunc);
+        if (!out) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp, "'");
+        std::string line;
+        while (std::getline(in, line)) {
+          const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+          if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+          if (j["step"].get<int64_t>() <= resumed_step) out << line << '\n';
+        }
+        out.flush();
+        if (!out) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "'");
+      }
+      std::error_code ec;
+      std::filesystem::rename(tmp, path_, ec);
+      if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp, "' to '", path_, "': ", ec.message());
+      jsonl_.open(path_, std::ios::out | std::ios::app);
+      if (!jsonl_) return GLM_ERROR(ErrorKind::io, "cannot write '", path_, "'");
+      return Status::ok();
+    }
+  }
+  jsonl_.open(path_, std::ios::out | std::ios::trunc);
+  if (!jsonl_) return GLM_ERROR(ErrorKind::io, "cannot write '", path_, "'");
+  return Status::ok();
 }
 
 void MetricsLogger::print(const std::string& line) const {

@@ -28,6 +28,10 @@ class MetricsLogger {
  public:
   // Inactive (prints and writes nothing) unless enabled; output_dir empty = console only.
   static Result<MetricsLogger> open(const std::string& output_dir, bool enabled);
+  // Opens logging.jsonl before the first record: a fresh run (resumed_step 0) starts it empty; a run
+  // resumed after step N keeps the earlier records of steps <= N (those past N are redone) and
+  // appends, as Hugging Face's Trainer keeps its log history through a resume.
+  Status begin(int64_t resumed_step);
   Status log(const StepMetrics& m);
   // Validation loss, perplexity (exp of the loss) and token accuracy (argmax of the logits equal to
   // the label, over the eval_tokens target tokens) after `step`: one console line, one jsonl record.

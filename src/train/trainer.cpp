@@ -210,6 +210,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                                        " samples, this run continues at ", now, ")")));
     }
   }
+  GLM_RETURN_IF_ERROR(logger.begin(start_step));
   // A checkpoint after `done` steps, with the eval loss of that step (if evaluated) and the best so far.
   auto checkpoint = [&](int64_t done, std::optional<double> eval_loss) -> Result<std::string> {
     if (best && best->step == done) best->checkpoint = concat("checkpoint-", done);
