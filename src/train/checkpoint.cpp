@@ -34,8 +34,10 @@ constexpr const char* kDatasets[3] = {"master", "exp_avg", "exp_avg_sq"};
 // LoRA checkpoints: the adapters' optimizer state, replicated, in one file written by rank 0.
 constexpr const char* kLoraFile = "adapters.h5";
 constexpr const char* kLoraGroup = "lora";
-// The base's sum of squares is summed in another order at another world size or ZeRO stage.
-constexpr double kBaseFingerprintTolerance = 1e-9;
+// The base's sum of squares is summed in another order at another world size or ZeRO stage, and on
+// GPUs per thread in fp32 (kernels/cuda/elementwise.cu): relative differences of ~1e-7 are the same
+// base. A weak fingerprint: it tells other weights apart, not a base changed by a tiny fraction.
+constexpr double kBaseFingerprintTolerance = 1e-5;
 
 // An HDF5 identifier closed by its own close function when it leaves scope.
 class H5Id {
