@@ -91,7 +91,6 @@ TEST(CliBadInput, LoraOptions) {
                    "--target_modules: unknown module 'q_proj'");
   expect_bad_input("--train_type lora --save_strategy no --lora_dropout 0.05", "--lora_dropout must be 0");
   expect_bad_input("--train_type lora --save_strategy no --lora_rank 0", "--lora_rank must be >= 1");
-  expect_bad_input("--train_type lora", "--save_strategy must be no with --train_type lora");
 }
 TEST(CliBadInput, HiddenSizeNotMatchingHeads) {
   expect_bad_input("--head_dim 0 --hidden_size 130", "divisible by num_attention_heads");

@@ -1,8 +1,16 @@
 // Under mpirun -np N: LoRA training through train() gives the same loss trajectory at every world
 // size and at ZeRO stages 0 and 3 (the frozen base partitioned) as one process, and every rank ends
-// with identical adapters; the base's gradient and optimizer memory is zero.
+// with identical adapters; the base's gradient and optimizer memory is zero. LoRA checkpoints:
+// resume is bitwise the straight run, and checkpoints of another LoRA configuration, base or
+// train_type are refused naming the field.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
@@ -110,17 +118,155 @@ INSTANTIATE_TEST_SUITE_P(Stages, LoraWorld,
                          ::testing::Values(std::tuple{0, Recompute::none}, std::tuple{3, Recompute::none},
                                            std::tuple{3, Recompute::full}));
 
-TEST(LoraWorld, CheckpointsAreRefusedClearly) {
+// A directory every rank agrees on (rank 0's pid), fresh.
+std::string shared_dir(const std::string& name) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  long pid = rank == 0 ? static_cast<long>(::getpid()) : 0;
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("glm_lora_ckpt_" + std::to_string(pid) + "_np" + std::to_string(size)) / name;
+  if (rank == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir.string();
+}
+
+Result<TrainSummary> run(TrainConfig config, Communicator& comm) {
+  auto backend = make_cpu_backend(DType::f32);
+  return train(config, dataset(), comm, *backend);
+}
+
+// 6 LoRA steps at ZeRO stage `stage` saving at step 3, into dir; returns the straight run.
+TrainSummary straight_with_checkpoint(const std::string& dir, int stage, Communicator& comm) {
+  TrainConfig config = lora_config();
+  config.zero_stage = stage;
+  config.max_steps = 6;
+  config.per_device_train_batch_size = kGlobalBatch / comm.size();
+  config.output_dir = dir;
+  config.save_strategy = "steps";
+  config.save_steps = 3;
+  auto r = run(config, comm);
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+  return r.is_ok() ? r.take() : TrainSummary{};
+}
+
+class LoraResume : public ::testing::TestWithParam<int> {};
+
+// 6 steps straight == 3 steps, save, resume, 3 steps: bitwise on the CPU (adapters, Adam moments,
+// step count, schedule and data position restored; the base re-initialised from its seed).
+TEST_P(LoraResume, ResumedRunEqualsTheStraightOneBitwise) {
+  const int stage = GetParam();
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  if (kGlobalBatch % comm.size() != 0) GTEST_SKIP() << "12 samples do not split over " << comm.size() << " ranks";
+  const std::string dir = shared_dir("stage" + std::to_string(stage));
+  const TrainSummary straight = straight_with_checkpoint(dir, stage, comm);
+  ASSERT_EQ(straight.losses.size(), 6u);
+  const std::filesystem::path ckpt = std::filesystem::path(dir) / "checkpoint-3";
+  // Only what is trained: the adapters' state in one file, no rank files of the base.
+  EXPECT_TRUE(std::filesystem::exists(ckpt / "adapters.h5"));
+  EXPECT_TRUE(std::filesystem::exists(ckpt / "COMPLETE"));
+  EXPECT_FALSE(std::filesystem::exists(ckpt / "rank_00000.h5"));
+  std::ifstream in(ckpt / "meta.json");
+  const nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(meta.is_object());
+  EXPECT_EQ(meta["train_type"], "lora");
+  EXPECT_EQ(meta["lora"]["rank"], 4);
+  EXPECT_EQ(meta["lora"]["alpha"], 8.0);
+  EXPECT_EQ(meta["lora"]["targets"].size(), 4u);
+  EXPECT_EQ(meta["base"]["random_init_seed"], lora_config().seed);
+  EXPECT_GT(meta["base"]["sum_squares"].get<double>(), 0.0);
+
+  for (const std::string& spec : {ckpt.string(), std::string("latest")}) {
+    TrainConfig config = lora_config();
+    config.zero_stage = stage;
+    config.max_steps = spec == "latest" ? 9 : 6;  // latest is checkpoint-6: 3 more steps of a 9-step run
+    config.per_device_train_batch_size = kGlobalBatch / comm.size();
+    config.output_dir = dir;
+    config.save_strategy = "no";
+    config.resume_from_checkpoint = spec;
+    auto resumed = run(config, comm);
+    ASSERT_TRUE(resumed.is_ok()) << resumed.status().message();
+    ASSERT_EQ(resumed.value().losses.size(), 3u);
+    if (spec == "latest") continue;  // another schedule length: nothing to compare with
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(resumed.value().losses[i], straight.losses[3 + i]) << "step " << 4 + i << " stage " << stage;
+    EXPECT_EQ(resumed.value().parameter_checksum, straight.parameter_checksum);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, LoraResume, ::testing::Values(0, 3));
+
+// Resuming must fail before training, alike on every rank, with a message containing `needle`.
+void expect_refused(const std::string& checkpoint, const std::string& needle,
+                    const std::function<void(TrainConfig&)>& change) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   TrainConfig config = lora_config();
-  config.max_steps = 1;
-  config.output_dir = "/tmp/glm_lora_refused";
-  config.save_strategy = "steps";
-  auto backend = make_cpu_backend(DType::f32);
-  auto r = train(config, dataset(), comm, *backend);
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().kind(), ErrorKind::user_input);
-  EXPECT_NE(r.status().message().find("--save_strategy no"), std::string::npos) << r.status().message();
+  config.max_steps = 6;
+  config.per_device_train_batch_size = kGlobalBatch / comm.size();
+  config.save_strategy = "no";
+  config.resume_from_checkpoint = checkpoint;
+  change(config);
+  auto r = run(config, comm);
+  ASSERT_FALSE(r.is_ok()) << "expected: " << needle;
+  EXPECT_EQ(r.status().kind(), ErrorKind::user_input) << r.status().message();
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+}
+
+TEST(LoraCheckpoint, AnotherLoraConfigurationOrBaseIsRefused) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  if (kGlobalBatch % comm.size() != 0) GTEST_SKIP();
+  const std::string dir = shared_dir("mismatch");
+  straight_with_checkpoint(dir, 0, comm);
+  const std::string ckpt = dir + "/checkpoint-3";
+  expect_refused(ckpt, "lora.rank is 4, this run's (--lora_rank) is 8", [](TrainConfig& c) { c.lora.rank = 8; });
+  expect_refused(ckpt, "lora.alpha", [](TrainConfig& c) { c.lora.alpha = 16; });
+  expect_refused(ckpt, "lora.targets", [](TrainConfig& c) { c.lora.targets = {LoraTarget::dense}; });
+  // The order of --target_modules does not matter.
+  {
+    TrainConfig c = lora_config();
+    c.max_steps = 6;
+    c.per_device_train_batch_size = kGlobalBatch / comm.size();
+    c.save_strategy = "no";
+    c.resume_from_checkpoint = ckpt;
+    c.lora.targets = {LoraTarget::dense_4h_to_h, LoraTarget::dense, LoraTarget::query_key_value,
+                      LoraTarget::dense_h_to_4h};
+    auto r = run(c, comm);
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+  }
+  // Another random base (the seed) and another base of the same seed (its weights' fingerprint).
+  expect_refused(ckpt, "random init with seed", [](TrainConfig& c) { c.seed = 7; });
+  expect_refused(ckpt, "base.sum_squares", [](TrainConfig& c) { c.model.initializer_range = 0.1; });
+  expect_refused(ckpt, "--model_id_or_path", [](TrainConfig& c) { c.base_model = "/models/glm-4-9b-chat"; });
+  // A LoRA checkpoint given to full training.
+  expect_refused(ckpt, "train_type is lora, this run's --train_type is full",
+                 [](TrainConfig& c) { c.train_type = "full"; });
+  // Another model shape.
+  expect_refused(ckpt, "hidden_size", [](TrainConfig& c) {
+    c.model.hidden_size = 64;
+    c.model.num_attention_heads = 8;
+    ASSERT_TRUE(c.model.finalize_and_validate().is_ok());
+  });
+}
+
+TEST(LoraCheckpoint, FullTrainingCheckpointIsRefused) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  if (kGlobalBatch % comm.size() != 0) GTEST_SKIP();
+  const std::string dir = shared_dir("full");
+  TrainConfig full = lora_config();
+  full.train_type = "full";
+  full.max_steps = 1;
+  full.per_device_train_batch_size = kGlobalBatch / comm.size();
+  full.output_dir = dir;
+  full.save_strategy = "steps";
+  full.save_steps = 1;
+  auto r = run(full, comm);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  expect_refused(dir + "/checkpoint-1", "train_type is full, this run's --train_type is lora", [](TrainConfig&) {});
 }
 
 }  // namespace

@@ -318,12 +318,7 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
     GLM_RETURN_IF_ERROR(check(t.lora.dropout >= 0 && t.lora.dropout < 1, src, "lora_dropout", "must be in [0, 1)"));
     GLM_RETURN_IF_ERROR(check(t.lora.dropout == 0, src, "lora_dropout",
                               "must be 0: dropout on the LoRA input is not implemented yet"));
-    if (t.train_type == "lora" && o.command == "train") {
-      GLM_RETURN_IF_ERROR(check(t.save_strategy == "no" || t.output_dir.empty(), src, "save_strategy",
-                                "must be no with --train_type lora: adapter checkpoints are not implemented yet"));
-      GLM_RETURN_IF_ERROR(check(t.resume_from_checkpoint.empty(), src, "resume_from_checkpoint",
-                                "is not supported with --train_type lora yet (adapter checkpoints)"));
-    }
+    t.base_model = o.model_id_or_path;  // LoRA checkpoints record their base
   }
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
   {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,13 @@ constexpr const char* kFormat = "glm_hpc-checkpoint";
 constexpr int kVersion = 2;
 constexpr int kOldestReadableVersion = 1;
 constexpr const char* kDatasets[3] = {"master", "exp_avg", "exp_avg_sq"};
+// LoRA checkpoints: the adapters' optimizer state, replicated, in one file written by rank 0.
+constexpr const char* kLoraFile = "adapters.h5";
+constexpr const char* kLoraGroup = "lora";
+// The base's sum of squares is summed in another order at another world size or ZeRO stage, and on
+// GPUs per thread in fp32 (kernels/cuda/elementwise.cu): relative differences of ~1e-7 are the same
+// base. A weak fingerprint: it tells other weights apart, not a base changed by a tiny fraction.
+constexpr double kBaseFingerprintTolerance = 1e-5;
 
 // An HDF5 identifier closed by its own close function when it leaves scope.
 class H5Id {
@@ -122,6 +130,40 @@ std::vector<int64_t> unpadded_units(const ModelConfig& c) {
   const ParamLayout layout(c, 1);
   for (const auto& u : layout.units()) sizes.push_back(u.numel);
   return sizes;
+}
+
+std::string train_type_of(const TrainingEngine& engine) { return engine.lora_layout() != nullptr ? "lora" : "full"; }
+
+nlohmann::json lora_json(const LoraConfig& c, int64_t numel) {
+  std::vector<LoraTarget> sorted = c.targets;  // the order of --target_modules does not matter
+  std::sort(sorted.begin(), sorted.end());
+  nlohmann::json targets = nlohmann::json::array();
+  for (LoraTarget t : sorted) targets.push_back(lora_target_name(t));
+  return {{"rank", c.rank}, {"alpha", c.alpha}, {"targets", targets}, {"numel", numel}};
+}
+
+// The base a LoRA checkpoint's adapters were trained on.
+nlohmann::json base_json(const std::string& base_model, uint64_t seed, double sum_squares) {
+  return {{"model_id_or_path", base_model.empty() ? nlohmann::json(nullptr) : nlohmann::json(base_model)},
+          {"random_init_seed", base_model.empty() ? nlohmann::json(seed) : nlohmann::json(nullptr)},
+          {"sum_squares", sum_squares}};
+}
+
+Status write_lora_file(const TrainingEngine& engine, Backend& backend, const fs::path& path) {
+  const TrainingEngine::OptimizerShard s = engine.lora_optimizer_state();
+  const Tensor sources[3] = {s.master, s.exp_avg, s.exp_avg_sq};
+  for (const Tensor& t : sources)
+    if (t.dtype != DType::f32)
+      return GLM_INTERNAL_ERROR("LoRA checkpoints store fp32 optimizer state, the backend keeps ", dtype_name(t.dtype));
+  std::vector<CheckpointFileGroup> groups(1);
+  groups[0].name = kLoraGroup;
+  groups[0].attributes = {{"numel", {s.master.numel}}};
+  for (const char* name : kDatasets) groups[0].datasets.emplace_back(name, s.master.numel);
+  auto fill = [&](size_t, size_t dataset, int64_t first, std::span<float> dst) -> Status {
+    return backend.download(dst.data(), sources[dataset].slice(first, static_cast<int64_t>(dst.size())));
+  };
+  auto written = write_checkpoint_file(path.string(), groups, fill);
+  return written.is_ok() ? Status::ok() : written.status();
 }
 
 // This rank's slice of a unit to write: its shard (stages 1-3), or at stage 0 (every rank holds
@@ -348,8 +390,6 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
 
 Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& output_dir,
                                    const CheckpointState& state, int64_t save_total_limit) {
-  if (engine.lora_layout() != nullptr)  // every rank returns here: no collective was started
-    return GLM_USER_ERROR("checkpoints of LoRA adapters are not implemented yet (--save_strategy no)");
   const auto started = std::chrono::steady_clock::now();
   const fs::path out(output_dir), final_dir = out / ("checkpoint-" + std::to_string(state.step));
   const fs::path tmp = out / (".checkpoint-" + std::to_string(state.step) + ".tmp");
@@ -362,12 +402,24 @@ Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, c
     if (ec) made = GLM_ERROR(ErrorKind::io, "cannot create '", tmp.string(), "': ", ec.message());
   }
   GLM_RETURN_IF_ERROR(agree(comm, made, "creating the checkpoint directory"));
+  const LoraLayout* lora = engine.lora_layout();
+  double base_sum_squares = 0;
+  if (lora != nullptr) {
+    GLM_ASSIGN_OR_RETURN(base_sum_squares, engine.base_checksum());  // collective
+  }
   GLM_RETURN_IF_ERROR(engine.backend().synchronize());
-  const fs::path mine = tmp / rank_file(rank);
-  // write_rank_file ends with the file's fdatasync.
-  Status wrote = write_rank_file(engine, engine.backend(), mine, rank, world, test_kill_during_save(rank, state.step));
+  // LoRA: the replicated adapters' state, written once (by rank 0); else every rank's slices.
+  const bool writes = lora == nullptr || rank == 0;
+  const fs::path mine = tmp / (lora != nullptr ? std::string(kLoraFile) : rank_file(rank));
+  // write_rank_file and write_lora_file end with the file's fdatasync.
+  Status wrote = Status::ok();
+  if (lora != nullptr && writes) {
+    wrote = write_lora_file(engine, engine.backend(), mine);
+  } else if (lora == nullptr) {
+    wrote = write_rank_file(engine, engine.backend(), mine, rank, world, test_kill_during_save(rank, state.step));
+  }
   int64_t bytes = 0;
-  if (wrote.is_ok()) {
+  if (wrote.is_ok() && writes) {
     std::error_code ec;
     bytes = static_cast<int64_t>(fs::file_size(mine, ec));
     if (ec) wrote = GLM_ERROR(ErrorKind::io, "cannot stat '", mine.string(), "': ", ec.message());
@@ -386,7 +438,12 @@ Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, c
                            {"optimizer_steps", engine.optimizer_steps()},
                            {"model", model_shape(engine.config())},
                            {"model_config", model_config_json(engine.config())},
-                           {"units", unpadded_units(engine.config())}};
+                           {"units", unpadded_units(engine.config())},
+                           {"train_type", train_type_of(engine)}};
+    if (lora != nullptr) {
+      meta["lora"] = lora_json(lora->config(), lora->total_numel());
+      meta["base"] = base_json(state.base_model, state.seed, base_sum_squares);
+    }
     meta["tokenizer"] = state.tokenizer_hash.empty()
                             ? nlohmann::json(nullptr)
                             : nlohmann::json{{"path", state.tokenizer}, {"content_hash", state.tokenizer_hash}};
@@ -443,6 +500,84 @@ Status check_tokenizer(const nlohmann::json& m, const ResumeExpectation& expect,
                         expect.tokenizer_hash, ": resume with the tokenizer the checkpoint was trained with");
 }
 
+// train_type, and for LoRA the adapters' configuration and the base, against this run's.
+Status check_training_kind(const nlohmann::json& m, const TrainingEngine& engine, const ResumeExpectation& expect,
+                           double base_sum_squares, const fs::path& meta) {
+  const std::string saved = m.contains("train_type") && m["train_type"].is_string() ? m["train_type"].get<std::string>()
+                                                                                   : std::string("full");
+  const std::string ours = train_type_of(engine);
+  if (saved != ours)
+    return GLM_USER_ERROR(meta.string(), ": the checkpoint's train_type is ", saved, ", this run's --train_type is ",
+                          ours, saved == "lora" ? " (a LoRA checkpoint holds only adapters, not the full weights)"
+                                                : " (a full-training checkpoint holds no LoRA adapters)");
+  const LoraLayout* lora = engine.lora_layout();
+  if (lora == nullptr) return Status::ok();
+  if (!m.contains("lora") || !m["lora"].is_object() || !m.contains("base") || !m["base"].is_object())
+    return GLM_USER_ERROR(meta.string(), ": a LoRA checkpoint without the 'lora' or 'base' object");
+  const nlohmann::json mine = lora_json(lora->config(), lora->total_numel());
+  const char* options[] = {"--lora_rank", "--lora_alpha", "--target_modules", "--lora_rank"};
+  const char* fields[] = {"rank", "alpha", "targets", "numel"};
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    const nlohmann::json& v = m["lora"].contains(fields[i]) ? m["lora"][fields[i]] : nlohmann::json(nullptr);
+    if (v != mine[fields[i]])
+      return GLM_USER_ERROR(meta.string(), ": the checkpoint's lora.", fields[i], " is ", v.dump(), ", this run's (",
+                            options[i], ") is ", mine[fields[i]].dump(), ": resume with the LoRA configuration it was trained with");
+  }
+  const nlohmann::json& base = m["base"];
+  const bool saved_random = base.contains("random_init_seed") && base["random_init_seed"].is_number_integer();
+  const bool ours_random = expect.base_model.empty();
+  const auto describe = [](bool random, const nlohmann::json& seed, const nlohmann::json& path) {
+    return random ? concat("random init with seed ", seed.dump()) : concat("--model_id_or_path ", path.dump());
+  };
+  const nlohmann::json our_base = base_json(expect.base_model, expect.base_seed, base_sum_squares);
+  if (saved_random != ours_random || (saved_random && base["random_init_seed"] != our_base["random_init_seed"]))
+    return GLM_USER_ERROR(meta.string(), ": the checkpoint's base is ",
+                          describe(saved_random, base.value("random_init_seed", nlohmann::json()),
+                                   base.value("model_id_or_path", nlohmann::json())),
+                          ", this run's base is ",
+                          describe(ours_random, our_base["random_init_seed"], our_base["model_id_or_path"]),
+                          " (field base): the adapters only make sense on the base they were trained on");
+  if (!base.contains("sum_squares") || !base["sum_squares"].is_number())
+    return GLM_USER_ERROR(meta.string(), ": field 'base.sum_squares' is missing or not a number");
+  const double theirs = base["sum_squares"].get<double>();
+  if (!(std::abs(theirs - base_sum_squares) <= kBaseFingerprintTolerance * std::max(std::abs(theirs), 1.0)))
+    return GLM_USER_ERROR(meta.string(), ": the checkpoint's base.sum_squares (a fingerprint of the base weights) is ",
+                          theirs, ", this run's base gives ", base_sum_squares,
+                          ": these are other base weights than the adapters were trained on");
+  return Status::ok();
+}
+
+// Every rank reads the whole replicated LoRA state.
+Status load_lora_file(TrainingEngine& engine, const fs::path& dir, bool weights_only) {
+  quiet_hdf5();
+  const fs::path path = dir / kLoraFile;
+  if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", kLoraFile);
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) return GLM_USER_ERROR(path.string(), " is not a readable HDF5 file (truncated or corrupt)");
+  GLM_ASSIGN_OR_RETURN(const std::optional<int64_t> checksum_block, checksum_block_bytes(file.get(), path.string()));
+  H5Id group(H5Gopen2(file.get(), kLoraGroup, H5P_DEFAULT), H5Gclose);
+  if (!group.ok()) return GLM_USER_ERROR(path.string(), ": group ", kLoraGroup, " is missing");
+  const TrainingEngine::OptimizerShard mine = engine.lora_optimizer_state();
+  int64_t numel = -1;
+  H5Id attr(H5Aopen(group.get(), "numel", H5P_DEFAULT), H5Aclose);
+  if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, &numel) < 0)
+    return GLM_USER_ERROR(path.string(), ": ", kLoraGroup, " has no readable numel attribute");
+  if (numel != mine.master.numel)
+    return GLM_USER_ERROR(path.string(), ": ", numel, " adapter elements, this run's LoRA layout has ", mine.master.numel);
+  Backend& backend = engine.backend();
+  const Tensor targets[3] = {mine.master, mine.exp_avg, mine.exp_avg_sq};
+  std::vector<float> host(static_cast<size_t>(numel));
+  for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
+    GLM_RETURN_IF_ERROR(read_checked_range(group.get(), kLoraGroup, kDatasets[d], path.string(), checksum_block, 0, host));
+    GLM_RETURN_IF_ERROR(backend.upload(targets[d], host.data()));
+  }
+  if (weights_only) {  // Adam starts over: zero moments, as a fresh optimizer has
+    GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg));
+    GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg_sq));
+  }
+  return backend.synchronize();
+}
+
 std::optional<double> optional_number(const nlohmann::json& m, const char* field) {
   if (!m.contains(field) || !m[field].is_number()) return std::nullopt;
   return m[field].get<double>();
@@ -452,9 +587,11 @@ std::optional<double> optional_number(const nlohmann::json& m, const char* field
 
 Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& dir_name,
                                         const ResumeExpectation& expect) {
-  if (engine.lora_layout() != nullptr)
-    return GLM_USER_ERROR("resuming LoRA training from a checkpoint is not implemented yet");
   const fs::path dir(dir_name);
+  double base_sum_squares = 0;
+  if (engine.lora_layout() != nullptr) {
+    GLM_ASSIGN_OR_RETURN(base_sum_squares, engine.base_checksum());  // collective
+  }
   Status local = Status::ok();
   CheckpointState state;
   auto meta = read_meta(dir);
@@ -470,11 +607,18 @@ Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& co
     if (local.is_ok() && m["units"].get<std::vector<int64_t>>() != units)
       local = GLM_USER_ERROR((dir / "meta.json").string(), ": unit sizes differ from this model's layout");
     if (local.is_ok()) local = check_tokenizer(m, expect, dir / "meta.json");
-    if (local.is_ok()) local = load_rank_slices(engine, dir, m["world_size"].get<int>(), units, expect.weights_only);
+    if (local.is_ok()) local = check_training_kind(m, engine, expect, base_sum_squares, dir / "meta.json");
+    if (local.is_ok())
+      local = engine.lora_layout() != nullptr
+                  ? load_lora_file(engine, dir, expect.weights_only)
+                  : load_rank_slices(engine, dir, m["world_size"].get<int>(), units, expect.weights_only);
     if (local.is_ok()) {
       state.step = m["step"].get<int64_t>();
       state.consumed_samples = m["consumed_samples"].get<int64_t>();
       state.seed = m["seed"].get<uint64_t>();
+      if (m.contains("base") && m["base"].is_object() && m["base"].contains("model_id_or_path") &&
+          m["base"]["model_id_or_path"].is_string())
+        state.base_model = m["base"]["model_id_or_path"].get<std::string>();
       if (m.contains("tokenizer") && m["tokenizer"].is_object()) {
         state.tokenizer = m["tokenizer"].value("path", "");
         state.tokenizer_hash = m["tokenizer"].value("content_hash", "");
@@ -554,6 +698,9 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
   CheckpointInfo info;
   info.dir = dir_name;
   GLM_ASSIGN_OR_RETURN(const nlohmann::json meta, read_meta(dir));
+  if (meta.value("train_type", "full") == "lora")
+    return GLM_USER_ERROR((dir / "meta.json").string(),
+                          ": a LoRA checkpoint (adapters only, train_type lora): exporting adapters is not implemented yet");
   for (const fs::path& args : {dir / "args.json", dir.parent_path() / "args.json"}) {
     if (fs::exists(args)) {
       GLM_ASSIGN_OR_RETURN(info.args, read_args(args));

@@ -12,6 +12,14 @@
 // meta.json also records the evaluation: the eval loss at the checkpoint's step (if evaluated) and
 // the best eval loss of the run so far with its step and checkpoint; pruning keeps that checkpoint.
 // It records the tokenizer (path and content hash) too: resuming with another one is refused.
+//
+// LoRA checkpoints (train_type "lora" in meta.json) hold only what is trained: the adapters' fp32
+// master weights and Adam moments in one file, adapters.h5, that rank 0 writes (the adapters and
+// their optimizer are replicated, bit-identical on every rank; every rank reads the whole file on
+// resume, at any world size and ZeRO stage). meta.json names the LoRA configuration (rank, alpha,
+// targets) and the base: --model_id_or_path or random init with its seed, its configuration, and the
+// sum of squares of its weights as a fingerprint. Resuming with another base or LoRA configuration,
+// or a LoRA checkpoint in full training (and the reverse), is refused naming the field.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +50,7 @@ struct CheckpointState {
   std::string tokenizer_hash;
   std::optional<double> eval_loss;  // at this step, when the validation set was evaluated at it
   std::optional<EvalRecord> best;   // the lowest eval loss so far; its checkpoint is never pruned
+  std::string base_model;           // LoRA: the base's --model_id_or_path; empty: random init with `seed`
 };
 
 struct SaveReport {
@@ -66,6 +75,10 @@ struct ResumeExpectation {
   std::string tokenizer;       // this run's tokenizer (its path) and content hash: a checkpoint that
   std::string tokenizer_hash;  // records another hash is refused; empty: not checked
   bool weights_only = false;   // --resume_only_model: moments stay zero, the optimizer at step 0
+  // LoRA: this run's base (--model_id_or_path, empty: random init with base_seed). A pretrained base is
+  // matched by its weights' fingerprint (the path may move), a random one by its seed as well.
+  std::string base_model;
+  uint64_t base_seed = 0;
 };
 
 // Collective: validates meta.json against the engine's model (and the tokenizer), reads the slices

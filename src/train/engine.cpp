@@ -133,7 +133,25 @@ TrainingEngine::OptimizerShard TrainingEngine::optimizer_shard(int unit) const {
           zero_->owned_offset(unit) - layout().units()[static_cast<size_t>(unit)].offset};
 }
 
+TrainingEngine::OptimizerShard TrainingEngine::lora_optimizer_state() const {
+  if (lora_optimizer_.empty()) return {};
+  const AdamWOptimizer& opt = lora_optimizer_.front();
+  return {opt.master(), opt.exp_avg(), opt.exp_avg_sq(), 0};
+}
+
+Result<double> TrainingEngine::base_checksum() {
+  double sum = 0;
+  const int units = static_cast<int>(layout().units().size());
+  for (int u = 0; u < units; ++u) {
+    GLM_ASSIGN_OR_RETURN(double s, backend_.sum_squares(zero_->owned_params(u)));
+    sum += s;
+  }
+  if (zero_->stage() > 0) GLM_RETURN_IF_ERROR(comm_.all_reduce(&sum, &sum, 1, CommType::f64, ReduceOp::sum));
+  return sum;
+}
+
 Status TrainingEngine::optimizer_restored(int64_t steps) {
+  for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.restored(steps));
   for (size_t u = 0; u < optimizers_.size(); ++u) {
     GLM_RETURN_IF_ERROR(optimizers_[u].restored(steps));
     GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));

@@ -16,6 +16,7 @@ struct TrainConfig {
   ModelConfig model;
   std::string train_type = "full";  // full | lora (the base frozen, adapters trained: model/lora.h)
   LoraConfig lora;                  // used when train_type is lora
+  std::string base_model;           // --model_id_or_path (LoRA checkpoints name their base); empty: random init
   std::vector<std::string> datasets;
   int64_t max_length = 512;
   std::string truncation_strategy = "delete";  // delete | left | right, for samples over max_length

@@ -129,10 +129,6 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   if (config.train_type != "full" && config.train_type != "lora")
     return GLM_USER_ERROR("--train_type must be full or lora, got '", config.train_type, "'");
   const bool lora = config.train_type == "lora";
-  if (lora && (!config.resume_from_checkpoint.empty() ||
-               (!config.output_dir.empty() && config.save_strategy == "steps")))
-    return GLM_USER_ERROR("--train_type lora: checkpoints of LoRA adapters are not implemented yet; run with "
-                          "--save_strategy no and without --resume_from_checkpoint");
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
                                                            config.max_grad_norm, config.zero_stage, config.recompute,
                                                            data_comm, zero_options, lora ? &config.lora : nullptr));
@@ -190,7 +186,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   std::optional<EvalRecord> best;  // the lowest eval loss so far, carried through resumes
   if (!config.resume_from_checkpoint.empty()) {
     GLM_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(config.resume_from_checkpoint, config.output_dir));
-    const ResumeExpectation expect{config.tokenizer, config.tokenizer_hash, config.resume_only_model};
+    const ResumeExpectation expect{config.tokenizer, config.tokenizer_hash, config.resume_only_model,
+                                   config.base_model, config.seed};
     GLM_ASSIGN_OR_RETURN(const CheckpointState saved, load_checkpoint(*engine, comm, dir, expect));
     if (config.resume_only_model) {
       logger.print(concat("glm_hpc: loaded the weights of ", dir, " (step ", saved.step,
@@ -215,7 +212,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   auto checkpoint = [&](int64_t done, std::optional<double> eval_loss) -> Result<std::string> {
     if (best && best->step == done) best->checkpoint = concat("checkpoint-", done);
     const CheckpointState state{done,      loader.consumed_samples(done), config.seed, config.tokenizer,
-                                config.tokenizer_hash, eval_loss, best};
+                                config.tokenizer_hash, eval_loss, best, config.base_model};
     GLM_ASSIGN_OR_RETURN(const SaveReport saved,
                          save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
     GLM_RETURN_IF_ERROR(logger.log_save(done, saved.dir, saved.bytes, saved.seconds));
