@@ -44,15 +44,27 @@ struct Linear {
   int64_t in, out;
 };
 
-enum class Pass { forward, input_grad, weight_grad };
+// bias_epilogue: cuBLASLt's bias epilogue; bias_prefill: the bias broadcast into y, then beta = 1.
+enum class Pass { forward, bias_epilogue, bias_prefill, input_grad, weight_grad };
 const char* pass_name(Pass p) {
-  return p == Pass::forward ? "fwd" : (p == Pass::input_grad ? "dgrad" : "wgrad");
+  switch (p) {
+    case Pass::forward: return "fwd";
+    case Pass::bias_epilogue: return "fwd+bias(epilogue)";
+    case Pass::bias_prefill: return "fwd+bias(prefill)";
+    case Pass::input_grad: return "dgrad";
+    case Pass::weight_grad: return "wgrad";
+  }
+  return "?";
 }
 
 cublasStatus_t call(glm::cuda::Gemm& g, Pass p, const Linear& l, int64_t n, bf16* x, bf16* w, bf16* y, bf16* dy,
                     bf16* dx, bf16* dw) {
   switch (p) {
     case Pass::forward: return g.linear_forward(y, false, x, w, nullptr, n, l.in, l.out, nullptr);
+    case Pass::bias_epilogue: return g.linear_forward(y, false, x, w, dw, n, l.in, l.out, nullptr);
+    case Pass::bias_prefill:
+      if (glm::cuda::broadcast_rows(y, dw, n, l.out, nullptr) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+      return g.linear_forward(y, false, x, w, nullptr, n, l.in, l.out, nullptr, true);
     case Pass::input_grad: return g.linear_backward_input(dx, dy, w, n, l.in, l.out, false, nullptr);
     case Pass::weight_grad: return g.linear_backward_weight(dw, dy, x, n, l.in, l.out, nullptr);
   }
@@ -96,7 +108,7 @@ int main() {
   if (!heuristic.init().empty() || !tuned.init().empty()) return 1;
   heuristic.set_autotune(false);
   tuned.set_autotune(true);
-  std::printf("%-16s %-5s %6s | %9s %9s | %7s\n", "linear", "pass", "n", "heur TF/s", "tuned TF/s", "gain");
+  std::printf("%-16s %-18s %6s | %9s %9s | %7s\n", "linear", "pass", "n", "heur TF/s", "tuned TF/s", "gain");
   double total_heur = 0, total_tuned = 0;  // seconds over one layer + lm_head at each n
   for (int64_t n : {int64_t{4096}, int64_t{8192}}) {
     for (const Linear& l : linears) {
@@ -107,15 +119,20 @@ int main() {
       bf16* dy = random_bf16(rows * l.out, 0.01, 4);
       bf16* dx = random_bf16(rows * l.in, 0.5, 5);
       bf16* dw = random_bf16(l.out * l.in, 0.01, 6);
-      for (Pass p : {Pass::forward, Pass::input_grad, Pass::weight_grad}) {
+      std::vector<Pass> passes = {Pass::forward, Pass::input_grad, Pass::weight_grad};
+      if (l.name == std::string("query_key_value")) {
+        passes.push_back(Pass::bias_epilogue);
+        passes.push_back(Pass::bias_prefill);
+      }
+      for (Pass p : passes) {
         const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(l.in) * static_cast<double>(l.out);
         const double h = seconds_per_call(heuristic, p, l, rows, x, w, y, dy, dx, dw);
         const double t = seconds_per_call(tuned, p, l, rows, x, w, y, dy, dx, dw);
-        if (rows == n && l.name != std::string("square 8192")) {
+        if (rows == n && l.name != std::string("square 8192") && p != Pass::bias_epilogue && p != Pass::bias_prefill) {
           total_heur += h;
           total_tuned += t;
         }
-        std::printf("%-16s %-5s %6lld | %9.1f %9.1f | %+6.1f%%\n", l.name, pass_name(p), static_cast<long long>(rows),
+        std::printf("%-16s %-18s %6lld | %9.1f %9.1f | %+6.1f%%\n", l.name, pass_name(p), static_cast<long long>(rows),
                     flops / h / 1e12, flops / t / 1e12, 100.0 * (h / t - 1.0));
       }
       for (bf16* p : {x, w, y, dy, dx, dw}) CHECK_CUDA(cudaFree(p));

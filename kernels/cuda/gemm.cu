@@ -181,10 +181,11 @@ cublasStatus_t Gemm::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
 }
 
 cublasStatus_t Gemm::linear_forward(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias,
-                                    int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream) {
+                                    int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream,
+                                    bool accumulate) {
   // Column-major: out^T [O, n] = W [I, O]^T x in^T [I, n].
   return matmul(true, false, out_features, n, in_features, weight, in_features, in, in_features, out, out_f32,
-                out_features, 0.0f, bias, stream);
+                out_features, accumulate ? 1.0f : 0.0f, bias, stream);
 }
 
 cublasStatus_t Gemm::linear_backward_input(bf16* din, const bf16* dout, const bf16* weight, int64_t n,

@@ -36,9 +36,10 @@ class Gemm {
   void set_autotune(bool on) { autotune_ = on; }
   bool autotune() const { return autotune_; }
 
-  // out[n, O] = in[n, I] W[O, I]^T (+ bias[O]); out is bf16, or fp32 when out_f32.
+  // out[n, O] = in[n, I] W[O, I]^T (+ bias[O]) (+ out when accumulate); out is bf16, or fp32 when out_f32.
   cublasStatus_t linear_forward(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias,
-                                int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream);
+                                int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream,
+                                bool accumulate = false);
   // din[n, I] = dout[n, O] W[O, I] (+ din when accumulate).
   cublasStatus_t linear_backward_input(bf16* din, const bf16* dout, const bf16* weight, int64_t n, int64_t in_features,
                                        int64_t out_features, bool accumulate, cudaStream_t stream);

@@ -187,6 +187,7 @@ class CudaBackend final : public Backend {
   Status init() {
     GLM_CUDA_RETURN(cudaSetDevice(device_));
     GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (const char* mode = std::getenv("GLM_BIAS_MODE"); mode != nullptr) bias_prefill_ = std::string(mode) == "prefill";
     const std::string err = gemm_.init();
     if (!err.empty()) return GLM_ERROR(ErrorKind::internal, err);
     return Status::ok();
@@ -280,7 +281,15 @@ class CudaBackend final : public Backend {
   }
   Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
                         int64_t out_features) override {
-    GLM_PROFILE_OP("linear_forward");
+    if (!bias.empty() && bias_prefill_ && out.dtype == DType::bf16) {
+      // The bias laid into the output, then a GEMM accumulating onto it (see bias_prefill_).
+      GLM_PROFILE_OP("linear_forward_bias");
+      GLM_CUDA_RETURN(cuda::broadcast_rows(b(out), b(bias), n, out_features, stream_));
+      GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, false, b(in), b(weight), nullptr, n, in_features, out_features,
+                                             stream_, /*accumulate=*/true));
+      return Status::ok();
+    }
+    GLM_PROFILE_OP(bias.empty() ? "linear_forward" : "linear_forward_bias");
     GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, out.dtype == DType::f32, b(in), b(weight),
                                            bias.empty() ? nullptr : b(bias), n, in_features, out_features, stream_));
     return Status::ok();
@@ -299,7 +308,10 @@ class CudaBackend final : public Backend {
     }
     if (!dbias.empty()) {
       GLM_PROFILE_OP("bias_grad");
-      GLM_CUDA_RETURN(cuda::column_sum_accumulate(b(dbias), b(dout), n, out_features, stream_));
+      const int64_t floats = cuda::column_sum_scratch(n, out_features);
+      GLM_ASSIGN_OR_RETURN(void* partials, bias_scratch_.get(sizeof(float) * static_cast<size_t>(floats)));
+      GLM_CUDA_RETURN(
+          cuda::column_sum_accumulate(b(dbias), b(dout), static_cast<float*>(partials), n, out_features, stream_));
     }
     return Status::ok();
   }
@@ -454,7 +466,10 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   cuda::Gemm gemm_;
-  Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_;
+  Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_, bias_scratch_;
+  // QKV's bias: cuBLASLt's bias epilogue, or (GLM_BIAS_MODE=prefill) the bias broadcast into the
+  // output and a GEMM with beta = 1. Chosen by measurement (benchmarks/RESULTS.md).
+  bool bias_prefill_ = false;
   OpProfiler profiler_;
 };
 
