@@ -44,13 +44,12 @@ struct Linear {
   int64_t in, out;
 };
 
-// bias_epilogue: cuBLASLt's bias epilogue; bias_prefill: the bias broadcast into y, then beta = 1.
-enum class Pass { forward, bias_epilogue, bias_prefill, input_grad, weight_grad };
+// bias_epilogue: the forward with cuBLASLt's bias epilogue (QKV's bias).
+enum class Pass { forward, bias_epilogue, input_grad, weight_grad };
 const char* pass_name(Pass p) {
   switch (p) {
     case Pass::forward: return "fwd";
     case Pass::bias_epilogue: return "fwd+bias(epilogue)";
-    case Pass::bias_prefill: return "fwd+bias(prefill)";
     case Pass::input_grad: return "dgrad";
     case Pass::weight_grad: return "wgrad";
   }
@@ -62,9 +61,6 @@ cublasStatus_t call(glm::cuda::Gemm& g, Pass p, const Linear& l, int64_t n, bf16
   switch (p) {
     case Pass::forward: return g.linear_forward(y, false, x, w, nullptr, n, l.in, l.out, nullptr);
     case Pass::bias_epilogue: return g.linear_forward(y, false, x, w, dw, n, l.in, l.out, nullptr);
-    case Pass::bias_prefill:
-      if (glm::cuda::broadcast_rows(y, dw, n, l.out, nullptr) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-      return g.linear_forward(y, false, x, w, nullptr, n, l.in, l.out, nullptr, true);
     case Pass::input_grad: return g.linear_backward_input(dx, dy, w, n, l.in, l.out, false, nullptr);
     case Pass::weight_grad: return g.linear_backward_weight(dw, dy, x, n, l.in, l.out, nullptr);
   }
@@ -122,13 +118,12 @@ int main() {
       std::vector<Pass> passes = {Pass::forward, Pass::input_grad, Pass::weight_grad};
       if (l.name == std::string("query_key_value")) {
         passes.push_back(Pass::bias_epilogue);
-        passes.push_back(Pass::bias_prefill);
       }
       for (Pass p : passes) {
         const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(l.in) * static_cast<double>(l.out);
         const double h = seconds_per_call(heuristic, p, l, rows, x, w, y, dy, dx, dw);
         const double t = seconds_per_call(tuned, p, l, rows, x, w, y, dy, dx, dw);
-        if (rows == n && l.name != std::string("square 8192") && p != Pass::bias_epilogue && p != Pass::bias_prefill) {
+        if (rows == n && l.name != std::string("square 8192") && p != Pass::bias_epilogue) {
           total_heur += h;
           total_tuned += t;
         }

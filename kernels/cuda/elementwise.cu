@@ -112,13 +112,6 @@ __global__ void column_finish_kernel(bf16* out, const float* partial, int64_t sp
   out[c] = __float2bfloat16(__bfloat162float(out[c]) + sum);
 }
 
-__global__ void broadcast_rows_kernel(bf16* out, const bf16* row, int64_t rows, int64_t cols) {
-  const int64_t total = rows * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = row[i % cols];
-}
-
 int64_t column_rows_per_split(int64_t rows) { return std::max<int64_t>(64, (rows + 255) / 256); }
 
 __global__ void accumulate_kernel(bf16* dst, const float* src, int64_t n) {
@@ -233,13 +226,6 @@ cudaError_t column_sum_accumulate(bf16* out, const bf16* in, float* scratch, int
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   column_finish_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(out, scratch, splits, cols);
-  return cudaGetLastError();
-}
-
-cudaError_t broadcast_rows(bf16* out, const bf16* row, int64_t rows, int64_t cols, cudaStream_t stream) {
-  if (rows * cols == 0) return cudaSuccess;
-  broadcast_rows_kernel<<<std::min<unsigned int>(grid_for(rows * cols, 256), 8192), 256, 0, stream>>>(out, row, rows,
-                                                                                                    cols);
   return cudaGetLastError();
 }
 

@@ -24,7 +24,6 @@ cudaError_t accumulate_into_bf16(bf16* dst, const float* src, int64_t n, cudaStr
 int64_t column_sum_scratch(int64_t rows, int64_t cols);
 cudaError_t column_sum_accumulate(bf16* out, const bf16* in, float* scratch, int64_t rows, int64_t cols,
                                   cudaStream_t stream);
-// out[r, c] = row[c] for every row (a bias laid down before a GEMM that accumulates onto it).
-cudaError_t broadcast_rows(bf16* out, const bf16* row, int64_t rows, int64_t cols, cudaStream_t stream);
+
 
 }  // namespace glm::cuda

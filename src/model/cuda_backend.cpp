@@ -72,6 +72,17 @@ class OpProfiler {
   }
   OpProfiler(const OpProfiler&) = delete;
   OpProfiler& operator=(const OpProfiler&) = delete;
+  // Drops everything measured so far (the trainer calls it after the first step).
+  void reset() {
+    if (!enabled_) return;
+    resolve();
+    totals_.clear();
+    for (cudaEvent_t* e : {&first_, &last_})
+      if (*e != nullptr) {
+        cudaEventDestroy(*e);
+        *e = nullptr;
+      }
+  }
   // Prints the table once (the backend calls it before destroying its stream).
   void report() {
     if (!enabled_ || reported_) return;
@@ -187,7 +198,6 @@ class CudaBackend final : public Backend {
   Status init() {
     GLM_CUDA_RETURN(cudaSetDevice(device_));
     GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    if (const char* mode = std::getenv("GLM_BIAS_MODE"); mode != nullptr) bias_prefill_ = std::string(mode) == "prefill";
     const std::string err = gemm_.init();
     if (!err.empty()) return GLM_ERROR(ErrorKind::internal, err);
     return Status::ok();
@@ -199,6 +209,7 @@ class CudaBackend final : public Backend {
   DType stats_dtype() const override { return DType::f32; }
   bool host_accessible() const override { return false; }
   void* native_stream() override { return stream_; }
+  void reset_profile() override { profiler_.reset(); }
   int64_t device_memory_used() const override {
     size_t free_bytes = 0, total = 0;
     if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return -1;
@@ -281,14 +292,6 @@ class CudaBackend final : public Backend {
   }
   Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
                         int64_t out_features) override {
-    if (!bias.empty() && bias_prefill_ && out.dtype == DType::bf16) {
-      // The bias laid into the output, then a GEMM accumulating onto it (see bias_prefill_).
-      GLM_PROFILE_OP("linear_forward_bias");
-      GLM_CUDA_RETURN(cuda::broadcast_rows(b(out), b(bias), n, out_features, stream_));
-      GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, false, b(in), b(weight), nullptr, n, in_features, out_features,
-                                             stream_, /*accumulate=*/true));
-      return Status::ok();
-    }
     GLM_PROFILE_OP(bias.empty() ? "linear_forward" : "linear_forward_bias");
     GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, out.dtype == DType::f32, b(in), b(weight),
                                            bias.empty() ? nullptr : b(bias), n, in_features, out_features, stream_));
@@ -385,7 +388,7 @@ class CudaBackend final : public Backend {
                                Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                double grad_scale) override {
     const bool grad = !dhidden.empty();
-    const int64_t chunk = lm_head_chunk_rows(n, vocab, !dweight.empty());
+    const int64_t chunk = lm_head_chunk_rows(n, vocab);
     GLM_ASSIGN_OR_RETURN(void* logits, logits_scratch_.get(sizeof(float) * static_cast<size_t>(chunk * vocab)));
     void* dlogits = nullptr;
     if (grad) {
@@ -467,9 +470,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cuda::Gemm gemm_;
   Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_, bias_scratch_;
-  // QKV's bias: cuBLASLt's bias epilogue, or (GLM_BIAS_MODE=prefill) the bias broadcast into the
-  // output and a GEMM with beta = 1. Chosen by measurement (benchmarks/RESULTS.md).
-  bool bias_prefill_ = false;
   OpProfiler profiler_;
 };
 
