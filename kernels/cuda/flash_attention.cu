@@ -77,40 +77,6 @@ __device__ __forceinline__ void add2(float* p, float a, float b) {
 #endif
 }
 
-// sm_90: a backward tile's dQ leaves through shared memory as one bulk reduction per query row
-// (cp.reduce.async.bulk ... add.f32, done by the copy engine) instead of per-thread atomics.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GLM_BULK_DQ 1
-#endif
-constexpr bool kBulkDq =
-#ifdef GLM_BULK_DQ
-    true;
-#else
-    false;
-#endif
-
-__device__ __forceinline__ void bulk_add_f32(float* global, const float* shared, int bytes) {
-#ifdef GLM_BULK_DQ
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global), "r"(s),
-               "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until the bulk reductions issued by this thread have read their shared memory.
-__device__ __forceinline__ void bulk_wait_read() {
-#ifdef GLM_BULK_DQ
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-// Makes this thread's shared-memory writes visible to the copy engine (the async proxy).
-__device__ __forceinline__ void fence_async_shared() {
-#ifdef GLM_BULK_DQ
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -338,21 +304,10 @@ __global__ void delta_kernel(float* delta, float* dq_acc, const bf16* dout, cons
 
 // Shared memory of the backward: K and V of the block's keys, two stages of Q, dO and their row
 // statistics, P^T and dS^T.
-// The dQ staging tile [kBwdRows][D + 8] fp32 (rows 16-byte aligned, conflict-free 8-byte stores).
-template <int D>
-constexpr int kDqLd = D + 8;
-template <int D>
-constexpr size_t backward_smem_base_bytes() {
-  return sizeof(bf16) * (2 * kBwdKeys * (D + kPadB) + 2 * 2 * kBwdRows * (D + kPadB) + 2 * kBwdKeys * kPld) +
-         2 * (2 * sizeof(float) + sizeof(int32_t)) * kBwdRows;
-}
-template <int D>
-constexpr size_t backward_dq_offset() {
-  return (backward_smem_base_bytes<D>() + 127) / 128 * 128;
-}
 template <int D>
 constexpr size_t backward_smem_bytes() {
-  return backward_dq_offset<D>() + sizeof(float) * kBwdRows * kDqLd<D>;
+  return sizeof(bf16) * (2 * kBwdKeys * (D + kPadB) + 2 * 2 * kBwdRows * (D + kPadB) + 2 * kBwdKeys * kPld) +
+         2 * (2 * sizeof(float) + sizeof(int32_t)) * kBwdRows;
 }
 
 // Q, dO and the row statistics (lse, delta, document start) of one query tile.
@@ -400,7 +355,6 @@ __global__ void __launch_bounds__(kBwdThreads)
   float* lse_buf = reinterpret_cast<float*>(dSs + kBwdKeys * kPld);  // [2][kBwdRows]
   float* delta_buf = lse_buf + 2 * kBwdRows;                          // [2][kBwdRows]
   int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kBwdRows);  // [2][kBwdRows]
-  float* dq_s = reinterpret_cast<float*>(smem + backward_dq_offset<D>());     // [kBwdRows][kDqLd] (sm_90)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
   const int wk = warp >> 1, wq = warp & 1;  // key quarter; query half of S and dim half of dK/dV
@@ -441,7 +395,6 @@ __global__ void __launch_bounds__(kBwdThreads)
     const float* q_delta = delta_buf + stage * kBwdRows;
     const int32_t* q_doc = doc_buf + stage * kBwdRows;
     cp_async_wait_all();
-    if (kBulkDq && threadIdx.x < kBwdRows) bulk_wait_read();  // the previous tile's dQ has left dq_s
     __syncthreads();  // this tile in shared memory; every warp is done with the previous tile
     if (q0 + kBwdRows < q_end) {
       const int next = stage ^ 1;
@@ -560,29 +513,16 @@ __global__ void __launch_bounds__(kBwdThreads)
 #pragma unroll
         for (int dt = 0; dt < QDT; ++dt) {
           const int col = wdd * QD + dt * 8 + quad * 2;
-          if constexpr (kBulkDq) {
-            *reinterpret_cast<float2*>(dq_s + qa * kDqLd<D> + col) = make_float2(acc[mi][dt][0], acc[mi][dt][1]);
-            *reinterpret_cast<float2*>(dq_s + (qa + 8) * kDqLd<D> + col) = make_float2(acc[mi][dt][2], acc[mi][dt][3]);
-          } else {
-            if (qa < q_valid) add2(dq_acc + ((q0 + qa) * heads + h) * D + col, acc[mi][dt][0], acc[mi][dt][1]);
-            if (qa + 8 < q_valid)
-              add2(dq_acc + ((q0 + qa + 8) * heads + h) * D + col, acc[mi][dt][2], acc[mi][dt][3]);
-          }
+          if (qa < q_valid) add2(dq_acc + ((q0 + qa) * heads + h) * D + col, acc[mi][dt][0], acc[mi][dt][1]);
+          if (qa + 8 < q_valid)
+            add2(dq_acc + ((q0 + qa + 8) * heads + h) * D + col, acc[mi][dt][2], acc[mi][dt][3]);
         }
       }
-    }
-    if constexpr (kBulkDq) {
-      fence_async_shared();
-      __syncthreads();  // the tile's dQ rows in dq_s
-      if (static_cast<int>(threadIdx.x) < q_valid)
-        bulk_add_f32(dq_acc + ((q0 + threadIdx.x) * heads + h) * D, dq_s + threadIdx.x * kDqLd<D>,
-                     static_cast<int>(sizeof(float)) * D);
     }
     // The next iteration's first barrier orders these reads of P^T, dS^T and this stage before
     // they are overwritten.
   }
   cp_async_wait_all();  // nothing outstanding when the block exits
-  if (kBulkDq && threadIdx.x < kBwdRows) bulk_wait_read();
   // This head's dK and dV into the KV group's fp32 accumulators.
   float* dk_acc = dkv_acc;
   float* dv_acc = dkv_acc + n * kv_heads * D;
