@@ -83,14 +83,14 @@ cublasStatus_t Gemm::make_plan(const Key& key, Plan& plan) {
 }
 
 cublasStatus_t Gemm::run(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const bf16* a, const bf16* b, void* c,
-                         float beta, cudaStream_t stream) {
+                         const void* c_in, float beta, cudaStream_t stream) {
   const float alpha = 1.0f;
-  return cublasLtMatmul(handle_, plan.op, &alpha, a, plan.a, b, plan.b, &beta, c, plan.c, c, plan.c, &algo,
+  return cublasLtMatmul(handle_, plan.op, &alpha, a, plan.a, b, plan.b, &beta, c_in, plan.c, c, plan.c, &algo,
                         workspace_, workspace_bytes_, stream);
 }
 
-cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, const bf16* b, void* c, float beta,
-                                 cudaStream_t stream) {
+cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, const bf16* b, void* c,
+                                 const void* c_in, float beta, cudaStream_t stream) {
   cublasLtMatmulPreference_t pref = nullptr;
   GLM_LT(cublasLtMatmulPreferenceCreate(&pref));
   cublasLtMatmulHeuristicResult_t found_algos[kTuneCandidates] = {};
@@ -108,7 +108,8 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
 
   TuneScratch scratch;
   const size_t c_bytes = static_cast<size_t>(key.ldc) * static_cast<size_t>(key.n) * (key.c_f32 ? 4 : 2);
-  if (key.accumulate) {
+  const bool c_is_d = c_in == c;  // trials then overwrite what they read
+  if (key.accumulate && c_is_d) {
     // Without room for a copy of C, keep the heuristic rather than disturb the accumulation.
     if (cudaMalloc(&scratch.saved_c, c_bytes) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -127,10 +128,10 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
   double best = 0;
   for (int i = 0; i < found; ++i) {
     double seconds = -1;
-    if (found_algos[i].state == CUBLAS_STATUS_SUCCESS && run(plan, found_algos[i].algo, a, b, c, beta, stream) ==
+    if (found_algos[i].state == CUBLAS_STATUS_SUCCESS && run(plan, found_algos[i].algo, a, b, c, c_in, beta, stream) ==
                                                             CUBLAS_STATUS_SUCCESS) {
       GLM_LT_CUDA(cudaEventRecord(scratch.start, stream));
-      for (int r = 0; r < kReps; ++r) GLM_LT(run(plan, found_algos[i].algo, a, b, c, beta, stream));
+      for (int r = 0; r < kReps; ++r) GLM_LT(run(plan, found_algos[i].algo, a, b, c, c_in, beta, stream));
       GLM_LT_CUDA(cudaEventRecord(scratch.stop, stream));
       GLM_LT_CUDA(cudaEventSynchronize(scratch.stop));
       float ms = 0;
@@ -149,7 +150,8 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
   }
   if (record.seconds[0] < 0 && best <= 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   plan.algo = found_algos[record.chosen].algo;
-  if (key.accumulate) GLM_LT_CUDA(cudaMemcpyAsync(c, scratch.saved_c, c_bytes, cudaMemcpyDeviceToDevice, stream));
+  if (scratch.saved_c != nullptr)
+    GLM_LT_CUDA(cudaMemcpyAsync(c, scratch.saved_c, c_bytes, cudaMemcpyDeviceToDevice, stream));
   GLM_LT_CUDA(cudaStreamSynchronize(stream));  // the copy of C is freed next
   tune_log_.push_back(std::move(record));
   return CUBLAS_STATUS_SUCCESS;
@@ -157,8 +159,9 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
 
 cublasStatus_t Gemm::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda,
                             const bf16* b, int64_t ldb, void* c, bool c_f32, int64_t ldc, float beta, const bf16* bias,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const void* c_in) {
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (c_in == nullptr) c_in = c;
   const Key key{trans_a, trans_b, c_f32, beta != 0.0f, bias != nullptr, m, n, k, lda, ldb, ldc};
   auto it = plans_.find(key);
   const bool fresh = it == plans_.end();
@@ -167,7 +170,7 @@ cublasStatus_t Gemm::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
     cublasStatus_t st = make_plan(key, plan);
     if (st == CUBLAS_STATUS_SUCCESS && bias != nullptr)
       st = cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
-    if (st == CUBLAS_STATUS_SUCCESS) st = choose_algo(key, plan, a, b, c, beta, stream);
+    if (st == CUBLAS_STATUS_SUCCESS) st = choose_algo(key, plan, a, b, c, c_in, beta, stream);
     if (st != CUBLAS_STATUS_SUCCESS) {
       destroy(plan);
       return st;
@@ -177,15 +180,15 @@ cublasStatus_t Gemm::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
   Plan& plan = it->second;
   if (bias != nullptr)
     GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  return run(plan, plan.algo, a, b, c, beta, stream);
+  return run(plan, plan.algo, a, b, c, c_in, beta, stream);
 }
 
 cublasStatus_t Gemm::linear_forward(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias,
                                     int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream,
-                                    bool accumulate) {
-  // Column-major: out^T [O, n] = W [I, O]^T x in^T [I, n].
+                                    const void* addend) {
+  // Column-major: out^T [O, n] = W [I, O]^T x in^T [I, n] (+ addend^T).
   return matmul(true, false, out_features, n, in_features, weight, in_features, in, in_features, out, out_f32,
-                out_features, accumulate ? 1.0f : 0.0f, bias, stream);
+                out_features, addend != nullptr ? 1.0f : 0.0f, bias, stream, addend);
 }
 
 cublasStatus_t Gemm::linear_backward_input(bf16* din, const bf16* dout, const bf16* weight, int64_t n,

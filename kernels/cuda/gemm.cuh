@@ -36,10 +36,11 @@ class Gemm {
   void set_autotune(bool on) { autotune_ = on; }
   bool autotune() const { return autotune_; }
 
-  // out[n, O] = in[n, I] W[O, I]^T (+ bias[O]) (+ out when accumulate); out is bf16, or fp32 when out_f32.
+  // out[n, O] = in[n, I] W[O, I]^T (+ bias[O]) (+ addend[n, O]); out is bf16, or fp32 when out_f32.
+  // addend (same type and shape as out, may be out itself) is read in the GEMM's epilogue.
   cublasStatus_t linear_forward(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias,
                                 int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream,
-                                bool accumulate = false);
+                                const void* addend = nullptr);
   // din[n, I] = dout[n, O] W[O, I] (+ din when accumulate).
   cublasStatus_t linear_backward_input(bf16* din, const bf16* dout, const bf16* weight, int64_t n, int64_t in_features,
                                        int64_t out_features, bool accumulate, cudaStream_t stream);
@@ -72,15 +73,16 @@ class Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // Column-major C[m, n] = op(A) op(B) + beta C, all leading dimensions given.
+  // Column-major D[m, n] = op(A) op(B) + beta C, all leading dimensions given; C is c_in when
+  // given (same layout as D), else D itself.
   cublasStatus_t matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda,
                         const bf16* b, int64_t ldb, void* c, bool c_f32, int64_t ldc, float beta, const bf16* bias,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const void* c_in = nullptr);
   cublasStatus_t make_plan(const Key& key, Plan& plan);
-  cublasStatus_t choose_algo(const Key& key, Plan& plan, const bf16* a, const bf16* b, void* c, float beta,
-                             cudaStream_t stream);
+  cublasStatus_t choose_algo(const Key& key, Plan& plan, const bf16* a, const bf16* b, void* c, const void* c_in,
+                             float beta, cudaStream_t stream);
   cublasStatus_t run(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const bf16* a, const bf16* b, void* c,
-                     float beta, cudaStream_t stream);
+                     const void* c_in, float beta, cudaStream_t stream);
   static void destroy(Plan& plan);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -104,6 +104,10 @@ class Backend {
                                   int64_t n, int64_t hidden) = 0;
   virtual Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
                                 int64_t out_features) = 0;
+  // out = in W^T (+ bias) + addend, addend of out's shape and dtype (it may be out itself); on CUDA the
+  // addend is read in the GEMM's epilogue (a residual add or a LoRA update without a pass of its own).
+  virtual Status linear_forward_add(Tensor out, Tensor in, Tensor weight, Tensor bias, Tensor addend, int64_t n,
+                                    int64_t in_features, int64_t out_features) = 0;
   virtual Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight,
                                  int64_t n, int64_t in_features, int64_t out_features, bool accumulate_din) = 0;
   virtual Status rope_forward(Tensor qkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,

@@ -297,6 +297,15 @@ class CudaBackend final : public Backend {
                                            bias.empty() ? nullptr : b(bias), n, in_features, out_features, stream_));
     return Status::ok();
   }
+  Status linear_forward_add(Tensor out, Tensor in, Tensor weight, Tensor bias, Tensor addend, int64_t n,
+                            int64_t in_features, int64_t out_features) override {
+    GLM_PROFILE_OP("linear_forward_add");
+    if (addend.numel != n * out_features || addend.dtype != out.dtype || out.dtype != DType::bf16)
+      return GLM_INTERNAL_ERROR("linear_forward_add: addend of ", addend.numel, " elements for ", n * out_features);
+    GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), n,
+                                           in_features, out_features, stream_, addend.data));
+    return Status::ok();
+  }
   Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
                          int64_t in_features, int64_t out_features, bool accumulate_din) override {
     if (!din.empty()) {
