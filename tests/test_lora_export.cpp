@@ -296,13 +296,15 @@ TEST(LoraExport, PeftAdapterHoldsTheEngineAdapters) {
     const struct {
       LoraTarget target;
       std::vector<std::pair<std::string, int64_t>> modules;  // name, first row of B
-    } expected[] = {{LoraTarget::query_key_value, {{"self_attn.q_proj", 0}, {"self_attn.k_proj", q}, {"self_attn.v_proj", q + kv}}},
-                    {LoraTarget::dense, {{"self_attn.o_proj", 0}}},
-                    {LoraTarget::dense_h_to_4h, {{"mlp.gate_up_proj", 0}}},
-                    {LoraTarget::dense_4h_to_h, {{"mlp.down_proj", 0}}}};
+    } expected[] = {
+        {LoraTarget::query_key_value, {{"self_attn.q_proj", 0}, {"self_attn.k_proj", q}, {"self_attn.v_proj", q + kv}}},
+        {LoraTarget::dense, {{"self_attn.o_proj", 0}}},
+        {LoraTarget::dense_h_to_4h, {{"mlp.gate_up_proj", 0}}},
+        {LoraTarget::dense_4h_to_h, {{"mlp.down_proj", 0}}}};
     for (const auto& [target, modules] : expected) {
       const LoraEntry& e = layout.entries()[static_cast<size_t>(layout.find(l, target))];
-      const std::vector<float> a_ours(adapters.begin() + e.a_offset, adapters.begin() + e.a_offset + rank * e.in_features);
+      const std::vector<float> a_ours(adapters.begin() + e.a_offset,
+                                      adapters.begin() + e.a_offset + rank * e.in_features);
       for (size_t m = 0; m < modules.size(); ++m) {
         const auto& [module, first] = modules[m];
         const int64_t rows = modules.size() == 1 ? e.out_features : (m == 0 ? q : kv);
@@ -330,11 +332,13 @@ TEST(LoraExport, PeftAdapterHoldsTheEngineAdapters) {
   EXPECT_EQ(fused.value().tensors().size(), static_cast<size_t>(c.num_hidden_layers * 8));
   const LoraEntry& qkv = layout.entries()[static_cast<size_t>(layout.find(1, LoraTarget::query_key_value))];
   const std::string name = "base_model.model.transformer.encoder.layers.1.self_attention.query_key_value.";
-  EXPECT_EQ(tensor(fused.value(), name + "lora_A.weight", {rank, c.hidden_size}),
-            std::vector<float>(adapters.begin() + qkv.a_offset, adapters.begin() + qkv.a_offset + rank * c.hidden_size));
+  EXPECT_EQ(
+      tensor(fused.value(), name + "lora_A.weight", {rank, c.hidden_size}),
+      std::vector<float>(adapters.begin() + qkv.a_offset, adapters.begin() + qkv.a_offset + rank * c.hidden_size));
   const std::vector<float> b = tensor(fused.value(), name + "lora_B.weight", {c.qkv_width(), rank});
   ASSERT_EQ(b.size(), static_cast<size_t>(c.qkv_width() * rank));
-  EXPECT_EQ(b[static_cast<size_t>((q + 3) * rank + 1)], adapters[static_cast<size_t>(qkv.b_offset + c.qkv_width() + q + 3)]);
+  EXPECT_EQ(b[static_cast<size_t>((q + 3) * rank + 1)],
+            adapters[static_cast<size_t>(qkv.b_offset + c.qkv_width() + q + 3)]);
   EXPECT_NE(tensor(fused.value(), "base_model.model.transformer.encoder.layers.0.mlp.dense_4h_to_h.lora_A.weight",
                    {rank, c.intermediate_size})
                 .size(),
@@ -409,7 +413,8 @@ TEST(LoraExport, MergedExportGivesTheAdaptedLogits) {
   EXPECT_EQ(import_weights(r.root / "merged_moved_base"), import_weights(r.root / "merged_hf_base"));
   // The adapter export names its base (PEFT's base_model_name_or_path).
   ASSERT_TRUE(run_export(export_options(r.hf_run(), r.root / "peft_hf_base")).is_ok());
-  EXPECT_EQ(read_json(r.root / "peft_hf_base" / "adapter_config.json")["base_model_name_or_path"], r.base_hf().string());
+  EXPECT_EQ(read_json(r.root / "peft_hf_base" / "adapter_config.json")["base_model_name_or_path"],
+            r.base_hf().string());
 }
 
 // A CUDA run keeps bf16 parameters: its fingerprint is of the rounded base, which the merge then uses.

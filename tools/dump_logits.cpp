@@ -118,12 +118,10 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   auto backend = glm::make_cpu_backend(glm::DType::f32);
   glm::LocalCommunicator comm;
   const glm::LoraConfig* lora_config = lora ? &info->lora->config : nullptr;
-  GLM_ASSIGN_OR_RETURN(auto engine,
-                       glm::TrainingEngine::create(config, *backend, comm, batch.size(),
-                                                   lora ? std::optional<glm::AdamWOptions>(glm::AdamWOptions{})
-                                                        : std::nullopt,
-                                                   0.0, 0, glm::Recompute::none, nullptr, glm::ZeroOptions{},
-                                                   lora_config));
+  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(
+                                        config, *backend, comm, batch.size(),
+                                        lora ? std::optional<glm::AdamWOptions>(glm::AdamWOptions{}) : std::nullopt,
+                                        0.0, 0, glm::Recompute::none, nullptr, glm::ZeroOptions{}, lora_config));
   const glm::ParamLayout& layout = engine->layout();
   const glm::ParamLayout unpadded(config, 1);
   std::vector<float> values;
@@ -153,8 +151,8 @@ glm::Status run(const std::map<std::string, std::string>& args) {
     GLM_RETURN_IF_ERROR(engine->set_lora_adapters(adapters));
     weights = glm::concat("base: ", base.describe(), base.bf16 ? " rounded to bf16" : "", ", fp32 LoRA adapters");
   } else if (info) {
-    GLM_RETURN_IF_ERROR(
-        glm::read_checkpoint_masters(*info, [&](int unit, std::span<const float> v) { return set_unit(unit, v, bf16); }));
+    GLM_RETURN_IF_ERROR(glm::read_checkpoint_masters(
+        *info, [&](int unit, std::span<const float> v) { return set_unit(unit, v, bf16); }));
     if (bf16) weights = "bf16-rounded weights";
   } else {
     GLM_RETURN_IF_ERROR(glm::load_hf_weights(

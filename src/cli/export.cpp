@@ -293,8 +293,8 @@ Status read_merged_units(const CheckpointInfo& info, const LoraBaseSource& base,
                         : e.target == LoraTarget::dense_h_to_4h ? le.h_to_4h
                                                                 : le.four_h_to_h;
       const ParamEntry& p = layout.entry(entry);
-      merge_lora_entry(lora, e, adapters, values.subspan(static_cast<size_t>(p.offset - u.offset),
-                                                         static_cast<size_t>(p.numel)));
+      merge_lora_entry(lora, e, adapters,
+                       values.subspan(static_cast<size_t>(p.offset - u.offset), static_cast<size_t>(p.numel)));
     }
     return sink(unit, values);
   });
@@ -378,7 +378,8 @@ Result<std::string> run_export(const CliOptions& o) {
   GLM_ASSIGN_OR_RETURN(HfWeightWriter weights,
                        HfWeightWriter::create(tmp.path().string(), config, format, max_shard_bytes));
   const auto add_unit = [&](int unit, std::span<const float> values) { return weights.add_unit(unit, values); };
-  GLM_RETURN_IF_ERROR(base ? read_merged_units(info, *base, adapters, add_unit) : read_checkpoint_masters(info, add_unit));
+  GLM_RETURN_IF_ERROR(base ? read_merged_units(info, *base, adapters, add_unit)
+                           : read_checkpoint_masters(info, add_unit));
   GLM_RETURN_IF_ERROR(weights.finish());
   GLM_RETURN_IF_ERROR(write_json(tmp.path() / "config.json", config_json));
   GLM_RETURN_IF_ERROR(write_json(tmp.path() / "generation_config.json", hf_generation_config(ids)));
@@ -397,10 +398,12 @@ Result<std::string> run_export(const CliOptions& o) {
 
   std::ostringstream r;
   r << "glm_hpc: exported " << origin << " to " << save.string()
-    << (format == HfLayout::glm ? " in the hf layout (GlmForCausalLM)\n" : " in the chatglm layout (THUDM ChatGLMModel)\n");
+    << (format == HfLayout::glm ? " in the hf layout (GlmForCausalLM)\n"
+                                : " in the chatglm layout (THUDM ChatGLMModel)\n");
   if (base)
-    r << "  merged: " << base->describe() << (base->bf16 ? " (its weights rounded to bf16, as the CUDA run held them)" : "")
-      << " + the LoRA adapters (" << describe_lora(info.lora->config) << "), W += (alpha / r) B A in fp32\n";
+    r << "  merged: " << base->describe()
+      << (base->bf16 ? " (its weights rounded to bf16, as the CUDA run held them)" : "") << " + the LoRA adapters ("
+      << describe_lora(info.lora->config) << "), W += (alpha / r) B A in fp32\n";
   r << files << "  " << ParamLayout(config, 1).parameter_count() << " parameters in " << weights.tensor_count()
     << " bf16 tensors (" << weights.total_bytes() << " bytes); " << written.size() << " files, " << total
     << " bytes in all\n"

@@ -12,10 +12,14 @@ constexpr const char* kPeftPrefix = "base_model.model.";
 // transformers' GlmForCausalLM module of each of our targets (query_key_value is three modules).
 std::vector<std::string> glm_modules(LoraTarget target) {
   switch (target) {
-    case LoraTarget::query_key_value: return {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"};
-    case LoraTarget::dense: return {"self_attn.o_proj"};
-    case LoraTarget::dense_h_to_4h: return {"mlp.gate_up_proj"};
-    case LoraTarget::dense_4h_to_h: return {"mlp.down_proj"};
+    case LoraTarget::query_key_value:
+      return {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"};
+    case LoraTarget::dense:
+      return {"self_attn.o_proj"};
+    case LoraTarget::dense_h_to_4h:
+      return {"mlp.gate_up_proj"};
+    case LoraTarget::dense_4h_to_h:
+      return {"mlp.down_proj"};
   }
   return {};
 }
@@ -97,9 +101,9 @@ nlohmann::ordered_json peft_adapter_config(const LoraConfig& lora, HfLayout form
   // at their defaults where we have no counterpart. Newer PEFT versions add fields with defaults
   // and read configs without them; peft_version is PEFT's own provenance and is left out.
   const double rounded = std::round(lora.alpha);
-  const nlohmann::ordered_json alpha =
-      rounded == lora.alpha && std::abs(rounded) < 1e15 ? nlohmann::ordered_json(static_cast<int64_t>(rounded))
-                                                        : nlohmann::ordered_json(lora.alpha);
+  const nlohmann::ordered_json alpha = rounded == lora.alpha && std::abs(rounded) < 1e15
+                                           ? nlohmann::ordered_json(static_cast<int64_t>(rounded))
+                                           : nlohmann::ordered_json(lora.alpha);
   return nlohmann::ordered_json{
       {"alpha_pattern", nlohmann::ordered_json::object()},
       {"auto_mapping", nullptr},
@@ -131,7 +135,8 @@ Status write_peft_safetensors(const std::string& path, const LoraLayout& layout,
                               HfLayout format, std::span<const float> flat, bool fused_qkv_a,
                               const std::vector<StTensorView>& extra) {
   if (static_cast<int64_t>(flat.size()) != layout.total_numel())
-    return GLM_INTERNAL_ERROR("write_peft_safetensors: ", flat.size(), " values for a layout of ", layout.total_numel());
+    return GLM_INTERNAL_ERROR("write_peft_safetensors: ", flat.size(), " values for a layout of ",
+                              layout.total_numel());
   const std::vector<PeftTensor> tensors = peft_tensors(layout, config, format, fused_qkv_a);
   std::vector<std::vector<float>> values(tensors.size());
   std::vector<StTensorView> views;

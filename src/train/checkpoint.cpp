@@ -562,7 +562,8 @@ Status read_lora_file(const fs::path& dir, int64_t expected_numel, int datasets,
     return GLM_USER_ERROR(path.string(), ": ", numel, " adapter elements, the LoRA layout has ", expected_numel);
   std::vector<float> host(static_cast<size_t>(numel));
   for (int d = 0; d < datasets; ++d) {
-    GLM_RETURN_IF_ERROR(read_checked_range(group.get(), kLoraGroup, kDatasets[d], path.string(), checksum_block, 0, host));
+    GLM_RETURN_IF_ERROR(
+        read_checked_range(group.get(), kLoraGroup, kDatasets[d], path.string(), checksum_block, 0, host));
     GLM_RETURN_IF_ERROR(sink(d, host));
   }
   return Status::ok();
@@ -573,10 +574,9 @@ Status load_lora_file(TrainingEngine& engine, const fs::path& dir, bool weights_
   const TrainingEngine::OptimizerShard mine = engine.lora_optimizer_state();
   Backend& backend = engine.backend();
   const Tensor targets[3] = {mine.master, mine.exp_avg, mine.exp_avg_sq};
-  GLM_RETURN_IF_ERROR(read_lora_file(dir, mine.master.numel, weights_only ? 1 : 3,
-                                     [&](int d, std::span<const float> values) {
-                                       return backend.upload(targets[d], values.data());
-                                     }));
+  GLM_RETURN_IF_ERROR(
+      read_lora_file(dir, mine.master.numel, weights_only ? 1 : 3,
+                     [&](int d, std::span<const float> values) { return backend.upload(targets[d], values.data()); }));
   if (weights_only) {  // Adam starts over: zero moments, as a fresh optimizer has
     GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg));
     GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg_sq));
@@ -691,7 +691,8 @@ Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohman
 }
 
 // meta.json's lora and base objects (written by save_checkpoint: lora_json, base_json).
-Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelConfig& config, const fs::path& meta_path) {
+Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelConfig& config,
+                                      const fs::path& meta_path) {
   if (!meta.contains("lora") || !meta["lora"].is_object() || !meta.contains("base") || !meta["base"].is_object())
     return GLM_USER_ERROR(meta_path.string(), ": a LoRA checkpoint without the 'lora' or 'base' object");
   const nlohmann::json& l = meta["lora"];
@@ -783,7 +784,8 @@ bool lora_base_fingerprint_matches(double recorded, double computed) {
 }
 
 Result<std::vector<float>> read_checkpoint_adapters(const CheckpointInfo& info) {
-  if (!info.lora) return GLM_USER_ERROR("checkpoint '", info.dir, "' is a full-training checkpoint: it holds no LoRA adapters");
+  if (!info.lora)
+    return GLM_USER_ERROR("checkpoint '", info.dir, "' is a full-training checkpoint: it holds no LoRA adapters");
   const LoraLayout layout(info.config, info.lora->config);
   std::vector<float> adapters;
   GLM_RETURN_IF_ERROR(read_lora_file(info.dir, layout.total_numel(), 1, [&](int, std::span<const float> values) {

@@ -41,8 +41,7 @@ Result<LoraBaseSource> lora_base_source(const CheckpointInfo& info, const std::s
   if (source.model_dir.empty()) return source;
   const std::string what = model_dir.empty() ? "the base recorded in meta.json" : "--model_id_or_path";
   auto hf = read_hf_config(source.model_dir);
-  if (!hf.is_ok())
-    return hf.status().with_context(concat("the base of LoRA checkpoint '", info.dir, "' (", what, ")"));
+  if (!hf.is_ok()) return hf.status().with_context(concat("the base of LoRA checkpoint '", info.dir, "' (", what, ")"));
   const ModelConfig& theirs = hf.value().config;
   const ModelConfig& ours = info.config;
   const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
@@ -112,8 +111,9 @@ Status verify_lora_base(const CheckpointInfo& info, LoraBaseSource& source) {
   const bool stored_ok = lora_base_fingerprint_matches(recorded, as_stored);
   const bool bf16_ok = lora_base_fingerprint_matches(recorded, as_bf16);
   if (!stored_ok && !bf16_ok)
-    return GLM_USER_ERROR("LoRA checkpoint '", info.dir, "': its base.sum_squares (a fingerprint of the base weights) is ",
-                          recorded, ", ", source.describe(), " gives ", as_stored, " (", as_bf16,
+    return GLM_USER_ERROR("LoRA checkpoint '", info.dir,
+                          "': its base.sum_squares (a fingerprint of the base weights) is ", recorded, ", ",
+                          source.describe(), " gives ", as_stored, " (", as_bf16,
                           " rounded to bf16): not the base these adapters were trained on");
   source.bf16 = bf16_ok && (!stored_ok || std::abs(as_bf16 - recorded) < std::abs(as_stored - recorded));
   return Status::ok();
