@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -484,7 +485,9 @@ TEST(LoraExport, WrongBasesAndBadRequestsAreRefused) {
     const double recorded = meta["base"]["sum_squares"].get<double>();
     meta["base"]["random_init_seed"] = 43;
     std::ofstream(d / "meta.json") << meta.dump();
-    expect_refused(merge(d), concat("base.sum_squares (a fingerprint of the base weights) is ", recorded),
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.12g", recorded);
+    expect_refused(merge(d), concat("base.sum_squares (a fingerprint of the base weights) is ", text, ", "),
                    "the random initialisation with seed 43 gives ");
   }
   // A Hugging Face model that is not the base, given as the base.

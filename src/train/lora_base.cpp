@@ -2,6 +2,7 @@
 #include "train/lora_base.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -18,6 +19,13 @@ float bf16_rounded(float x) {
   float y;
   std::memcpy(&y, &bits, 4);
   return y;
+}
+
+// Fingerprints that differ in the 7th digit must not print alike.
+std::string precise(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.12g", v);
+  return text;
 }
 
 // The base as it was trained: fp32, or rounded to bf16.
@@ -112,8 +120,8 @@ Status verify_lora_base(const CheckpointInfo& info, LoraBaseSource& source) {
   const bool bf16_ok = lora_base_fingerprint_matches(recorded, as_bf16);
   if (!stored_ok && !bf16_ok)
     return GLM_USER_ERROR("LoRA checkpoint '", info.dir,
-                          "': its base.sum_squares (a fingerprint of the base weights) is ", recorded, ", ",
-                          source.describe(), " gives ", as_stored, " (", as_bf16,
+                          "': its base.sum_squares (a fingerprint of the base weights) is ", precise(recorded), ", ",
+                          source.describe(), " gives ", precise(as_stored), " (", precise(as_bf16),
                           " rounded to bf16): not the base these adapters were trained on");
   source.bf16 = bf16_ok && (!stored_ok || std::abs(as_bf16 - recorded) < std::abs(as_stored - recorded));
   return Status::ok();
