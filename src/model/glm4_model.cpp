@@ -130,8 +130,8 @@ Status Glm4Model::lora_forward(int64_t l, LoraTarget target, Tensor out, Tensor 
   Tensor u = lora_u_storage_.slice(static_cast<int64_t>(index) * max_tokens_ * r, n * r);
   GLM_RETURN_IF_ERROR(backend_.linear_forward(u, in, a, Tensor{}, n, e.in_features, r));
   GLM_RETURN_IF_ERROR(backend_.scale(u, lora_->config().scale()));
-  // out[n, out] += u[n, r] Bt[r, out]: the input-gradient GEMM of a [r, out] weight, accumulating.
-  return backend_.linear_backward(out, Tensor{}, Tensor{}, u, Tensor{}, bt, n, e.out_features, r, true);
+  // out[n, out] = u[n, r] Bt[r, out]: the input-gradient GEMM of a [r, out] weight (the base GEMM adds on).
+  return backend_.linear_backward(out, Tensor{}, Tensor{}, u, Tensor{}, bt, n, e.out_features, r, false);
 }
 
 Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor dout, Tensor in, int64_t n) {
@@ -147,9 +147,9 @@ Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor
   // du = dout B = dout Bt^T; dBt += u^T dout (u already carries the scale).
   GLM_RETURN_IF_ERROR(backend_.linear_forward(du, dout, bt, Tensor{}, n, e.out_features, r));
   GLM_RETURN_IF_ERROR(backend_.linear_backward(Tensor{}, gbt, Tensor{}, u, dout, bt, n, e.out_features, r, false));
-  // d(A x) = scale * du: dA += (scale du)^T x, din += (scale du) A.
+  // d(A x) = scale * du: dA += (scale du)^T x, din = (scale du) A (the base's input gradient adds on).
   GLM_RETURN_IF_ERROR(backend_.scale(du, lora_->config().scale()));
-  return backend_.linear_backward(din, ga, Tensor{}, du, in, a, n, e.in_features, r, true);
+  return backend_.linear_backward(din, ga, Tensor{}, du, in, a, n, e.in_features, r, false);
 }
 
 int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats,
@@ -188,31 +188,50 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
   GLM_RETURN_IF_ERROR(
       backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
-  GLM_RETURN_IF_ERROR(
-      backend_.linear_forward(qkv, ln1, view(w, e.qkv_weight), view(w, e.qkv_bias), n, h, config_.qkv_width()));
-  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::query_key_value, qkv, ln1, n));
+  GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
+                                     view(w, e.qkv_bias), n, h, config_.qkv_width()));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(residual_linear(l, LoraTarget::dense, mid, attn, view(w, e.dense), x, n, config_.q_width(), h));
   GLM_RETURN_IF_ERROR(
       backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
-  GLM_RETURN_IF_ERROR(backend_.linear_forward(gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
-  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::dense_h_to_4h, gate_up, ln2, n));
+  GLM_RETURN_IF_ERROR(
+      adapted_linear(l, LoraTarget::dense_h_to_4h, gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
   GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
   if (!to_output) return Status::ok();
   Tensor out = rows(residual_[static_cast<size_t>(l + 1)], n, h);
   return residual_linear(l, LoraTarget::dense_4h_to_h, out, act, view(w, e.four_h_to_h), mid, n, f, h);
 }
 
-// out = residual + W in (+ the LoRA update): without an adapter the residual is the GEMM's addend,
-// read in its epilogue.
+bool Glm4Model::adapted(int64_t l, LoraTarget target) const { return lora_ != nullptr && lora_->find(l, target) >= 0; }
+
+// out = W in (+ bias) (+ the LoRA update). With an adapter its update is written first and the base
+// GEMM adds onto it in its epilogue: the only pass over `out` outside a GEMM is the rank-r write.
+Status Glm4Model::adapted_linear(int64_t l, LoraTarget target, Tensor out, Tensor in, Tensor weight, Tensor bias,
+                                 int64_t n, int64_t in_features, int64_t out_features) {
+  if (!adapted(l, target)) return backend_.linear_forward(out, in, weight, bias, n, in_features, out_features);
+  GLM_RETURN_IF_ERROR(lora_forward(l, target, out, in, n));
+  return backend_.linear_forward_add(out, in, weight, bias, out, n, in_features, out_features);
+}
+
+// out = residual + W in (+ the LoRA update): the GEMM's epilogue reads the residual, or, with an
+// adapter, the adapter's update with the residual added to it.
 Status Glm4Model::residual_linear(int64_t l, LoraTarget target, Tensor out, Tensor in, Tensor weight, Tensor residual,
                                   int64_t n, int64_t in_features, int64_t out_features) {
-  if (lora_ == nullptr || lora_->find(l, target) < 0)
+  if (!adapted(l, target))
     return backend_.linear_forward_add(out, in, weight, Tensor{}, residual, n, in_features, out_features);
-  GLM_RETURN_IF_ERROR(backend_.linear_forward(out, in, weight, Tensor{}, n, in_features, out_features));
   GLM_RETURN_IF_ERROR(lora_forward(l, target, out, in, n));
-  return backend_.add(out, out, residual, n * out_features);
+  GLM_RETURN_IF_ERROR(backend_.add(out, out, residual, n * out_features));
+  return backend_.linear_forward_add(out, in, weight, Tensor{}, out, n, in_features, out_features);
+}
+
+// din = dout W (dweight += dout^T in, dbias += column sums of dout), plus the adapter's input
+// gradient: written first, the base input-gradient GEMM then adds onto it in its epilogue.
+Status Glm4Model::adapted_backward(int64_t l, LoraTarget target, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
+                                   Tensor in, Tensor weight, int64_t n, int64_t in_features, int64_t out_features) {
+  const bool lora = adapted(l, target);
+  if (lora) GLM_RETURN_IF_ERROR(lora_backward(l, target, din, dout, in, n));
+  return backend_.linear_backward(din, dweight, dbias, dout, in, weight, n, in_features, out_features, lora);
 }
 
 Status Glm4Model::recompute_layer(int64_t l, const MicroBatch& b, Tensor w) {
@@ -248,27 +267,24 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   Tensor dact = rows(d_act_, n, f), dgu = rows(d_gate_up_, n, 2 * f);
   Tensor dattn = rows(d_attn_, n, q_w), dqkv = rows(d_qkv_, n, qkv_w);
   // MLP branch: out = mid + W_4hh (silu(gate) * up), gate|up = W_h4h ln2(mid).
-  // Every linear's LoRA backward runs right after the base one, before its dout is overwritten.
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dact, grad_view(g, e.four_h_to_h), Tensor{}, dres, rows(a.act, n, f),
-                                               view(w, e.four_h_to_h), n, f, h, false));
-  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::dense_4h_to_h, dact, dres, rows(a.act, n, f), n));
+  // Every linear's LoRA backward runs with the base one (adapted_backward), before its dout is overwritten.
+  GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::dense_4h_to_h, dact, grad_view(g, e.four_h_to_h), Tensor{}, dres,
+                                       rows(a.act, n, f), view(w, e.four_h_to_h), n, f, h));
   GLM_RETURN_IF_ERROR(backend_.swiglu_backward(dgu, dact, rows(a.gate_up, n, 2 * f), n, f));
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, grad_view(g, e.h_to_4h), Tensor{}, dgu, rows(a.ln2, n, h),
-                                               view(w, e.h_to_4h), n, h, 2 * f, false));
-  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::dense_h_to_4h, dnorm, dgu, rows(a.ln2, n, h), n));
+  GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::dense_h_to_4h, dnorm, grad_view(g, e.h_to_4h), Tensor{}, dgu,
+                                       rows(a.ln2, n, h), view(w, e.h_to_4h), n, h, 2 * f));
   GLM_ASSIGN_OR_RETURN(Tensor post_norm_grad, norm_grad(g, e.post_norm));
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, post_norm_grad, dnorm, rows(a.mid, n, h),
                                                 view(w, e.post_norm), a.rstd2, n, h));
   // Attention branch: mid = x + W_dense attn(rope(W_qkv ln1(x) + b)).
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dattn, grad_view(g, e.dense), Tensor{}, dres, rows(a.attn, n, q_w),
-                                               view(w, e.dense), n, q_w, h, false));
-  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::dense, dattn, dres, rows(a.attn, n, q_w), n));
+  GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::dense, dattn, grad_view(g, e.dense), Tensor{}, dres,
+                                       rows(a.attn, n, q_w), view(w, e.dense), n, q_w, h));
   GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse,
                                                   rows(a.qkv, n, qkv_w), b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(backend_.rope_backward(dqkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(dnorm, grad_view(g, e.qkv_weight), grad_view(g, e.qkv_bias), dqkv,
-                                               rows(a.ln1, n, h), view(w, e.qkv_weight), n, h, qkv_w, false));
-  GLM_RETURN_IF_ERROR(lora_backward(l, LoraTarget::query_key_value, dnorm, dqkv, rows(a.ln1, n, h), n));
+  GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::query_key_value, dnorm, grad_view(g, e.qkv_weight),
+                                       grad_view(g, e.qkv_bias), dqkv, rows(a.ln1, n, h), view(w, e.qkv_weight), n, h,
+                                       qkv_w));
   GLM_ASSIGN_OR_RETURN(Tensor input_norm_grad, norm_grad(g, e.input_norm));
   return backend_.rmsnorm_backward(dres, input_norm_grad, dnorm, x, view(w, e.input_norm), a.rstd1, n, h);
 }
