@@ -139,7 +139,9 @@ nlohmann::json lora_json(const LoraConfig& c, int64_t numel) {
   std::sort(sorted.begin(), sorted.end());
   nlohmann::json targets = nlohmann::json::array();
   for (LoraTarget t : sorted) targets.push_back(lora_target_name(t));
-  return {{"rank", c.rank}, {"alpha", c.alpha}, {"targets", targets}, {"numel", numel}};
+  // dropout is recorded but not compared on resume: it changes no shape or value of the adapters, and
+  // HF/ms-swift let a resumed run change lora_dropout too.
+  return {{"rank", c.rank}, {"alpha", c.alpha}, {"dropout", c.dropout}, {"targets", targets}, {"numel", numel}};
 }
 
 // The base a LoRA checkpoint's adapters were trained on.
