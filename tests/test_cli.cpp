@@ -675,6 +675,30 @@ TEST(CliExport, DefaultRunExportsAndEvaluates) {
                    "--max_shard_size '5XB' is not a size");
   expect_bad_input("export --ckpt_dir " + out + " --save_dir " + hf + "2 --export_format gguf",
                    "--export_format must be hf or chatglm");
+  expect_bad_input("export --ckpt_dir " + out + " --save_dir " + hf + "2 --merge_lora true",
+                   "is a full-training checkpoint (train_type full)");
+}
+
+// A LoRA run's checkpoint: PEFT's adapter files, or with --merge_lora the whole model, which glm_hpc
+// evaluates as a Hugging Face directory. --merge_lora belongs to export.
+TEST(CliExport, LoraCheckpointExportsAdaptersOrTheMergedModel) {
+  const fs::path root = cli_scratch("lora_export");
+  const std::string out = (root / "out").string();
+  ASSERT_EQ(run_glm(kTinyModel + "--train_type lora --max_steps 2 --save_steps 2 --output_dir " + out, 2).exit_code, 0);
+  RunResult adapters = run_glm("export --ckpt_dir " + out + " --save_dir " + (root / "adapter").string(), 1);
+  ASSERT_EQ(adapters.exit_code, 0) << adapters.output;
+  EXPECT_NE(adapters.output.find("in PEFT's format"), std::string::npos) << adapters.output;
+  EXPECT_TRUE(fs::exists(root / "adapter" / "adapter_config.json"));
+  EXPECT_TRUE(fs::exists(root / "adapter" / "adapter_model.safetensors"));
+  RunResult merged =
+      run_glm("export --merge_lora true --ckpt_dir " + out + " --save_dir " + (root / "merged").string(), 1);
+  ASSERT_EQ(merged.exit_code, 0) << merged.output;
+  EXPECT_NE(merged.output.find("merged: the random initialisation with seed 42"), std::string::npos) << merged.output;
+  EXPECT_TRUE(fs::exists(root / "merged" / "tokenizer.model"));
+  RunResult eval = run_glm("eval --model_id_or_path " + (root / "merged").string(), 1);
+  EXPECT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("eval_loss: "), std::string::npos) << eval.output;
+  expect_bad_input(kTinyModel + "--merge_lora true --max_steps 1", "--merge_lora is an option of 'glm_hpc export'");
 }
 
 }  // namespace

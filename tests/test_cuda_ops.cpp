@@ -192,6 +192,34 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                                            std::make_tuple(2000, 256), std::make_tuple(3, 8200),
                                            std::make_tuple(5, 16392)));
 
+// Bias forward (epilogue or prefill) and the bias gradient's column sums at odd widths and at
+// row counts that span several 64-row splits.
+class LinearBias : public Ops, public ::testing::WithParamInterface<std::tuple<int64_t, int64_t, int64_t>> {};
+TEST_P(LinearBias, ForwardAndBiasGradientMatchCpu) {
+  const auto [n, in_f, out_f] = GetParam();
+  auto x = dual(random_bf16(n * in_f, 31));
+  auto w = dual(random_bf16(out_f * in_f, 32, 0.2));
+  auto bias = dual(random_bf16(out_f, 33));
+  auto y = output(n * out_f);
+  ASSERT_TRUE(
+      cpu_->linear_forward(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), bias.cpu.tensor(), n, in_f, out_f).is_ok());
+  ASSERT_TRUE(
+      gpu_->linear_forward(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), bias.gpu.tensor(), n, in_f, out_f).is_ok());
+  expect_close(y, "linear forward with bias");
+  auto dy = dual(random_bf16(n * out_f, 34));
+  auto db = dual(random_bf16(out_f, 35));
+  ASSERT_TRUE(cpu_->linear_backward(Tensor{}, Tensor{}, db.cpu.tensor(), dy.cpu.tensor(), x.cpu.tensor(),
+                                    w.cpu.tensor(), n, in_f, out_f, false)
+                  .is_ok());
+  ASSERT_TRUE(gpu_->linear_backward(Tensor{}, Tensor{}, db.gpu.tensor(), dy.gpu.tensor(), x.gpu.tensor(),
+                                    w.gpu.tensor(), n, in_f, out_f, false)
+                  .is_ok());
+  expect_close(db, "linear dbias (accumulated)");
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearBias,
+                         ::testing::Values(std::make_tuple(23, 96, 72), std::make_tuple(1000, 32, 131),
+                                           std::make_tuple(4099, 16, 70), std::make_tuple(300, 64, 4608)));
+
 TEST_F(Ops, Linear) {
   const int64_t n = 23, in_f = 96, out_f = 72;
   auto x = dual(random_bf16(n * in_f, 9));
@@ -371,8 +399,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Rope,
                          ::testing::Values(std::make_tuple(32, 2, 128, 64), std::make_tuple(28, 4, 64, 32),
                                            std::make_tuple(3, 1, 16, 8), std::make_tuple(4, 2, 40, 20)));
 
-TEST_F(Ops, LmHeadCrossEntropy) {
-  const int64_t n = 29, hidden = 64, vocab = 1003;
+// vocab 1003 takes the element-wise cross-entropy, 1004 the float4 rows.
+class LmHead : public Ops, public ::testing::WithParamInterface<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Vocab, LmHead, ::testing::Values(1003, 1004, 4096 + 8));
+TEST_P(LmHead, CrossEntropyMatchesCpu) {
+  const int64_t n = 29, hidden = 64, vocab = GetParam();
   std::vector<int32_t> tgt;
   for (int t = 0; t < n; ++t) tgt.push_back(t % 5 == 0 ? -1 : (t * 131) % vocab);
   auto targets = ints(tgt);

@@ -1,33 +1,51 @@
-// Our logits for a fixed batch, for comparisons with transformers (benchmarks/export_check.sh):
-// the model comes from a glm_hpc checkpoint (its fp32 masters, rounded to bf16 by default as the
-// export stores them) or a Hugging Face directory; fp32 on the CPU backend, one process.
+// Our logits for a fixed batch, for comparisons with transformers and PEFT (benchmarks/export_check.sh,
+// benchmarks/lora_peft_check.sh): the model comes from a glm_hpc checkpoint (its fp32 masters,
+// rounded to bf16 by default as the export stores them), a LoRA checkpoint (its base, checked against
+// the recorded fingerprint, plus its fp32 adapters: what the PEFT export holds) or a Hugging Face
+// directory; fp32 on the CPU backend, one process.
 //
 // usage: glm_dump_logits (--ckpt_dir DIR | --model_dir DIR) --input_ids FILE --out FILE [--bf16_weights true|false]
+//                        [--model_id_or_path DIR] [--grads_out FILE]
 //   --ckpt_dir as glm_hpc export takes it (a checkpoint, or an output directory: its latest).
 //   FILE of --input_ids: a JSON list of equally long rows of token ids, each its own sequence.
 //   --out: a safetensors file holding "logits" F32 [rows, length, vocab_size].
+//   --bf16_weights: full checkpoints only (a LoRA checkpoint's base is used as it was trained).
+//   --model_id_or_path: a LoRA checkpoint's base when it moved from where meta.json says.
+//   --grads_out (LoRA checkpoints): the loss and the adapter gradients of one batch (no dropout), every row's
+//     tokens its labels (transformers' labels = input_ids: each position predicts the next token,
+//     the mean over all predicted tokens of all rows). A safetensors file with "loss" F64 [1] and
+//     F32 gradients under PEFT's names for GlmForCausalLM (without the adapter name "default"):
+//     ...lora_B.weight of every adapter (q_proj, k_proj and v_proj: the row blocks of our fused
+//     query_key_value B) and ...lora_A.weight of o_proj, gate_up_proj and down_proj. Our fused
+//     query_key_value adapter has one A where PEFT has three equal copies; the sum of PEFT's three
+//     A gradients equals its gradient, stored as
+//     base_model.model.model.layers.N.self_attn.q_proj+k_proj+v_proj.lora_A.weight.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cli/export.h"
 #include "io/hf_export.h"
 #include "io/hf_import.h"
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "mpi/local_communicator.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
+#include "train/lora_base.h"
 
 namespace {
 
 constexpr const char* kUsage =
     "usage: glm_dump_logits (--ckpt_dir DIR | --model_dir DIR) --input_ids FILE --out FILE "
-    "[--bf16_weights true|false]\n";
+    "[--bf16_weights true|false]\n"
+    "                       [--model_id_or_path DIR] [--grads_out FILE]   (LoRA checkpoints)\n";
 
 glm::Result<std::vector<std::vector<int32_t>>> read_rows(const std::string& path) {
   std::ifstream in(path);
@@ -54,9 +72,10 @@ glm::Status run(const std::map<std::string, std::string>& args) {
     auto it = args.find(name);
     return it == args.end() ? std::string() : it->second;
   };
+  const std::set<std::string> known = {"ckpt_dir",     "model_dir",        "input_ids", "out",
+                                       "bf16_weights", "model_id_or_path", "grads_out"};
   for (const auto& [name, value] : args)
-    if (name != "ckpt_dir" && name != "model_dir" && name != "input_ids" && name != "out" && name != "bf16_weights")
-      return GLM_USER_ERROR("unknown option --", name);
+    if (!known.count(name)) return GLM_USER_ERROR("unknown option --", name);
   const std::string ckpt = arg("ckpt_dir"), model_dir = arg("model_dir");
   if (ckpt.empty() == model_dir.empty()) return GLM_USER_ERROR("give exactly one of --ckpt_dir and --model_dir");
   if (arg("input_ids").empty() || arg("out").empty()) return GLM_USER_ERROR("--input_ids and --out are required");
@@ -76,6 +95,15 @@ glm::Status run(const std::map<std::string, std::string>& args) {
     GLM_ASSIGN_OR_RETURN(hf, glm::read_hf_config(model_dir));
     config = hf->config;
   }
+  const bool lora = info && info->lora;
+  if (lora && args.count("bf16_weights"))
+    return GLM_USER_ERROR("--bf16_weights: '", info->dir,
+                          "' is a LoRA checkpoint, whose base is used as it was trained and whose adapters stay fp32 "
+                          "(as the PEFT export holds them)");
+  if (!lora && args.count("model_id_or_path"))
+    return GLM_USER_ERROR("--model_id_or_path names the base of a LoRA checkpoint; give --ckpt_dir one");
+  if (!lora && args.count("grads_out"))
+    return GLM_USER_ERROR("--grads_out writes adapter gradients: give --ckpt_dir a LoRA checkpoint");
   glm::HostMicroBatch batch;
   for (const auto& row : rows) {
     glm::TokenizedSample s;
@@ -83,34 +111,55 @@ glm::Status run(const std::map<std::string, std::string>& args) {
       if (id < 0 || id >= config.vocab_size)
         return GLM_USER_ERROR("--input_ids: id ", id, " is outside the model's vocabulary of ", config.vocab_size);
       s.tokens.push_back(id);
-      s.labels.push_back(-1);
+      s.labels.push_back(id);  // transformers' labels = input_ids; only --grads_out uses them
     }
     glm::append_document(batch, s);  // each row its own causal sequence
   }
   auto backend = glm::make_cpu_backend(glm::DType::f32);
   glm::LocalCommunicator comm;
-  GLM_ASSIGN_OR_RETURN(auto engine,
-                       glm::TrainingEngine::create(config, *backend, comm, batch.size(), std::nullopt, 0.0));
+  // The gradients of the function PEFT evaluates in eval mode: no dropout, whatever the run trained with.
+  std::optional<glm::LoraConfig> eval_lora;
+  if (lora) {
+    eval_lora = info->lora->config;
+    eval_lora->dropout = 0;
+  }
+  const glm::LoraConfig* lora_config = eval_lora ? &*eval_lora : nullptr;
+  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(
+                                        config, *backend, comm, batch.size(),
+                                        lora ? std::optional<glm::AdamWOptions>(glm::AdamWOptions{}) : std::nullopt,
+                                        0.0, 0, glm::Recompute::none, nullptr, glm::ZeroOptions{}, lora_config));
   const glm::ParamLayout& layout = engine->layout();
-  if (info) {
-    const glm::ParamLayout unpadded(config, 1);
-    std::vector<float> values;
-    const auto sink = [&](int unit, std::span<const float> v) -> glm::Status {
-      const glm::ParamUnit& u = unpadded.units()[static_cast<size_t>(unit)];
-      for (int entry : u.entries) {
-        const glm::ParamEntry& e = unpadded.entry(entry);
-        values.assign(v.begin() + (e.offset - u.offset), v.begin() + (e.offset - u.offset) + e.numel);
-        if (bf16) {
-          for (float& x : values) {
-            const uint32_t bits = static_cast<uint32_t>(glm::float_to_bf16_bits(x)) << 16;
-            std::memcpy(&x, &bits, 4);
-          }
+  const glm::ParamLayout unpadded(config, 1);
+  std::vector<float> values;
+  // One unit of the unpadded layout into the engine, optionally rounded to bf16 as the export stores it.
+  const auto set_unit = [&](int unit, std::span<const float> v, bool round) -> glm::Status {
+    const glm::ParamUnit& u = unpadded.units()[static_cast<size_t>(unit)];
+    for (int entry : u.entries) {
+      const glm::ParamEntry& e = unpadded.entry(entry);
+      values.assign(v.begin() + (e.offset - u.offset), v.begin() + (e.offset - u.offset) + e.numel);
+      if (round) {
+        for (float& x : values) {
+          const uint32_t bits = static_cast<uint32_t>(glm::float_to_bf16_bits(x)) << 16;
+          std::memcpy(&x, &bits, 4);
         }
-        GLM_RETURN_IF_ERROR(engine->set_parameter(entry, values));
       }
-      return glm::Status::ok();
-    };
-    GLM_RETURN_IF_ERROR(glm::read_checkpoint_masters(*info, sink));
+      GLM_RETURN_IF_ERROR(engine->set_parameter(entry, values));
+    }
+    return glm::Status::ok();
+  };
+  std::string weights = "weights as stored";
+  if (lora) {
+    GLM_ASSIGN_OR_RETURN(glm::LoraBaseSource base, glm::lora_base_source(*info, arg("model_id_or_path")));
+    GLM_RETURN_IF_ERROR(glm::verify_lora_base(*info, base));
+    GLM_RETURN_IF_ERROR(glm::read_lora_base(
+        *info, base, [&](int unit, std::span<float> v) { return set_unit(unit, v, /*round=*/false); }));
+    GLM_ASSIGN_OR_RETURN(const std::vector<float> adapters, glm::read_checkpoint_adapters(*info));
+    GLM_RETURN_IF_ERROR(engine->set_lora_adapters(adapters));
+    weights = glm::concat("base: ", base.describe(), base.bf16 ? " rounded to bf16" : "", ", fp32 LoRA adapters");
+  } else if (info) {
+    GLM_RETURN_IF_ERROR(glm::read_checkpoint_masters(
+        *info, [&](int unit, std::span<const float> v) { return set_unit(unit, v, bf16); }));
+    if (bf16) weights = "bf16-rounded weights";
   } else {
     GLM_RETURN_IF_ERROR(glm::load_hf_weights(
         *hf, layout, [&](int entry, std::span<const float> v) { return engine->set_parameter(entry, v); }));
@@ -123,10 +172,21 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   if (static_cast<int64_t>(logits.size()) != shape[0] * shape[1] * shape[2])
     return GLM_INTERNAL_ERROR("logits hold ", logits.size(), " values, expected ", shape[0] * shape[1] * shape[2]);
   GLM_RETURN_IF_ERROR(glm::write_safetensors(arg("out"), {{"logits", glm::StDType::F32, shape, logits.data()}}));
-  std::printf("glm_dump_logits: logits [%lld, %lld, %lld] of %s (%s weights) to %s\n", static_cast<long long>(shape[0]),
+  std::printf("glm_dump_logits: logits [%lld, %lld, %lld] of %s (%s) to %s\n", static_cast<long long>(shape[0]),
               static_cast<long long>(shape[1]), static_cast<long long>(shape[2]),
-              info ? info->dir.c_str() : model_dir.c_str(), info && bf16 ? "bf16-rounded" : "as stored",
-              arg("out").c_str());
+              info ? info->dir.c_str() : model_dir.c_str(), weights.c_str(), arg("out").c_str());
+  if (!args.count("grads_out")) return glm::Status::ok();
+
+  // One step at learning rate 0: the loss and the all-reduced adapter gradients before clipping.
+  const std::vector<glm::HostMicroBatch> micro = {batch};
+  GLM_ASSIGN_OR_RETURN(const glm::StepResult step, engine->step(micro, 0.0));
+  GLM_ASSIGN_OR_RETURN(const std::vector<float> grads, engine->lora_gradients());
+  const double loss = step.loss;
+  GLM_RETURN_IF_ERROR(glm::write_peft_safetensors(arg("grads_out"), *engine->lora_layout(), config, glm::HfLayout::glm,
+                                                  grads, /*fused_qkv_a=*/true,
+                                                  {{"loss", glm::StDType::F64, {1}, &loss}}));
+  std::printf("glm_dump_logits: loss %.8f over %lld predicted tokens and the adapter gradients to %s\n", loss,
+              static_cast<long long>(batch.target_count), arg("grads_out").c_str());
   return glm::Status::ok();
 }
 

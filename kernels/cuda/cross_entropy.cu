@@ -1,4 +1,4 @@
-// One block per row: max, sum of exponentials (and the argmax), then the gradient in one more pass.
+// One block per row: the online max and sum of exponentials (and the argmax), then the gradient.
 #include <climits>
 
 #include "kernels/cuda/cross_entropy.cuh"
@@ -25,6 +25,52 @@ __device__ __forceinline__ int block_min_int(int v) {
   return result;
 }
 
+// Running (max, sum of exp(x - max)) pairs merged across threads: the online softmax statistics.
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+__device__ __forceinline__ void add_value(MaxSum& a, float x) {
+  if (x == -INFINITY) return;  // exp(-inf - -inf) would be NaN
+  if (x > a.m) {
+    a.s = a.s * __expf(a.m - x) + 1.0f;
+    a.m = x;
+  } else {
+    a.s += __expf(x - a.m);
+  }
+}
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum v) {
+  __shared__ MaxSum partial[32];
+  __shared__ MaxSum total;
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    MaxSum o{__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)};
+    v = merge(v, o);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum w = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : MaxSum{-INFINITY, 0.0f};
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      MaxSum o{__shfl_xor_sync(0xffffffffu, w.m, offset), __shfl_xor_sync(0xffffffffu, w.s, offset)};
+      w = merge(w, o);
+    }
+    if (lane == 0) total = w;
+  }
+  __syncthreads();
+  const MaxSum result = total;
+  __syncthreads();
+  return result;
+}
+
+// Two passes over the row: the online max and sum of exponentials (with the first argmax), then
+// the gradient. Rows are read as float4 when vocab is a multiple of 4 (every row then 16-byte
+// aligned), element by element otherwise.
+template <bool Vec>
 __global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlogits, const float* logits,
                                      const int32_t* targets, int64_t vocab, float grad_scale) {
   const int64_t r = blockIdx.x;
@@ -40,26 +86,55 @@ __global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlog
       for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) dz[v] = __float2bfloat16(0.0f);
     return;
   }
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) mx = fmaxf(mx, z[v]);
-  mx = block_max(mx);
-  float sum = 0.0f;
+  MaxSum ms{-INFINITY, 0.0f};
+  float best = -INFINITY;
   int first_max = INT_MAX;  // vocab < 2^31: the lowest index holding the maximum
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-    const float x = z[v];
-    sum += __expf(x - mx);
-    if (x == mx && v < first_max) first_max = static_cast<int>(v);
+  auto see = [&](float x, int64_t v) {
+    add_value(ms, x);
+    if (x > best || (x == best && v < first_max)) {
+      best = x;
+      first_max = static_cast<int>(v);
+    }
+  };
+  if constexpr (Vec) {
+    const float4* z4 = reinterpret_cast<const float4*>(z);
+    for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+      const float4 x = z4[i];
+      see(x.x, 4 * i);
+      see(x.y, 4 * i + 1);
+      see(x.z, 4 * i + 2);
+      see(x.w, 4 * i + 3);
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) see(z[v], v);
   }
-  sum = block_sum(sum);
-  if (correct != nullptr) {  // uniform across the block: every thread joins the reduction
-    first_max = block_min_int(first_max);
+  const MaxSum row = block_max_sum(ms);
+  if (correct != nullptr) {  // uniform across the block: every thread joins the reductions
+    const float mx = block_max(best);
+    first_max = block_min_int(best == mx ? first_max : INT_MAX);
     if (threadIdx.x == 0) correct[r] = first_max == target ? 1 : 0;
   }
-  const float lse = mx + __logf(sum);
+  const float lse = row.m + __logf(row.s);
   if (threadIdx.x == 0) losses[r] = lse - z[target];
-  if (dz != nullptr)
+  if (dz == nullptr) return;
+  if constexpr (Vec) {
+    const float4* z4 = reinterpret_cast<const float4*>(z);
+    for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+      const float4 x = z4[i];
+      const int64_t v = 4 * i;
+      __nv_bfloat162 lo = __floats2bfloat162_rn((__expf(x.x - lse) - (v == target ? 1.0f : 0.0f)) * grad_scale,
+                                                (__expf(x.y - lse) - (v + 1 == target ? 1.0f : 0.0f)) * grad_scale);
+      __nv_bfloat162 hi = __floats2bfloat162_rn((__expf(x.z - lse) - (v + 2 == target ? 1.0f : 0.0f)) * grad_scale,
+                                                (__expf(x.w - lse) - (v + 3 == target ? 1.0f : 0.0f)) * grad_scale);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(dz + v) = packed;
+    }
+  } else {
     for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
       dz[v] = __float2bfloat16((__expf(z[v] - lse) - (v == target ? 1.0f : 0.0f)) * grad_scale);
+  }
 }
 
 }  // namespace
@@ -67,8 +142,13 @@ __global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlog
 cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const float* logits, const int32_t* targets,
                           int64_t rows, int64_t vocab, float grad_scale, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  cross_entropy_kernel<<<static_cast<unsigned int>(rows), 512, 0, stream>>>(losses, correct, dlogits, logits, targets,
-                                                                            vocab, grad_scale);
+  // float4 rows need 16-byte aligned rows: vocab a multiple of 4 (and dlogits rows 8-byte aligned).
+  if (vocab % 4 == 0)
+    cross_entropy_kernel<true><<<static_cast<unsigned int>(rows), 512, 0, stream>>>(losses, correct, dlogits, logits,
+                                                                                   targets, vocab, grad_scale);
+  else
+    cross_entropy_kernel<false><<<static_cast<unsigned int>(rows), 512, 0, stream>>>(losses, correct, dlogits, logits,
+                                                                                    targets, vocab, grad_scale);
   return cudaGetLastError();
 }
 

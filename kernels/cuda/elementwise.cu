@@ -77,13 +77,42 @@ __global__ void sum_squares_kernel(double* result, const T* x, int64_t n) {
   if (threadIdx.x == 0) atomicAdd(result, static_cast<double>(acc));
 }
 
-__global__ void column_sum_kernel(bf16* out, const bf16* in, int64_t rows, int64_t cols) {
+// Column sums in two deterministic passes: each block sums a 64-column by rows_per_split-row tile
+// (8 warps over rows, each lane two columns) into partial[split, column]; the second pass adds the
+// splits in order to out. 64-row splits give thousands of blocks for GLM-4's bias widths.
+__global__ void column_partial_kernel(float* partial, const bf16* in, int64_t rows, int64_t cols,
+                                      int64_t rows_per_split) {
+  const int lane = threadIdx.x & 31, group = threadIdx.x >> 5;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * 64 + lane;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t r_end = r_begin + rows_per_split < rows ? r_begin + rows_per_split : rows;
+  float a0 = 0.0f, a1 = 0.0f;
+  for (int64_t r = r_begin + group; r < r_end; r += 8) {
+    const bf16* row = in + r * cols;
+    if (c0 < cols) a0 += __bfloat162float(row[c0]);
+    if (c0 + 32 < cols) a1 += __bfloat162float(row[c0 + 32]);
+  }
+  __shared__ float sums[8][64];
+  sums[group][lane] = a0;
+  sums[group][lane + 32] = a1;
+  __syncthreads();
+  if (threadIdx.x < 64) {
+    float t = 0.0f;
+    for (int g = 0; g < 8; ++g) t += sums[g][threadIdx.x];
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * 64 + threadIdx.x;
+    if (c < cols) partial[static_cast<int64_t>(blockIdx.y) * cols + c] = t;
+  }
+}
+
+__global__ void column_finish_kernel(bf16* out, const float* partial, int64_t splits, int64_t cols) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
-  float acc = __bfloat162float(out[c]);
-  for (int64_t r = 0; r < rows; ++r) acc += __bfloat162float(in[r * cols + c]);
-  out[c] = __float2bfloat16(acc);
+  float sum = 0.0f;
+  for (int64_t s = 0; s < splits; ++s) sum += partial[s * cols + c];
+  out[c] = __float2bfloat16(__bfloat162float(out[c]) + sum);
 }
+
+int64_t column_rows_per_split(int64_t rows) { return std::max<int64_t>(64, (rows + 255) / 256); }
 
 __global__ void accumulate_kernel(bf16* dst, const float* src, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -182,8 +211,21 @@ cudaError_t sum_squares_f32(double* result, const float* x, int64_t n, cudaStrea
   return cudaGetLastError();
 }
 
-cudaError_t column_sum_accumulate(bf16* out, const bf16* in, int64_t rows, int64_t cols, cudaStream_t stream) {
-  column_sum_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(out, in, rows, cols);
+int64_t column_sum_scratch(int64_t rows, int64_t cols) {
+  const int64_t per = column_rows_per_split(rows);
+  return ((rows + per - 1) / per) * cols;
+}
+
+cudaError_t column_sum_accumulate(bf16* out, const bf16* in, float* scratch, int64_t rows, int64_t cols,
+                                  cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  const int64_t per = column_rows_per_split(rows), splits = (rows + per - 1) / per;
+  if (splits > 0) {
+    const dim3 grid(static_cast<unsigned int>((cols + 63) / 64), static_cast<unsigned int>(splits));
+    column_partial_kernel<<<grid, 256, 0, stream>>>(scratch, in, rows, cols, per);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  column_finish_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(out, scratch, splits, cols);
   return cudaGetLastError();
 }
 

@@ -20,6 +20,10 @@ cudaError_t fill_normal(void* dst, int dst_dtype, int64_t n, uint64_t key, int64
 // dst[i] += src[i] (fp32 partial sums into a bf16 gradient).
 cudaError_t accumulate_into_bf16(bf16* dst, const float* src, int64_t n, cudaStream_t stream);
 // out[c] += sum over rows of in[r, c] (bf16 in, fp32 accumulation, bf16 out): bias gradients.
-cudaError_t column_sum_accumulate(bf16* out, const bf16* in, int64_t rows, int64_t cols, cudaStream_t stream);
+// scratch holds column_sum_scratch(rows, cols) floats; the sums are deterministic.
+int64_t column_sum_scratch(int64_t rows, int64_t cols);
+cudaError_t column_sum_accumulate(bf16* out, const bf16* in, float* scratch, int64_t rows, int64_t cols,
+                                  cudaStream_t stream);
+
 
 }  // namespace glm::cuda

@@ -1,22 +1,13 @@
-// cuBLASLt calls; descriptors are built per call (cached by shape in a later revision).
+// cuBLASLt calls with per-shape cached descriptors and (optionally) autotuned algorithms.
 #include "kernels/cuda/gemm.cuh"
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
 
 namespace glm::cuda {
 namespace {
-
-// Destroys cuBLASLt descriptors on every path out of matmul().
-struct LtObjects {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtObjects() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 #define GLM_LT(call)                                                    \
   do {                                                                  \
@@ -24,9 +15,41 @@ struct LtObjects {
     if (glm_lt_status_ != CUBLAS_STATUS_SUCCESS) return glm_lt_status_; \
   } while (0)
 
+#define GLM_LT_CUDA(call)                                            \
+  do {                                                               \
+    if ((call) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED; \
+  } while (0)
+
+// Events and an optional copy of C that live only while one shape is tuned.
+struct TuneScratch {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  void* saved_c = nullptr;
+  ~TuneScratch() {
+    if (saved_c) cudaFree(saved_c);
+    if (stop) cudaEventDestroy(stop);
+    if (start) cudaEventDestroy(start);
+  }
+};
+
 }  // namespace
 
+size_t Gemm::KeyHash::operator()(const Key& k) const {
+  size_t h = static_cast<size_t>(k.trans_a) | static_cast<size_t>(k.trans_b) << 1 | static_cast<size_t>(k.c_f32) << 2 |
+             static_cast<size_t>(k.accumulate) << 3 | static_cast<size_t>(k.bias) << 4;
+  for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+  return h;
+}
+
+void Gemm::destroy(Plan& plan) {
+  if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+  if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.op) cublasLtMatmulDescDestroy(plan.op);
+  plan = Plan{};
+}
+
 Gemm::~Gemm() {
+  for (auto& [key, plan] : plans_) destroy(plan);
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
@@ -35,46 +58,137 @@ std::string Gemm::init(size_t workspace_bytes) {
   if (cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return "cublasLtCreate failed";
   if (cudaMalloc(&workspace_, workspace_bytes) != cudaSuccess) return "cannot allocate the cuBLASLt workspace";
   workspace_bytes_ = workspace_bytes;
+  if (const char* env = std::getenv("GLM_GEMM_AUTOTUNE"); env != nullptr) autotune_ = std::string(env) == "1";
   return {};
+}
+
+cublasStatus_t Gemm::make_plan(const Key& key, Plan& plan) {
+  GLM_LT(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (key.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
+  // Stored shapes (before op): A is m x k or k x m, B is k x n or n x k.
+  GLM_LT(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k,
+                                    key.lda));
+  GLM_LT(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, key.trans_b ? key.n : key.k, key.trans_b ? key.k : key.n,
+                                    key.ldb));
+  GLM_LT(cublasLtMatrixLayoutCreate(&plan.c, key.c_f32 ? CUDA_R_32F : CUDA_R_16BF, key.m, key.n, key.ldc));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t Gemm::run(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const bf16* a, const bf16* b, void* c,
+                         const void* c_in, float beta, cudaStream_t stream) {
+  const float alpha = 1.0f;
+  return cublasLtMatmul(handle_, plan.op, &alpha, a, plan.a, b, plan.b, &beta, c_in, plan.c, c, plan.c, &algo,
+                        workspace_, workspace_bytes_, stream);
+}
+
+cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, const bf16* b, void* c,
+                                 const void* c_in, float beta, cudaStream_t stream) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  GLM_LT(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulHeuristicResult_t found_algos[kTuneCandidates] = {};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace_bytes_, sizeof(workspace_bytes_));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.a, plan.b, plan.c, plan.c, pref,
+                                        autotune_ ? kTuneCandidates : 1, found_algos, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  GLM_LT(st);
+  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  plan.algo = found_algos[0].algo;
+  if (!autotune_ || found == 1) return CUBLAS_STATUS_SUCCESS;
+
+  TuneScratch scratch;
+  const size_t c_bytes = static_cast<size_t>(key.ldc) * static_cast<size_t>(key.n) * (key.c_f32 ? 4 : 2);
+  const bool c_is_d = c_in == c;  // trials then overwrite what they read
+  if (key.accumulate && c_is_d) {
+    // Without room for a copy of C, keep the heuristic rather than disturb the accumulation.
+    if (cudaMalloc(&scratch.saved_c, c_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return CUBLAS_STATUS_SUCCESS;
+    }
+    GLM_LT_CUDA(cudaMemcpyAsync(scratch.saved_c, c, c_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  GLM_LT_CUDA(cudaEventCreate(&scratch.start));
+  GLM_LT_CUDA(cudaEventCreate(&scratch.stop));
+  TuneRecord record;
+  std::ostringstream shape;
+  shape << (key.trans_a ? 'T' : 'N') << (key.trans_b ? 'T' : 'N') << ' ' << key.m << 'x' << key.n << 'x' << key.k
+        << (key.c_f32 ? " f32-out" : "") << (key.accumulate ? " +C" : "") << (key.bias ? " +bias" : "");
+  record.shape = shape.str();
+  constexpr int kReps = 3;
+  double best = 0;
+  for (int i = 0; i < found; ++i) {
+    double seconds = -1;
+    if (found_algos[i].state == CUBLAS_STATUS_SUCCESS && run(plan, found_algos[i].algo, a, b, c, c_in, beta, stream) ==
+                                                            CUBLAS_STATUS_SUCCESS) {
+      GLM_LT_CUDA(cudaEventRecord(scratch.start, stream));
+      for (int r = 0; r < kReps; ++r) GLM_LT(run(plan, found_algos[i].algo, a, b, c, c_in, beta, stream));
+      GLM_LT_CUDA(cudaEventRecord(scratch.stop, stream));
+      GLM_LT_CUDA(cudaEventSynchronize(scratch.stop));
+      float ms = 0;
+      GLM_LT_CUDA(cudaEventElapsedTime(&ms, scratch.start, scratch.stop));
+      seconds = ms / 1e3 / kReps;
+    }
+    record.seconds.push_back(seconds);
+    if (seconds < 0) continue;
+    if (i == 0 || best <= 0) {
+      best = seconds;
+      record.chosen = i;
+    } else if (seconds < best * (record.chosen == 0 ? 1.0 - kTuneMargin : 1.0)) {
+      best = seconds;
+      record.chosen = i;
+    }
+  }
+  if (record.seconds[0] < 0 && best <= 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  plan.algo = found_algos[record.chosen].algo;
+  if (scratch.saved_c != nullptr)
+    GLM_LT_CUDA(cudaMemcpyAsync(c, scratch.saved_c, c_bytes, cudaMemcpyDeviceToDevice, stream));
+  GLM_LT_CUDA(cudaStreamSynchronize(stream));  // the copy of C is freed next
+  tune_log_.push_back(std::move(record));
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t Gemm::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda,
                             const bf16* b, int64_t ldb, void* c, bool c_f32, int64_t ldc, float beta, const bf16* bias,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const void* c_in) {
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  LtObjects o;
-  GLM_LT(cublasLtMatmulDescCreate(&o.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  GLM_LT(cublasLtMatmulDescSetAttribute(o.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  GLM_LT(cublasLtMatmulDescSetAttribute(o.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (bias != nullptr) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = CUDA_R_16BF;
-    GLM_LT(cublasLtMatmulDescSetAttribute(o.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    GLM_LT(cublasLtMatmulDescSetAttribute(o.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    GLM_LT(cublasLtMatmulDescSetAttribute(o.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  if (c_in == nullptr) c_in = c;
+  const Key key{trans_a, trans_b, c_f32, beta != 0.0f, bias != nullptr, m, n, k, lda, ldb, ldc};
+  auto it = plans_.find(key);
+  const bool fresh = it == plans_.end();
+  if (fresh) {
+    Plan plan;
+    cublasStatus_t st = make_plan(key, plan);
+    if (st == CUBLAS_STATUS_SUCCESS && bias != nullptr)
+      st = cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    if (st == CUBLAS_STATUS_SUCCESS) st = choose_algo(key, plan, a, b, c, c_in, beta, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      destroy(plan);
+      return st;
+    }
+    it = plans_.emplace(key, plan).first;
   }
-  // Stored shapes (before op): A is m x k or k x m, B is k x n or n x k.
-  GLM_LT(cublasLtMatrixLayoutCreate(&o.a, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k, lda));
-  GLM_LT(cublasLtMatrixLayoutCreate(&o.b, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb));
-  GLM_LT(cublasLtMatrixLayoutCreate(&o.c, c_f32 ? CUDA_R_32F : CUDA_R_16BF, m, n, ldc));
-  GLM_LT(cublasLtMatmulPreferenceCreate(&o.pref));
-  GLM_LT(cublasLtMatmulPreferenceSetAttribute(o.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
-                                              sizeof(workspace_bytes_)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  GLM_LT(cublasLtMatmulAlgoGetHeuristic(handle_, o.op, o.a, o.b, o.c, o.c, o.pref, 1, &heuristic, &found));
-  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-  const float alpha = 1.0f;
-  return cublasLtMatmul(handle_, o.op, &alpha, a, o.a, b, o.b, &beta, c, o.c, c, o.c, &heuristic.algo, workspace_,
-                        workspace_bytes_, stream);
+  Plan& plan = it->second;
+  if (bias != nullptr)
+    GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  return run(plan, plan.algo, a, b, c, c_in, beta, stream);
 }
 
 cublasStatus_t Gemm::linear_forward(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias,
-                                    int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream) {
-  // Column-major: out^T [O, n] = W [I, O]^T x in^T [I, n].
+                                    int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream,
+                                    const void* addend) {
+  // Column-major: out^T [O, n] = W [I, O]^T x in^T [I, n] (+ addend^T).
   return matmul(true, false, out_features, n, in_features, weight, in_features, in, in_features, out, out_f32,
-                out_features, 0.0f, bias, stream);
+                out_features, addend != nullptr ? 1.0f : 0.0f, bias, stream, addend);
 }
 
 cublasStatus_t Gemm::linear_backward_input(bf16* din, const bf16* dout, const bf16* weight, int64_t n,

@@ -1,5 +1,7 @@
 // glm_hpc export: resolve the checkpoint, stream its masters unit by unit into bf16 safetensors of
 // the chosen layout in a temporary directory, add the configs and tokenizer files, rename into place.
+// A LoRA checkpoint: its adapters in PEFT's format, or with --merge_lora its verified base with the
+// adapters merged in, through the same writer as a full checkpoint.
 #include "cli/export.h"
 
 #include <unistd.h>
@@ -13,7 +15,9 @@
 
 #include "data/tokenizer.h"
 #include "io/hf_export.h"
+#include "io/peft_adapter.h"
 #include "train/checkpoint.h"
+#include "train/lora_base.h"
 
 namespace glm {
 
@@ -103,7 +107,8 @@ Result<TokenizerSource> choose_tokenizer_source(const CliOptions& o, const Check
     const nlohmann::json& v = (*options)[name].contains("value") ? (*options)[name]["value"] : (*options)[name];
     return v.is_string() ? v.get<std::string>() : "";
   };
-  const std::string model_dir = option("model_id_or_path");
+  // A LoRA checkpoint's base given on the command line (it moved) stands for the run's.
+  const std::string model_dir = o.model_id_or_path.empty() ? option("model_id_or_path") : o.model_id_or_path;
   if (!model_dir.empty() && fs::is_directory(model_dir, ec) && has_tokenizer_files(model_dir)) {
     GLM_RETURN_IF_ERROR(take_tokenizer(model_dir, format, "the run's --model_id_or_path " + model_dir, src));
     return src;
@@ -216,6 +221,85 @@ Status publish(const fs::path& tmp, const fs::path& save, bool replace) {
   return Status::ok();
 }
 
+// The files written into the temporary directory, one line each, and their total size.
+Result<std::string> list_files(const fs::path& dir, const std::vector<std::string>& names, uint64_t& total) {
+  std::error_code ec;
+  std::ostringstream files;
+  total = 0;
+  for (const auto& name : names) {
+    const uint64_t bytes = fs::file_size(dir / name, ec);
+    if (ec) return GLM_ERROR(ErrorKind::io, "cannot stat '", (dir / name).string(), "': ", ec.message());
+    total += bytes;
+    files << "  " << name << "  " << bytes << " bytes\n";
+  }
+  return files.str();
+}
+
+Status copy_files(const std::vector<std::pair<fs::path, std::string>>& files, const fs::path& dir,
+                  std::vector<std::string>& written) {
+  std::error_code ec;
+  for (const auto& [source, name] : files) {
+    fs::copy_file(source, dir / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return GLM_ERROR(ErrorKind::io, "cannot copy '", source.string(), "': ", ec.message());
+    written.push_back(name);
+  }
+  return Status::ok();
+}
+
+std::string describe_lora(const LoraConfig& l) {
+  return concat("rank ", l.rank, ", alpha ", l.alpha, " on ", lora_targets_text(l.targets));
+}
+
+// A LoRA checkpoint's adapters as PEFT saves them: adapter_config.json and adapter_model.safetensors
+// (fp32, as PEFT keeps adapters, so the export is exact); tokenizer files only when --tokenizer_dir says.
+Result<std::string> write_peft_adapter(const CliOptions& o, const CheckpointInfo& info, HfLayout format,
+                                       const fs::path& tmp, std::vector<std::string>& written,
+                                       std::vector<std::string>& notes) {
+  const LoraCheckpointInfo& lora = *info.lora;
+  const LoraLayout layout(info.config, lora.config);
+  GLM_ASSIGN_OR_RETURN(const std::vector<float> adapters, read_checkpoint_adapters(info));
+  const std::string base = o.model_id_or_path.empty() ? lora.base_model : o.model_id_or_path;
+  GLM_RETURN_IF_ERROR(write_json(tmp / kPeftConfigFile, peft_adapter_config(lora.config, format, base)));
+  GLM_RETURN_IF_ERROR(write_peft_safetensors((tmp / kPeftWeightsFile).string(), layout, info.config, format, adapters));
+  written = {kPeftConfigFile, kPeftWeightsFile};
+  if (!o.tokenizer_dir.empty()) {
+    GLM_ASSIGN_OR_RETURN(TokenizerSource tokenizer, choose_tokenizer_source(o, info, format));
+    GLM_RETURN_IF_ERROR(copy_files(tokenizer.files, tmp, written));
+  }
+  if (base.empty())
+    notes.push_back(concat("the base is a random initialisation (seed ", lora.random_init_seed,
+                           "): base_model_name_or_path is null; PeftModel.from_pretrained needs that base as a model "
+                           "directory, or use --merge_lora true for base and adapters in one model"));
+  const size_t tensors = peft_tensors(layout, info.config, format).size();
+  std::ostringstream r;
+  r << tensors << " F32 adapter tensors (LoRA " << describe_lora(lora.config) << ", " << layout.parameter_count()
+    << " parameters" << (format == HfLayout::glm ? "; query_key_value as q_proj, k_proj, v_proj sharing lora_A" : "")
+    << "); base_model_name_or_path " << (base.empty() ? "null" : base) << "\n";
+  return r.str();
+}
+
+// Each unit of the base, the adapters of its layer merged in: W += (alpha / r) B A.
+Status read_merged_units(const CheckpointInfo& info, const LoraBaseSource& base, const std::vector<float>& adapters,
+                         const std::function<Status(int unit, std::span<const float> values)>& sink) {
+  const LoraLayout lora(info.config, info.lora->config);
+  const ParamLayout layout(info.config, 1);
+  return read_lora_base(info, base, [&](int unit, std::span<float> values) -> Status {
+    const ParamUnit& u = layout.units()[static_cast<size_t>(unit)];
+    for (const LoraEntry& e : lora.entries()) {
+      if (layout.layer_unit(e.layer) != unit) continue;
+      const LayerEntries& le = layout.layer(e.layer);
+      const int entry = e.target == LoraTarget::query_key_value ? le.qkv_weight
+                        : e.target == LoraTarget::dense         ? le.dense
+                        : e.target == LoraTarget::dense_h_to_4h ? le.h_to_4h
+                                                                : le.four_h_to_h;
+      const ParamEntry& p = layout.entry(entry);
+      merge_lora_entry(lora, e, adapters,
+                       values.subspan(static_cast<size_t>(p.offset - u.offset), static_cast<size_t>(p.numel)));
+    }
+    return sink(unit, values);
+  });
+}
+
 }  // namespace
 
 Result<std::string> run_export(const CliOptions& o) {
@@ -224,6 +308,14 @@ Result<std::string> run_export(const CliOptions& o) {
   GLM_ASSIGN_OR_RETURN(const std::string ckpt, resolve_export_checkpoint(o.ckpt_dir));
   GLM_ASSIGN_OR_RETURN(const CheckpointInfo info, read_checkpoint_info(ckpt));
   const ModelConfig& config = info.config;
+  if (!info.lora && o.merge_lora)
+    return GLM_USER_ERROR("--merge_lora true: '", ckpt,
+                          "' is a full-training checkpoint (train_type full): it holds the whole model and no LoRA "
+                          "adapters to merge; export it without --merge_lora");
+  if (!info.lora && !o.model_id_or_path.empty())
+    return GLM_USER_ERROR("--model_id_or_path '", o.model_id_or_path,
+                          "': only the export of a LoRA checkpoint takes a base model, and '", ckpt,
+                          "' is a full-training checkpoint");
 
   fs::path save = fs::path(o.save_dir).lexically_normal();
   if (save.filename().empty()) save = save.parent_path();  // a trailing slash
@@ -238,10 +330,24 @@ Result<std::string> run_export(const CliOptions& o) {
     if (replace && is_inside(ckpt, save))
       return GLM_USER_ERROR("--save_dir '", o.save_dir, "' holds the checkpoint being exported; choose another");
   }
-  GLM_ASSIGN_OR_RETURN(TokenizerSource tokenizer, choose_tokenizer_source(o, info, format));
-  std::vector<std::string> notes = tokenizer.notes;
-  GLM_ASSIGN_OR_RETURN(const HfTokenIds ids, token_ids(tokenizer, config, notes));
-  GLM_ASSIGN_OR_RETURN(const nlohmann::ordered_json config_json, hf_export_config(config, format, ids));
+  // A merge reads the base first: one that is not the adapters' base is refused before anything is written.
+  std::optional<LoraBaseSource> base;
+  std::vector<float> adapters;
+  if (info.lora && o.merge_lora) {
+    GLM_ASSIGN_OR_RETURN(base, lora_base_source(info, o.model_id_or_path));
+    GLM_RETURN_IF_ERROR(verify_lora_base(info, *base));
+    GLM_ASSIGN_OR_RETURN(adapters, read_checkpoint_adapters(info));
+  }
+  TokenizerSource tokenizer;
+  std::vector<std::string> notes;
+  HfTokenIds ids;
+  nlohmann::ordered_json config_json;
+  if (!info.lora || o.merge_lora) {
+    GLM_ASSIGN_OR_RETURN(tokenizer, choose_tokenizer_source(o, info, format));
+    notes = tokenizer.notes;
+    GLM_ASSIGN_OR_RETURN(ids, token_ids(tokenizer, config, notes));
+    GLM_ASSIGN_OR_RETURN(config_json, hf_export_config(config, format, ids));
+  }
 
   const fs::path parent = save.has_parent_path() ? save.parent_path() : fs::path(".");
   fs::create_directories(parent, ec);
@@ -251,42 +357,54 @@ Result<std::string> run_export(const CliOptions& o) {
   fs::create_directory(tmp.path(), ec);
   if (ec) return GLM_ERROR(ErrorKind::io, "cannot create '", tmp.path().string(), "': ", ec.message());
 
+  const std::string origin = concat(ckpt, " (step ", info.step, ", saved by ", info.world_size,
+                                    info.world_size == 1 ? " rank" : " ranks", " at ZeRO stage ", info.zero_stage, ")");
+  std::vector<std::string> written;
+  if (info.lora && !o.merge_lora) {
+    GLM_ASSIGN_OR_RETURN(const std::string summary, write_peft_adapter(o, info, format, tmp.path(), written, notes));
+    uint64_t total = 0;
+    GLM_ASSIGN_OR_RETURN(const std::string files, list_files(tmp.path(), written, total));
+    GLM_RETURN_IF_ERROR(publish(tmp.path(), save, replace));
+    tmp.published();
+    std::ostringstream r;
+    r << "glm_hpc: exported the LoRA adapters of " << origin << " to " << save.string() << " in PEFT's format"
+      << (format == HfLayout::glm ? " for transformers' GlmForCausalLM (PeftModel.from_pretrained)\n"
+                                  : " for THUDM's ChatGLM layout (ms-swift's names)\n")
+      << files << "  " << summary << "  " << written.size() << " files, " << total << " bytes in all\n";
+    for (const auto& note : notes) r << "  note: " << note << "\n";
+    return r.str();
+  }
+
   GLM_ASSIGN_OR_RETURN(HfWeightWriter weights,
                        HfWeightWriter::create(tmp.path().string(), config, format, max_shard_bytes));
-  GLM_RETURN_IF_ERROR(read_checkpoint_masters(
-      info, [&](int unit, std::span<const float> values) { return weights.add_unit(unit, values); }));
+  const auto add_unit = [&](int unit, std::span<const float> values) { return weights.add_unit(unit, values); };
+  GLM_RETURN_IF_ERROR(base ? read_merged_units(info, *base, adapters, add_unit)
+                           : read_checkpoint_masters(info, add_unit));
   GLM_RETURN_IF_ERROR(weights.finish());
   GLM_RETURN_IF_ERROR(write_json(tmp.path() / "config.json", config_json));
   GLM_RETURN_IF_ERROR(write_json(tmp.path() / "generation_config.json", hf_generation_config(ids)));
-  std::vector<std::string> written = weights.files();
+  written = weights.files();
   written.push_back("config.json");
   written.push_back("generation_config.json");
-  for (const auto& [source, name] : tokenizer.files) {
-    fs::copy_file(source, tmp.path() / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return GLM_ERROR(ErrorKind::io, "cannot copy '", source.string(), "': ", ec.message());
-    written.push_back(name);
-  }
+  GLM_RETURN_IF_ERROR(copy_files(tokenizer.files, tmp.path(), written));
   if (format == HfLayout::chatglm && !fs::exists(tmp.path() / "modeling_chatglm.py"))
     notes.push_back(
         "transformers loads the chatglm layout only with trust_remote_code and THUDM's configuration_chatglm.py and "
         "modeling_chatglm.py beside it (--tokenizer_dir of a glm-4-9b-chat download copies them)");
   uint64_t total = 0;
-  std::ostringstream files;
-  for (const auto& name : written) {
-    const uint64_t bytes = fs::file_size(tmp.path() / name, ec);
-    if (ec) return GLM_ERROR(ErrorKind::io, "cannot stat '", (tmp.path() / name).string(), "': ", ec.message());
-    total += bytes;
-    files << "  " << name << "  " << bytes << " bytes\n";
-  }
+  GLM_ASSIGN_OR_RETURN(const std::string files, list_files(tmp.path(), written, total));
   GLM_RETURN_IF_ERROR(publish(tmp.path(), save, replace));
   tmp.published();
 
   std::ostringstream r;
-  r << "glm_hpc: exported " << ckpt << " (step " << info.step << ", saved by " << info.world_size
-    << (info.world_size == 1 ? " rank" : " ranks") << " at ZeRO stage " << info.zero_stage << ") to " << save.string()
+  r << "glm_hpc: exported " << origin << " to " << save.string()
     << (format == HfLayout::glm ? " in the hf layout (GlmForCausalLM)\n"
-                                : " in the chatglm layout (THUDM ChatGLMModel)\n")
-    << files.str() << "  " << ParamLayout(config, 1).parameter_count() << " parameters in " << weights.tensor_count()
+                                : " in the chatglm layout (THUDM ChatGLMModel)\n");
+  if (base)
+    r << "  merged: " << base->describe()
+      << (base->bf16 ? " (its weights rounded to bf16, as the CUDA run held them)" : "") << " + the LoRA adapters ("
+      << describe_lora(info.lora->config) << "), W += (alpha / r) B A in fp32\n";
+  r << files << "  " << ParamLayout(config, 1).parameter_count() << " parameters in " << weights.tensor_count()
     << " bf16 tensors (" << weights.total_bytes() << " bytes); " << written.size() << " files, " << total
     << " bytes in all\n"
     << "  tokenizer: " << (tokenizer.origin.empty() ? "none" : tokenizer.origin) << "; eos_token_id "

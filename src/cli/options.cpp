@@ -225,6 +225,10 @@ class OptionTable {
         "tokenizer files to copy (tokenizer.model, tokenizer_config.json, tokenization_chatglm.py, ...), a "
         "directory or a tokenizer.model; default: the training run's --model_id_or_path or tokenizer");
     add(hf_export, "overwrite", &o_.overwrite, "true: replace a non-empty --save_dir");
+    add(hf_export, "merge_lora", &o_.merge_lora,
+        "a LoRA checkpoint: false writes its adapters in PEFT's format (adapter_config.json, "
+        "adapter_model.safetensors); true merges them into their base (checked against the checkpoint's "
+        "fingerprint; --model_id_or_path if it moved) and writes the whole model like a full checkpoint");
 
     all_.add(general).add(model).add(data).add(train).add(tuner).add(plan).add(prepare).add(hf_export);
   }
@@ -380,6 +384,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(o.gpu_memory_gib > 0, src, "gpu_memory_gib", "must be positive"));
   GLM_RETURN_IF_ERROR(check(o.command != "eval" || !o.model_id_or_path.empty(), src, "model_id_or_path",
                             "is required by 'glm_hpc eval'"));
+  GLM_RETURN_IF_ERROR(check(o.command == "export" || !o.merge_lora, src, "merge_lora",
+                            "is an option of 'glm_hpc export' (of a LoRA checkpoint)"));
   if (o.command == "export") {
     GLM_RETURN_IF_ERROR(check(!o.ckpt_dir.empty(), src, "ckpt_dir", "is required by 'glm_hpc export'"));
     GLM_RETURN_IF_ERROR(check(!o.save_dir.empty(), src, "save_dir", "is required by 'glm_hpc export'"));
@@ -430,7 +436,7 @@ std::string help_text() {
     << "       glm_hpc prepare --dataset FILE... [--max_length N --packing true ...] [--print_example N]\n"
     << "                       [--output_dir DIR]\n"
     << "       glm_hpc export --ckpt_dir DIR --save_dir OUT [--export_format hf|chatglm] [--max_shard_size 5GB]\n"
-    << "                      [--tokenizer_dir DIR] [--overwrite true]\n\n"
+    << "                      [--tokenizer_dir DIR] [--overwrite true] [--merge_lora true]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
     << "embedded tiny GLM-4 on data/sample/conversations.jsonl, tokenized with the project's\n"
     << "data/sample/tokenizer.model (tools/train_tokenizer.cpp). 'eval' prints eval_loss and eval_ppl\n"
@@ -442,7 +448,9 @@ std::string help_text() {
     << "'export' reassembles a checkpoint's fp32 master weights (saved at any world size and ZeRO stage)\n"
     << "into a Hugging Face model directory: config.json, generation_config.json, bf16 safetensors shards\n"
     << "(+ model.safetensors.index.json) and the tokenizer files; transformers loads the default layout\n"
-    << "with GlmForCausalLM.from_pretrained, and glm_hpc with --model_id_or_path.\n\n"
+    << "with GlmForCausalLM.from_pretrained, and glm_hpc with --model_id_or_path. Of a LoRA checkpoint it\n"
+    << "writes the adapters as PEFT saves them (peft.PeftModel.from_pretrained on the base loads them), or\n"
+    << "with --merge_lora true the base with the adapters merged in, as a full checkpoint's export.\n\n"
     << table.all();
   return s.str();
 }

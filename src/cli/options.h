@@ -34,6 +34,7 @@ struct CliOptions {
   std::string max_shard_size = "5GB";  // transformers' spellings: 5GB, 500MB, 2GiB, bytes
   std::string tokenizer_dir;           // tokenizer files to copy; empty: the checkpoint's run's
   bool overwrite = false;              // replace a non-empty save_dir
+  bool merge_lora = false;             // a LoRA checkpoint: base + adapters merged, not PEFT's adapter files
   // ZeRO communication (DeepSpeed names, element counts such as 5e8), parsed into train.zero_options.
   std::string reduce_bucket_size = "5e8";  // or auto
   std::string allgather_bucket_size = "5e8";

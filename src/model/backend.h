@@ -2,7 +2,9 @@
 // ops, host memory) implements it now; the CUDA backend (bf16, device memory) implements it later.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -48,6 +50,24 @@ class Buffer {
 using AttentionShape = cpu::AttentionShape;
 using AdamWStep = cpu::AdamWStep;
 
+// Rows of the fused lm_head + cross-entropy per chunk on a device backend: fp32 logits and bf16
+// dlogits of `rows` x vocab live at once (6 bytes per logit). A trained lm_head accumulates its
+// weight gradient once per chunk (a full read and write of the vocab x hidden gradient, and a
+// K = rows GEMM), so chunks get a 4 GiB budget, one chunk at seq 4096 for GLM-4's 151,552 words;
+// a frozen one (LoRA, evaluation) gets the same, for fewer and larger GEMMs. The planner counts it;
+// GLM_LM_HEAD_SCRATCH_MB overrides the budget for memory-tight runs.
+inline int64_t lm_head_chunk_rows(int64_t n, int64_t vocab) {
+  static const int64_t override_mb = [] {
+    const char* env = std::getenv("GLM_LM_HEAD_SCRATCH_MB");
+    return env != nullptr ? std::max<int64_t>(std::atoll(env), 0) : int64_t{0};
+  }();
+  const int64_t budget = override_mb > 0 ? override_mb << 20 : int64_t{4} << 30;
+  const int64_t rows = std::clamp<int64_t>(budget / (std::max<int64_t>(vocab, 1) * 6), 1, std::max<int64_t>(n, 1));
+  // Equal chunks: 4096 rows under a 3,900-row budget split 2048 + 2048, not 3900 + 196.
+  const int64_t chunks = (n + rows - 1) / rows;
+  return chunks > 0 ? (n + chunks - 1) / chunks : rows;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -64,6 +84,8 @@ class Backend {
   virtual int64_t device_memory_used() const { return -1; }
   // The stream every op is enqueued on (cudaStream_t), for ordering collectives; null on the host.
   virtual void* native_stream() { return nullptr; }
+  // Where a backend profiles its ops (GLM_PROFILE=1 on CUDA): forget what was measured so far.
+  virtual void reset_profile() {}
 
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
   virtual Status zero(Tensor t) = 0;
@@ -82,6 +104,10 @@ class Backend {
                                   int64_t n, int64_t hidden) = 0;
   virtual Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
                                 int64_t out_features) = 0;
+  // out = in W^T (+ bias) + addend, addend of out's shape and dtype (it may be out itself); on CUDA the
+  // addend is read in the GEMM's epilogue (a residual add or a LoRA update without a pass of its own).
+  virtual Status linear_forward_add(Tensor out, Tensor in, Tensor weight, Tensor bias, Tensor addend, int64_t n,
+                                    int64_t in_features, int64_t out_features) = 0;
   virtual Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight,
                                  int64_t n, int64_t in_features, int64_t out_features, bool accumulate_din) = 0;
   virtual Status rope_forward(Tensor qkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,

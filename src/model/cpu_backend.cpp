@@ -105,6 +105,15 @@ class CpuBackend final : public Backend {
     cpu::linear_forward(p(out), p(in), p(weight), bias.empty() ? nullptr : p(bias), n, in_features, out_features);
     return Status::ok();
   }
+  Status linear_forward_add(Tensor out, Tensor in, Tensor weight, Tensor bias, Tensor addend, int64_t n,
+                            int64_t in_features, int64_t out_features) override {
+    if (addend.numel != n * out_features || addend.dtype != out.dtype)
+      return GLM_INTERNAL_ERROR("linear_forward_add: addend of ", addend.numel, " elements for ", n * out_features);
+    // The product into a temporary: the addend may be the output itself.
+    GLM_ASSIGN_OR_RETURN(Buffer product, allocate(n * out_features, out.dtype));
+    GLM_RETURN_IF_ERROR(linear_forward(product.tensor(), in, weight, bias, n, in_features, out_features));
+    return add(out, product.tensor(), addend, n * out_features);
+  }
   Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
                          int64_t in_features, int64_t out_features, bool accumulate_din) override {
     cpu::linear_backward(din.empty() ? nullptr : p(din), dweight.empty() ? nullptr : p(dweight),

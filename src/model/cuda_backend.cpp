@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/attention.cuh"
@@ -42,6 +47,124 @@ using cuda::bf16;
 
 int dtype_code(DType d) { return d == DType::f32 ? 0 : (d == DType::f64 ? 1 : (d == DType::bf16 ? 2 : -1)); }
 
+// GLM_PROFILE=1: every op's device time, from CUDA events around it on the backend's stream, summed
+// per op name and printed to stderr when the backend is destroyed (event pairs are resolved in
+// batches, so the cost is two event records per op). Off by default: no events are recorded.
+class OpProfiler {
+  struct Record {
+    const char* name = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+  };
+  struct Total {
+    double seconds = 0;
+    int64_t calls = 0;
+  };
+
+ public:
+  OpProfiler() {
+    const char* env = std::getenv("GLM_PROFILE");
+    enabled_ = env != nullptr && std::string(env) == "1";
+  }
+  ~OpProfiler() {
+    report();
+    for (auto& e : free_) cudaEventDestroy(e);
+    for (auto& e : {first_, last_})
+      if (e != nullptr) cudaEventDestroy(e);
+  }
+  OpProfiler(const OpProfiler&) = delete;
+  OpProfiler& operator=(const OpProfiler&) = delete;
+  // Drops everything measured so far (the trainer calls it after the first step).
+  void reset() {
+    if (!enabled_) return;
+    resolve();
+    totals_.clear();
+    for (cudaEvent_t* e : {&first_, &last_})
+      if (*e != nullptr) {
+        cudaEventDestroy(*e);
+        *e = nullptr;
+      }
+  }
+  // Prints the table once (the backend calls it before destroying its stream).
+  void report() {
+    if (!enabled_ || reported_) return;
+    reported_ = true;
+    resolve();
+    double total = 0;
+    for (const auto& [name, t] : totals_) total += t.seconds;
+    float span_ms = 0;
+    if (first_ != nullptr && last_ != nullptr) (void)cudaEventElapsedTime(&span_ms, first_, last_);
+    std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
+    std::fprintf(stderr, "GLM_PROFILE: %.3f s of device time in ops over %.3f s from the first op to the last\n", total,
+                 span_ms / 1e3);
+    for (const auto& [name, t] : rows)
+      std::fprintf(stderr, "  %-24s %10.3f ms %6.1f%% %8lld calls\n", name.c_str(), t.seconds * 1e3,
+                   total > 0 ? 100.0 * t.seconds / total : 0.0, static_cast<long long>(t.calls));
+  }
+  // Records the start of `name` on stream; the scope records its end.
+  class Scope {
+   public:
+    Scope(OpProfiler* p, const char* name, cudaStream_t stream) : p_(p), stream_(stream) {
+      if (!p_->enabled_) return;
+      rec_.name = name;
+      rec_.start = p_->event();
+      cudaEventRecord(rec_.start, stream_);
+      if (p_->first_ == nullptr) {
+        cudaEventCreate(&p_->first_);
+        cudaEventRecord(p_->first_, stream_);
+      }
+    }
+    ~Scope() {
+      if (!p_->enabled_ || rec_.start == nullptr) return;
+      rec_.stop = p_->event();
+      cudaEventRecord(rec_.stop, stream_);
+      if (p_->last_ == nullptr) cudaEventCreate(&p_->last_);
+      cudaEventRecord(p_->last_, stream_);
+      p_->pending_.push_back(rec_);
+      if (p_->pending_.size() >= 4096) p_->resolve();
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    OpProfiler* p_;
+    cudaStream_t stream_;
+    Record rec_;
+  };
+
+ private:
+  cudaEvent_t event() {
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    cudaEventCreate(&e);
+    return e;
+  }
+  void resolve() {
+    for (const Record& r : pending_) {
+      float ms = 0;
+      if (cudaEventSynchronize(r.stop) == cudaSuccess && cudaEventElapsedTime(&ms, r.start, r.stop) == cudaSuccess) {
+        Total& t = totals_[r.name];
+        t.seconds += ms / 1e3;
+        t.calls += 1;
+      }
+      free_.push_back(r.start);
+      free_.push_back(r.stop);
+    }
+    pending_.clear();
+  }
+  bool enabled_ = false, reported_ = false;
+  std::vector<Record> pending_;
+  std::vector<cudaEvent_t> free_;
+  std::map<std::string, Total> totals_;
+  cudaEvent_t first_ = nullptr, last_ = nullptr;
+};
+
+#define GLM_PROFILE_OP(name) OpProfiler::Scope glm_profile_scope_(&profiler_, name, stream_)
+
 // Grow-only device scratch: allocated on first use at the largest size asked for.
 class Scratch {
  public:
@@ -69,6 +192,7 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {}
   ~CudaBackend() override {
+    profiler_.report();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -86,6 +210,7 @@ class CudaBackend final : public Backend {
   DType stats_dtype() const override { return DType::f32; }
   bool host_accessible() const override { return false; }
   void* native_stream() override { return stream_; }
+  void reset_profile() override { profiler_.reset(); }
   int64_t device_memory_used() const override {
     size_t free_bytes = 0, total = 0;
     if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return -1;
@@ -110,6 +235,7 @@ class CudaBackend final : public Backend {
     return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFree(q); });
   }
   Status zero(Tensor t) override {
+    GLM_PROFILE_OP("zero");
     if (!t.empty()) GLM_CUDA_RETURN(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
     return Status::ok();
   }
@@ -122,6 +248,7 @@ class CudaBackend final : public Backend {
     return synchronize();
   }
   Status convert(Tensor dst, Tensor src) override {
+    GLM_PROFILE_OP("convert");
     if (dst.numel != src.numel) return GLM_INTERNAL_ERROR("convert size mismatch ", dst.numel, " vs ", src.numel);
     if (dst.dtype == src.dtype) {
       if (dst.data != src.data)
@@ -138,21 +265,25 @@ class CudaBackend final : public Backend {
   }
 
   Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) override {
+    GLM_PROFILE_OP("embedding_forward");
     GLM_CUDA_RETURN(cuda::embedding_forward(b(out), b(table), tokens.as<int32_t>(), n, hidden, stream_));
     return Status::ok();
   }
   Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, int64_t n, int64_t hidden) override {
+    GLM_PROFILE_OP("embedding_backward");
     GLM_CUDA_RETURN(cuda::embedding_backward(b(dtable), b(dout), tokens.as<int32_t>(), n, hidden, stream_));
     return Status::ok();
   }
   Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
                          double eps) override {
+    GLM_PROFILE_OP("rmsnorm_forward");
     GLM_CUDA_RETURN(
         cuda::rmsnorm_forward(b(out), rstd.as<float>(), b(in), b(weight), n, hidden, static_cast<float>(eps), stream_));
     return Status::ok();
   }
   Status rmsnorm_backward(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight, Tensor rstd, int64_t n,
                           int64_t hidden) override {
+    GLM_PROFILE_OP("rmsnorm_backward");
     int64_t floats = 0;
     GLM_CUDA_RETURN(cuda::rmsnorm_backward_scratch(n, hidden, &floats));
     GLM_ASSIGN_OR_RETURN(void* partials, norm_scratch_.get(sizeof(float) * static_cast<size_t>(floats)));
@@ -162,34 +293,57 @@ class CudaBackend final : public Backend {
   }
   Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
                         int64_t out_features) override {
+    GLM_PROFILE_OP(bias.empty() ? "linear_forward" : "linear_forward_bias");
     GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, out.dtype == DType::f32, b(in), b(weight),
                                            bias.empty() ? nullptr : b(bias), n, in_features, out_features, stream_));
     return Status::ok();
   }
+  Status linear_forward_add(Tensor out, Tensor in, Tensor weight, Tensor bias, Tensor addend, int64_t n,
+                            int64_t in_features, int64_t out_features) override {
+    GLM_PROFILE_OP("linear_forward_add");
+    if (addend.numel != n * out_features || addend.dtype != out.dtype || out.dtype != DType::bf16)
+      return GLM_INTERNAL_ERROR("linear_forward_add: addend of ", addend.numel, " elements for ", n * out_features);
+    GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), n,
+                                           in_features, out_features, stream_, addend.data));
+    return Status::ok();
+  }
   Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
                          int64_t in_features, int64_t out_features, bool accumulate_din) override {
-    if (!din.empty())
+    if (!din.empty()) {
+      GLM_PROFILE_OP("linear_dgrad");
       GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(din), b(dout), b(weight), n, in_features, out_features,
                                                     accumulate_din, stream_));
-    if (!dweight.empty())
+    }
+    if (!dweight.empty()) {
+      GLM_PROFILE_OP("linear_wgrad");
       GLM_CUBLAS_RETURN(
           gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features, stream_));
-    if (!dbias.empty()) GLM_CUDA_RETURN(cuda::column_sum_accumulate(b(dbias), b(dout), n, out_features, stream_));
+    }
+    if (!dbias.empty()) {
+      GLM_PROFILE_OP("bias_grad");
+      const int64_t floats = cuda::column_sum_scratch(n, out_features);
+      GLM_ASSIGN_OR_RETURN(void* partials, bias_scratch_.get(sizeof(float) * static_cast<size_t>(floats)));
+      GLM_CUDA_RETURN(
+          cuda::column_sum_accumulate(b(dbias), b(dout), static_cast<float*>(partials), n, out_features, stream_));
+    }
     return Status::ok();
   }
   Status rope_forward(Tensor qkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim,
                       double base) override {
+    GLM_PROFILE_OP("rope_forward");
     GLM_CUDA_RETURN(cuda::rope(b(qkv), positions.as<int32_t>(), n, s.heads, s.kv_heads, s.head_dim, rotary_dim,
                                static_cast<float>(base), 1.0f, stream_));
     return Status::ok();
   }
   Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim,
                        double base) override {
+    GLM_PROFILE_OP("rope_backward");
     GLM_CUDA_RETURN(cuda::rope(b(dqkv), positions.as<int32_t>(), n, s.heads, s.kv_heads, s.head_dim, rotary_dim,
                                static_cast<float>(base), -1.0f, stream_));
     return Status::ok();
   }
   Status attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n, AttentionShape s) override {
+    GLM_PROFILE_OP("attention_forward");
     if (s.head_dim > cuda::kAttentionMaxHeadDim)
       return GLM_USER_ERROR("head_dim ", s.head_dim, " exceeds the CUDA attention kernel's ",
                             cuda::kAttentionMaxHeadDim);
@@ -205,6 +359,7 @@ class CudaBackend final : public Backend {
   }
   Status attention_backward(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n,
                             AttentionShape s) override {
+    GLM_PROFILE_OP("attention_backward");
     const bool flash = cuda::flash_attention_supports(s.head_dim);
     const int64_t scratch = flash ? cuda::flash_attention_scratch(n, s.heads, s.kv_heads, s.head_dim) : n * s.heads;
     GLM_ASSIGN_OR_RETURN(void* acc, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
@@ -220,28 +375,30 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) override {
+    GLM_PROFILE_OP("swiglu_forward");
     GLM_CUDA_RETURN(cuda::swiglu_forward(b(out), b(gate_up), n, ffn, stream_));
     return Status::ok();
   }
   Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) override {
+    GLM_PROFILE_OP("swiglu_backward");
     GLM_CUDA_RETURN(cuda::swiglu_backward(b(dgate_up), b(dout), b(gate_up), n, ffn, stream_));
     return Status::ok();
   }
   Status add(Tensor out, Tensor a, Tensor c, int64_t count) override {
+    GLM_PROFILE_OP("add");
     GLM_CUDA_RETURN(cuda::add_bf16(b(out), b(a), b(c), count, stream_));
     return Status::ok();
   }
   Status scale(Tensor x, double factor) override {
+    GLM_PROFILE_OP("scale");
     GLM_CUDA_RETURN(cuda::scale(x.data, dtype_code(x.dtype), x.numel, factor, stream_));
     return Status::ok();
   }
   Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
                                Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                double grad_scale) override {
-    // Rows per chunk so that fp32 logits plus bf16 dlogits stay near 512 MiB.
-    const int64_t budget = int64_t{512} << 20;
-    const int64_t chunk = std::clamp<int64_t>(budget / (vocab * 6), 1, n);
     const bool grad = !dhidden.empty();
+    const int64_t chunk = lm_head_chunk_rows(n, vocab);
     GLM_ASSIGN_OR_RETURN(void* logits, logits_scratch_.get(sizeof(float) * static_cast<size_t>(chunk * vocab)));
     void* dlogits = nullptr;
     if (grad) {
@@ -250,13 +407,20 @@ class CudaBackend final : public Backend {
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       const bf16* h = b(hidden) + t0 * hidden_size;
-      GLM_CUBLAS_RETURN(gemm_.linear_forward(logits, true, h, b(weight), nullptr, m, hidden_size, vocab, stream_));
-      GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0,
-                                          correct.empty() ? nullptr : correct.as<int32_t>() + t0,
-                                          static_cast<bf16*>(dlogits),
-                                          static_cast<float*>(logits), targets.as<int32_t>() + t0, m, vocab,
-                                          static_cast<float>(grad_scale), stream_));
+      {
+        GLM_PROFILE_OP("lm_head_forward");
+        GLM_CUBLAS_RETURN(gemm_.linear_forward(logits, true, h, b(weight), nullptr, m, hidden_size, vocab, stream_));
+      }
+      {
+        GLM_PROFILE_OP("cross_entropy");
+        GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0,
+                                            correct.empty() ? nullptr : correct.as<int32_t>() + t0,
+                                            static_cast<bf16*>(dlogits), static_cast<float*>(logits),
+                                            targets.as<int32_t>() + t0, m, vocab, static_cast<float>(grad_scale),
+                                            stream_));
+      }
       if (grad) {
+        GLM_PROFILE_OP("lm_head_backward");
         GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, static_cast<bf16*>(dlogits),
                                                       b(weight), m, hidden_size, vocab, false, stream_));
         if (!dweight.empty())  // a frozen lm_head (LoRA) has no gradient
@@ -274,6 +438,7 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   Result<double> sum_squares(Tensor x) override {
+    GLM_PROFILE_OP("sum_squares");
     GLM_ASSIGN_OR_RETURN(void* acc, sum_scratch_.get(sizeof(double)));
     GLM_CUDA_RETURN(cudaMemsetAsync(acc, 0, sizeof(double), stream_));
     if (x.dtype == DType::bf16) {
@@ -289,15 +454,18 @@ class CudaBackend final : public Backend {
     return result;
   }
   Status fill(Tensor dst, double value) override {
+    GLM_PROFILE_OP("fill");
     GLM_CUDA_RETURN(cuda::fill(dst.data, dtype_code(dst.dtype), dst.numel, value, stream_));
     return Status::ok();
   }
   Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) override {
+    GLM_PROFILE_OP("fill_normal");
     GLM_CUDA_RETURN(cuda::fill_normal(dst.data, dtype_code(dst.dtype), dst.numel, key, offset, std, stream_));
     return Status::ok();
   }
   Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                const AdamWStep& step) override {
+    GLM_PROFILE_OP("adamw");
     cuda::AdamWArgs a;
     a.lr = static_cast<float>(step.lr);
     a.beta1 = static_cast<float>(step.beta1);
@@ -318,7 +486,8 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   cuda::Gemm gemm_;
-  Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_;
+  Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_, bias_scratch_;
+  OpProfiler profiler_;
 };
 
 }  // namespace

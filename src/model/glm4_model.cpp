@@ -215,9 +215,7 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::query_key_value, qkv, ln1, n));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
-  GLM_RETURN_IF_ERROR(backend_.linear_forward(mid, attn, view(w, e.dense), Tensor{}, n, config_.q_width(), h));
-  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::dense, mid, attn, n));
-  GLM_RETURN_IF_ERROR(backend_.add(mid, mid, x, n * h));
+  GLM_RETURN_IF_ERROR(residual_linear(l, LoraTarget::dense, mid, attn, view(w, e.dense), x, n, config_.q_width(), h));
   GLM_RETURN_IF_ERROR(
       backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(backend_.linear_forward(gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
@@ -225,9 +223,18 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
   if (!to_output) return Status::ok();
   Tensor out = rows(residual_[static_cast<size_t>(l + 1)], n, h);
-  GLM_RETURN_IF_ERROR(backend_.linear_forward(out, act, view(w, e.four_h_to_h), Tensor{}, n, f, h));
-  GLM_RETURN_IF_ERROR(lora_forward(l, LoraTarget::dense_4h_to_h, out, act, n));
-  return backend_.add(out, out, mid, n * h);
+  return residual_linear(l, LoraTarget::dense_4h_to_h, out, act, view(w, e.four_h_to_h), mid, n, f, h);
+}
+
+// out = residual + W in (+ the LoRA update): without an adapter the residual is the GEMM's addend,
+// read in its epilogue.
+Status Glm4Model::residual_linear(int64_t l, LoraTarget target, Tensor out, Tensor in, Tensor weight, Tensor residual,
+                                  int64_t n, int64_t in_features, int64_t out_features) {
+  if (lora_ == nullptr || lora_->find(l, target) < 0)
+    return backend_.linear_forward_add(out, in, weight, Tensor{}, residual, n, in_features, out_features);
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(out, in, weight, Tensor{}, n, in_features, out_features));
+  GLM_RETURN_IF_ERROR(lora_forward(l, target, out, in, n));
+  return backend_.add(out, out, residual, n * out_features);
 }
 
 Status Glm4Model::recompute_layer(int64_t l, const MicroBatch& b, Tensor w) {

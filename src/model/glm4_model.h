@@ -96,6 +96,8 @@ class Glm4Model {
   // An RMSNorm weight's gradient slot, or a scratch the frozen base's norm gradients land in.
   Result<Tensor> norm_grad(Tensor unit_grads, int entry);
   // out += scale * (x A^T) Bt for layer l's adapter on `target` (nothing when not targeted).
+  Status residual_linear(int64_t l, LoraTarget target, Tensor out, Tensor in, Tensor weight, Tensor residual,
+                         int64_t n, int64_t in_features, int64_t out_features);
   Status lora_forward(int64_t l, LoraTarget target, Tensor out, Tensor in, int64_t n);
   // The adapter's gradients from dout (the linear's output gradient) and x; din += its input gradient.
   Status lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor dout, Tensor in, int64_t n);

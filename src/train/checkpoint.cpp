@@ -34,10 +34,6 @@ constexpr const char* kDatasets[3] = {"master", "exp_avg", "exp_avg_sq"};
 // LoRA checkpoints: the adapters' optimizer state, replicated, in one file written by rank 0.
 constexpr const char* kLoraFile = "adapters.h5";
 constexpr const char* kLoraGroup = "lora";
-// The base's sum of squares is summed in another order at another world size or ZeRO stage, and on
-// GPUs per thread in fp32 (kernels/cuda/elementwise.cu): relative differences of ~1e-7 are the same
-// base. A weak fingerprint: it tells other weights apart, not a base changed by a tiny fraction.
-constexpr double kBaseFingerprintTolerance = 1e-5;
 
 // An HDF5 identifier closed by its own close function when it leaves scope.
 class H5Id {
@@ -542,15 +538,16 @@ Status check_training_kind(const nlohmann::json& m, const TrainingEngine& engine
   if (!base.contains("sum_squares") || !base["sum_squares"].is_number())
     return GLM_USER_ERROR(meta.string(), ": field 'base.sum_squares' is missing or not a number");
   const double theirs = base["sum_squares"].get<double>();
-  if (!(std::abs(theirs - base_sum_squares) <= kBaseFingerprintTolerance * std::max(std::abs(theirs), 1.0)))
+  if (!lora_base_fingerprint_matches(theirs, base_sum_squares))
     return GLM_USER_ERROR(meta.string(), ": the checkpoint's base.sum_squares (a fingerprint of the base weights) is ",
                           theirs, ", this run's base gives ", base_sum_squares,
                           ": these are other base weights than the adapters were trained on");
   return Status::ok();
 }
 
-// Every rank reads the whole replicated LoRA state.
-Status load_lora_file(TrainingEngine& engine, const fs::path& dir, bool weights_only) {
+// The first `datasets` of kDatasets (master, exp_avg, exp_avg_sq) of adapters.h5, whole, checked.
+Status read_lora_file(const fs::path& dir, int64_t expected_numel, int datasets,
+                      const std::function<Status(int dataset, std::span<const float> values)>& sink) {
   quiet_hdf5();
   const fs::path path = dir / kLoraFile;
   if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", kLoraFile);
@@ -559,20 +556,29 @@ Status load_lora_file(TrainingEngine& engine, const fs::path& dir, bool weights_
   GLM_ASSIGN_OR_RETURN(const std::optional<int64_t> checksum_block, checksum_block_bytes(file.get(), path.string()));
   H5Id group(H5Gopen2(file.get(), kLoraGroup, H5P_DEFAULT), H5Gclose);
   if (!group.ok()) return GLM_USER_ERROR(path.string(), ": group ", kLoraGroup, " is missing");
-  const TrainingEngine::OptimizerShard mine = engine.lora_optimizer_state();
   int64_t numel = -1;
   H5Id attr(H5Aopen(group.get(), "numel", H5P_DEFAULT), H5Aclose);
   if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, &numel) < 0)
     return GLM_USER_ERROR(path.string(), ": ", kLoraGroup, " has no readable numel attribute");
-  if (numel != mine.master.numel)
-    return GLM_USER_ERROR(path.string(), ": ", numel, " adapter elements, this run's LoRA layout has ", mine.master.numel);
+  if (numel != expected_numel)
+    return GLM_USER_ERROR(path.string(), ": ", numel, " adapter elements, the LoRA layout has ", expected_numel);
+  std::vector<float> host(static_cast<size_t>(numel));
+  for (int d = 0; d < datasets; ++d) {
+    GLM_RETURN_IF_ERROR(
+        read_checked_range(group.get(), kLoraGroup, kDatasets[d], path.string(), checksum_block, 0, host));
+    GLM_RETURN_IF_ERROR(sink(d, host));
+  }
+  return Status::ok();
+}
+
+// Every rank reads the whole replicated LoRA state.
+Status load_lora_file(TrainingEngine& engine, const fs::path& dir, bool weights_only) {
+  const TrainingEngine::OptimizerShard mine = engine.lora_optimizer_state();
   Backend& backend = engine.backend();
   const Tensor targets[3] = {mine.master, mine.exp_avg, mine.exp_avg_sq};
-  std::vector<float> host(static_cast<size_t>(numel));
-  for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
-    GLM_RETURN_IF_ERROR(read_checked_range(group.get(), kLoraGroup, kDatasets[d], path.string(), checksum_block, 0, host));
-    GLM_RETURN_IF_ERROR(backend.upload(targets[d], host.data()));
-  }
+  GLM_RETURN_IF_ERROR(
+      read_lora_file(dir, mine.master.numel, weights_only ? 1 : 3,
+                     [&](int d, std::span<const float> values) { return backend.upload(targets[d], values.data()); }));
   if (weights_only) {  // Adam starts over: zero moments, as a fresh optimizer has
     GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg));
     GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg_sq));
@@ -686,6 +692,51 @@ Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohman
   return c;
 }
 
+// meta.json's lora and base objects (written by save_checkpoint: lora_json, base_json).
+Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelConfig& config,
+                                      const fs::path& meta_path) {
+  if (!meta.contains("lora") || !meta["lora"].is_object() || !meta.contains("base") || !meta["base"].is_object())
+    return GLM_USER_ERROR(meta_path.string(), ": a LoRA checkpoint without the 'lora' or 'base' object");
+  const nlohmann::json& l = meta["lora"];
+  const nlohmann::json& b = meta["base"];
+  LoraCheckpointInfo out;
+  if (!l.contains("rank") || !l["rank"].is_number_integer() || l["rank"].get<int64_t>() < 1)
+    return GLM_USER_ERROR(meta_path.string(), ": field 'lora.rank' is missing or not a positive integer");
+  if (!l.contains("alpha") || !l["alpha"].is_number() || !(l["alpha"].get<double>() > 0))
+    return GLM_USER_ERROR(meta_path.string(), ": field 'lora.alpha' is missing or not a positive number");
+  if (!l.contains("targets") || !l["targets"].is_array() || l["targets"].empty())
+    return GLM_USER_ERROR(meta_path.string(), ": field 'lora.targets' is missing or not a list of module names");
+  out.config.rank = l["rank"].get<int64_t>();
+  out.config.alpha = l["alpha"].get<double>();
+  // Checkpoints written before dropout was implemented lack the field: they trained without dropout.
+  out.config.dropout = l.contains("dropout") && l["dropout"].is_number() ? l["dropout"].get<double>() : 0.0;
+  std::string names;
+  for (const auto& t : l["targets"]) {
+    if (!t.is_string()) return GLM_USER_ERROR(meta_path.string(), ": field 'lora.targets' holds a non-string");
+    names += (names.empty() ? "" : ",") + t.get<std::string>();
+  }
+  auto targets = parse_lora_targets(names);
+  if (!targets.is_ok()) return GLM_USER_ERROR(meta_path.string(), ": lora.targets: ", targets.status().message());
+  out.config.targets = targets.take();
+  const int64_t numel = LoraLayout(config, out.config).total_numel();
+  if (l.value("numel", nlohmann::json()) != nlohmann::json(numel))
+    return GLM_USER_ERROR(meta_path.string(), ": lora.numel is ", l.value("numel", nlohmann::json()).dump(),
+                          ", the LoRA layout of its model and configuration has ", numel);
+  const nlohmann::json path = b.value("model_id_or_path", nlohmann::json());
+  const nlohmann::json seed = b.value("random_init_seed", nlohmann::json());
+  if (path.is_string() && !path.get<std::string>().empty()) {
+    out.base_model = path.get<std::string>();
+  } else if (seed.is_number_unsigned() || seed.is_number_integer()) {
+    out.random_init_seed = seed.get<uint64_t>();
+  } else {
+    return GLM_USER_ERROR(meta_path.string(), ": field 'base' names neither a model_id_or_path nor a random_init_seed");
+  }
+  if (!b.contains("sum_squares") || !b["sum_squares"].is_number())
+    return GLM_USER_ERROR(meta_path.string(), ": field 'base.sum_squares' is missing or not a number");
+  out.base_sum_squares = b["sum_squares"].get<double>();
+  return out;
+}
+
 Result<nlohmann::json> read_args(const fs::path& path) {
   std::ifstream in(path);
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -700,9 +751,6 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
   CheckpointInfo info;
   info.dir = dir_name;
   GLM_ASSIGN_OR_RETURN(const nlohmann::json meta, read_meta(dir));
-  if (meta.value("train_type", "full") == "lora")
-    return GLM_USER_ERROR((dir / "meta.json").string(),
-                          ": a LoRA checkpoint (adapters only, train_type lora): exporting adapters is not implemented yet");
   for (const fs::path& args : {dir / "args.json", dir.parent_path() / "args.json"}) {
     if (fs::exists(args)) {
       GLM_ASSIGN_OR_RETURN(info.args, read_args(args));
@@ -727,11 +775,34 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
   if (meta.contains("tokenizer") && meta["tokenizer"].is_object() && meta["tokenizer"].contains("path") &&
       meta["tokenizer"]["path"].is_string())
     info.tokenizer = meta["tokenizer"]["path"].get<std::string>();
+  if (meta.value("train_type", "full") == "lora") {
+    GLM_ASSIGN_OR_RETURN(info.lora, saved_lora(meta, info.config, meta_path));
+  }
   return info;
+}
+
+bool lora_base_fingerprint_matches(double recorded, double computed) {
+  // A weak fingerprint: it tells other weights apart, not a base changed by a tiny fraction.
+  return std::abs(recorded - computed) <= kLoraBaseFingerprintTolerance * std::max(std::abs(recorded), 1.0);
+}
+
+Result<std::vector<float>> read_checkpoint_adapters(const CheckpointInfo& info) {
+  if (!info.lora)
+    return GLM_USER_ERROR("checkpoint '", info.dir, "' is a full-training checkpoint: it holds no LoRA adapters");
+  const LoraLayout layout(info.config, info.lora->config);
+  std::vector<float> adapters;
+  GLM_RETURN_IF_ERROR(read_lora_file(info.dir, layout.total_numel(), 1, [&](int, std::span<const float> values) {
+    adapters.assign(values.begin(), values.end());
+    return Status::ok();
+  }));
+  return adapters;
 }
 
 Status read_checkpoint_masters(const CheckpointInfo& info,
                                const std::function<Status(int unit, std::span<const float> values)>& sink) {
+  if (info.lora)
+    return GLM_USER_ERROR("checkpoint '", info.dir,
+                          "' is a LoRA checkpoint (train_type lora): it holds the adapters, not the model's weights");
   quiet_hdf5();
   const fs::path dir(info.dir);
   std::vector<std::unique_ptr<H5Id>> files;

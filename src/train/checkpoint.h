@@ -88,6 +88,19 @@ struct ResumeExpectation {
 Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& dir,
                                         const ResumeExpectation& expect = {});
 
+// Relative tolerance of the base fingerprint (meta.json's base.sum_squares): the sum is taken in
+// another order at another world size or ZeRO stage, and on GPUs per thread in fp32.
+inline constexpr double kLoraBaseFingerprintTolerance = 1e-5;
+bool lora_base_fingerprint_matches(double recorded, double computed);
+
+// What a LoRA checkpoint's meta.json says of its adapters and of the base they were trained on.
+struct LoraCheckpointInfo {
+  LoraConfig config;
+  std::string base_model;  // base.model_id_or_path; empty: random init with random_init_seed
+  uint64_t random_init_seed = 0;
+  double base_sum_squares = 0;  // the base weights' fingerprint
+};
+
 // A checkpoint as one process reads it without an engine or communicator (glm_hpc export).
 struct CheckpointInfo {
   std::string dir;
@@ -97,14 +110,18 @@ struct CheckpointInfo {
   int64_t step = 0;
   std::string tokenizer;  // what tokenized the training data (meta.json's path, "bytes"); empty: unknown
   nlohmann::json args;    // the run's args.json ({"command", "options"}); null when there is none
+  std::optional<LoraCheckpointInfo> lora;  // train_type lora: adapters only, no rank files
 };
 // Reads meta.json (and args.json: the checkpoint's own, else its output directory's).
 Result<CheckpointInfo> read_checkpoint_info(const std::string& dir);
 // Reassembles the fp32 master weights from every rank file (any world size and ZeRO stage), one
 // unit at a time in layout order: sink gets each unit's elements laid out as ParamLayout(config, 1)
 // lays them out, relative to the unit's offset. Missing, overlapping or unreadable slices are user
-// errors naming the file.
+// errors naming the file. A LoRA checkpoint holds no base weights: a user error.
 Status read_checkpoint_masters(const CheckpointInfo& info,
                                const std::function<Status(int unit, std::span<const float> values)>& sink);
+// A LoRA checkpoint's fp32 adapter master weights (adapters.h5), laid out as
+// LoraLayout(info.config, info.lora->config).
+Result<std::vector<float>> read_checkpoint_adapters(const CheckpointInfo& info);
 
 }  // namespace glm

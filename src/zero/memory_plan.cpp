@@ -34,7 +34,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   add("communication buffers", zero_buffer_sizes(layout, stage, zero, DType::bf16).bytes());
   add("activations and backward scratch", Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 16 * n);
   const int64_t vocab = in.model.vocab_size;
-  const int64_t chunk = std::clamp<int64_t>((int64_t{512} << 20) / (vocab * 6), 1, n);
+  const int64_t chunk = lm_head_chunk_rows(n, vocab);
   const ModelConfig& c = in.model;
   const bool flash = c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128;
   const int64_t attention =
