@@ -89,7 +89,8 @@ TEST(CliBadInput, LoraOptions) {
   expect_bad_input("--train_type qlora", "--train_type must be full or lora, got 'qlora'");
   expect_bad_input("--train_type lora --save_strategy no --target_modules query_key_value,q_proj",
                    "--target_modules: unknown module 'q_proj'");
-  expect_bad_input("--train_type lora --save_strategy no --lora_dropout 0.05", "--lora_dropout must be 0");
+  expect_bad_input("--train_type lora --save_strategy no --lora_dropout 1", "--lora_dropout must be in [0, 1)");
+  expect_bad_input("--train_type lora --save_strategy no --lora_dropout -0.1", "--lora_dropout must be in [0, 1)");
   expect_bad_input("--train_type lora --save_strategy no --lora_rank 0", "--lora_rank must be >= 1");
 }
 TEST(CliBadInput, HiddenSizeNotMatchingHeads) {

@@ -1,9 +1,11 @@
 // Every CPU reference op: finite-difference gradient checks in double on random inputs with odd
-// sizes, forward properties (causality, document boundaries, RoPE pass-through), and fp32 vs fp64.
+// sizes, forward properties (causality, document boundaries, RoPE pass-through, dropout's kept
+// fraction), and fp32 vs fp64.
 #include <gtest/gtest.h>
 
 #include <numeric>
 
+#include "kernels/counter_rng.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "test_util.h"
 
@@ -265,6 +267,69 @@ TEST(CpuOps, AdamWMatchesClosedFormFirstTwoSteps) {
   cpu::adamw(&p, &g, &m, &v, 1, s);
   expected = expected * (1 - 0.1 * 0.5) - 0.1 * gs / (std::fabs(gs) + 1e-8);
   EXPECT_NEAR(p, expected, 1e-12);
+}
+
+// Dropout's mask is Bernoulli(1 - p) per element: over 2^20 elements of one key the kept count is
+// binomial with sigma = sqrt(N p (1 - p)) (about 220 at p = 0.05, 512 at 0.5); 6 sigma never flakes
+// for a fixed key and still catches a threshold off by 1%.
+constexpr double kDropoutSigmas = 6;
+
+class Dropout : public ::testing::TestWithParam<double> {};
+
+TEST_P(Dropout, KeepsOneMinusPScaledAndIsAFunctionOfKeyAndIndex) {
+  const double p = GetParam();
+  const int64_t n = int64_t{1} << 20;
+  const uint64_t key = 0x1234abcdULL;
+  const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
+  std::vector<float> out(static_cast<size_t>(n), -7.0f);
+  cpu::dropout(out.data(), ones.data(), n, p, key, 0, false);
+  const float kept_value = static_cast<float>(1.0 / (1.0 - p));
+  int64_t kept = 0, pairs_dropped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(out[i] == 0.0f || out[i] == kept_value) << i << ": " << out[i];
+    kept += out[i] != 0.0f;
+    // Neighbours are independent: both dropped with probability p^2.
+    if (i % 2 == 1) pairs_dropped += out[i] == 0.0f && out[i - 1] == 0.0f;
+  }
+  const double nd = static_cast<double>(n);
+  EXPECT_NEAR(static_cast<double>(kept), (1 - p) * nd, kDropoutSigmas * std::sqrt(nd * p * (1 - p)));
+  const double pairs = nd / 2, q = p * p;
+  EXPECT_NEAR(static_cast<double>(pairs_dropped), q * pairs, kDropoutSigmas * std::sqrt(pairs * q * (1 - q)) + 1);
+  // The mask is counter_keep's and depends only on (key, offset + i): two chunks give the whole.
+  std::vector<float> chunked(static_cast<size_t>(n), -7.0f);
+  const int64_t split = 1001;
+  cpu::dropout(chunked.data(), ones.data(), split, p, key, 0, false);
+  cpu::dropout(chunked.data() + split, ones.data() + split, n - split, p, key, split, false);
+  EXPECT_EQ(chunked, out);
+  const uint64_t threshold = dropout_threshold(p);
+  for (int64_t i = 0; i < 1000; ++i)
+    EXPECT_EQ(out[i] != 0.0f, counter_keep(key, static_cast<uint64_t>(i), threshold)) << i;
+  // Another key, another mask.
+  std::vector<float> other(static_cast<size_t>(n));
+  cpu::dropout(other.data(), ones.data(), n, p, key + 1, 0, false);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += (other[i] != 0.0f) != (out[i] != 0.0f);
+  const double expect_differ = 2 * p * (1 - p) * nd;
+  EXPECT_NEAR(static_cast<double>(differ), expect_differ, kDropoutSigmas * std::sqrt(expect_differ));
+  // Accumulating (the backward) adds the same masked, scaled values.
+  auto x = random_vector(257, 9);
+  std::vector<double> acc = random_vector(257, 10), dropped(257);
+  const std::vector<double> before = acc;
+  cpu::dropout(dropped.data(), x.data(), 257, p, key, 5, false);
+  cpu::dropout(acc.data(), x.data(), 257, p, key, 5, true);
+  for (size_t i = 0; i < acc.size(); ++i) {
+    EXPECT_EQ(acc[i], before[i] + dropped[i]) << i;
+    EXPECT_TRUE(dropped[i] == 0.0 || dropped[i] == x[i] * (1.0 / (1.0 - p))) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Probabilities, Dropout, ::testing::Values(0.05, 0.5));
+
+TEST(CpuOps, DropoutOfZeroKeepsEverything) {
+  auto x = random_vector(33, 11);
+  std::vector<double> out(33);
+  cpu::dropout(out.data(), x.data(), 33, 0.0, 7, 0, false);
+  EXPECT_EQ(out, x);
 }
 
 TEST(CpuOps, FloatMatchesDouble) {

@@ -503,6 +503,42 @@ TEST_F(Ops, SumSquaresAndAdamW) {
   EXPECT_LT(relative_error(from_gpu(param.gpu), from_cpu(master.cpu)), kBf16OpTolerance) << "bf16 working copy";
 }
 
+// LoRA dropout: the mask must be the CPU reference's bit for bit (both draw counter_keep), the kept
+// values its within one bf16 rounding. 1000003 elements take the 16-byte vector body and a tail; the
+// slice at element 3 is misaligned (element by element throughout); a nonzero offset shifts the
+// stream. Overwritten outputs are poisoned with NaN; the accumulating form (the backward) adds onto
+// random values.
+class Dropout : public Ops, public ::testing::WithParamInterface<double> {};
+
+TEST_P(Dropout, MaskBitIdenticalToCpu) {
+  const double p = GetParam();
+  const int64_t n = 1000003, offset = 77;
+  const uint64_t key = 0x5eedULL;
+  std::vector<float> host = random_bf16(static_cast<size_t>(n), 40);
+  for (float& v : host)
+    if (v == 0.0f) v = 1.0f;  // a zero input would hide its mask bit
+  auto in = dual(host);
+  for (const int64_t start : {int64_t{0}, int64_t{3}}) {
+    SCOPED_TRACE("start " + std::to_string(start));
+    const int64_t m = n - start;
+    auto out = output(n);
+    ASSERT_TRUE(cpu_->dropout(out.cpu.slice(start, m), in.cpu.slice(start, m), p, key, offset, false).is_ok());
+    ASSERT_TRUE(gpu_->dropout(out.gpu.slice(start, m), in.gpu.slice(start, m), p, key, offset, false).is_ok());
+    const std::vector<float> g = from_gpu(out.gpu), c = from_cpu(out.cpu);
+    int64_t mask_differs = 0;
+    for (int64_t i = start; i < n; ++i) mask_differs += (g[static_cast<size_t>(i)] == 0.0f) != (c[static_cast<size_t>(i)] == 0.0f);
+    EXPECT_EQ(mask_differs, 0);
+    std::vector<float> gs(g.begin() + start, g.end()), cs(c.begin() + start, c.end());
+    EXPECT_LT(relative_error(gs, cs), kBf16OpTolerance) << "dropout";
+    auto acc = dual(random_bf16(static_cast<size_t>(n), 41));
+    ASSERT_TRUE(cpu_->dropout(acc.cpu.slice(start, m), in.cpu.slice(start, m), p, key, offset, true).is_ok());
+    ASSERT_TRUE(gpu_->dropout(acc.gpu.slice(start, m), in.gpu.slice(start, m), p, key, offset, true).is_ok());
+    expect_close(acc, "dropout accumulating");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Probabilities, Dropout, ::testing::Values(0.05, 0.5));
+
 ModelConfig small_model() {
   ModelConfig c;
   c.vocab_size = 300;
@@ -609,6 +645,48 @@ TEST(CudaModel, RecomputationIsExactOnGpu) {
     EXPECT_LT(relative_error(o.grads, none.grads), kBf16GradTolerance) << recompute_name(policy);
     EXPECT_LT(o.bytes, none.bytes) << recompute_name(policy);
   }
+}
+
+// LoRA with dropout on both backends: the same masks (counter_keep on each), so the first step's
+// loss and adapter gradients agree to bf16 tolerance, while without the mask they would not; and
+// full recomputation redraws the forward's masks on the GPU too.
+TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
+  REQUIRE_GPU();
+  const ModelConfig c = small_model();
+  auto cpu = make_cpu_backend(DType::f32);
+  auto gpu = make_cuda_backend(0).take();
+  LocalCommunicator comm;
+  std::vector<HostMicroBatch> window = {random_batch(c, 5), random_batch(c, 6)};
+  struct Outcome {
+    double loss = 0;
+    std::vector<float> grads;
+  };
+  auto run = [&](Backend& backend, double dropout, Recompute policy) {
+    LoraConfig lora;
+    lora.rank = 4;
+    lora.alpha = 8;
+    lora.dropout = dropout;
+    auto e = TrainingEngine::create(c, backend, comm, 512, AdamWOptions{}, 1.0, 0, policy, nullptr, ZeroOptions{},
+                                    &lora)
+                 .take();
+    EXPECT_TRUE(e->initialize_parameters(7).is_ok());
+    EXPECT_TRUE(e->initialize_lora(8).is_ok());
+    // B != 0, so that the masks reach the loss and every gradient.
+    EXPECT_TRUE(e->set_lora_adapters(random_bf16(static_cast<size_t>(e->lora_layout()->total_numel()), 9, 0.2)).is_ok());
+    Outcome o;
+    auto r = e->step(window, 1e-3);
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    if (r.is_ok()) o.loss = r.value().loss;
+    o.grads = e->lora_gradients().take();
+    return o;
+  };
+  const Outcome cpu_ref = run(*cpu, 0.5, Recompute::none), cpu_plain = run(*cpu, 0.0, Recompute::none);
+  const Outcome on_gpu = run(*gpu, 0.5, Recompute::none), gpu_full = run(*gpu, 0.5, Recompute::full);
+  EXPECT_GT(relative_error(cpu_plain.grads, cpu_ref.grads), 10 * kBf16GradTolerance) << "dropout changes the step";
+  EXPECT_NEAR(on_gpu.loss, cpu_ref.loss, kBf16LossTolerance * cpu_ref.loss);
+  EXPECT_LT(relative_error(on_gpu.grads, cpu_ref.grads), kBf16GradTolerance);
+  EXPECT_NEAR(gpu_full.loss, on_gpu.loss, 1e-6 * on_gpu.loss) << "recomputation";
+  EXPECT_LT(relative_error(gpu_full.grads, on_gpu.grads), kBf16GradTolerance) << "recomputation";
 }
 
 TEST(CudaModel, TransformersParityInBf16) {

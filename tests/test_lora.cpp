@@ -1,6 +1,7 @@
-// LoRA on the CPU backend: adapter gradients against central differences (fp64), B = 0 leaves the
-// base model's logits untouched, training never changes the frozen base, and merging W + s B A
-// gives the logits of base + adapter. Options: target names and refused values.
+// LoRA on the CPU backend: adapter gradients against central differences (fp64, with and without
+// dropout), B = 0 leaves the base model's logits untouched, training never changes the frozen base,
+// and merging W + s B A gives the logits of base + adapter. Dropout: the same losses under every
+// recompute policy, none in evaluation, masks keyed apart. Options: target names and refused values.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -91,10 +92,14 @@ TEST(LoraOptions, TargetsParseAndUnknownNamesAreRefused) {
   EXPECT_NE(bad.status().message().find("'q_proj'"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(parse_lora_targets("").is_ok());
   LoraConfig c;
+  EXPECT_EQ(c.dropout, 0.05) << "ms-swift's default";
   EXPECT_TRUE(c.validate().is_ok());
-  c.dropout = 0.05;
-  EXPECT_NE(c.validate().message().find("--lora_dropout"), std::string::npos);
+  for (const double refused : {1.0, -0.1, std::nan("")}) {
+    c.dropout = refused;
+    EXPECT_NE(c.validate().message().find("--lora_dropout must be in [0, 1)"), std::string::npos) << refused;
+  }
   c.dropout = 0;
+  EXPECT_TRUE(c.validate().is_ok());
   c.rank = 0;
   EXPECT_NE(c.validate().message().find("--lora_rank"), std::string::npos);
 }
@@ -134,15 +139,20 @@ TEST(LoraLayout, ShapesFollowTheLinearsAndPeftInitialisation) {
 }
 
 // Every adapter element's gradient against central differences, with every recompute policy (the
-// recomputed forward redoes the adapters of three of the four linears).
-class LoraGradients : public ::testing::TestWithParam<Recompute> {};
+// recomputed forward redoes the adapters of three of the four linears) and with dropout off and on:
+// the training loss is a smooth function of the adapters for a fixed mask key, and backward must
+// redraw the forward's masks (a mask differing in one element is an O(1) error somewhere).
+class LoraGradients : public ::testing::TestWithParam<std::tuple<Recompute, double>> {};
 
 TEST_P(LoraGradients, MatchFiniteDifferences) {
+  const auto [recompute, dropout] = GetParam();
   const ModelConfig config = tiny_config();
   auto backend = make_cpu_backend(DType::f64);
-  auto model = Glm4Model::create(config, *backend, 16, 1, GetParam()).take();
+  auto model = Glm4Model::create(config, *backend, 16, 1, recompute).take();
   const ParamLayout& layout = model->layout();
-  const LoraLayout lora(config, lora_config());
+  LoraConfig lora_options = lora_config();
+  lora_options.dropout = dropout;
+  const LoraLayout lora(config, lora_options);
   std::vector<double> params(static_cast<size_t>(layout.total_numel()), 0.0);
   auto noise = random_vector(params.size(), 11, 0.5);
   for (const auto& e : layout.entries())
@@ -159,22 +169,33 @@ TEST_P(LoraGradients, MatchFiniteDifferences) {
   HostBatch hb = two_document_batch();
   MicroBatch batch = hb.view();
   const double count = 7;
-  auto loss = [&] {
-    EXPECT_TRUE(model->forward(batch, provider).is_ok());
+  constexpr uint64_t kKey = 0xd20b;
+  auto sum = [&] {
     const double* l = model->losses().as<double>();
     return std::accumulate(l, l + batch.n, 0.0) / count;
   };
+  // The training loss with the masks of kKey (its gradient lands in `grads` and is ignored).
+  auto loss = [&] {
+    EXPECT_TRUE(model->forward_backward(batch, 1.0 / count, provider, kKey).is_ok());
+    return sum();
+  };
   const std::vector<double> base_before = params;
-  ASSERT_TRUE(model->forward_backward(batch, 1.0 / count, provider).is_ok());
+  ASSERT_TRUE(model->forward_backward(batch, 1.0 / count, provider, kKey).is_ok());
   EXPECT_EQ(params, base_before) << "backward wrote into frozen parameters";
-  const double* l = model->losses().as<double>();
-  EXPECT_NEAR(std::accumulate(l, l + batch.n, 0.0) / count, loss(), 1e-14);
+  const double train_loss = sum();
+  const std::vector<double> analytic_all = grads;
+  ASSERT_TRUE(model->forward(batch, provider).is_ok());
+  if (dropout == 0) {
+    EXPECT_NEAR(train_loss, sum(), 1e-14) << "without dropout a training step's loss is the evaluation loss";
+  } else {
+    EXPECT_GT(std::fabs(train_loss - sum()), 1e-3) << "dropout in training, none in evaluation";
+  }
   for (const LoraEntry& e : lora.entries()) {
     for (const auto& [offset, numel, what] :
          {std::tuple{e.a_offset, lora.rank() * e.in_features, "lora_A"},
           std::tuple{e.b_offset, lora.rank() * e.out_features, "lora_B"}}) {
       std::vector<double> x(adapters.begin() + offset, adapters.begin() + offset + numel);
-      std::vector<double> analytic(grads.begin() + offset, grads.begin() + offset + numel);
+      std::vector<double> analytic(analytic_all.begin() + offset, analytic_all.begin() + offset + numel);
       auto entry_loss = [&] {
         std::copy(x.begin(), x.end(), adapters.begin() + offset);
         return loss();
@@ -186,13 +207,15 @@ TEST_P(LoraGradients, MatchFiniteDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recompute, LoraGradients,
-                         ::testing::Values(Recompute::none, Recompute::selective, Recompute::full));
+INSTANTIATE_TEST_SUITE_P(RecomputeAndDropout, LoraGradients,
+                         ::testing::Combine(::testing::Values(Recompute::none, Recompute::selective, Recompute::full),
+                                            ::testing::Values(0.0, 0.5)));
 
 std::unique_ptr<TrainingEngine> make_engine(const ModelConfig& config, Backend& backend, Communicator& comm,
-                                            const LoraConfig* lora, int zero_stage = 0) {
+                                            const LoraConfig* lora, int zero_stage = 0,
+                                            Recompute recompute = Recompute::none) {
   auto e = TrainingEngine::create(config, backend, comm, 32, AdamWOptions{0.9, 0.999, 1e-8, 0.01}, 1.0, zero_stage,
-                                  Recompute::none, nullptr, ZeroOptions{}, lora);
+                                  recompute, nullptr, ZeroOptions{}, lora);
   EXPECT_TRUE(e.is_ok()) << e.status().message();
   auto engine = e.take();
   EXPECT_TRUE(engine->initialize_parameters(5).is_ok());
@@ -303,6 +326,89 @@ TEST(LoraEngine, ZeroStageThreeKeepsTheBasePartitionedAndGivesTheSameLosses) {
     EXPECT_EQ(a.value().loss, b.value().loss) << "step " << step;
   }
   EXPECT_EQ(stage3->memory().gradient_bytes, 0);
+}
+
+// Dropout's masks are redrawn from their key in backward and by recomputation, never stored: the
+// losses and adapters of several steps are bit-identical under every recompute policy.
+TEST(LoraDropout, SameLossesUnderEveryRecomputePolicy) {
+  const ModelConfig config = tiny_config();
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  LoraConfig lora = lora_config();
+  lora.dropout = 0.3;
+  std::vector<HostMicroBatch> micro = {random_documents(config.vocab_size, 41, {9, 6}, 1),
+                                       random_documents(config.vocab_size, 42, {12}, 3)};
+  auto run = [&](Recompute recompute, double dropout) {
+    lora.dropout = dropout;
+    auto engine = make_engine(config, *backend, comm, &lora, 0, recompute);
+    std::vector<double> losses;
+    for (int step = 0; step < 4; ++step) {
+      auto r = engine->step(micro, 5e-2);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      losses.push_back(r.is_ok() ? r.value().loss : 0.0);
+    }
+    return std::pair{losses, engine->lora_adapters().take()};
+  };
+  const auto none = run(Recompute::none, 0.3);
+  for (Recompute recompute : {Recompute::selective, Recompute::full}) {
+    const auto other = run(recompute, 0.3);
+    EXPECT_EQ(other.first, none.first) << recompute_name(recompute);
+    EXPECT_EQ(other.second, none.second) << recompute_name(recompute);
+  }
+  // Steps after the first (B = 0 at the start hides every mask) differ from dropout-free training.
+  const auto plain = run(Recompute::none, 0.0);
+  EXPECT_EQ(plain.first[0], none.first[0]);
+  EXPECT_NE(plain.first[1], none.first[1]);
+}
+
+// Evaluation (logits, eval loss) uses no dropout; training steps do; the scratch for dropout(x) is
+// allocated up front and counted, and only when dropout is on.
+TEST(LoraDropout, EvaluationHasNoDropoutAndTheScratchIsCounted) {
+  const ModelConfig config = tiny_config();
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  LoraConfig with = lora_config(), without = lora_config();
+  with.dropout = 0.5;
+  without.dropout = 0;
+  auto dropped = make_engine(config, *backend, comm, &with);
+  auto plain = make_engine(config, *backend, comm, &without);
+  // Random A and B: the adapters change the logits, so a mask would show.
+  auto adapters = random_vector(static_cast<size_t>(dropped->lora_layout()->total_numel()), 51, 0.5);
+  const std::vector<float> values(adapters.begin(), adapters.end());
+  ASSERT_TRUE(dropped->set_lora_adapters(values).is_ok());
+  ASSERT_TRUE(plain->set_lora_adapters(values).is_ok());
+  const HostMicroBatch batch = random_documents(config.vocab_size, 52, {8, 5}, 0);
+  std::vector<float> a, b;
+  ASSERT_TRUE(dropped->logits(batch, a).is_ok());
+  ASSERT_TRUE(plain->logits(batch, b).is_ok());
+  EXPECT_EQ(a, b) << "logits";
+  auto ea = dropped->evaluate(batch), eb = plain->evaluate(batch);
+  ASSERT_TRUE(ea.is_ok() && eb.is_ok());
+  EXPECT_EQ(ea.value().loss_sum, eb.value().loss_sum) << "eval loss";
+  auto ta = dropped->step(std::vector<HostMicroBatch>{batch}, 0.0), tb = plain->step(std::vector<HostMicroBatch>{batch}, 0.0);
+  ASSERT_TRUE(ta.is_ok() && tb.is_ok());
+  EXPECT_GT(std::fabs(ta.value().loss - tb.value().loss), 1e-3) << "a training step drops";
+  // After the step (lr 0: nothing moved) evaluation is still dropout-free.
+  ASSERT_TRUE(dropped->logits(batch, a).is_ok());
+  EXPECT_EQ(a, b) << "logits after a training step";
+  const int64_t scratch = 32 * dropped->lora_layout()->max_in_features() * static_cast<int64_t>(sizeof(float));
+  EXPECT_EQ(dropped->activation_bytes() - plain->activation_bytes(), scratch);
+}
+
+// Keys: another seed, step, micro-batch or rank (every rank its own masks) gives another key, and
+// every adapter of a micro-batch its own stream.
+TEST(LoraDropout, KeysSeparateSeedStepMicroBatchRankAndAdapter) {
+  const uint64_t k = lora_dropout_key(42, 3, 1, 0);
+  EXPECT_EQ(k, lora_dropout_key(42, 3, 1, 0));
+  for (const uint64_t other : {lora_dropout_key(43, 3, 1, 0), lora_dropout_key(42, 4, 1, 0),
+                               lora_dropout_key(42, 3, 0, 0), lora_dropout_key(42, 3, 1, 1),
+                               lora_dropout_key(42, 1, 3, 0)})
+    EXPECT_NE(other, k);
+  const LoraLayout layout(tiny_config(), lora_config());
+  std::vector<uint64_t> streams;
+  for (const LoraEntry& e : layout.entries()) streams.push_back(lora_dropout_entry_key(k, e));
+  std::sort(streams.begin(), streams.end());
+  EXPECT_EQ(std::unique(streams.begin(), streams.end()), streams.end());
 }
 
 }  // namespace

@@ -274,7 +274,7 @@ TEST(LoraExport, PeftAdapterHoldsTheEngineAdapters) {
   EXPECT_EQ(cfg["task_type"], "CAUSAL_LM");
   EXPECT_EQ(cfg["r"], 4);
   EXPECT_EQ(cfg["lora_alpha"], 12);
-  EXPECT_EQ(cfg["lora_dropout"], 0.0);
+  EXPECT_EQ(cfg["lora_dropout"], tiny("lora").lora.dropout) << "the run's, from meta.json (the default 0.05)";
   EXPECT_EQ(cfg["target_modules"],
             nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}));
   EXPECT_EQ(cfg["bias"], "none");

@@ -1,8 +1,9 @@
 // Under mpirun -np N: LoRA training through train() gives the same loss trajectory at every world
 // size and at ZeRO stages 0 and 3 (the frozen base partitioned) as one process, and every rank ends
 // with identical adapters; the base's gradient and optimizer memory is zero. LoRA checkpoints:
-// resume is bitwise the straight run, and checkpoints of another LoRA configuration, base or
-// train_type are refused naming the field.
+// resume is bitwise the straight run (with the default dropout: the masks are keyed on the global
+// step), and checkpoints of another LoRA configuration, base or train_type are refused naming the
+// field; another --lora_dropout resumes.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -71,6 +72,7 @@ const Reference& reference() {
     if (rank == 0) {
       TrainConfig single = lora_config();
       single.gradient_accumulation_steps = kGlobalBatch;
+      single.lora.dropout = 0;  // as LoraWorld
       MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
       auto backend = make_cpu_backend(DType::f32);
       auto s = train(single, dataset(), self, *backend);
@@ -98,6 +100,9 @@ TEST_P(LoraWorld, SameTrajectoryAsOneProcess) {
   config.zero_stage = stage;
   config.recompute = recompute;
   config.per_device_train_batch_size = kGlobalBatch / comm.size();
+  // Dropout masks are keyed by (step, micro-batch, rank): another split of the global batch draws
+  // other masks, so world-size invariance holds without dropout only.
+  config.lora.dropout = 0;
   auto backend = make_cpu_backend(DType::f32);
   auto r = train(config, dataset(), comm, *backend);
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -177,6 +182,7 @@ TEST_P(LoraResume, ResumedRunEqualsTheStraightOneBitwise) {
   EXPECT_EQ(meta["train_type"], "lora");
   EXPECT_EQ(meta["lora"]["rank"], 4);
   EXPECT_EQ(meta["lora"]["alpha"], 8.0);
+  EXPECT_EQ(meta["lora"]["dropout"], 0.05) << "the default, under which this test runs";
   EXPECT_EQ(meta["lora"]["targets"].size(), 4u);
   EXPECT_EQ(meta["base"]["random_init_seed"], lora_config().seed);
   EXPECT_GT(meta["base"]["sum_squares"].get<double>(), 0.0);
@@ -235,6 +241,17 @@ TEST(LoraCheckpoint, AnotherLoraConfigurationOrBaseIsRefused) {
     c.resume_from_checkpoint = ckpt;
     c.lora.targets = {LoraTarget::dense_4h_to_h, LoraTarget::dense, LoraTarget::query_key_value,
                       LoraTarget::dense_h_to_4h};
+    auto r = run(c, comm);
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+  }
+  // Another --lora_dropout resumes (as in HF/ms-swift): it changes no adapter shape or value.
+  {
+    TrainConfig c = lora_config();
+    c.max_steps = 6;
+    c.per_device_train_batch_size = kGlobalBatch / comm.size();
+    c.save_strategy = "no";
+    c.resume_from_checkpoint = ckpt;
+    c.lora.dropout = 0.1;
     auto r = run(c, comm);
     EXPECT_TRUE(r.is_ok()) << r.status().message();
   }

@@ -11,7 +11,7 @@
 //   --out: a safetensors file holding "logits" F32 [rows, length, vocab_size].
 //   --bf16_weights: full checkpoints only (a LoRA checkpoint's base is used as it was trained).
 //   --model_id_or_path: a LoRA checkpoint's base when it moved from where meta.json says.
-//   --grads_out (LoRA checkpoints): the loss and the adapter gradients of one batch, every row's
+//   --grads_out (LoRA checkpoints): the loss and the adapter gradients of one batch (no dropout), every row's
 //     tokens its labels (transformers' labels = input_ids: each position predicts the next token,
 //     the mean over all predicted tokens of all rows). A safetensors file with "loss" F64 [1] and
 //     F32 gradients under PEFT's names for GlmForCausalLM (without the adapter name "default"):
@@ -117,7 +117,13 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   }
   auto backend = glm::make_cpu_backend(glm::DType::f32);
   glm::LocalCommunicator comm;
-  const glm::LoraConfig* lora_config = lora ? &info->lora->config : nullptr;
+  // The gradients of the function PEFT evaluates in eval mode: no dropout, whatever the run trained with.
+  std::optional<glm::LoraConfig> eval_lora;
+  if (lora) {
+    eval_lora = info->lora->config;
+    eval_lora->dropout = 0;
+  }
+  const glm::LoraConfig* lora_config = eval_lora ? &*eval_lora : nullptr;
   GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(
                                         config, *backend, comm, batch.size(),
                                         lora ? std::optional<glm::AdamWOptions>(glm::AdamWOptions{}) : std::nullopt,

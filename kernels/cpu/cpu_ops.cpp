@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/counter_rng.h"
+
 namespace glm::cpu {
 
 template <typename T>
@@ -314,6 +316,16 @@ void add(T* out, const T* a, const T* b, int64_t count) {
 }
 
 template <typename T>
+void dropout(T* out, const T* in, int64_t count, double p, uint64_t key, int64_t offset, bool accumulate) {
+  const uint64_t threshold = dropout_threshold(p);
+  const T scale = static_cast<T>(1.0 / (1.0 - p));
+  for (int64_t i = 0; i < count; ++i) {
+    const T v = counter_keep(key, static_cast<uint64_t>(offset + i), threshold) ? in[i] * scale : T(0);
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+template <typename T>
 double sum_squares(const T* x, int64_t count) {
   double s = 0;
   for (int64_t i = 0; i < count; ++i) s += static_cast<double>(x[i]) * x[i];
@@ -354,6 +366,7 @@ void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, co
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                                  \
   template int64_t cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, double, int32_t*);     \
   template void add<T>(T*, const T*, const T*, int64_t);                                                       \
+  template void dropout<T>(T*, const T*, int64_t, double, uint64_t, int64_t, bool);                            \
   template double sum_squares<T>(const T*, int64_t);                                                           \
   template void adamw<T>(T*, const T*, T*, T*, int64_t, const AdamWStep&);
 

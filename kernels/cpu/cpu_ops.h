@@ -76,6 +76,13 @@ int64_t cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* tar
 template <typename T>
 void add(T* out, const T* a, const T* b, int64_t count);
 
+// Dropout (PEFT's nn.Dropout on a LoRA adapter's input): element i is kept when
+// counter_keep(key, offset + i, dropout_threshold(p)) (kernels/counter_rng.h) and scaled by
+// 1 / (1 - p), else 0. out = that, or out += that when accumulate (the backward: the same mask on the
+// gradient). out may alias in.
+template <typename T>
+void dropout(T* out, const T* in, int64_t count, double p, uint64_t key, int64_t offset, bool accumulate);
+
 // Sum of squares accumulated in double.
 template <typename T>
 double sum_squares(const T* x, int64_t count);

@@ -198,7 +198,8 @@ class OptionTable {
     add(tuner, "lora_rank", &t.lora.rank, "LoRA rank r");
     add(tuner, "lora_alpha", &t.lora.alpha, "LoRA alpha: the adapter output is scaled by alpha / r");
     add(tuner, "lora_dropout", &t.lora.dropout,
-        "dropout on the LoRA input; only 0 is implemented so far (ms-swift's default is 0.05)");
+        "dropout probability on each adapter's input during training steps (PEFT's lora_dropout; not in "
+        "evaluation); 0 disables it");
     add(tuner, "target_modules", &o_.target_modules,
         "all-linear, or a comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h (the lm_head is "
         "never adapted)");
@@ -320,8 +321,6 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
     GLM_RETURN_IF_ERROR(check(t.lora.rank >= 1, src, "lora_rank", "must be >= 1"));
     GLM_RETURN_IF_ERROR(check(t.lora.alpha > 0 && std::isfinite(t.lora.alpha), src, "lora_alpha", "must be positive"));
     GLM_RETURN_IF_ERROR(check(t.lora.dropout >= 0 && t.lora.dropout < 1, src, "lora_dropout", "must be in [0, 1)"));
-    GLM_RETURN_IF_ERROR(check(t.lora.dropout == 0, src, "lora_dropout",
-                              "must be 0: dropout on the LoRA input is not implemented yet"));
     t.base_model = o.model_id_or_path;  // LoRA checkpoints record their base
   }
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));

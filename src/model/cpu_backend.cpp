@@ -180,6 +180,12 @@ class CpuBackend final : public Backend {
     }
     return Status::ok();
   }
+  Status dropout(Tensor out, Tensor in, double prob, uint64_t key, int64_t offset, bool accumulate) override {
+    if (out.numel != in.numel) return GLM_INTERNAL_ERROR("dropout size mismatch ", out.numel, " vs ", in.numel);
+    if (!(prob >= 0 && prob < 1)) return GLM_INTERNAL_ERROR("dropout probability ", prob, " outside [0, 1)");
+    cpu::dropout(p(out), p(in), out.numel, prob, key, offset, accumulate);
+    return Status::ok();
+  }
   Result<double> sum_squares(Tensor x) override { return cpu::sum_squares(p(x), x.numel); }
   Status fill(Tensor dst, double value) override {
     std::fill(p(dst), p(dst) + dst.numel, static_cast<T>(value));

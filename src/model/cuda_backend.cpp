@@ -14,6 +14,7 @@
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cross_entropy.cuh"
+#include "kernels/cuda/dropout.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/flash_attention.cuh"
@@ -427,6 +428,13 @@ class CudaBackend final : public Backend {
                                                          vocab, stream_));
       }
     }
+    return Status::ok();
+  }
+  Status dropout(Tensor out, Tensor in, double p, uint64_t key, int64_t offset, bool accumulate) override {
+    if (out.numel != in.numel) return GLM_INTERNAL_ERROR("dropout size mismatch ", out.numel, " vs ", in.numel);
+    if (out.dtype != DType::bf16 || in.dtype != DType::bf16)
+      return GLM_INTERNAL_ERROR("dropout of ", dtype_name(in.dtype), " into ", dtype_name(out.dtype));
+    GLM_CUDA_RETURN(cuda::dropout(b(out), b(in), out.numel, p, key, offset, accumulate, stream_));
     return Status::ok();
   }
   Result<double> sum_squares(Tensor x) override {

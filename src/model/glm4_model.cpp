@@ -106,6 +106,11 @@ Status Glm4Model::attach_lora(const LoraLayout& layout, Tensor params, Tensor gr
   GLM_ASSIGN_OR_RETURN(lora_u_storage_, backend_.allocate(std::max<int64_t>(1, entries) * u_numel, backend_.compute_dtype()));
   GLM_ASSIGN_OR_RETURN(lora_du_, backend_.allocate(u_numel, backend_.compute_dtype()));
   activation_bytes_ += static_cast<int64_t>(lora_u_storage_.tensor().bytes() + lora_du_.tensor().bytes());
+  if (layout.config().dropout > 0) {
+    GLM_ASSIGN_OR_RETURN(lora_dropped_,
+                         backend_.allocate(max_tokens_ * layout.max_in_features(), backend_.compute_dtype()));
+    activation_bytes_ += static_cast<int64_t>(lora_dropped_.tensor().bytes());
+  }
   lora_ = &layout;
   lora_params_ = params;
   lora_grads_ = grads;
@@ -128,7 +133,13 @@ Status Glm4Model::lora_forward(int64_t l, LoraTarget target, Tensor out, Tensor 
   const int64_t r = lora_->rank();
   Tensor a = lora_params_.slice(e.a_offset, r * e.in_features), bt = lora_params_.slice(e.b_offset, r * e.out_features);
   Tensor u = lora_u_storage_.slice(static_cast<int64_t>(index) * max_tokens_ * r, n * r);
-  GLM_RETURN_IF_ERROR(backend_.linear_forward(u, in, a, Tensor{}, n, e.in_features, r));
+  Tensor x = in;
+  if (lora_dropout_active_) {  // PEFT: lora_B(lora_A(dropout(x))); the base linear saw x itself
+    x = lora_dropped_.slice(0, n * e.in_features);
+    GLM_RETURN_IF_ERROR(backend_.dropout(x, in, lora_->config().dropout, lora_dropout_entry_key(lora_dropout_key_, e),
+                                         0, /*accumulate=*/false));
+  }
+  GLM_RETURN_IF_ERROR(backend_.linear_forward(u, x, a, Tensor{}, n, e.in_features, r));
   GLM_RETURN_IF_ERROR(backend_.scale(u, lora_->config().scale()));
   // out[n, out] = u[n, r] Bt[r, out]: the input-gradient GEMM of a [r, out] weight (the base GEMM adds on).
   return backend_.linear_backward(out, Tensor{}, Tensor{}, u, Tensor{}, bt, n, e.out_features, r, false);
@@ -149,7 +160,17 @@ Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor
   GLM_RETURN_IF_ERROR(backend_.linear_backward(Tensor{}, gbt, Tensor{}, u, dout, bt, n, e.out_features, r, false));
   // d(A x) = scale * du: dA += (scale du)^T x, din = (scale du) A (the base's input gradient adds on).
   GLM_RETURN_IF_ERROR(backend_.scale(du, lora_->config().scale()));
-  return backend_.linear_backward(din, ga, Tensor{}, du, in, a, n, e.in_features, r, false);
+  if (!lora_dropout_active_) return backend_.linear_backward(din, ga, Tensor{}, du, in, a, n, e.in_features, r, false);
+  // With dropout the adapter's input was dropout(x): dA += (scale du)^T dropout(x), redrawn into the
+  // scratch from the same key; din = dropout'((scale du) A), the same mask and 1 / (1 - p).
+  const double p = lora_->config().dropout;
+  const uint64_t key = lora_dropout_entry_key(lora_dropout_key_, e);
+  Tensor scratch = lora_dropped_.slice(0, n * e.in_features);
+  GLM_RETURN_IF_ERROR(backend_.dropout(scratch, in, p, key, 0, /*accumulate=*/false));
+  GLM_RETURN_IF_ERROR(backend_.linear_backward(Tensor{}, ga, Tensor{}, du, scratch, a, n, e.in_features, r, false));
+  GLM_RETURN_IF_ERROR(
+      backend_.linear_backward(scratch, Tensor{}, Tensor{}, du, Tensor{}, a, n, e.in_features, r, false));
+  return backend_.dropout(din, scratch, p, key, 0, /*accumulate=*/false);
 }
 
 int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats,
@@ -170,8 +191,9 @@ Tensor Glm4Model::view(Tensor unit_base, int entry) const {
   return unit_base.slice(e.offset - layout_.units()[static_cast<size_t>(e.unit)].offset, e.numel);
 }
 
-Status Glm4Model::forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params) {
-  return run(batch, true, grad_scale, params);
+Status Glm4Model::forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params,
+                                   uint64_t dropout_key) {
+  return run(batch, true, grad_scale, params, Tensor{}, dropout_key);
 }
 
 Status Glm4Model::forward(const MicroBatch& batch, ParameterProvider& params, Tensor correct) {
@@ -308,6 +330,7 @@ Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params)
 }
 
 Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params, Tensor logits) {
+  lora_dropout_active_ = false;  // evaluation
   GLM_RETURN_IF_ERROR(forward_layers(b, params));
   const int64_t n = b.n, h = config_.hidden_size;
   const int head = layout_.head_unit();
@@ -322,7 +345,10 @@ Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params,
 }
 
 Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params,
-                      Tensor correct) {
+                      Tensor correct, uint64_t dropout_key) {
+  // LoRA dropout only in training steps; p = 0 takes the dropout-free path.
+  lora_dropout_active_ = with_grad && lora_ != nullptr && lora_->config().dropout > 0;
+  lora_dropout_key_ = dropout_key;
   GLM_RETURN_IF_ERROR(forward_layers(b, params));
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
 

@@ -59,13 +59,17 @@ class Glm4Model {
 
   // Adds trainable LoRA adapters (model/lora.h) to the layers' linears: params and grads are laid
   // out as `layout` (which must outlive the model); backward accumulates into grads. Allocates
-  // each adapter's rank-wide intermediate for max_tokens tokens.
+  // each adapter's rank-wide intermediate for max_tokens tokens, and with dropout one scratch of
+  // max_tokens x the widest adapter input that every adapter reuses for dropout(x).
   Status attach_lora(const LoraLayout& layout, Tensor params, Tensor grads);
   const LoraLayout* lora() const { return lora_; }
 
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
-  // provider's gradient slots. Per-token losses land in losses().
-  Status forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params);
+  // provider's gradient slots. Per-token losses land in losses(). LoRA dropout (a training step's
+  // only randomness) draws its masks from dropout_key (lora_dropout_key() in model/lora.h);
+  // forward() and forward_logits() are evaluation: no dropout.
+  Status forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params,
+                          uint64_t dropout_key = 0);
   // Forward only (evaluation): per-token losses in losses(); with correct (i32, batch.n) non-empty
   // also 1 per token whose logits' argmax is its target (token accuracy), else 0.
   Status forward(const MicroBatch& batch, ParameterProvider& params, Tensor correct = Tensor{});
@@ -77,7 +81,7 @@ class Glm4Model {
   Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params,
-             Tensor correct = Tensor{});
+             Tensor correct = Tensor{}, uint64_t dropout_key = 0);
   // Embedding and every layer; the last layer's output is residual_[L].
   Status forward_layers(const MicroBatch& batch, ParameterProvider& params);
   // The layer's forward; with to_output false it stops before the MLP's down projection (the
@@ -130,6 +134,11 @@ class Glm4Model {
   const LoraLayout* lora_ = nullptr;
   Tensor lora_params_, lora_grads_;
   Buffer lora_u_storage_, lora_du_;
+  // LoRA dropout: the current step's micro-batch key, and dropout(x) (forward, then again in backward:
+  // masks are redrawn, never stored) or the masked input gradient, for one adapter at a time.
+  bool lora_dropout_active_ = false;
+  uint64_t lora_dropout_key_ = 0;
+  Buffer lora_dropped_;
 };
 
 }  // namespace glm

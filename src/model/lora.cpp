@@ -72,9 +72,6 @@ Status LoraConfig::validate() const {
   if (rank < 1) return GLM_USER_ERROR("--lora_rank must be >= 1, got ", rank);
   if (!(alpha > 0) || !std::isfinite(alpha)) return GLM_USER_ERROR("--lora_alpha must be a positive number, got ", alpha);
   if (!(dropout >= 0 && dropout < 1)) return GLM_USER_ERROR("--lora_dropout must be in [0, 1), got ", dropout);
-  if (dropout != 0)
-    return GLM_USER_ERROR("--lora_dropout ", dropout,
-                          ": dropout on the LoRA input is not implemented yet; only --lora_dropout 0 is supported");
   if (targets.empty()) return GLM_USER_ERROR("--target_modules names no module");
   return Status::ok();
 }
@@ -111,10 +108,29 @@ LoraLayout::LoraLayout(const ModelConfig& c, const LoraConfig& lora) : lora_(lor
   total_ = align_up(total_, a);
 }
 
+int64_t LoraLayout::max_in_features() const {
+  int64_t m = 0;
+  for (const LoraEntry& e : entries_) m = std::max(m, e.in_features);
+  return m;
+}
+
 int64_t LoraLayout::parameter_count() const {
   int64_t n = 0;
   for (const LoraEntry& e : entries_) n += lora_.rank * (e.in_features + e.out_features);
   return n;
+}
+
+uint64_t lora_dropout_key(uint64_t seed, int64_t step, int64_t micro_batch, int rank) {
+  // Chained mixing: (step, micro-batch, rank) tuples that xor alike still get unrelated keys.
+  uint64_t k = splitmix64_mix(seed ^ 0x4c6f5244726f70ULL);  // "LoRDrop"
+  k = splitmix64_mix(k ^ static_cast<uint64_t>(step));
+  k = splitmix64_mix(k ^ static_cast<uint64_t>(micro_batch));
+  return splitmix64_mix(k ^ static_cast<uint64_t>(rank));
+}
+
+uint64_t lora_dropout_entry_key(uint64_t micro_batch_key, const LoraEntry& e) {
+  const uint64_t entry = static_cast<uint64_t>(e.layer) * kLoraTargetCount + static_cast<uint64_t>(e.target);
+  return splitmix64_mix(micro_batch_key ^ splitmix64_mix(entry));
 }
 
 std::vector<float> initial_lora_values(const LoraLayout& layout, uint64_t seed) {

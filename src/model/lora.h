@@ -26,8 +26,10 @@ std::string lora_targets_text(const std::vector<LoraTarget>& targets);
 struct LoraConfig {
   int64_t rank = 8;
   double alpha = 32;
-  // Dropout on the adapter input. Only 0 is implemented: validate() refuses other values.
-  double dropout = 0.0;
+  // PEFT's lora_dropout: during training steps the adapter sees dropout(x) (each element zeroed with
+  // probability p, the kept ones scaled by 1 / (1 - p)), the base x; evaluation uses no dropout.
+  // 0.05 is ms-swift's default; 0 takes exactly the dropout-free path.
+  double dropout = 0.05;
   std::vector<LoraTarget> targets{LoraTarget::query_key_value, LoraTarget::dense, LoraTarget::dense_h_to_4h,
                                   LoraTarget::dense_4h_to_h};
   double scale() const { return alpha / static_cast<double>(rank); }  // PEFT's scaling (no rsLoRA)
@@ -53,6 +55,7 @@ class LoraLayout {
   const LoraConfig& config() const { return lora_; }
   int64_t rank() const { return lora_.rank; }
   const std::vector<LoraEntry>& entries() const { return entries_; }
+  int64_t max_in_features() const;  // the widest adapter input (the dropout scratch's row)
   int64_t total_numel() const { return total_; }  // padded
   int64_t parameter_count() const;               // unpadded
   // Index into entries() of layer l's adapter on `target`, -1 when not targeted.
@@ -66,6 +69,14 @@ class LoraLayout {
   std::vector<std::array<int, kLoraTargetCount>> index_;
   int64_t total_ = 0;
 };
+
+// Keys of the dropout masks (kernels/counter_rng.h), never stored: one micro-batch's key is a function
+// of (seed, optimizer step, micro-batch within the step, rank) only, so that every rank draws its own
+// masks, a resumed run the straight run's (the step is the global one) and recomputation in backward
+// the forward's. Element t * in_features + i of an adapter's input [n, in_features] is masked by
+// element t * in_features + i of its entry's stream.
+uint64_t lora_dropout_key(uint64_t seed, int64_t step, int64_t micro_batch, int rank);
+uint64_t lora_dropout_entry_key(uint64_t micro_batch_key, const LoraEntry& entry);
 
 // PEFT's initialisation: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) from a
 // counter-based stream per (seed, layer, target), so every rank and backend draws the same; B = 0.

@@ -135,7 +135,9 @@ nlohmann::json lora_json(const LoraConfig& c, int64_t numel) {
   std::sort(sorted.begin(), sorted.end());
   nlohmann::json targets = nlohmann::json::array();
   for (LoraTarget t : sorted) targets.push_back(lora_target_name(t));
-  return {{"rank", c.rank}, {"alpha", c.alpha}, {"targets", targets}, {"numel", numel}};
+  // dropout is recorded but not compared on resume: it changes no shape or value of the adapters, and
+  // HF/ms-swift let a resumed run change lora_dropout too.
+  return {{"rank", c.rank}, {"alpha", c.alpha}, {"dropout", c.dropout}, {"targets", targets}, {"numel", numel}};
 }
 
 // The base a LoRA checkpoint's adapters were trained on.
@@ -706,7 +708,8 @@ Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelCon
     return GLM_USER_ERROR(meta_path.string(), ": field 'lora.targets' is missing or not a list of module names");
   out.config.rank = l["rank"].get<int64_t>();
   out.config.alpha = l["alpha"].get<double>();
-  if (l.contains("dropout") && l["dropout"].is_number()) out.config.dropout = l["dropout"].get<double>();
+  // Checkpoints written before dropout was implemented lack the field: they trained without dropout.
+  out.config.dropout = l.contains("dropout") && l["dropout"].is_number() ? l["dropout"].get<double>() : 0.0;
   std::string names;
   for (const auto& t : l["targets"]) {
     if (!t.is_string()) return GLM_USER_ERROR(meta_path.string(), ": field 'lora.targets' holds a non-string");

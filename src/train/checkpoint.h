@@ -17,9 +17,10 @@
 // master weights and Adam moments in one file, adapters.h5, that rank 0 writes (the adapters and
 // their optimizer are replicated, bit-identical on every rank; every rank reads the whole file on
 // resume, at any world size and ZeRO stage). meta.json names the LoRA configuration (rank, alpha,
-// targets) and the base: --model_id_or_path or random init with its seed, its configuration, and the
-// sum of squares of its weights as a fingerprint. Resuming with another base or LoRA configuration,
-// or a LoRA checkpoint in full training (and the reverse), is refused naming the field.
+// dropout, targets) and the base: --model_id_or_path or random init with its seed, its configuration, and the
+// sum of squares of its weights as a fingerprint. Resuming with another base or LoRA configuration
+// (rank, alpha, targets), or a LoRA checkpoint in full training (and the reverse), is refused naming
+// the field; another --lora_dropout is allowed, as in HF/ms-swift (it changes no adapter shape).
 #pragma once
 
 #include <cstdint>

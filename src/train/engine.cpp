@@ -69,6 +69,7 @@ int64_t TrainingEngine::steps_taken() const {
 
 Status TrainingEngine::initialize_lora(uint64_t seed) {
   if (!lora_layout_) return GLM_INTERNAL_ERROR("initialize_lora on an engine without LoRA");
+  lora_seed_ = seed;
   return set_lora_adapters(initial_lora_values(*lora_layout_, seed));
 }
 
@@ -246,10 +247,13 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   GLM_RETURN_IF_ERROR(zero_->zero_grads());
   if (lora_layout_) GLM_RETURN_IF_ERROR(backend_.zero(lora_grads_.tensor()));
   double loss_sum = 0;
-  for (const HostMicroBatch& hb : micro) {
-    zero_->set_last_micro_batch(&hb == &micro.back());
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const HostMicroBatch& hb = micro[i];
+    zero_->set_last_micro_batch(i + 1 == micro.size());
     GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
-    GLM_RETURN_IF_ERROR(model_->forward_backward(b, grad_scale, *zero_));
+    // Keyed on the global step (restored on resume), not a counter of this process.
+    const uint64_t dropout_key = lora_dropout_key(lora_seed_, steps_taken(), static_cast<int64_t>(i), comm_.rank());
+    GLM_RETURN_IF_ERROR(model_->forward_backward(b, grad_scale, *zero_, dropout_key));
     GLM_ASSIGN_OR_RETURN(double s, local_loss_sum(b.n));
     loss_sum += s;
   }

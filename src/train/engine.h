@@ -66,7 +66,8 @@ class TrainingEngine {
 
   // LoRA (nullptr / empty without it). Adapters are laid out as lora_layout(); host copies in f32.
   const LoraLayout* lora_layout() const { return lora_layout_.get(); }
-  // PEFT's initialisation (A kaiming-uniform, B zero) from seed.
+  // PEFT's initialisation (A kaiming-uniform, B zero) from seed, which also keys the LoRA dropout
+  // masks of every later step (with the optimizer step, micro-batch and rank: lora_dropout_key()).
   Status initialize_lora(uint64_t seed);
   Status set_lora_adapters(std::span<const float> values);
   Result<std::vector<float>> lora_adapters();
@@ -122,6 +123,7 @@ class TrainingEngine {
   std::unique_ptr<LoraLayout> lora_layout_;
   Buffer lora_params_, lora_grads_, lora_reduce_;  // lora_reduce_: grads in the reduce dtype, if it differs
   std::vector<AdamWOptimizer> lora_optimizer_;     // one over all adapters, when training LoRA
+  uint64_t lora_seed_ = 0;                          // initialize_lora's: keys the dropout masks
   Result<std::vector<float>> download_f32(Tensor t);
   Status reduce_lora_gradients();
   int64_t steps_taken() const;

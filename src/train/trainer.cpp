@@ -151,7 +151,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                       engine->layout().parameter_count(), " parameters (", config.model.num_hidden_layers,
                       " layers, hidden ", config.model.hidden_size, ")"));
   if (const LoraLayout* l = engine->lora_layout())
-    logger.print(concat("glm_hpc: LoRA rank ", l->rank(), ", alpha ", l->config().alpha, " on ",
+    logger.print(concat("glm_hpc: LoRA rank ", l->rank(), ", alpha ", l->config().alpha, ", dropout ",
+                        l->config().dropout, " on ",
                         lora_targets_text(l->config().targets), ": ", l->parameter_count(),
                         " trainable parameters; the base is frozen"));
   if (!dataset.prepared.empty()) logger.print("glm_hpc: samples memory-mapped from " + dataset.prepared);
