@@ -431,6 +431,7 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   Status dropout(Tensor out, Tensor in, double p, uint64_t key, int64_t offset, bool accumulate) override {
+    GLM_PROFILE_OP("dropout");
     if (out.numel != in.numel) return GLM_INTERNAL_ERROR("dropout size mismatch ", out.numel, " vs ", in.numel);
     if (out.dtype != DType::bf16 || in.dtype != DType::bf16)
       return GLM_INTERNAL_ERROR("dropout of ", dtype_name(in.dtype), " into ", dtype_name(out.dtype));
