@@ -262,8 +262,10 @@ TEST(CliBadInput, PersistenceThresholds) {
 TEST(Cli, Zero3PersistenceIsReportedRecordedAndPlanned) {
   const auto out = scratch_root() / "persist";
   std::filesystem::remove_all(out);
-  RunResult r = run_glm(kTiny + "--zero_stage 3 --param_persistence_threshold 1e3 --max_steps 2 --logging_steps 1 "
-                                "--save_strategy no --output_dir " + out.string());
+  RunResult r = run_glm(kTiny +
+                        "--zero_stage 3 --param_persistence_threshold 1e3 --max_steps 2 --logging_steps 1 "
+                        "--save_strategy no --output_dir " +
+                        out.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count(r.output, "ZeRO-3 keeps 7 tensors of at most 1000 elements"), 1) << r.output;
   EXPECT_EQ(count(r.output, "step "), 2) << r.output;

@@ -178,9 +178,9 @@ TEST(Glm4Model, PersistentTensorsGiveIdenticalLossesAndGradients) {
   auto backend = make_cpu_backend(DType::f64);
   const ParamLayout plain(config);
   std::vector<double> params(static_cast<size_t>(plain.total_numel()));
-  ASSERT_TRUE(
-      initialize_parameters(config, 13, *backend, Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
-          .is_ok());
+  ASSERT_TRUE(initialize_parameters(config, 13, *backend,
+                                    Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
+                  .is_ok());
   HostBatch first = two_document_batch(), second = two_document_batch();
   std::reverse(second.tokens.begin(), second.tokens.end());
   struct Outcome {
@@ -239,8 +239,8 @@ TEST(ParamLayout, PersistentTensorsMoveToALastUnit) {
   const ParamLayout budget(c, 3, PersistencePolicy{400, 300});
   EXPECT_EQ(persistent_names(budget),
             (std::vector<std::string>{"transformer.embedding.word_embeddings.weight", l0 + "input_layernorm.weight",
-                                      l0 + "self_attention.query_key_value.bias", l0 + "post_attention_layernorm.weight",
-                                      l1 + "input_layernorm.weight"}));
+                                      l0 + "self_attention.query_key_value.bias",
+                                      l0 + "post_attention_layernorm.weight", l1 + "input_layernorm.weight"}));
   EXPECT_EQ(budget.persistent_parameter_count(), 228 + 12 + 32 + 12 + 12);
   EXPECT_EQ(budget.units()[static_cast<size_t>(budget.embedding_unit())].numel, 0);  // all of it persistent
   for (const ParamLayout* l : {&small, &budget}) {

@@ -1,10 +1,10 @@
 // Under mpirun -np N (1-4): the same global batch gives the same 20-step loss trajectory at every
 // world size and ZeRO stage 0-3, with and without gradient accumulation, as one process at stage 0
-// (relative difference < 1e-5), and every rank ends with identical parameters; the per-rank
-// model-state bytes follow the ZeRO formulas; the memory planner matches the allocations.
+// (relative difference < 1e-5), and every rank ends with identical parameters, also with ZeRO-3's
+// persistent tensors at any threshold; the per-rank model-state bytes follow the ZeRO formulas; the
+// memory planner matches the allocations; checkpoints resume across stages, world sizes and thresholds.
 #include <gtest/gtest.h>
 #include <mpi.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -211,8 +211,8 @@ INSTANTIATE_TEST_SUITE_P(Thresholds, Persistence,
                          ::testing::Values(PersistenceCase{0, kUnlimited, true, 1, true},
                                            PersistenceCase{100, kUnlimited, false, 500'000'000, true},
                                            PersistenceCase{3000, 5000, true, 1, true},
-                                           PersistenceCase{ZeroOptions::kDeepSpeedParamPersistenceThreshold,
-                                                           kUnlimited, false, 500'000'000, false},
+                                           PersistenceCase{ZeroOptions::kDeepSpeedParamPersistenceThreshold, kUnlimited,
+                                                           false, 500'000'000, false},
                                            PersistenceCase{1'000'000'000'000, kUnlimited, true, 500'000'000, true}));
 
 // Persistence changes where ZeRO-3 keeps tensors, not what a checkpoint holds: a checkpoint saved
@@ -223,7 +223,8 @@ TEST(Checkpoint, PersistenceThresholdMayChangeOnResume) {
   const int rank = comm.rank(), size = comm.size();
   int tag = static_cast<int>(::getpid());
   MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  const std::string dir = (std::filesystem::temp_directory_path() / ("glm_persist_ckpt_" + std::to_string(tag))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("glm_persist_ckpt_" + std::to_string(tag))).string();
   TrainConfig base = zero_config();
   base.eval_steps = 0;
   base.max_steps = 8;
@@ -394,7 +395,8 @@ TEST(ZeroMemory, PersistentTensorsAreWholeOnEveryRank) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(60));
   const int n = comm.size();
   const ModelConfig model = zero_config().model;
-  for (int64_t threshold : {int64_t{0}, int64_t{100}, int64_t{3000}, ZeroOptions::kDeepSpeedParamPersistenceThreshold}) {
+  for (int64_t threshold :
+       {int64_t{0}, int64_t{100}, int64_t{3000}, ZeroOptions::kDeepSpeedParamPersistenceThreshold}) {
     ZeroOptions zero;
     zero.param_persistence_threshold = threshold;
     auto backend = make_cpu_backend(DType::f32);
@@ -422,8 +424,9 @@ TEST(ZeroMemory, PersistentTensorsAreWholeOnEveryRank) {
     EXPECT_EQ(m.buffer_bytes, buffers.bytes()) << threshold;
     const double kept = static_cast<double>(layout.persistent_parameter_count());
     const double all = static_cast<double>(layout.parameter_count());
-    const double padding = 4.0 * ParamLayout::kAlignment * (static_cast<double>(layout.entries().size()) +
-                                                            static_cast<double>(layout.units().size()) * n);
+    const double padding =
+        4.0 * ParamLayout::kAlignment *
+        (static_cast<double>(layout.entries().size()) + static_cast<double>(layout.units().size()) * n);
     EXPECT_NEAR(static_cast<double>(m.parameter_bytes), 4 * (kept + (all - kept) / n), padding) << threshold;
     // The planner's bf16 rows, from the same layout and buffer sizes.
     MemoryPlanInput in;

@@ -143,8 +143,7 @@ TEST(CommBuckets, PersistentUnitIsALastBucketOfItsOwn) {
   EXPECT_EQ(sizes.grad_bucket_numel, largest);
   EXPECT_EQ(sizes.gathered_unit_numel, largest);
   EXPECT_EQ(sizes.persistent_grad_numel, layout.units()[static_cast<size_t>(persistent)].numel);
-  EXPECT_EQ(sizes.reduce_recv_numel * 3,
-            std::max(largest, layout.units()[static_cast<size_t>(persistent)].numel));
+  EXPECT_EQ(sizes.reduce_recv_numel * 3, std::max(largest, layout.units()[static_cast<size_t>(persistent)].numel));
 }
 
 struct Setting {

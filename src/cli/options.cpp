@@ -374,9 +374,9 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
       z.model_persistence_threshold = PersistencePolicy::kUnlimited;
     } else {
       auto budget = parse_element_count(o.model_persistence_threshold, true);
-      GLM_RETURN_IF_ERROR(check(budget.is_ok(), src, "model_persistence_threshold",
-                                "must be an element count >= 0 (1e6, 1000000) or inf, got '" +
-                                    o.model_persistence_threshold + "'"));
+      GLM_RETURN_IF_ERROR(
+          check(budget.is_ok(), src, "model_persistence_threshold",
+                "must be an element count >= 0 (1e6, 1000000) or inf, got '" + o.model_persistence_threshold + "'"));
       z.model_persistence_threshold = budget.value();
     }
     GLM_RETURN_IF_ERROR(check(o.grad_reduce_dtype == "fp32" || o.grad_reduce_dtype == "bf16", src,

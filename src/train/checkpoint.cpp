@@ -288,7 +288,8 @@ Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs:
       }
       base += run.count;
     }
-    if (done != dst.size()) return GLM_INTERNAL_ERROR("checkpoint fill past the runs of ", unit_group(static_cast<int>(unit)));
+    if (done != dst.size())
+      return GLM_INTERNAL_ERROR("checkpoint fill past the runs of ", unit_group(static_cast<int>(unit)));
     return Status::ok();
   };
   CheckpointFileOptions options;
@@ -459,7 +460,8 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
         for (const Slice& held : mine[static_cast<size_t>(u)]) {
           // The overlap of the file's run, this rank's run and the unit's real extent.
           const int64_t lo = std::max(run.begin, held.begin);
-          const int64_t hi = std::min({run.begin + run.count, held.begin + held.count, unpadded[static_cast<size_t>(u)]});
+          const int64_t hi =
+              std::min({run.begin + run.count, held.begin + held.count, unpadded[static_cast<size_t>(u)]});
           if (lo >= hi) continue;
           for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
             GLM_RETURN_IF_ERROR(

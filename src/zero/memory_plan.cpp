@@ -23,8 +23,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   }
   const int64_t total = layout.total_numel(), n = in.micro_batch_tokens;
   // ZeRO-3 keeps the persistent unit whole on every rank (its shard inside it).
-  const int64_t stage3_params =
-      shard_total - (persistent >= 0 ? layout.shard_numel(persistent) : 0) + persistent_numel;
+  const int64_t stage3_params = shard_total - (persistent >= 0 ? layout.shard_numel(persistent) : 0) + persistent_numel;
   MemoryPlan p;
   auto add = [&](const char* what, int64_t bytes) {
     p.rows.push_back({what, bytes});

@@ -127,8 +127,7 @@ Result<Tensor> ZeroParameters::acquire_params(int unit) {
 }
 
 Status ZeroParameters::prefetch_params(int unit) {
-  if (stage_ != 3 || unit == persistent_ || gathered_[0].unit == unit || gathered_[1].unit == unit)
-    return Status::ok();
+  if (stage_ != 3 || unit == persistent_ || gathered_[0].unit == unit || gathered_[1].unit == unit) return Status::ok();
   // --prefetch_bucket_size bounds the elements gathered ahead; without --overlap_comm nothing is.
   const int64_t numel = layout_.units()[static_cast<size_t>(unit)].numel;
   if (!options_.overlap_comm || numel == 0 || numel > options_.prefetch_bucket_size) return Status::ok();
@@ -309,7 +308,8 @@ Result<double> ZeroParameters::take_device_exposed_comm_seconds() { return data_
 Tensor ZeroParameters::owned_params(int unit) const {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   if (stage_ == 0) return params_.slice(u.offset, u.numel);
-  if (unit == persistent_) return persistent_params_.slice(comm_.rank() * layout_.shard_numel(unit), layout_.shard_numel(unit));
+  if (unit == persistent_)
+    return persistent_params_.slice(comm_.rank() * layout_.shard_numel(unit), layout_.shard_numel(unit));
   if (stage_ == 3) return shard_slice(param_shards_, unit);
   return params_.slice(layout_.shard_offset(unit, comm_.rank()), layout_.shard_numel(unit));
 }
@@ -424,9 +424,9 @@ Status ZeroParameters::gather_persistent() {
   if (persistent_gather_) return GLM_INTERNAL_ERROR("persistent all-gather started twice");
   if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
   Tensor full = persistent_params_.tensor();
-  persistent_gather_ = data_.start_all_gather(owned_params(persistent_).data, full.data,
-                                              static_cast<size_t>(layout_.shard_numel(persistent_)),
-                                              comm_type(full.dtype));
+  persistent_gather_ =
+      data_.start_all_gather(owned_params(persistent_).data, full.data,
+                             static_cast<size_t>(layout_.shard_numel(persistent_)), comm_type(full.dtype));
   if (!options_.overlap_comm) return wait_timed(persistent_gather_);
   return Status::ok();
 }
