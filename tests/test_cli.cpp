@@ -249,6 +249,46 @@ TEST(CliFaults, KilledRankEndsTheJobOnGpus) {
   EXPECT_NE(r.output.find("step "), std::string::npos) << "training had started\n" << r.output;
 }
 
+// DeepSpeed's spellings (1e5, 100000), never negative or fractional; inf for no model budget.
+TEST(CliBadInput, PersistenceThresholds) {
+  expect_bad_input("--param_persistence_threshold=-1", "--param_persistence_threshold must be an element count >= 0");
+  expect_bad_input("--param_persistence_threshold 1.5", "--param_persistence_threshold must be");
+  expect_bad_input("--param_persistence_threshold lots", "--param_persistence_threshold must be");
+  expect_bad_input("--model_persistence_threshold=-5", "--model_persistence_threshold must be");
+}
+
+// ZeRO-3 keeps the small tensors whole (the start-up report says which), args.json records the
+// option; the planner counts DeepSpeed's default (GLM-4-9B: 40 x (2 norms + QKV bias) + final norm)
+// and nothing at 0 or below stage 3.
+TEST(Cli, Zero3PersistenceIsReportedRecordedAndPlanned) {
+  const auto out = scratch_root() / "persist";
+  std::filesystem::remove_all(out);
+  RunResult r = run_glm(kTiny +
+                        "--zero_stage 3 --param_persistence_threshold 1e3 --max_steps 2 --logging_steps 1 "
+                        "--save_strategy no --output_dir " +
+                        out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "ZeRO-3 keeps 7 tensors of at most 1000 elements"), 1) << r.output;
+  EXPECT_EQ(count(r.output, "step "), 2) << r.output;
+  std::ifstream args(out / "args.json");
+  ASSERT_TRUE(args.good());
+  auto j = nlohmann::json::parse(args);
+  EXPECT_EQ(j["options"]["param_persistence_threshold"]["value"], "1e3");
+  EXPECT_EQ(j["options"]["model_persistence_threshold"]["value"], "inf");
+  const std::string plan = "plan --config configs/glm4-9b-chat.cfg --world_size 2 --max_length 4096 ";
+  const std::string line = "ZeRO-3 persistent tensors (--param_persistence_threshold 100000): 121 tensors, 516096";
+  for (const char* more : {"--zero_stage 3", "--zero_stage 3 --param_persistence_threshold 100000"}) {
+    RunResult p = run_glm(plan + more, 1);
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    EXPECT_EQ(count(p.output, line), 1) << more << "\n" << p.output;
+  }
+  for (const char* more : {"--zero_stage 3 --param_persistence_threshold 0", "--zero_stage 2"}) {
+    RunResult p = run_glm(plan + more, 1);
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    EXPECT_EQ(count(p.output, "persistent"), 0) << more << "\n" << p.output;
+  }
+}
+
 TEST(Cli, HelpListsOptionsOnce) {
   RunResult r = run_glm("--help");
   EXPECT_EQ(r.exit_code, 0);

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "model/glm4_model.h"
 #include "test_util.h"
@@ -166,6 +168,106 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
   EXPECT_GT(*std::max_element(none.grads.begin(), none.grads.end()), 1e-6);
   EXPECT_LT(selective.bytes, none.bytes);
   EXPECT_LT(full.bytes, selective.bytes);
+}
+
+// ZeRO-3 persistence moves tensors between units only: the same entries, values and arithmetic, so
+// losses and every tensor's gradient are bit-identical, over two micro-batches (gradients of the
+// persistent unit accumulate across every layer's backward and across micro-batches).
+TEST(Glm4Model, PersistentTensorsGiveIdenticalLossesAndGradients) {
+  const ModelConfig config = tiny_config();
+  auto backend = make_cpu_backend(DType::f64);
+  const ParamLayout plain(config);
+  std::vector<double> params(static_cast<size_t>(plain.total_numel()));
+  ASSERT_TRUE(initialize_parameters(config, 13, *backend,
+                                    Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
+                  .is_ok());
+  HostBatch first = two_document_batch(), second = two_document_batch();
+  std::reverse(second.tokens.begin(), second.tokens.end());
+  struct Outcome {
+    std::vector<double> losses;
+    std::vector<std::vector<double>> grads;  // per entry
+  };
+  auto run = [&](const PersistencePolicy& persistence, Recompute recompute) {
+    auto model = Glm4Model::create(config, *backend, 16, 1, recompute, persistence).take();
+    const ParamLayout& layout = model->layout();
+    std::vector<double> mine(static_cast<size_t>(layout.total_numel()), 0.0), grads(mine.size(), 0.0);
+    for (size_t i = 0; i < layout.entries().size(); ++i)
+      std::copy_n(params.begin() + plain.entries()[i].offset, layout.entries()[i].numel,
+                  mine.begin() + layout.entries()[i].offset);
+    VectorParameters provider(layout, mine, grads);
+    Outcome o;
+    for (HostBatch* hb : {&first, &second}) {
+      EXPECT_TRUE(model->forward_backward(hb->view(), 0.5, provider).is_ok());
+      const double* l = model->losses().as<double>();
+      o.losses.insert(o.losses.end(), l, l + hb->tokens.size());
+    }
+    for (const auto& e : layout.entries())
+      o.grads.emplace_back(grads.begin() + e.offset, grads.begin() + e.offset + e.numel);
+    return o;
+  };
+  const Outcome reference = run(PersistencePolicy{}, Recompute::none);
+  // Norms and biases; a model budget that skips tensors and keeps later ones (the embedding too);
+  // everything (every unit empty but the persistent one); the last with layers recomputed.
+  for (const PersistencePolicy& p : {PersistencePolicy{32}, PersistencePolicy{400, 300}, PersistencePolicy{1 << 30}}) {
+    for (Recompute r : {Recompute::none, Recompute::full}) {
+      const Outcome o = run(p, r);
+      EXPECT_EQ(o.losses, reference.losses) << p.max_tensor_numel << " " << recompute_name(r);
+      EXPECT_EQ(o.grads, reference.grads) << p.max_tensor_numel << " " << recompute_name(r);
+    }
+  }
+}
+
+// DeepSpeed's mark_persistent_parameters: numel <= the threshold, in order, a tensor that would take
+// the total past the model budget skipped (later smaller ones may still fit).
+TEST(ParamLayout, PersistentTensorsMoveToALastUnit) {
+  const ModelConfig c = tiny_config();
+  const ParamLayout plain(c, 3);
+  auto persistent_names = [](const ParamLayout& l) {
+    std::vector<std::string> names;
+    for (const auto& e : l.entries())
+      if (e.persistent) names.push_back(e.name);
+    return names;
+  };
+  const std::string l0 = "transformer.encoder.layers.0.", l1 = "transformer.encoder.layers.1.";
+  EXPECT_EQ(plain.persistent_unit(), -1);
+  EXPECT_TRUE(persistent_names(plain).empty());
+  // Norms (12 elements) and the QKV biases (32): the threshold is inclusive.
+  const ParamLayout small(c, 3, PersistencePolicy{32});
+  EXPECT_EQ(small.persistent_tensors(), 7);
+  EXPECT_EQ(small.persistent_parameter_count(), 5 * 12 + 2 * 32);
+  EXPECT_EQ(ParamLayout(c, 3, PersistencePolicy{31}).persistent_tensors(), 5);
+  const ParamLayout budget(c, 3, PersistencePolicy{400, 300});
+  EXPECT_EQ(persistent_names(budget),
+            (std::vector<std::string>{"transformer.embedding.word_embeddings.weight", l0 + "input_layernorm.weight",
+                                      l0 + "self_attention.query_key_value.bias",
+                                      l0 + "post_attention_layernorm.weight", l1 + "input_layernorm.weight"}));
+  EXPECT_EQ(budget.persistent_parameter_count(), 228 + 12 + 32 + 12 + 12);
+  EXPECT_EQ(budget.units()[static_cast<size_t>(budget.embedding_unit())].numel, 0);  // all of it persistent
+  for (const ParamLayout* l : {&small, &budget}) {
+    ASSERT_EQ(l->units().size(), 5u);  // embedding, 2 layers, head, persistent
+    EXPECT_EQ(l->home_units(), 4);
+    EXPECT_EQ(l->persistent_unit(), 4);
+    EXPECT_EQ(l->head_unit(), 3);
+    EXPECT_EQ(l->total_numel() % (3 * ParamLayout::kAlignment), 0);
+    int64_t next = 0;
+    for (const auto& u : l->units()) {
+      EXPECT_EQ(u.offset, next);
+      EXPECT_EQ(u.numel % (3 * ParamLayout::kAlignment), 0);
+      next = u.offset + u.numel;
+    }
+    ASSERT_EQ(l->entries().size(), plain.entries().size());
+    for (size_t i = 0; i < plain.entries().size(); ++i) {
+      const ParamEntry &e = l->entries()[i], &p = plain.entries()[i];
+      EXPECT_EQ(e.name, p.name);  // the same indices: LayerEntries and lookups do not change
+      EXPECT_EQ(e.offset % ParamLayout::kAlignment, 0);
+      EXPECT_EQ(e.home_unit, p.unit);
+      EXPECT_EQ(e.home_offset, p.offset - plain.units()[static_cast<size_t>(p.unit)].offset);
+      EXPECT_EQ(e.unit, e.persistent ? l->persistent_unit() : e.home_unit);
+      const ParamUnit& u = l->units()[static_cast<size_t>(e.unit)];
+      EXPECT_GE(e.offset, u.offset);
+      EXPECT_LE(e.offset + e.numel, u.offset + u.numel);
+    }
+  }
 }
 
 TEST(ParamLayout, Glm4_9bChatCountMatchesSpec) {

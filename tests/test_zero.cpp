@@ -1,20 +1,23 @@
 // Under mpirun -np N (1-4): the same global batch gives the same 20-step loss trajectory at every
 // world size and ZeRO stage 0-3, with and without gradient accumulation, as one process at stage 0
-// (relative difference < 1e-5), and every rank ends with identical parameters; the per-rank
-// model-state bytes follow the ZeRO formulas; the memory planner matches the allocations.
+// (relative difference < 1e-5), and every rank ends with identical parameters, also with ZeRO-3's
+// persistent tensors at any threshold; the per-rank model-state bytes follow the ZeRO formulas; the
+// memory planner matches the allocations; checkpoints resume across stages, world sizes and thresholds.
 #include <gtest/gtest.h>
 #include <mpi.h>
-
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
+#include "zero/comm_buckets.h"
 #include "zero/memory_plan.h"
 
 namespace glm::test {
@@ -158,6 +161,153 @@ INSTANTIATE_TEST_SUITE_P(RecomputeFull, Zero,
                          ::testing::Combine(::testing::Values(0, 2), ::testing::Values(false),
                                             ::testing::Values(Recompute::full)));
 
+// ZeRO-3 parameter persistence (--param_persistence_threshold, --model_persistence_threshold): the
+// same 20-step trajectory as one process at stage 0, every rank ending with identical parameters.
+// On this model's shapes (hidden 32): 100 keeps the norms and QKV biases whole, 3000 also the QKV,
+// dense and down-projection weights (units then hold one or two tensors), a model budget of 5000
+// stops part way, 1e5 (DeepSpeed's default) and 1e12 keep everything (every unit but the
+// persistent one empty). With accumulation the persistent gradients are reduced per micro-batch;
+// --reduce_bucket_size 1 makes every bucket one unit read in place (the unpacked path).
+struct PersistenceCase {
+  int64_t threshold, model_threshold;
+  bool accumulate;
+  int64_t reduce_bucket_size;
+  bool overlap;
+};
+
+class Persistence : public ::testing::TestWithParam<PersistenceCase> {};
+
+TEST_P(Persistence, SameTrajectoryAsOneProcess) {
+  const PersistenceCase c = GetParam();
+  const Reference& ref = reference();
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  TrainConfig config = zero_config();
+  config.zero_stage = 3;
+  config.zero_options.param_persistence_threshold = c.threshold;
+  config.zero_options.model_persistence_threshold = c.model_threshold;
+  config.zero_options.reduce_bucket_size = c.reduce_bucket_size;
+  config.zero_options.overlap_comm = c.overlap;
+  const int64_t share = kGlobalBatch / comm.size();
+  config.per_device_train_batch_size = c.accumulate ? 1 : share;
+  config.gradient_accumulation_steps = c.accumulate ? share : 1;
+  auto backend = make_cpu_backend(DType::f32);
+  auto r = train(config, dataset(), comm, *backend, {}, &validation());
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  ASSERT_EQ(r.value().eval_losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_NEAR(r.value().eval_losses[i].second, ref.eval_losses[i], kTrajectoryTolerance * ref.eval_losses[i]);
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(r.value().losses[i], ref.losses[i], kTrajectoryTolerance * ref.losses[i])
+        << "threshold " << c.threshold << " step " << i + 1 << " world " << comm.size();
+  EXPECT_NEAR(r.value().parameter_checksum, ref.checksum, kTrajectoryTolerance * ref.checksum);
+  double mine = r.value().parameter_checksum, lo = 0, hi = 0;
+  MPI_Allreduce(&mine, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lo, hi);
+}
+
+constexpr int64_t kUnlimited = PersistencePolicy::kUnlimited;
+INSTANTIATE_TEST_SUITE_P(Thresholds, Persistence,
+                         ::testing::Values(PersistenceCase{0, kUnlimited, true, 1, true},
+                                           PersistenceCase{100, kUnlimited, false, 500'000'000, true},
+                                           PersistenceCase{3000, 5000, true, 1, true},
+                                           PersistenceCase{ZeroOptions::kDeepSpeedParamPersistenceThreshold, kUnlimited,
+                                                           false, 500'000'000, false},
+                                           PersistenceCase{1'000'000'000'000, kUnlimited, true, 500'000'000, true}));
+
+// Persistence changes where ZeRO-3 keeps tensors, not what a checkpoint holds: a checkpoint saved
+// with one threshold resumes with another (and the reverse), at another stage, and on one rank, and
+// export reads it (every unit covered exactly once).
+TEST(Checkpoint, PersistenceThresholdMayChangeOnResume) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  const int rank = comm.rank(), size = comm.size();
+  int tag = static_cast<int>(::getpid());
+  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("glm_persist_ckpt_" + std::to_string(tag))).string();
+  TrainConfig base = zero_config();
+  base.eval_steps = 0;
+  base.max_steps = 8;
+  base.save_steps = 4;
+  base.per_device_train_batch_size = kGlobalBatch / size;
+  base.zero_stage = 3;
+  auto backend = make_cpu_backend(DType::f32);
+  auto with = [&](TrainConfig c, int64_t threshold, const char* out) {
+    c.zero_options.param_persistence_threshold = threshold;
+    c.output_dir = dir + "/" + out;
+    return c;
+  };
+  // Straight runs: threshold 3000 (checkpoint version 3, runs per unit) and 0 (version 2).
+  auto persistent = train(with(base, 3000, "persistent"), dataset(), comm, *backend);
+  ASSERT_TRUE(persistent.is_ok()) << persistent.status().message();
+  auto partitioned = train(with(base, 0, "partitioned"), dataset(), comm, *backend);
+  ASSERT_TRUE(partitioned.is_ok()) << partitioned.status().message();
+  for (size_t i = 0; i < 8; ++i)
+    EXPECT_NEAR(persistent.value().losses[i], partitioned.value().losses[i],
+                kTrajectoryTolerance * partitioned.value().losses[i]);
+
+  auto resume = [&](TrainConfig c, const char* from, Communicator& on) {
+    c.resume_from_checkpoint = dir + "/" + from + "/checkpoint-4";
+    c.output_dir += "-resumed";
+    c.save_strategy = "no";
+    auto b = make_cpu_backend(DType::f32);
+    return train(c, dataset(), on, *b);
+  };
+  auto expect_tail = [&](const Result<TrainSummary>& r, const TrainSummary& straight, bool bitwise, const char* what) {
+    ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().message();
+    ASSERT_EQ(r.value().losses.size(), 4u) << what;
+    for (size_t i = 0; i < 4; ++i) {
+      if (bitwise) {
+        EXPECT_EQ(r.value().losses[i], straight.losses[4 + i]) << what << " step " << 5 + i;
+      } else {
+        EXPECT_NEAR(r.value().losses[i], straight.losses[4 + i], kTrajectoryTolerance * straight.losses[4 + i])
+            << what << " step " << 5 + i;
+      }
+    }
+  };
+  expect_tail(resume(with(base, 3000, "same"), "persistent", comm), persistent.value(), true, "same threshold");
+  expect_tail(resume(with(base, 0, "to-none"), "persistent", comm), persistent.value(), false, "threshold 0");
+  expect_tail(resume(with(base, 100, "from-none"), "partitioned", comm), partitioned.value(), false,
+              "threshold 100 from a threshold-0 checkpoint");
+  TrainConfig stage1 = with(base, ZeroOptions::kDeepSpeedParamPersistenceThreshold, "stage1");
+  stage1.zero_stage = 1;  // the option has no effect below stage 3
+  expect_tail(resume(stage1, "persistent", comm), persistent.value(), false, "stage 1");
+  if (rank == 0 && size > 1) {  // one rank, the whole window accumulated, everything persistent
+    MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
+    TrainConfig one = with(base, ZeroOptions::kDeepSpeedParamPersistenceThreshold, "single");
+    one.per_device_train_batch_size = 1;
+    one.gradient_accumulation_steps = kGlobalBatch;
+    expect_tail(resume(one, "persistent", self), persistent.value(), false, "one rank");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    // Export's reader: the same masters from either checkpoint (fp32 reordering apart).
+    std::vector<std::vector<float>> masters[2];
+    const char* names[2] = {"persistent", "partitioned"};
+    for (int k = 0; k < 2; ++k) {
+      auto info = read_checkpoint_info(dir + "/" + names[k] + "/checkpoint-4");
+      ASSERT_TRUE(info.is_ok()) << info.status().message();
+      EXPECT_EQ(info.value().world_size, size);
+      Status read = read_checkpoint_masters(info.value(), [&](int, std::span<const float> v) {
+        masters[k].emplace_back(v.begin(), v.end());
+        return Status::ok();
+      });
+      ASSERT_TRUE(read.is_ok()) << read.message();
+    }
+    ASSERT_EQ(masters[0].size(), masters[1].size());
+    for (size_t u = 0; u < masters[0].size(); ++u) {
+      ASSERT_EQ(masters[0][u].size(), masters[1][u].size());
+      for (size_t i = 0; i < masters[0][u].size(); ++i)
+        ASSERT_NEAR(masters[0][u][i], masters[1][u][i], 1e-5) << "unit " << u << " element " << i;
+    }
+    std::ifstream meta(dir + "/persistent/checkpoint-4/meta.json");
+    EXPECT_EQ(nlohmann::json::parse(meta)["version"], 3);
+    std::ifstream plain(dir + "/partitioned/checkpoint-4/meta.json");
+    EXPECT_EQ(nlohmann::json::parse(plain)["version"], 2);  // older glm_hpc reads it
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // Checkpoints: a straight 20-step run saves at step 10; resuming from it gives steps 11-20 bit for
 // bit at the same world size and stage, and within fp32 reordering at another stage and on one
 // rank (resharding: the slices are located by their place in each unit, not by rank).
@@ -234,6 +384,68 @@ TEST(ZeroMemory, FollowsTheFormulas) {
     EXPECT_EQ(static_cast<double>(m.parameter_bytes), params) << "stage " << stage;
     EXPECT_EQ(static_cast<double>(m.gradient_bytes), grads) << "stage " << stage;
     EXPECT_EQ(static_cast<double>(e->optimizer_bytes()), moments) << "stage " << stage;
+  }
+}
+
+// ZeRO-3 with persistent tensors: the persistent unit whole on every rank, the other units 1/N;
+// gradients and moments still 1/N of everything; the persistent gradients' buffer among the
+// communication buffers. Exact in the layout's padded sizes, and within padding of
+// 4 (P_persistent + (P - P_persistent) / N) for the parameters. The planner's rows follow.
+TEST(ZeroMemory, PersistentTensorsAreWholeOnEveryRank) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(60));
+  const int n = comm.size();
+  const ModelConfig model = zero_config().model;
+  for (int64_t threshold :
+       {int64_t{0}, int64_t{100}, int64_t{3000}, ZeroOptions::kDeepSpeedParamPersistenceThreshold}) {
+    ZeroOptions zero;
+    zero.param_persistence_threshold = threshold;
+    auto backend = make_cpu_backend(DType::f32);
+    auto e = TrainingEngine::create(model, *backend, comm, 64, AdamWOptions{}, 1.0, 3, Recompute::none, nullptr, zero)
+                 .take();
+    const ParamLayout& layout = e->layout();
+    EXPECT_EQ(layout.persistent_unit() >= 0, threshold > 0);
+    const int64_t expected_tensors = threshold == 0 ? 0 : (threshold == 100 ? 7 : (threshold == 3000 ? 13 : 17));
+    EXPECT_EQ(layout.persistent_tensors(), expected_tensors) << threshold;
+    int64_t partitioned = 0, whole = 0, shards = 0;
+    for (int u = 0; u < static_cast<int>(layout.units().size()); ++u) {
+      shards += layout.shard_numel(u);
+      if (u == layout.persistent_unit()) {
+        whole = layout.units()[static_cast<size_t>(u)].numel;
+      } else {
+        partitioned += layout.shard_numel(u);
+      }
+    }
+    const ZeroMemory m = e->memory();
+    EXPECT_EQ(m.parameter_bytes, 4 * (partitioned + whole)) << threshold;
+    EXPECT_EQ(m.gradient_bytes, 4 * shards) << threshold;
+    EXPECT_EQ(e->optimizer_bytes(), 8 * shards) << threshold;
+    const ZeroBufferSizes buffers = zero_buffer_sizes(layout, 3, zero, DType::f32);
+    EXPECT_EQ(buffers.persistent_grad_numel, whole);
+    EXPECT_EQ(m.buffer_bytes, buffers.bytes()) << threshold;
+    const double kept = static_cast<double>(layout.persistent_parameter_count());
+    const double all = static_cast<double>(layout.parameter_count());
+    const double padding =
+        4.0 * ParamLayout::kAlignment *
+        (static_cast<double>(layout.entries().size()) + static_cast<double>(layout.units().size()) * n);
+    EXPECT_NEAR(static_cast<double>(m.parameter_bytes), 4 * (kept + (all - kept) / n), padding) << threshold;
+    // The planner's bf16 rows, from the same layout and buffer sizes.
+    MemoryPlanInput in;
+    in.model = model;
+    in.world_size = n;
+    in.zero_stage = 3;
+    in.zero_options = zero;
+    const MemoryPlan plan = plan_cuda_memory(in);
+    EXPECT_EQ(plan.rows[0].bytes, 2 * (partitioned + whole)) << threshold;
+    EXPECT_EQ(plan.rows[1].bytes, 2 * shards) << threshold;
+    EXPECT_EQ(plan.rows[2].bytes, 12 * shards) << threshold;
+    EXPECT_EQ(plan.rows[3].bytes, zero_buffer_sizes(layout, 3, zero, DType::bf16).bytes()) << threshold;
+    // Below stage 3 the option changes nothing.
+    in.zero_stage = 2;
+    ZeroOptions none = zero;
+    none.param_persistence_threshold = 0;
+    MemoryPlanInput without = in;
+    without.zero_options = none;
+    EXPECT_EQ(plan_cuda_memory(in).total, plan_cuda_memory(without).total) << threshold;
   }
 }
 

@@ -110,6 +110,42 @@ TEST(CommBuckets, CoalesceConsecutiveUnitsInIssueOrder) {
   EXPECT_EQ(forward[2].first, 4);
 }
 
+// ZeRO-3's persistent unit is never coalesced: its gradient is complete only after the
+// embedding's, and the optimizer updates it last, so it is the last bucket in either order.
+TEST(CommBuckets, PersistentUnitIsALastBucketOfItsOwn) {
+  const ModelConfig c = bucket_config().model;
+  const ParamLayout layout(c, 3, PersistencePolicy{3000});
+  ASSERT_EQ(layout.units().size(), 6u);  // embedding, 3 layers, head, persistent
+  const int persistent = layout.persistent_unit();
+  ASSERT_EQ(persistent, 5);
+  int64_t shards_before = 0;
+  for (int u = 0; u < persistent; ++u) shards_before += layout.shard_numel(u);
+  for (bool backward : {true, false}) {
+    auto huge = plan_comm_buckets(layout, int64_t{1} << 40, backward);
+    ASSERT_EQ(huge.size(), 2u);
+    EXPECT_EQ(huge[0].first, 0);
+    EXPECT_EQ(huge[0].last, 4);
+    EXPECT_EQ(huge[1].first, persistent);
+    EXPECT_EQ(huge[1].last, persistent);
+    EXPECT_EQ(huge[1].shard_offset, shards_before);
+    EXPECT_EQ(huge[1].numel, layout.units()[static_cast<size_t>(persistent)].numel);
+    auto tiny = plan_comm_buckets(layout, 1, backward);
+    ASSERT_EQ(tiny.size(), 6u);
+    EXPECT_EQ(tiny.back().first, persistent);
+    EXPECT_EQ(tiny.front().first, backward ? 4 : 0);
+  }
+  // Backward writes the other buckets; the persistent gradients have a buffer of their own.
+  ZeroOptions o;
+  o.reduce_bucket_size = 1;
+  const ZeroBufferSizes sizes = zero_buffer_sizes(layout, 3, o, DType::f32);
+  int64_t largest = 0;
+  for (int u = 0; u < persistent; ++u) largest = std::max(largest, layout.units()[static_cast<size_t>(u)].numel);
+  EXPECT_EQ(sizes.grad_bucket_numel, largest);
+  EXPECT_EQ(sizes.gathered_unit_numel, largest);
+  EXPECT_EQ(sizes.persistent_grad_numel, layout.units()[static_cast<size_t>(persistent)].numel);
+  EXPECT_EQ(sizes.reduce_recv_numel * 3, std::max(largest, layout.units()[static_cast<size_t>(persistent)].numel));
+}
+
 struct Setting {
   const char* name;
   int64_t reduce_bucket, allgather_bucket;
@@ -176,6 +212,45 @@ TEST(ZeroBuckets, SameTrajectoryAtEveryBucketSetting) {
       MPI_Allreduce(&mine, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       EXPECT_EQ(lo, hi) << describe(s, stage) << ": ranks disagree on the parameters";
     }
+  }
+}
+
+// ZeRO-3 with persistent tensors (--param_persistence_threshold 3000 here: norms, biases and the
+// smaller weights) under the bucket settings that change how its gradients travel: in place or
+// packed, serial, bf16.
+TEST(ZeroBuckets, PersistentTensorsAtEveryBucketSetting) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  if (kGlobalBatch % comm.size() != 0) GTEST_SKIP() << kGlobalBatch << " samples do not split over " << comm.size();
+  TrainConfig base = bucket_config();
+  base.per_device_train_batch_size = 1;
+  base.gradient_accumulation_steps = kGlobalBatch / comm.size();
+  TrainConfig reference_config = base;
+  reference_config.zero_options.reduce_bucket_size = 1;
+  const TrainSummary reference = run(reference_config, comm);
+  ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
+  const Setting settings[] = {
+      {"one bucket per unit", 1, 1, true, DType::f32},
+      {"one huge bucket, overlap off", int64_t{1} << 40, int64_t{1} << 40, false, DType::f32},
+      {"one bucket per unit, bf16 reduction", 1, 1, true, DType::bf16},
+  };
+  for (const Setting& s : settings) {
+    TrainConfig c = base;
+    c.zero_stage = 3;
+    c.zero_options.param_persistence_threshold = 3000;
+    c.zero_options.reduce_bucket_size = s.reduce_bucket;
+    c.zero_options.allgather_bucket_size = s.allgather_bucket;
+    c.zero_options.overlap_comm = s.overlap;
+    c.zero_options.grad_reduce_dtype = s.reduce_dtype;
+    const TrainSummary r = run(c, comm);
+    ASSERT_EQ(r.losses.size(), static_cast<size_t>(kSteps)) << s.name;
+    const double tolerance = s.reduce_dtype == DType::bf16 ? kBf16Tolerance : kFp32Tolerance;
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      EXPECT_NEAR(r.losses[i], reference.losses[i], tolerance * reference.losses[i])
+          << s.name << " step " << i + 1 << " world " << comm.size();
+    double mine = r.parameter_checksum, lo = 0, hi = 0;
+    MPI_Allreduce(&mine, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(lo, hi) << s.name << ": ranks disagree on the parameters";
   }
 }
 

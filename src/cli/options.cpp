@@ -188,6 +188,15 @@ class OptionTable {
     add(train, "prefetch_bucket_size", &o_.prefetch_bucket_size,
         "ZeRO-3: gather the next layer ahead while the current one computes when it has at most this many "
         "elements (one layer ahead at most); 0 disables prefetching");
+    add(train, "param_persistence_threshold", &o_.param_persistence_threshold,
+        "ZeRO-3: tensors of at most this many elements (DeepSpeed's stage3_param_persistence_threshold; 1e5 or "
+        "100000) are not partitioned: every rank keeps them whole for the whole run, never gathered per layer; "
+        "their gradients and optimizer state stay sharded and one all-gather after each optimizer step refreshes "
+        "them. 0: every tensor partitioned. No effect at stages 0-2");
+    add(train, "model_persistence_threshold", &o_.model_persistence_threshold,
+        "ZeRO-3: at most this many persistent elements in all (DeepSpeed's stage3_model_persistence_threshold: "
+        "tensors taken in layout order, one that would pass it stays partitioned); inf: no limit. No effect at "
+        "stages 0-2");
     add(train, "grad_reduce_dtype", &o_.grad_reduce_dtype,
         "dtype gradients are reduced in: fp32 (PyTorch FSDP2's reduce_dtype=float32) or bf16 (half the traffic)");
     add(train, "comm_profile", &t.comm_profile,
@@ -355,6 +364,20 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                               "must be an element count >= 0 (5e8, 0 = no prefetch), got '" + o.prefetch_bucket_size +
                                   "'"));
     z.prefetch_bucket_size = prefetch.value();
+    auto persist = parse_element_count(o.param_persistence_threshold, true);
+    GLM_RETURN_IF_ERROR(check(persist.is_ok(), src, "param_persistence_threshold",
+                              "must be an element count >= 0 (1e5, 100000; 0 = every tensor partitioned), got '" +
+                                  o.param_persistence_threshold + "'"));
+    z.param_persistence_threshold = persist.value();
+    if (o.model_persistence_threshold == "inf") {
+      z.model_persistence_threshold = PersistencePolicy::kUnlimited;
+    } else {
+      auto budget = parse_element_count(o.model_persistence_threshold, true);
+      GLM_RETURN_IF_ERROR(
+          check(budget.is_ok(), src, "model_persistence_threshold",
+                "must be an element count >= 0 (1e6, 1000000) or inf, got '" + o.model_persistence_threshold + "'"));
+      z.model_persistence_threshold = budget.value();
+    }
     GLM_RETURN_IF_ERROR(check(o.grad_reduce_dtype == "fp32" || o.grad_reduce_dtype == "bf16", src,
                               "grad_reduce_dtype", "must be fp32 or bf16, got '" + o.grad_reduce_dtype + "'"));
     z.grad_reduce_dtype = o.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;

@@ -40,6 +40,8 @@ struct CliOptions {
   std::string allgather_bucket_size = "5e8";
   std::string prefetch_bucket_size = "5e8";
   std::string grad_reduce_dtype = "fp32";
+  std::string param_persistence_threshold = "1e5";  // DeepSpeed's default
+  std::string model_persistence_threshold = "inf";  // DeepSpeed's default: sys.maxsize
   std::string target_modules = "all-linear";  // --target_modules, parsed into train.lora.targets
   TrainConfig train;
   // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.

@@ -37,17 +37,23 @@ std::array<ActivationField, kFields> activation_fields(const ModelConfig& c, int
 
 }  // namespace
 
-Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute)
-    : config_(config), layout_(config, shards), backend_(backend), max_tokens_(max_tokens), recompute_(recompute) {
+Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute,
+                     const PersistencePolicy& persistence)
+    : config_(config),
+      layout_(config, shards, persistence),
+      backend_(backend),
+      max_tokens_(max_tokens),
+      recompute_(recompute) {
   shape_.heads = config.num_attention_heads;
   shape_.kv_heads = config.num_key_value_heads;
   shape_.head_dim = config.head_dim;
 }
 
 Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
-                                                     int shards, Recompute recompute) {
+                                                     int shards, Recompute recompute,
+                                                     const PersistencePolicy& persistence) {
   if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
-  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens, shards, recompute));
+  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens, shards, recompute, persistence));
   GLM_RETURN_IF_ERROR(model->allocate());
   return model;
 }
@@ -118,7 +124,8 @@ Status Glm4Model::attach_lora(const LoraLayout& layout, Tensor params, Tensor gr
 }
 
 Result<Tensor> Glm4Model::norm_grad(Tensor unit_grads, int entry) {
-  if (!unit_grads.empty()) return view(unit_grads, entry);
+  Tensor g = grad_view(unit_grads, entry);
+  if (!g.empty()) return g;
   // RMSNorm backward always produces the weight gradient; a frozen norm's goes to scratch.
   Tensor t = norm_grad_scratch_.slice(0, layout_.entry(entry).numel);
   GLM_RETURN_IF_ERROR(backend_.zero(t));
@@ -186,9 +193,29 @@ int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int
   return fields + residual + head + scratch;
 }
 
-Tensor Glm4Model::view(Tensor unit_base, int entry) const {
+Tensor Glm4Model::view(Tensor unit_params, int entry) const {
   const ParamEntry& e = layout_.entry(entry);
-  return unit_base.slice(e.offset - layout_.units()[static_cast<size_t>(e.unit)].offset, e.numel);
+  const Tensor base = e.persistent ? persistent_params_ : unit_params;
+  return base.slice(e.offset - layout_.units()[static_cast<size_t>(e.unit)].offset, e.numel);
+}
+
+Tensor Glm4Model::grad_view(Tensor unit_grads, int entry) const {
+  const ParamEntry& e = layout_.entry(entry);
+  const Tensor base = e.persistent ? persistent_grads_ : unit_grads;
+  if (base.empty()) return Tensor{};
+  return base.slice(e.offset - layout_.units()[static_cast<size_t>(e.unit)].offset, e.numel);
+}
+
+Status Glm4Model::acquire_persistent(ParameterProvider& params) {
+  if (layout_.persistent_unit() < 0) return Status::ok();
+  GLM_ASSIGN_OR_RETURN(persistent_params_, params.acquire_params(layout_.persistent_unit()));
+  return Status::ok();
+}
+
+Status Glm4Model::release_persistent(ParameterProvider& params) {
+  if (layout_.persistent_unit() < 0) return Status::ok();
+  persistent_params_ = Tensor{};
+  return params.release_params(layout_.persistent_unit());
 }
 
 Status Glm4Model::forward_backward(const MicroBatch& batch, double grad_scale, ParameterProvider& params,
@@ -315,6 +342,7 @@ Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params)
   if (b.n <= 0 || b.n > max_tokens_)
     return GLM_INTERNAL_ERROR("micro-batch of ", b.n, " tokens outside (0, ", max_tokens_, "]");
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
+  GLM_RETURN_IF_ERROR(acquire_persistent(params));
   GLM_ASSIGN_OR_RETURN(Tensor emb, params.acquire_params(layout_.embedding_unit()));
   GLM_RETURN_IF_ERROR(params.prefetch_params(layers > 0 ? layout_.layer_unit(0) : layout_.head_unit()));
   GLM_RETURN_IF_ERROR(
@@ -341,7 +369,8 @@ Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params,
                                                view(hw, layout_.final_norm()), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
       backend_.linear_forward(logits, normed, view(hw, layout_.output()), Tensor{}, n, h, config_.vocab_size));
-  return params.release_params(head);
+  GLM_RETURN_IF_ERROR(params.release_params(head));
+  return release_persistent(params);
 }
 
 Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params,
@@ -364,10 +393,14 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, correct, Tensor{}, Tensor{}, normed,
                                                        view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
                                                        0.0));
-    return params.release_params(head);
+    GLM_RETURN_IF_ERROR(params.release_params(head));
+    return release_persistent(params);
   }
   // Backward starts with the last layer: its gather overlaps the head's backward.
   if (layers > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(layers - 1)));
+  // Every unit's backward adds to the persistent tensors' gradients: taken once, ready at the end.
+  const int persistent = layout_.persistent_unit();
+  persistent_grads_ = persistent >= 0 ? params.unit_grads(persistent) : Tensor{};
   Tensor hg = params.unit_grads(head);
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
   GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, dnorm, grad_view(hg, layout_.output()), normed,
@@ -388,9 +421,13 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     GLM_RETURN_IF_ERROR(params.release_params(unit));
     GLM_RETURN_IF_ERROR(params.grads_ready(unit));
   }
-  Tensor eg = params.unit_grads(layout_.embedding_unit());
-  if (!eg.empty()) GLM_RETURN_IF_ERROR(backend_.embedding_backward(view(eg, layout_.embedding()), dres, b.tokens, n, h));
-  return params.grads_ready(layout_.embedding_unit());
+  Tensor eg = grad_view(params.unit_grads(layout_.embedding_unit()), layout_.embedding());
+  if (!eg.empty()) GLM_RETURN_IF_ERROR(backend_.embedding_backward(eg, dres, b.tokens, n, h));
+  GLM_RETURN_IF_ERROR(params.grads_ready(layout_.embedding_unit()));
+  GLM_RETURN_IF_ERROR(release_persistent(params));
+  if (persistent < 0) return Status::ok();
+  persistent_grads_ = Tensor{};
+  return params.grads_ready(persistent);
 }
 
 }  // namespace glm

@@ -43,8 +43,11 @@ class Glm4Model {
  public:
   // Allocates every activation for micro-batches of up to max_tokens tokens, once; what is kept
   // per layer and what is shared (and recomputed in backward) follows the recompute policy.
+  // persistence moves small tensors into the layout's persistent unit, which the model acquires
+  // (and whose gradients it takes) once for the whole forward and backward.
   static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
-                                                   int shards = 1, Recompute recompute = Recompute::none);
+                                                   int shards = 1, Recompute recompute = Recompute::none,
+                                                   const PersistencePolicy& persistence = {});
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -78,7 +81,8 @@ class Glm4Model {
   Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits);
 
  private:
-  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute);
+  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute,
+            const PersistencePolicy& persistence);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params,
              Tensor correct = Tensor{}, uint64_t dropout_key = 0);
@@ -90,9 +94,14 @@ class Glm4Model {
   // Restores what the policy dropped from layer l's activations (backward calls it first).
   Status recompute_layer(int64_t l, const MicroBatch& b, Tensor unit_params);
   Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads);
-  Tensor view(Tensor unit_base, int entry) const;
+  // The entry's parameters inside its unit's acquired tensor (or the persistent unit's).
+  Tensor view(Tensor unit_params, int entry) const;
   // The entry's gradient slot; empty when the provider keeps no gradients (frozen base).
-  Tensor grad_view(Tensor unit_grads, int entry) const { return unit_grads.empty() ? Tensor{} : view(unit_grads, entry); }
+  Tensor grad_view(Tensor unit_grads, int entry) const;
+  // The persistent unit (if the layout has one): acquired before the first layer, released after
+  // the head; its gradients taken before the head's backward and ready after the embedding's.
+  Status acquire_persistent(ParameterProvider& params);
+  Status release_persistent(ParameterProvider& params);
   // An RMSNorm weight's gradient slot, or a scratch the frozen base's norm gradients land in.
   Result<Tensor> norm_grad(Tensor unit_grads, int entry);
   // out += scale * (x A^T) Bt for layer l's adapter on `target` (nothing when not targeted).
@@ -128,6 +137,7 @@ class Glm4Model {
   // Backward scratch, reused by every layer.
   Buffer d_residual_, d_norm_, d_attn_, d_qkv_, d_act_, d_gate_up_;
   Buffer norm_grad_scratch_;  // hidden_size elements, written and never read (frozen norms)
+  Tensor persistent_params_, persistent_grads_;  // the persistent unit's, while a micro-batch runs
 
   // LoRA: adapter parameters and gradients (owned by the caller), each adapter's u = scale * A x
   // kept for backward ([max_tokens, r] per adapter), and the backward's du scratch.

@@ -26,9 +26,12 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kFormat = "glm_hpc-checkpoint";
+// 3: a unit's slice of a rank may be several runs (attribute `ranges` instead of `begin_count`):
+// written only where ZeRO-3 keeps persistent tensors apart (elsewhere 2, which older glm_hpc reads).
 // 2: contiguous datasets written with O_DIRECT, CRC32C per block (io/checkpoint_file.h). 1: chunked
 // datasets with Fletcher-32; still read.
-constexpr int kVersion = 2;
+constexpr int kVersion = 3;
+constexpr int kVersionWithoutRanges = 2;
 constexpr int kOldestReadableVersion = 1;
 constexpr const char* kDatasets[3] = {"master", "exp_avg", "exp_avg_sq"};
 // LoRA checkpoints: the adapters' optimizer state, replicated, in one file written by rank 0.
@@ -164,23 +167,72 @@ Status write_lora_file(const TrainingEngine& engine, Backend& backend, const fs:
   return written.is_ok() ? Status::ok() : written.status();
 }
 
-// This rank's slice of a unit to write: its shard (stages 1-3), or at stage 0 (every rank holds
-// the whole unit) the r-th of N equal parts, so that each element is written once.
+// A run of this rank's optimizer state inside one of the checkpoint's units (the layout's home
+// units: embedding, layers, head), located as the layout without persistent tensors places it.
 struct Slice {
-  int64_t begin = 0, count = 0;  // unit-relative, and inside the owned range
-  int64_t owned_offset = 0;      // where the slice starts inside the owned tensors
+  int64_t begin = 0, count = 0;          // unit-relative
+  TrainingEngine::OptimizerShard owner;  // the optimizer state of the layout unit holding it
+  int64_t owned_offset = 0;              // where the run starts inside owner's tensors
+  Tensor dataset(int d) const {
+    const Tensor all[3] = {owner.master, owner.exp_avg, owner.exp_avg_sq};
+    return all[d].slice(owned_offset, count);
+  }
 };
 
-Slice write_slice(const TrainingEngine& e, int unit, int rank, int world) {
-  const TrainingEngine::OptimizerShard s = e.optimizer_shard(unit);
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// What this rank holds of home unit `unit`. Without persistent tensors: its optimizer's range of
+// the unit, one run. With them (ZeRO-3), a tensor and its alignment padding are one run in either
+// layout: each tensor's owned part maps on its own, and runs adjacent in both are joined.
+std::vector<Slice> owned_slices(const TrainingEngine& e, int unit) {
+  const ParamLayout& layout = e.layout();
+  if (layout.persistent_unit() < 0) {
+    Slice whole;
+    whole.owner = e.optimizer_shard(unit);
+    whole.begin = whole.owner.unit_begin;
+    whole.count = whole.owner.master.numel;
+    return {whole};
+  }
+  std::vector<Slice> out;
+  int last_owner = -1;
+  for (const ParamEntry& entry : layout.entries()) {
+    if (entry.home_unit != unit) continue;
+    const TrainingEngine::OptimizerShard s = e.optimizer_shard(entry.unit);
+    const int64_t at = entry.offset - layout.units()[static_cast<size_t>(entry.unit)].offset;
+    const int64_t span = align_up(entry.numel, ParamLayout::kAlignment);
+    const int64_t lo = std::max(at, s.unit_begin), hi = std::min(at + span, s.unit_begin + s.master.numel);
+    if (lo >= hi) continue;
+    const int64_t begin = entry.home_offset + (lo - at), owned = lo - s.unit_begin;
+    Slice* prev = out.empty() ? nullptr : &out.back();
+    if (prev != nullptr && last_owner == entry.unit && prev->begin + prev->count == begin &&
+        prev->owned_offset + prev->count == owned) {
+      prev->count += hi - lo;
+      continue;
+    }
+    Slice run;
+    run.begin = begin;
+    run.count = hi - lo;
+    run.owner = s;
+    run.owned_offset = owned;
+    out.push_back(run);
+    last_owner = entry.unit;
+  }
+  return out;
+}
+
+// This rank's slices of a unit to write: what it holds (stages 1-3), or at stage 0 (every rank
+// holds the whole unit) the r-th of N equal parts, so that each element is written once.
+std::vector<Slice> write_slices(const TrainingEngine& e, int unit, int rank, int world) {
+  std::vector<Slice> held = owned_slices(e, unit);
+  if (e.layout().persistent_unit() >= 0) return held;  // ZeRO-3: nothing is held twice
+  Slice& s = held.front();
   const int64_t padded = e.layout().units()[static_cast<size_t>(unit)].numel;
   const int64_t part = padded / world;
-  const int64_t lo = std::max(s.unit_begin, part * rank), hi = std::min(s.unit_begin + s.master.numel, part * (rank + 1));
-  Slice out;
-  out.begin = lo;
-  out.count = std::max<int64_t>(0, hi - lo);
-  out.owned_offset = lo - s.unit_begin;
-  return out;
+  const int64_t lo = std::max(s.begin, part * rank), hi = std::min(s.begin + s.count, part * (rank + 1));
+  s.owned_offset = lo - s.begin;
+  s.begin = lo;
+  s.count = std::max<int64_t>(0, hi - lo);
+  return held;
 }
 
 // GLM_TEST_KILL_DURING_SAVE=<rank>[:<step>] (fault tests only): that rank raises SIGKILL on itself
@@ -197,25 +249,50 @@ bool test_kill_during_save(int rank, int64_t step) {
 
 Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, int rank, int world,
                        bool kill_midway) {
-  const int units = static_cast<int>(engine.layout().units().size());
-  std::vector<CheckpointFileGroup> groups(static_cast<size_t>(units));
-  std::vector<Slice> slices;
-  for (int u = 0; u < units; ++u) {
-    const Slice slice = slices.emplace_back(write_slice(engine, u, rank, world));
-    if (engine.optimizer_shard(u).master.dtype != DType::f32)
+  for (size_t u = 0; u < engine.layout().units().size(); ++u)
+    if (engine.optimizer_shard(static_cast<int>(u)).master.dtype != DType::f32)
       return GLM_INTERNAL_ERROR("checkpoints store fp32 optimizer state, the backend keeps ",
-                                dtype_name(engine.optimizer_shard(u).master.dtype));
+                                dtype_name(engine.optimizer_shard(static_cast<int>(u)).master.dtype));
+  const bool ranges = engine.layout().persistent_unit() >= 0;
+  const int units = engine.layout().home_units();
+  std::vector<CheckpointFileGroup> groups(static_cast<size_t>(units));
+  std::vector<std::vector<Slice>> slices;
+  for (int u = 0; u < units; ++u) {
+    const std::vector<Slice>& runs = slices.emplace_back(write_slices(engine, u, rank, world));
     CheckpointFileGroup& g = groups[static_cast<size_t>(u)];
     g.name = unit_group(u);
-    g.attributes = {{"begin_count", {slice.begin, slice.count}}};
-    if (slice.count > 0)
-      for (const char* name : kDatasets) g.datasets.emplace_back(name, slice.count);
+    int64_t count = 0;
+    std::vector<int64_t> flat;  // begin, count of each run; one empty run when there is none
+    for (const Slice& run : runs) {
+      flat.insert(flat.end(), {run.begin, run.count});
+      count += run.count;
+    }
+    if (flat.empty()) flat = {0, 0};
+    if (ranges) {
+      g.attributes = {{"ranges", flat}};
+    } else {
+      g.attributes = {{"begin_count", {runs.front().begin, runs.front().count}}};
+    }
+    if (count > 0)
+      for (const char* name : kDatasets) g.datasets.emplace_back(name, count);
   }
+  // The dataset is the unit's runs back to back; a block may span several.
   auto fill = [&](size_t unit, size_t dataset, int64_t first, std::span<float> dst) -> Status {
-    const TrainingEngine::OptimizerShard s = engine.optimizer_shard(static_cast<int>(unit));
-    const Tensor sources[3] = {s.master, s.exp_avg, s.exp_avg_sq};
-    const int64_t at = slices[unit].owned_offset + first;
-    return backend.download(dst.data(), sources[dataset].slice(at, static_cast<int64_t>(dst.size())));
+    int64_t base = 0, pos = first;
+    size_t done = 0;
+    for (const Slice& run : slices[unit]) {
+      if (done < dst.size() && pos < base + run.count) {
+        const int64_t from = pos - base;
+        const int64_t n = std::min(run.count - from, static_cast<int64_t>(dst.size() - done));
+        GLM_RETURN_IF_ERROR(backend.download(dst.data() + done, run.dataset(static_cast<int>(dataset)).slice(from, n)));
+        done += static_cast<size_t>(n);
+        pos += n;
+      }
+      base += run.count;
+    }
+    if (done != dst.size())
+      return GLM_INTERNAL_ERROR("checkpoint fill past the runs of ", unit_group(static_cast<int>(unit)));
+    return Status::ok();
   };
   CheckpointFileOptions options;
   if (kill_midway) {  // part of the shard is on disk, the rest never will be
@@ -327,6 +404,33 @@ Result<nlohmann::json> read_meta(const fs::path& dir) {
   return meta;
 }
 
+// A run of a unit in a rank file: unit-relative [begin, begin + count), stored from element
+// `stored` of the group's datasets.
+struct FileRun {
+  int64_t begin = 0, count = 0, stored = 0;
+};
+
+// The runs of one unit group: attribute ranges (version 3), else begin_count (one run).
+Result<std::vector<FileRun>> file_runs(hid_t group, const fs::path& path, int unit) {
+  const bool has_ranges = H5Aexists(group, "ranges") > 0;
+  const char* name = has_ranges ? "ranges" : "begin_count";
+  H5Id attr(H5Aopen(group, name, H5P_DEFAULT), H5Aclose);
+  H5Id space(attr.ok() ? H5Aget_space(attr.get()) : -1, H5Sclose);
+  const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+  std::vector<int64_t> values(static_cast<size_t>(std::max<hssize_t>(n, 0)));
+  if (n <= 0 || n % 2 != 0 || (!has_ranges && n != 2) || H5Aread(attr.get(), H5T_NATIVE_INT64, values.data()) < 0)
+    return GLM_USER_ERROR(path.string(), ": ", unit_group(unit), " has no readable ", name, " attribute");
+  std::vector<FileRun> runs;
+  int64_t stored = 0;
+  for (size_t i = 0; i < values.size(); i += 2) {
+    if (values[i] < 0 || values[i + 1] < 0)
+      return GLM_USER_ERROR(path.string(), ": ", unit_group(unit), " has a negative ", name, " attribute");
+    runs.push_back({values[i], values[i + 1], stored});
+    stored += values[i + 1];
+  }
+  return runs;
+}
+
 // Reads [lo, hi) (unit-relative) of one dataset of one rank file into host, checked against the
 // file's block checksums (checksum_block; none in version-1 files, whose Fletcher-32 HDF5 checks).
 Status read_range(hid_t group, const char* dataset, const fs::path& file, std::optional<int64_t> checksum_block,
@@ -339,8 +443,10 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
                         const std::vector<int64_t>& unpadded, bool weights_only) {
   quiet_hdf5();
   Backend& backend = engine.backend();
-  const int units = static_cast<int>(engine.layout().units().size());
+  const int units = engine.layout().home_units();
   std::vector<int64_t> covered(static_cast<size_t>(units), 0);
+  std::vector<std::vector<Slice>> mine;
+  for (int u = 0; u < units; ++u) mine.push_back(owned_slices(engine, u));
   std::vector<float> host;
   for (int r = 0; r < saved_world; ++r) {
     const fs::path path = dir / rank_file(r);
@@ -351,32 +457,35 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
     for (int u = 0; u < units; ++u) {
       H5Id group(H5Gopen2(file.get(), unit_group(u).c_str(), H5P_DEFAULT), H5Gclose);
       if (!group.ok()) return GLM_USER_ERROR(path.string(), ": group ", unit_group(u), " is missing");
-      int64_t bc[2] = {0, 0};
-      H5Id attr(H5Aopen(group.get(), "begin_count", H5P_DEFAULT), H5Aclose);
-      if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, bc) < 0)
-        return GLM_USER_ERROR(path.string(), ": ", unit_group(u), " has no readable begin_count attribute");
-      const TrainingEngine::OptimizerShard mine = engine.optimizer_shard(u);
-      // The overlap of the file's slice, this rank's owned range and the unit's real extent.
-      const int64_t lo = std::max(bc[0], mine.unit_begin);
-      const int64_t hi = std::min({bc[0] + bc[1], mine.unit_begin + mine.master.numel, unpadded[static_cast<size_t>(u)]});
-      if (lo >= hi) continue;
-      const Tensor targets[3] = {mine.master, mine.exp_avg, mine.exp_avg_sq};
-      for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
-        GLM_RETURN_IF_ERROR(read_range(group.get(), kDatasets[d], path, checksum_block, u, bc[0], lo, hi, host));
-        GLM_RETURN_IF_ERROR(backend.upload(targets[d].slice(lo - mine.unit_begin, hi - lo), host.data()));
+      GLM_ASSIGN_OR_RETURN(const std::vector<FileRun> runs, file_runs(group.get(), path, u));
+      for (const FileRun& run : runs) {
+        for (const Slice& held : mine[static_cast<size_t>(u)]) {
+          // The overlap of the file's run, this rank's run and the unit's real extent.
+          const int64_t lo = std::max(run.begin, held.begin);
+          const int64_t hi =
+              std::min({run.begin + run.count, held.begin + held.count, unpadded[static_cast<size_t>(u)]});
+          if (lo >= hi) continue;
+          for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
+            GLM_RETURN_IF_ERROR(
+                read_range(group.get(), kDatasets[d], path, checksum_block, u, run.begin - run.stored, lo, hi, host));
+            GLM_RETURN_IF_ERROR(backend.upload(held.dataset(d).slice(lo - held.begin, hi - lo), host.data()));
+          }
+          covered[static_cast<size_t>(u)] += hi - lo;
+        }
       }
-      covered[static_cast<size_t>(u)] += hi - lo;
+    }
+  }
+  if (weights_only) {  // Adam starts over: zero moments, as a fresh optimizer has
+    for (size_t u = 0; u < engine.layout().units().size(); ++u) {
+      const TrainingEngine::OptimizerShard s = engine.optimizer_shard(static_cast<int>(u));
+      GLM_RETURN_IF_ERROR(backend.zero(s.exp_avg));
+      GLM_RETURN_IF_ERROR(backend.zero(s.exp_avg_sq));
     }
   }
   for (int u = 0; u < units; ++u) {
-    const TrainingEngine::OptimizerShard mine = engine.optimizer_shard(u);
-    if (weights_only) {  // Adam starts over: zero moments, as a fresh optimizer has
-      GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg));
-      GLM_RETURN_IF_ERROR(backend.zero(mine.exp_avg_sq));
-    }
-    const int64_t need =
-        std::max<int64_t>(0, std::min(mine.unit_begin + mine.master.numel, unpadded[static_cast<size_t>(u)]) -
-                                 mine.unit_begin);
+    int64_t need = 0;
+    for (const Slice& held : mine[static_cast<size_t>(u)])
+      need += std::max<int64_t>(0, std::min(held.begin + held.count, unpadded[static_cast<size_t>(u)]) - held.begin);
     if (covered[static_cast<size_t>(u)] != need)
       return GLM_USER_ERROR("checkpoint '", dir.string(), "': ", unit_group(u), " covers ", covered[static_cast<size_t>(u)],
                             " of the ", need, " elements this rank needs (rank files overlap or are missing slices)");
@@ -426,8 +535,9 @@ Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, c
   GLM_RETURN_IF_ERROR(comm.all_reduce(&bytes, &bytes, 1, CommType::i64, ReduceOp::sum));
   Status published = Status::ok();
   if (rank == 0) {
+    const bool ranges = engine.layout().persistent_unit() >= 0;  // write_rank_file's choice
     nlohmann::json meta = {{"format", kFormat},
-                           {"version", kVersion},
+                           {"version", ranges ? kVersion : kVersionWithoutRanges},
                            {"step", state.step},
                            {"consumed_samples", state.consumed_samples},
                            {"seed", state.seed},
@@ -826,18 +936,15 @@ Status read_checkpoint_masters(const CheckpointInfo& info,
       const fs::path path = dir / rank_file(r);
       H5Id group(H5Gopen2(files[static_cast<size_t>(r)]->get(), unit_group(u).c_str(), H5P_DEFAULT), H5Gclose);
       if (!group.ok()) return GLM_USER_ERROR(path.string(), ": group ", unit_group(u), " is missing");
-      int64_t bc[2] = {0, 0};
-      H5Id attr(H5Aopen(group.get(), "begin_count", H5P_DEFAULT), H5Aclose);
-      if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, bc) < 0)
-        return GLM_USER_ERROR(path.string(), ": ", unit_group(u), " has no readable begin_count attribute");
-      if (bc[0] < 0 || bc[1] < 0)
-        return GLM_USER_ERROR(path.string(), ": ", unit_group(u), " has a negative begin_count attribute");
-      const int64_t lo = bc[0], hi = std::min(bc[0] + bc[1], size);  // the tail past `size` is padding
-      if (lo >= hi) continue;
-      GLM_RETURN_IF_ERROR(
-          read_range(group.get(), kDatasets[0], path, checksum_blocks[static_cast<size_t>(r)], u, bc[0], lo, hi, host));
-      std::copy(host.begin(), host.end(), unit_values.begin() + lo);
-      pieces.emplace_back(lo, hi);
+      GLM_ASSIGN_OR_RETURN(const std::vector<FileRun> runs, file_runs(group.get(), path, u));
+      for (const FileRun& run : runs) {
+        const int64_t lo = run.begin, hi = std::min(run.begin + run.count, size);  // the tail past `size` is padding
+        if (lo >= hi) continue;
+        GLM_RETURN_IF_ERROR(read_range(group.get(), kDatasets[0], path, checksum_blocks[static_cast<size_t>(r)], u,
+                                       run.begin - run.stored, lo, hi, host));
+        std::copy(host.begin(), host.end(), unit_values.begin() + lo);
+        pieces.emplace_back(lo, hi);
+      }
     }
     std::sort(pieces.begin(), pieces.end());
     int64_t cursor = 0;

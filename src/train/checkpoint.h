@@ -1,9 +1,12 @@
 // Sharded checkpoints: <output_dir>/checkpoint-<step>/ holds one HDF5 file per rank with that
 // rank's slices of the fp32 master weights and Adam moments, unit by unit, each slice located by
 // its offset from the unit's start (offsets inside a unit do not depend on the world size, so a
-// checkpoint resumes at any world size and ZeRO stage), plus meta.json and a COMPLETE marker
-// written last. The directory is assembled under a temporary name and renamed into place once
-// every rank finished; <output_dir>/latest names the newest complete checkpoint.
+// checkpoint resumes at any world size and ZeRO stage). Units and offsets are those of the layout
+// without persistent tensors: under ZeRO-3 with --param_persistence_threshold a rank's part of a
+// unit is several runs (version 3, attribute `ranges`), so the threshold may change on resume too.
+// Plus meta.json and a COMPLETE marker written last. The directory is assembled under a temporary
+// name and renamed into place once every rank finished; <output_dir>/latest names the newest
+// complete checkpoint.
 //
 // Rank files are written by io/checkpoint_file.h (contiguous datasets, O_DIRECT from a writer
 // thread overlapping the GPU->host copies, CRC32C per 8 MiB block verified on every read, one

@@ -20,7 +20,8 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
-  GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute));
+  GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute,
+                                                    persistence_policy(zero_options, zero_stage)));
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
                                                               zero_options, /*frozen=*/lora != nullptr));
   for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_, &e->correct_}) {
@@ -144,6 +145,7 @@ Result<double> TrainingEngine::base_checksum() {
   double sum = 0;
   const int units = static_cast<int>(layout().units().size());
   for (int u = 0; u < units; ++u) {
+    if (zero_->owned_params(u).numel == 0) continue;  // a unit whose tensors are all persistent
     GLM_ASSIGN_OR_RETURN(double s, backend_.sum_squares(zero_->owned_params(u)));
     sum += s;
   }
@@ -178,6 +180,7 @@ Result<double> TrainingEngine::parameter_checksum() {
   double sum = 0;
   const int units = static_cast<int>(layout().units().size());
   for (int u = 0; u < units; ++u) {
+    if (zero_->owned_params(u).numel == 0) continue;  // a unit whose tensors are all persistent
     GLM_ASSIGN_OR_RETURN(double s, backend_.sum_squares(zero_->owned_params(u)));
     sum += s;
   }

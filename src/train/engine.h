@@ -76,8 +76,10 @@ class TrainingEngine {
   // The adapters' gradient of the last step, all-reduced (before clipping), in f32.
   Result<std::vector<float>> lora_gradients();
 
-  // What this rank's optimizer holds of `unit` (checkpoints): fp32 master weights and moments of
-  // the unit's elements [unit_begin, unit_begin + master.numel) counted from the unit's start.
+  // What this rank's optimizer holds of `unit` of layout() (checkpoints): fp32 master weights and
+  // moments of the unit's elements [unit_begin, unit_begin + master.numel) counted from the unit's
+  // start. With ZeRO-3 persistent tensors these are not the checkpoint's units (checkpoint.cpp
+  // maps them through each tensor's home_unit and home_offset).
   struct OptimizerShard {
     Tensor master, exp_avg, exp_avg_sq;
     int64_t unit_begin = 0;

@@ -155,6 +155,11 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                         l->config().dropout, " on ",
                         lora_targets_text(l->config().targets), ": ", l->parameter_count(),
                         " trainable parameters; the base is frozen"));
+  if (engine->layout().persistent_unit() >= 0)
+    logger.print(concat("glm_hpc: ZeRO-3 keeps ", engine->layout().persistent_tensors(), " tensors of at most ",
+                        config.zero_options.param_persistence_threshold, " elements (",
+                        engine->layout().persistent_parameter_count(),
+                        " parameters) whole on every rank (--param_persistence_threshold)"));
   if (!dataset.prepared.empty()) logger.print("glm_hpc: samples memory-mapped from " + dataset.prepared);
   logger.print("glm_hpc: " + rep.describe());
   if (packing) logger.print("glm_hpc: " + packing->summary());

@@ -26,15 +26,24 @@ std::vector<CommBucket> plan_comm_buckets(const ParamLayout& layout, int64_t buc
     open_first = open_last = -1;
     open_numel = 0;
   };
-  for (int i = 0; i < units; ++i) {
-    const int u = backward ? units - 1 - i : i;
-    if (open_first >= 0 && open_numel + unit_numel(u) > bucket_size) close();
+  const int persistent = layout.persistent_unit();
+  auto add = [&](int u) {
     if (open_first < 0) open_first = open_last = u;
     open_first = std::min(open_first, u);
     open_last = std::max(open_last, u);
     open_numel += unit_numel(u);
+  };
+  for (int i = 0; i < units; ++i) {
+    const int u = backward ? units - 1 - i : i;
+    if (u == persistent) continue;
+    if (open_first >= 0 && open_numel + unit_numel(u) > bucket_size) close();
+    add(u);
   }
   close();
+  if (persistent >= 0) {
+    add(persistent);
+    close();
+  }
   return buckets;
 }
 
@@ -45,7 +54,8 @@ DType effective_reduce_dtype(const ZeroOptions& options, DType compute) {
 
 int64_t ZeroBufferSizes::bytes() const {
   const int64_t c = static_cast<int64_t>(dtype_size(compute)), r = static_cast<int64_t>(dtype_size(reduce));
-  return c * (grad_bucket_numel * grad_bucket_count + reduce_convert_numel + gather_numel + 2 * gathered_unit_numel) +
+  return c * (grad_bucket_numel * grad_bucket_count + reduce_convert_numel + gather_numel + 2 * gathered_unit_numel +
+              persistent_grad_numel) +
          r * 2 * (reduce_send_numel + reduce_recv_numel);
 }
 
@@ -55,17 +65,22 @@ ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const Ze
   s.reduce = effective_reduce_dtype(options, compute);
   const int world = layout.shards();
   const int units = static_cast<int>(layout.units().size());
-  int64_t largest_unit = 0;
-  for (int u = 0; u < units; ++u) largest_unit = std::max(largest_unit, layout.units()[static_cast<size_t>(u)].numel);
+  const int persistent = layout.persistent_unit();
+  int64_t largest_unit = 0;  // of those gathered: the persistent unit is whole everywhere
+  for (int u = 0; u < units; ++u)
+    if (u != persistent) largest_unit = std::max(largest_unit, layout.units()[static_cast<size_t>(u)].numel);
   if (stage == 3) s.gathered_unit_numel = largest_unit;
+  if (stage == 3 && persistent >= 0) s.persistent_grad_numel = layout.units()[static_cast<size_t>(persistent)].numel;
   if (world > 1 && (stage == 1 || stage == 2)) {
     for (const CommBucket& b : plan_comm_buckets(layout, options.allgather_bucket_size, false))
       if (b.units() > 1) s.gather_numel = std::max(s.gather_numel, b.numel);
   }
-  int64_t largest_bucket = 0;
+  // The persistent unit's bucket is reduced from its own buffer, not from a gradient bucket.
+  int64_t largest_bucket = 0, largest_written_bucket = 0;
   bool multi_unit = false;
   for (const CommBucket& b : plan_comm_buckets(layout, options.reduce_bucket_size, true)) {
     largest_bucket = std::max(largest_bucket, b.numel);
+    if (b.first != persistent) largest_written_bucket = std::max(largest_written_bucket, b.numel);
     multi_unit = multi_unit || b.units() > 1;
   }
   const bool convert = s.reduce != compute;
@@ -73,7 +88,7 @@ ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const Ze
   // which needs each rank's shards of a multi-unit bucket side by side (rank-major).
   const bool pack = world > 1 && (convert || (stage >= 1 && multi_unit));
   if (stage >= 2) {
-    s.grad_bucket_numel = largest_bucket;
+    s.grad_bucket_numel = largest_written_bucket;
     // A packed bucket is free again as soon as it is copied out; one rank only adds it to its shards.
     s.grad_bucket_count = pack || world == 1 ? 1 : 2;
   }

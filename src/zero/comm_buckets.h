@@ -25,6 +25,8 @@ struct CommBucket {
 // bucket stays within bucket_size elements; a unit larger than bucket_size is a bucket of its own
 // (units are never split: backward finishes a unit's gradient all at once, so splitting would not
 // start any collective earlier, and one large collective moves data faster than several parts).
+// The persistent unit, if any, is a bucket of its own, last in either order: backward completes
+// its gradient only after the embedding's, and the optimizer updates it last.
 std::vector<CommBucket> plan_comm_buckets(const ParamLayout& layout, int64_t bucket_size, bool backward);
 
 // The buffers ZeRO allocates besides parameters, gradients and optimizer state, in elements of
@@ -37,6 +39,7 @@ struct ZeroBufferSizes {
   int64_t reduce_convert_numel = 0;  // compute dtype, x1: reduced part converted before accumulation
   int64_t gather_numel = 0;         // compute dtype, x1: a multi-unit all-gather's full bucket (stages 1-2)
   int64_t gathered_unit_numel = 0;  // compute dtype, x2: stage 3's gathered unit and the prefetched one
+  int64_t persistent_grad_numel = 0;  // compute dtype, x1: stage 3's persistent gradients during backward
   DType compute = DType::f32, reduce = DType::f32;
   int64_t bytes() const;
 };

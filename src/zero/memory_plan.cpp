@@ -12,20 +12,24 @@
 namespace glm {
 
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
-  const ParamLayout layout(in.model, in.world_size);
+  const int stage = in.zero_stage;
+  const ParamLayout layout(in.model, in.world_size, persistence_policy(in.zero_options, stage));
   const int units = static_cast<int>(layout.units().size());
-  int64_t shard_total = 0;
+  const int persistent = layout.persistent_unit();
+  int64_t shard_total = 0, persistent_numel = 0;
   for (int u = 0; u < units; ++u) {
     shard_total += layout.shard_numel(u);
+    if (u == persistent) persistent_numel = layout.units()[static_cast<size_t>(u)].numel;
   }
   const int64_t total = layout.total_numel(), n = in.micro_batch_tokens;
-  const int stage = in.zero_stage;
+  // ZeRO-3 keeps the persistent unit whole on every rank (its shard inside it).
+  const int64_t stage3_params = shard_total - (persistent >= 0 ? layout.shard_numel(persistent) : 0) + persistent_numel;
   MemoryPlan p;
   auto add = [&](const char* what, int64_t bytes) {
     p.rows.push_back({what, bytes});
     p.total += bytes;
   };
-  add("parameters (bf16)", stage == 3 ? 2 * shard_total : 2 * total);
+  add("parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
   add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
   add("optimizer: fp32 master + Adam moments", 12 * (stage == 0 ? total : shard_total));
   ZeroOptions zero = in.zero_options;
@@ -57,6 +61,15 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
                 in.world_size, in.zero_stage, static_cast<long long>(in.micro_batch_tokens),
                 recompute_name(in.recompute));
   out += line;
+  const ParamLayout layout(in.model, in.world_size, persistence_policy(in.zero_options, in.zero_stage));
+  if (layout.persistent_unit() >= 0) {
+    std::snprintf(line, sizeof(line),
+                  "ZeRO-3 persistent tensors (--param_persistence_threshold %lld): %d tensors, %lld parameters "
+                  "whole on every GPU\n",
+                  static_cast<long long>(in.zero_options.param_persistence_threshold), layout.persistent_tensors(),
+                  static_cast<long long>(layout.persistent_parameter_count()));
+    out += line;
+  }
   for (const auto& r : plan.rows) {
     std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", r.what.c_str(), static_cast<double>(r.bytes) / gib);
     out += line;

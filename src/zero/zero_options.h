@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/tensor.h"
+#include "model/param_layout.h"
 
 namespace glm {
 
@@ -23,6 +24,22 @@ struct ZeroOptions {
   int64_t prefetch_bucket_size = 500'000'000;
   // --grad_reduce_dtype: the dtype gradients travel and are summed in (PyTorch FSDP2's reduce_dtype).
   DType grad_reduce_dtype = DType::f32;
+  // --param_persistence_threshold / --model_persistence_threshold (stage 3; DeepSpeed's
+  // stage3_param_persistence_threshold and stage3_model_persistence_threshold): tensors of at most
+  // this many elements, in layout order while their total stays within the model threshold, are
+  // not partitioned: every rank keeps them whole (ParamLayout's persistent unit), never gathered
+  // per layer; their gradients and optimizer state stay partitioned, and the updated tensors are
+  // all-gathered once after the optimizer step. 0 here keeps every tensor partitioned (what
+  // library callers and tests get); the command line's default is DeepSpeed's 1e5.
+  static constexpr int64_t kDeepSpeedParamPersistenceThreshold = 100'000;
+  int64_t param_persistence_threshold = 0;
+  int64_t model_persistence_threshold = PersistencePolicy::kUnlimited;
 };
+
+// The tensors ZeRO keeps whole on every rank: none below stage 3.
+inline PersistencePolicy persistence_policy(const ZeroOptions& options, int stage) {
+  if (stage != 3) return PersistencePolicy{};
+  return PersistencePolicy{options.param_persistence_threshold, options.model_persistence_threshold};
+}
 
 }  // namespace glm

@@ -37,10 +37,14 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
                               options.prefetch_bucket_size);
   if (options.grad_reduce_dtype != DType::f32 && options.grad_reduce_dtype != DType::bf16)
     return GLM_INTERNAL_ERROR("grad_reduce_dtype must be f32 or bf16");
+  const int persistent = layout.persistent_unit();
+  if (persistent >= 0 && stage != 3)
+    return GLM_INTERNAL_ERROR("a layout with persistent tensors at ZeRO stage ", stage, " (only stage 3 has them)");
   std::unique_ptr<ZeroParameters> z(
       new ZeroParameters(layout, backend, comm, data != nullptr ? *data : comm, stage, options));
   const DType dt = backend.compute_dtype();
   z->frozen_ = frozen;
+  z->persistent_ = persistent;
   z->options_.grad_reduce_dtype = effective_reduce_dtype(options, dt);
   const DType rt = z->options_.grad_reduce_dtype;
   const int units = static_cast<int>(layout.units().size());
@@ -55,12 +59,19 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
     GLM_ASSIGN_OR_RETURN(b, backend.allocate(n, type));
     return Status::ok();
   };
+  // Stage 3: the partitioned units' shards (the persistent unit is last, so the others' shard_base_
+  // index both shard buffers), the gathered units, the persistent unit whole.
+  auto alloc_stage3_params = [&]() -> Status {
+    const int64_t persistent_shard = persistent >= 0 ? layout.shard_numel(persistent) : 0;
+    GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total - persistent_shard, dt));
+    for (auto& g : z->gathered_) GLM_RETURN_IF_ERROR(alloc(g.params, sz.gathered_unit_numel, dt));
+    if (persistent >= 0)
+      GLM_RETURN_IF_ERROR(alloc(z->persistent_params_, layout.units()[static_cast<size_t>(persistent)].numel, dt));
+    return Status::ok();
+  };
   if (frozen) {
     if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel(), dt));
-    if (stage == 3) {
-      GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total, dt));
-      for (auto& g : z->gathered_) GLM_RETURN_IF_ERROR(alloc(g.params, sz.gathered_unit_numel, dt));
-    }
+    if (stage == 3) GLM_RETURN_IF_ERROR(alloc_stage3_params());
     return z;
   }
   z->reduce_buckets_ = plan_comm_buckets(layout, options.reduce_bucket_size, true);
@@ -77,10 +88,8 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
         z->gather_bucket_of_unit_[static_cast<size_t>(u)] = static_cast<int>(b);
   }
   if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel(), dt));
-  if (stage == 3) {
-    GLM_RETURN_IF_ERROR(alloc(z->param_shards_, shard_total, dt));
-    for (auto& g : z->gathered_) GLM_RETURN_IF_ERROR(alloc(g.params, sz.gathered_unit_numel, dt));
-  }
+  if (stage == 3) GLM_RETURN_IF_ERROR(alloc_stage3_params());
+  if (sz.persistent_grad_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->persistent_grads_, sz.persistent_grad_numel, dt));
   if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel(), dt));
   if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total, dt));
   for (int i = 0; i < sz.grad_bucket_count; ++i) GLM_RETURN_IF_ERROR(alloc(z->grad_buckets_[i], sz.grad_bucket_numel, dt));
@@ -104,6 +113,8 @@ CommType ZeroParameters::reduce_type() const { return comm_type(options_.grad_re
 Result<Tensor> ZeroParameters::acquire_params(int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   if (stage_ <= 2) return params_.slice(u.offset, u.numel);
+  if (unit == persistent_) return persistent_params_.tensor();  // whole on every rank
+  if (u.numel == 0) return Tensor{};                            // every tensor of the unit is persistent
   // Stage 3: the prefetched (or still held) copy, else gather now.
   int slot = gathered_[0].unit == unit ? 0 : (gathered_[1].unit == unit ? 1 : -1);
   if (slot < 0) {
@@ -116,10 +127,10 @@ Result<Tensor> ZeroParameters::acquire_params(int unit) {
 }
 
 Status ZeroParameters::prefetch_params(int unit) {
-  if (stage_ != 3 || gathered_[0].unit == unit || gathered_[1].unit == unit) return Status::ok();
+  if (stage_ != 3 || unit == persistent_ || gathered_[0].unit == unit || gathered_[1].unit == unit) return Status::ok();
   // --prefetch_bucket_size bounds the elements gathered ahead; without --overlap_comm nothing is.
-  if (!options_.overlap_comm || layout_.units()[static_cast<size_t>(unit)].numel > options_.prefetch_bucket_size)
-    return Status::ok();
+  const int64_t numel = layout_.units()[static_cast<size_t>(unit)].numel;
+  if (!options_.overlap_comm || numel == 0 || numel > options_.prefetch_bucket_size) return Status::ok();
   // Into the slot the model does not hold. On a device communicator the gather is ordered after
   // all compute enqueued so far, so it cannot overwrite parameters a queued kernel still reads.
   return gather_into(held_slot_ < 0 ? 0 : held_slot_ ^ 1, unit);
@@ -150,6 +161,7 @@ Status ZeroParameters::settle_slot(Gathered& g) { return wait_timed(g.in_flight)
 
 // Gathered copies are stale once parameters change: finish any gather in flight, then drop them.
 Status ZeroParameters::forget_gathered() {
+  GLM_RETURN_IF_ERROR(wait_timed(persistent_gather_));
   for (auto& g : gathered_) {
     GLM_RETURN_IF_ERROR(settle_slot(g));
     g.unit = -1;
@@ -161,6 +173,17 @@ Status ZeroParameters::forget_gathered() {
 Tensor ZeroParameters::unit_grads(int unit) {
   if (frozen_) return Tensor{};
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+  if (unit == persistent_) {
+    // Every unit's backward adds to it; the previous micro-batch's reduction may still read it.
+    for (auto& slot : reduce_slots_) {
+      if (slot.bucket != bucket_of_unit_[static_cast<size_t>(unit)]) continue;
+      const Status drained = drain(slot);
+      if (!drained.is_ok()) fatal_status(drained);
+    }
+    const Status zeroed = backend_.zero(persistent_grads_.tensor());
+    if (!zeroed.is_ok()) fatal_status(zeroed);
+    return persistent_grads_.tensor();
+  }
   if (stage_ <= 1) return grads_.slice(u.offset, u.numel);
   // Stages 2-3: the open bucket's buffer; backward reaches a bucket's units from `last` down.
   const CommBucket& bucket = reduce_buckets_[static_cast<size_t>(bucket_of_unit_[static_cast<size_t>(unit)])];
@@ -177,6 +200,7 @@ Tensor ZeroParameters::unit_grads(int unit) {
 }
 
 Tensor ZeroParameters::bucket_source(const CommBucket& b) const {
+  if (b.first == persistent_) return persistent_grads_.slice(0, b.numel);
   if (stage_ <= 1) return grads_.slice(b.offset, b.numel);
   return grad_buckets_[pack_ ? 0 : next_slot_].slice(0, b.numel);
 }
@@ -201,6 +225,10 @@ Status ZeroParameters::pack(const CommBucket& b, Tensor src, Tensor dst) {
 // Starts bucket `index`'s all-reduce (stage 0) or reduce-scatter (stages 1-3) in the next slot.
 Status ZeroParameters::reduce_bucket(int index) {
   const CommBucket& b = reduce_buckets_[static_cast<size_t>(index)];
+  if (b.numel == 0) {  // units whose tensors are all persistent: nothing to reduce
+    ++buckets_reduced_;
+    return Status::ok();
+  }
   ReduceSlot& slot = reduce_slots_[next_slot_];
   GLM_RETURN_IF_ERROR(drain(slot));
   Tensor src = bucket_source(b);
@@ -262,8 +290,9 @@ Status ZeroParameters::grads_ready(int unit) {
     return reduce_bucket(index);
   }
   if (comm_.size() == 1) {  // shards are whole units: accumulate the bucket directly
+    if (b.numel == 0) return Status::ok();
     Tensor shards = grad_shards_.slice(b.shard_offset, b.numel);
-    return backend_.add(shards, shards, grad_buckets_[0].slice(0, b.numel), b.numel);
+    return backend_.add(shards, shards, bucket_source(b), b.numel);
   }
   return reduce_bucket(index);
 }
@@ -279,6 +308,8 @@ Result<double> ZeroParameters::take_device_exposed_comm_seconds() { return data_
 Tensor ZeroParameters::owned_params(int unit) const {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   if (stage_ == 0) return params_.slice(u.offset, u.numel);
+  if (unit == persistent_)
+    return persistent_params_.slice(comm_.rank() * layout_.shard_numel(unit), layout_.shard_numel(unit));
   if (stage_ == 3) return shard_slice(param_shards_, unit);
   return params_.slice(layout_.shard_offset(unit, comm_.rank()), layout_.shard_numel(unit));
 }
@@ -325,7 +356,9 @@ Result<double> ZeroParameters::grad_norm_squared() {
 
 Status ZeroParameters::unit_updated(int u) {
   if (frozen_) return GLM_INTERNAL_ERROR("unit_updated(", u, ") on frozen parameters");
-  if ((stage_ != 1 && stage_ != 2) || comm_.size() == 1) return Status::ok();  // one rank: the shard is the unit
+  if (comm_.size() == 1) return Status::ok();  // one rank: the shard is the unit
+  if (stage_ == 3) return u == persistent_ && options_.overlap_comm ? gather_persistent() : Status::ok();
+  if (stage_ != 1 && stage_ != 2) return Status::ok();
   const int index = gather_bucket_of_unit_[static_cast<size_t>(u)];
   if (u != gather_buckets_[static_cast<size_t>(index)].last || !options_.overlap_comm) return Status::ok();
   return gather_bucket(index);
@@ -385,10 +418,25 @@ Status ZeroParameters::finish_gather(GatherInFlight& g) {
   return Status::ok();
 }
 
+// One collective for every persistent tensor: this rank's updated shard sits in place inside the
+// whole unit, as DeepSpeed's post-step all-gather of its persistent parameters.
+Status ZeroParameters::gather_persistent() {
+  if (persistent_gather_) return GLM_INTERNAL_ERROR("persistent all-gather started twice");
+  if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
+  Tensor full = persistent_params_.tensor();
+  persistent_gather_ =
+      data_.start_all_gather(owned_params(persistent_).data, full.data,
+                             static_cast<size_t>(layout_.shard_numel(persistent_)), comm_type(full.dtype));
+  if (!options_.overlap_comm) return wait_timed(persistent_gather_);
+  return Status::ok();
+}
+
 Status ZeroParameters::after_update() {
   if (frozen_) return forget_gathered();
   if ((stage_ == 1 || stage_ == 2) && comm_.size() > 1 && !options_.overlap_comm)
     for (size_t b = 0; b < gather_buckets_.size(); ++b) GLM_RETURN_IF_ERROR(gather_bucket(static_cast<int>(b)));
+  if (stage_ == 3 && persistent_ >= 0 && comm_.size() > 1 && !options_.overlap_comm)
+    GLM_RETURN_IF_ERROR(gather_persistent());
   for (auto& g : gathers_) GLM_RETURN_IF_ERROR(finish_gather(g));
   gathers_.clear();
   return forget_gathered();
@@ -398,8 +446,13 @@ Status ZeroParameters::fill_stored(const std::function<Status(Tensor dst, int64_
   GLM_RETURN_IF_ERROR(forget_gathered());
   if (stage_ <= 2) return fill(params_.tensor(), 0);
   const int units = static_cast<int>(layout_.units().size());
-  for (int u = 0; u < units; ++u)
-    GLM_RETURN_IF_ERROR(fill(shard_slice(param_shards_, u), layout_.shard_offset(u, comm_.rank())));
+  for (int u = 0; u < units; ++u) {
+    if (u == persistent_) {
+      GLM_RETURN_IF_ERROR(fill(persistent_params_.tensor(), layout_.units()[static_cast<size_t>(u)].offset));
+    } else {
+      GLM_RETURN_IF_ERROR(fill(shard_slice(param_shards_, u), layout_.shard_offset(u, comm_.rank())));
+    }
+  }
   return Status::ok();
 }
 
@@ -416,7 +469,8 @@ Status ZeroParameters::set_range(int64_t begin, std::span<const float> values) {
 
 ZeroMemory ZeroParameters::memory() const {
   ZeroMemory m;
-  m.parameter_bytes = static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes());
+  m.parameter_bytes = static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes() +
+                                           persistent_params_.tensor().bytes());
   m.gradient_bytes = static_cast<int64_t>(grads_.tensor().bytes() + grad_shards_.tensor().bytes());
   m.buffer_bytes = 0;
   auto add = [&](const Buffer& b) { m.buffer_bytes += static_cast<int64_t>(b.tensor().bytes()); };
@@ -428,6 +482,7 @@ ZeroMemory ZeroParameters::memory() const {
   }
   add(reduce_convert_);
   add(gather_staging_);
+  add(persistent_grads_);
   return m;
 }
 

@@ -8,6 +8,11 @@
 //      accumulated into this rank's shards; only bucket-sized gradient buffers exist.
 //   3: parameters sharded too: a unit is all-gathered just before its forward and its backward,
 //      the next unit's gather prefetched into a second buffer while the current one computes.
+//      The layout's persistent unit (small tensors, --param_persistence_threshold) is whole on
+//      every rank instead, as DeepSpeed's persistent parameters: never gathered per layer; its
+//      gradients are held whole through backward and reduce-scattered once at its end (the last
+//      bucket), its optimizer state is sharded like any unit's, and after the optimizer step one
+//      in-place all-gather of its shards refreshes every rank's copy.
 // Buckets (zero/comm_buckets.h) coalesce consecutive units up to --reduce_bucket_size /
 // --allgather_bucket_size elements. Reduce-scatter needs each rank's part of a bucket contiguous,
 // so a multi-unit bucket is packed rank-major (rank r's shards of every unit, side by side) into a
@@ -106,7 +111,13 @@ class ZeroParameters final : public ParameterProvider {
   ZeroBufferSizes sizes_;
   std::vector<int64_t> shard_base_;  // local offset of each unit's shard inside shard buffers
   Buffer params_;                    // stages 0-2: the full parameters
-  Buffer param_shards_;              // stage 3: this rank's shards
+  Buffer param_shards_;              // stage 3: this rank's shards (of every unit but the persistent one)
+  // Stage 3's persistent unit: its parameters whole (this rank's shard inside, where the optimizer
+  // writes), its gradients during backward, and the all-gather after the optimizer step.
+  int persistent_ = -1;
+  Buffer persistent_params_, persistent_grads_;
+  std::unique_ptr<CommRequest> persistent_gather_;
+  Status gather_persistent();
   // Stage 3: two unit-sized buffers of gathered parameters, the one in use and the prefetch.
   struct Gathered {
     Buffer params;
