@@ -690,9 +690,26 @@ TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
   // base's, so the bound is relative to the dropout-free GPU/CPU gap of the same model and batch.
   const double plain_gap = relative_error(gpu_plain.grads, cpu_plain.grads);
   const double dropout_gap = relative_error(on_gpu.grads, cpu_ref.grads);
-  std::printf("LoRA adapter gradients, GPU (bf16) against CPU (fp32), relative: dropout 0 %.4f, dropout 0.5 %.4f\n",
-              plain_gap, dropout_gap);
+  std::printf("LoRA adapter gradients, GPU (bf16) against CPU (fp32), relative: dropout 0 %.4f, dropout 0.5 %.4f; "
+              "losses GPU/CPU %.6f/%.6f (0), %.6f/%.6f (0.5)\n",
+              plain_gap, dropout_gap, gpu_plain.loss, cpu_plain.loss, on_gpu.loss, cpu_ref.loss);
   EXPECT_LT(dropout_gap, std::max(kBf16GradTolerance, 1.5 * plain_gap)) << "dropout 0 gap " << plain_gap;
+  if (HasFailure()) {  // where the gap sits: per adapter matrix
+    LoraConfig lora;
+    lora.rank = 4;
+    lora.alpha = 8;
+    const LoraLayout layout(c, lora);
+    for (const LoraEntry& e : layout.entries())
+      for (const auto& [name, off, numel] : {std::make_tuple("A", e.a_offset, lora.rank * e.in_features),
+                                             std::make_tuple("Bt", e.b_offset, lora.rank * e.out_features)}) {
+        auto part = [&](const std::vector<float>& g) {
+          return std::vector<float>(g.begin() + off, g.begin() + off + numel);
+        };
+        std::printf("  %s %s: gap dropout 0 %.4f, dropout 0.5 %.4f\n", e.module_name().c_str(), name,
+                    relative_error(part(gpu_plain.grads), part(cpu_plain.grads)),
+                    relative_error(part(on_gpu.grads), part(cpu_ref.grads)));
+      }
+  }
   EXPECT_LT(plain_gap, 4 * kBf16GradTolerance) << "bf16 LoRA gradients far from the CPU's";
   EXPECT_NEAR(gpu_full.loss, on_gpu.loss, 1e-6 * on_gpu.loss) << "recomputation";
   EXPECT_LT(relative_error(gpu_full.grads, on_gpu.grads), kBf16GradTolerance) << "recomputation";
