@@ -2,7 +2,9 @@
 # ctest bucket_sweep_cpu: benchmarks/bucket_sweep.py on 2 CPU ranks over a tiny model (2 bucket
 # sizes x ZeRO 1, 3 x overlap on/off, 2 steps each). Asserts that the tools work: every setting
 # ran, the CSV is complete with numbers, a best setting is printed, and the PNG exists when gnuplot
-# does. Never asserts speed. Usage: bucket_sweep_test.sh GLM_HPC_BINARY MPIRUN
+# does. Never asserts speed. Every tensor of this model is under DeepSpeed's default ZeRO-3
+# persistence threshold, which would keep them all whole (no bucket-sized buffers to compare):
+# --param_persistence_threshold 0 partitions them. Usage: bucket_sweep_test.sh GLM_HPC_BINARY MPIRUN
 set -euo pipefail
 binary=$1 mpirun=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,7 +13,8 @@ trap 'rm -rf "$out"' EXIT
 cd "$here"
 python3 benchmarks/bucket_sweep.py --binary "$binary" --mpirun "$mpirun" --np 2 --device cpu \
   --bucket_bytes 16K,4M --stages 1,3 --overlap true,false --steps 2 --skip_steps 1 --timeout 240 --out "$out" -- \
-  --hidden_size 64 --intermediate_size 128 --max_length 128 --per_device_train_batch_size 2 | tee "$out/stdout"
+  --hidden_size 64 --intermediate_size 128 --max_length 128 --per_device_train_batch_size 2 \
+  --param_persistence_threshold 0 | tee "$out/stdout"
 grep -q "^best: ZeRO-[13] --overlap_comm \(true\|false\) --reduce_bucket_size [0-9]" "$out/stdout"
 python3 - "$out/bucket_sweep.csv" <<'PY'
 import csv, sys

@@ -231,11 +231,12 @@ TEST(Checkpoint, Version1CheckpointsStillResume) {
   ASSERT_EQ(from_v1.value().losses.size(), 2u);
   EXPECT_EQ(from_v1.value().losses, from_v2.value().losses);
 
-  fs::copy(out / "checkpoint-2", out / "v3", fs::copy_options::recursive);
-  nlohmann::json meta = nlohmann::json::parse(std::ifstream(out / "v3" / "meta.json"));
-  meta["version"] = 3;
-  std::ofstream(out / "v3" / "meta.json") << meta.dump(2);
-  expect_refused(out, (out / "v3").string(), "checkpoint version 3 is not one this glm_hpc reads (1 to 2)");
+  // Version 3 (runs per unit, ZeRO-3 persistent tensors: test_zero) is read; 4 is the future.
+  fs::copy(out / "checkpoint-2", out / "v4", fs::copy_options::recursive);
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(out / "v4" / "meta.json"));
+  meta["version"] = 4;
+  std::ofstream(out / "v4" / "meta.json") << meta.dump(2);
+  expect_refused(out, (out / "v4").string(), "checkpoint version 4 is not one this glm_hpc reads (1 to 3)");
 }
 
 nlohmann::json meta_of(const fs::path& checkpoint) {
