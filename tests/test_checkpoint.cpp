@@ -16,6 +16,7 @@
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -25,15 +26,8 @@ namespace fs = std::filesystem;
 TrainConfig tiny(const fs::path& out) {
   TrainConfig t;
   ModelConfig& m = t.model;
-  m.vocab_size = 272;
-  m.hidden_size = 32;
+  m = test::tiny_glm4();
   m.intermediate_size = 48;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.max_position_embeddings = 512;
-  m.rope_theta = 5e6;
   EXPECT_TRUE(m.finalize_and_validate().is_ok());
   t.max_length = 256;
   t.max_steps = 4;

@@ -25,6 +25,7 @@
 #include "mpi/mpi_communicator.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -39,14 +40,7 @@ constexpr const char* kSmallShards = "10KB";  // the 272 x 32 bf16 embedding alo
 TrainConfig tiny() {
   TrainConfig t;
   ModelConfig& m = t.model;
-  m.vocab_size = 272;
-  m.hidden_size = 32;
-  m.intermediate_size = 64;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.max_position_embeddings = 512;
+  m = test::tiny_glm4();
   m.rope_theta = 1e6;
   m.rms_norm_eps = 1e-6;
   EXPECT_TRUE(m.finalize_and_validate().is_ok());

@@ -15,6 +15,7 @@
 #include "mpi/runtime.h"
 #include "train/preemption.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -60,15 +61,7 @@ TEST(ProcessInfo, MoreRanksThanGpusOnAHostIsAUserError) {
 TrainConfig tiny_config() {
   TrainConfig t;
   ModelConfig& m = t.model;
-  m.vocab_size = 272;
-  m.hidden_size = 32;
-  m.intermediate_size = 64;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.max_position_embeddings = 512;
-  m.rope_theta = 5e6;
+  m = test::tiny_glm4();
   EXPECT_TRUE(m.finalize_and_validate().is_ok());
   t.max_length = 512;
   t.max_steps = 6;

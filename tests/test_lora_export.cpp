@@ -25,6 +25,7 @@
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -40,14 +41,7 @@ constexpr double kAdapterEffectOverRounding = 5;
 TrainConfig tiny(const std::string& train_type) {
   TrainConfig t;
   ModelConfig& m = t.model;
-  m.vocab_size = 272;
-  m.hidden_size = 32;
-  m.intermediate_size = 64;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.max_position_embeddings = 512;
+  m = test::tiny_glm4();
   m.rope_theta = 1e6;
   m.rms_norm_eps = 1e-6;
   m.initializer_range = 0.2;  // a frozen base the adapters can move

@@ -16,6 +16,7 @@
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -28,15 +29,7 @@ constexpr int64_t kSteps = 8;
 TrainConfig lora_config() {
   TrainConfig t;
   ModelConfig& m = t.model;
-  m.vocab_size = 272;
-  m.hidden_size = 32;
-  m.intermediate_size = 64;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.max_position_embeddings = 512;
-  m.rope_theta = 5e6;
+  m = test::tiny_glm4();
   m.initializer_range = 0.2;  // a random base the adapters can move (the lm_head stays frozen)
   EXPECT_TRUE(m.finalize_and_validate().is_ok());
   t.datasets = {std::string(GLM_SOURCE_DIR) + "/data/sample/conversations.jsonl"};

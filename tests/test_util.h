@@ -8,8 +8,26 @@
 #include <vector>
 
 #include "data/sharded_loader.h"
+#include "model/config.h"
 
 namespace glm::test {
+
+// The tiny GLM-4 the CPU and MPI tests train: 2 layers of hidden 32 (4 heads on 2 KV groups of 8),
+// FFN 64, the byte-level vocabulary of 272, 512 positions. Callers change what their test needs and
+// call finalize_and_validate().
+inline ModelConfig tiny_glm4() {
+  ModelConfig m;
+  m.vocab_size = 272;
+  m.hidden_size = 32;
+  m.intermediate_size = 64;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 8;
+  m.max_position_embeddings = 512;
+  m.rope_theta = 5e6;
+  return m;
+}
 
 // Values in [-scale, scale): never zeros, never a pattern the kernels could special-case.
 inline std::vector<double> random_vector(size_t n, uint64_t seed, double scale = 1.0) {

@@ -19,6 +19,7 @@
 #include "train/trainer.h"
 #include "zero/comm_buckets.h"
 #include "zero/memory_plan.h"
+#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -31,15 +32,7 @@ constexpr int64_t kGlobalBatch = 12;
 TrainConfig zero_config() {
   TrainConfig t;
   ModelConfig& m = t.model;
-  m.vocab_size = 272;
-  m.hidden_size = 32;
-  m.intermediate_size = 64;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 8;
-  m.max_position_embeddings = 512;
-  m.rope_theta = 5e6;
+  m = test::tiny_glm4();
   EXPECT_TRUE(m.finalize_and_validate().is_ok());
   t.datasets = {std::string(GLM_SOURCE_DIR) + "/data/sample/conversations.jsonl"};
   t.max_length = 512;

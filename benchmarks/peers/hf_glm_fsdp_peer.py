@@ -15,7 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from transformers import GlmConfig, GlmForCausalLM
+from glm_shapes import flops_per_token, glm4_9b_config
+from transformers import GlmForCausalLM
 
 
 def build(cfg, mode):
@@ -49,13 +50,8 @@ def main():
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = GlmConfig(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=a.layers,
-                    num_attention_heads=32, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
-                    rms_norm_eps=1.5625e-07, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
-                    rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5})
-    cfg._attn_implementation = "sdpa"
-    n_mm = a.layers * 203948032 + 620756992
-    flops = 6 * n_mm + 6 * a.layers * 4096 * a.seq
+    cfg = glm4_9b_config(a.layers)
+    flops = flops_per_token(a.layers, a.seq)
     g = torch.Generator(device="cuda").manual_seed(1 + rank)
     ids = torch.randint(0, cfg.vocab_size, (1, a.seq), device="cuda", generator=g)
     for mode in a.modes.split(","):

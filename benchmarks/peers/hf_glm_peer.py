@@ -8,7 +8,8 @@ import argparse
 import time
 
 import torch
-from transformers import GlmConfig, GlmForCausalLM
+from glm_shapes import flops_per_token, glm4_9b_config
+from transformers import GlmForCausalLM
 
 
 def run(model, opt, ids, steps, warmup):
@@ -38,13 +39,8 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--modes", default="eager,compile")
     a = p.parse_args()
-    cfg = GlmConfig(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=a.layers,
-                    num_attention_heads=32, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
-                    rms_norm_eps=1.5625e-07, attention_bias=True, tie_word_embeddings=False, pad_token_id=None,
-                    rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5})
-    cfg._attn_implementation = "sdpa"
-    n_mm = a.layers * 203948032 + 620756992
-    flops = 6 * n_mm + 6 * a.layers * 4096 * a.seq
+    cfg = glm4_9b_config(a.layers)
+    flops = flops_per_token(a.layers, a.seq)
     ids = torch.randint(0, cfg.vocab_size, (1, a.seq), device="cuda")
     for mode in a.modes.split(","):
         torch.manual_seed(0)
