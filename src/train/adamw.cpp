@@ -3,8 +3,7 @@
 
 namespace glm {
 
-Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayout& layout, Tensor params,
-                                              int64_t offset, const AdamWOptions& options) {
+Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options) {
   AdamWOptimizer opt(backend, params, options);
   const DType odt = backend.optimizer_dtype();
   if (odt == params.dtype) {
@@ -16,6 +15,12 @@ Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayou
   }
   GLM_ASSIGN_OR_RETURN(opt.exp_avg_, backend.allocate(params.numel, odt));
   GLM_ASSIGN_OR_RETURN(opt.exp_avg_sq_, backend.allocate(params.numel, odt));
+  return opt;
+}
+
+Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayout& layout, Tensor params,
+                                              int64_t offset, const AdamWOptions& options) {
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options));
   // Runs of equal decay; alignment padding joins the run before it (its values stay zero).
   const int64_t end = offset + params.numel;
   for (const auto& e : layout.entries()) {
@@ -37,17 +42,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayou
 
 Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
                                                       bool decay) {
-  AdamWOptimizer opt(backend, params, options);
-  const DType odt = backend.optimizer_dtype();
-  if (odt == params.dtype) {
-    opt.master_ = params;
-  } else {
-    GLM_ASSIGN_OR_RETURN(opt.master_buffer_, backend.allocate(params.numel, odt));
-    opt.master_ = opt.master_buffer_.tensor();
-    GLM_RETURN_IF_ERROR(backend.convert(opt.master_, params));
-  }
-  GLM_ASSIGN_OR_RETURN(opt.exp_avg_, backend.allocate(params.numel, odt));
-  GLM_ASSIGN_OR_RETURN(opt.exp_avg_sq_, backend.allocate(params.numel, odt));
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options));
   opt.ranges_.push_back({0, params.numel, decay});
   return opt;
 }

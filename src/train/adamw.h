@@ -45,6 +45,8 @@ class AdamWOptimizer {
   };
   AdamWOptimizer(Backend& backend, Tensor params, AdamWOptions options)
       : backend_(&backend), params_(params), options_(options) {}
+  // The fp32 master copy (or the params themselves) and zeroed moments; no decay ranges yet.
+  static Result<AdamWOptimizer> with_state(Backend& backend, Tensor params, const AdamWOptions& options);
 
   Backend* backend_;
   Tensor params_;

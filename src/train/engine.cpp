@@ -177,14 +177,7 @@ Status TrainingEngine::parameters_updated() {
 }
 
 Result<double> TrainingEngine::parameter_checksum() {
-  double sum = 0;
-  const int units = static_cast<int>(layout().units().size());
-  for (int u = 0; u < units; ++u) {
-    if (zero_->owned_params(u).numel == 0) continue;  // a unit whose tensors are all persistent
-    GLM_ASSIGN_OR_RETURN(double s, backend_.sum_squares(zero_->owned_params(u)));
-    sum += s;
-  }
-  if (zero_->stage() > 0) GLM_RETURN_IF_ERROR(comm_.all_reduce(&sum, &sum, 1, CommType::f64, ReduceOp::sum));
+  GLM_ASSIGN_OR_RETURN(double sum, base_checksum());
   if (lora_layout_) {  // replicated: the same on every rank
     GLM_ASSIGN_OR_RETURN(double s, backend_.sum_squares(lora_params_.tensor()));
     sum += s;

@@ -87,7 +87,7 @@ class TrainingEngine {
   OptimizerShard optimizer_shard(int unit) const;
   // LoRA: the adapters' optimizer state, replicated (all of lora_layout()'s elements, unit_begin 0).
   OptimizerShard lora_optimizer_state() const;
-  // Sum of squares of the frozen base parameters (collective at ZeRO stages > 0): a cheap
+  // Sum of squares of the base parameters, frozen under LoRA (collective at ZeRO stages > 0): a cheap
   // fingerprint of the base that LoRA checkpoints record.
   Result<double> base_checksum();
   int64_t optimizer_steps() const { return steps_taken(); }
