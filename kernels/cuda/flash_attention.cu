@@ -12,6 +12,9 @@
 // Heavy blocks are scheduled first (the last query tiles forward, the first key tiles backward).
 #include "kernels/cuda/flash_attention.cuh"
 
+#include "kernels/cuda/flash_attention_sm90.cuh"
+#include "kernels/cuda/tensor_core.cuh"
+
 #include <climits>
 
 namespace glm::cuda {
@@ -27,60 +30,6 @@ constexpr int kBwdKeys = 128;      // keys per backward block
 constexpr int kBwdRows = 64;       // queries per backward step
 constexpr int kPld = kBwdRows + kPadB;  // dS^T tile [key][query]
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared without staging in registers; !valid fills the 16 bytes with zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row (l & 7) of matrix l >> 3.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// One m16n8k16 bf16 tensor-core MMA with fp32 accumulation (PTX ISA "mma.sync.aligned.m16n8k16").
-// Fragment layouts (lane = 4 * group + quad): A regs {row g, cols 2q..2q+1}, {row g+8, same},
-// {row g, cols +8}, {row g+8, cols +8}; B regs {k 2q..2q+1, n g}, {k +8}; C {row g, cols 2q..2q+1},
-// {row g+8, same}.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two adjacent fp32 accumulators (8-byte aligned) added atomically in one vector reduction.
-__device__ __forceinline__ void add2(float* p, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
-#else
-  atomicAdd(p, a);
-  atomicAdd(p + 1, b);
-#endif
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Fragment addressing inside a shared tile with row stride ld (elements), for a warp's lane:
 // A operand (16 x 16 at row0, col0) of a row-major [m][k] tile, non-transposed ldmatrix.
@@ -363,15 +312,7 @@ __global__ void __launch_bounds__(kBwdThreads)
   const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * D;
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kBwdKeys), n - k0));
   const int64_t k_last = k0 + k_valid - 1;
-  int64_t lo = k_last, hi = n;  // first query whose document starts after the last key
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (doc_start[mid] <= k_last)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  const int64_t q_end = lo;
+  const int64_t q_end = queries_seeing_end(doc_start, n, k_last);
   const float scale_log2 = scale * kLog2e;
   async_rows<D, kBwdKeys, kBwdThreads>(Ks, ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
   async_rows<D, kBwdKeys, kBwdThreads>(Vs, ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
@@ -594,14 +535,18 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
                                                                                                  out, n, heads, D);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const size_t smem = backward_smem_bytes<D>();
-  e = cudaFuncSetAttribute(flash_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kBwdKeys - 1) / kBwdKeys));
-  flash_backward_kernel<D><<<grid, kBwdThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n,
-                                                             heads, kv_heads, 1.0f / sqrtf(static_cast<float>(D)));
-  e = cudaGetLastError();
+  if (flash_backward_wgmma_available(D)) {
+    e = flash_backward_wgmma(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
+  } else {
+    const size_t smem = backward_smem_bytes<D>();
+    e = cudaFuncSetAttribute(flash_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kBwdKeys - 1) / kBwdKeys));
+    flash_backward_kernel<D><<<grid, kBwdThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start,
+                                                                  n, heads, kv_heads, 1.0f / sqrtf(static_cast<float>(D)));
+    e = cudaGetLastError();
+  }
   if (e != cudaSuccess) return e;
   write_dqkv_kernel<<<grid_for(n * (heads + 2 * kv_heads) * D, 256), 256, 0, stream>>>(dqkv, dq_acc, dkv_acc, n, heads,
                                                                                        kv_heads, D);

@@ -1,0 +1,313 @@
+// FlashAttention backward for head_dim 128 on Hopper's warpgroup MMAs (wgmma.mma_async, sm_90a).
+//
+// One block of two warpgroups per (128 keys, query head) walks the 64-query tiles that can see its
+// keys, the next tile's Q and dO loading by cp.async while this one is computed. Every tile lives
+// in shared memory in the 128-byte-swizzled layout that wgmma reads through matrix descriptors
+// (64-column blocks of 128-byte rows, 16-byte unit u of row r stored at u ^ (r % 8)). Warpgroup w
+// owns keys 64 w.. of the block:
+//   S^T = K Q^T and dP^T = V dO^T    (64 x 64 each, both operands from shared memory),
+//   P^T and dS^T computed in the accumulator registers, which are already the A operand of
+//   dV += P^T dO and dK += dS^T Q   (64 x 128 each, A from registers, dK/dV stay in registers),
+//   dS^T also to shared memory for dQ = dS K (warpgroup w: dims 64 w.., all 128 keys), whose fp32
+//   result is added to the dQ accumulators with paired atomics.
+// The masks, statistics and accumulators are the same as the mma.sync kernel's in
+// flash_attention.cu, which the other head sizes and GPUs keep using.
+#include "kernels/cuda/flash_attention_sm90.cuh"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/tensor_core.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GLM_FLASH_WGMMA 1
+#endif
+
+namespace glm::cuda {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kKeys = 128;        // keys per block, 64 per warpgroup
+constexpr int kRows = 64;         // queries per step
+constexpr int kThreads = 256;     // two warpgroups
+constexpr int tile_bytes(int rows) { return rows * kD * 2; }
+constexpr size_t kSmemBytes = 2 * tile_bytes(kKeys) + 4 * tile_bytes(kRows) + kKeys * kRows * 2 +
+                              2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;  // + alignment slack
+
+#ifdef GLM_FLASH_WGMMA
+constexpr int kRowBytes = 128;           // one swizzle row: 64 bf16
+constexpr int kUnit16 = 16 * kRowBytes;  // 16 rows: one k16 step along a [k][mn] tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Byte offset of element (r, c) in a [rows][cols] bf16 tile stored as 64-column blocks of
+// [rows][64] with the 128-byte swizzle; tiles start 1024-byte aligned.
+__device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
+  return (c >> 6) * rows * kRowBytes + r * kRowBytes + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2;
+}
+
+// Rows x kD bf16 rows of a strided global matrix into a swizzled tile; rows from `valid` on become zeros.
+template <int Rows>
+__device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, int64_t stride, int valid) {
+  constexpr int units = kD / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < Rows * units; i += kThreads) {
+    const int r = i / units, c = (i % units) * 8;
+    const bool ok = r < valid;
+    cp_async16(dst + swizzled(Rows, r, c), ok ? src + r * stride + c : src, ok);
+  }
+}
+
+// Shared-memory matrix descriptor for the 128-byte swizzle: start address, leading byte offset
+// (MN-major operands: the distance between 64-element column blocks; unused K-major) and stride
+// byte offset 1024 (between groups of 8 rows). A k16 step adds 32 bytes to the start K-major
+// (inside the swizzle row) and kUnit16 MN-major.
+__device__ __forceinline__ uint64_t descriptor(const void* p, uint32_t lbo) {
+  return static_cast<uint64_t>((smem_addr(p) & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared-memory writes of this thread (st.shared, cp.async) made visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Registers that an in-flight wgmma reads or writes: the compiler may not touch or move them here.
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// D (64 x 64, fp32) = A B + (scale_d ? D : 0) with A and B read from shared memory through descriptors; TA / TB pick
+// MN-major (1) or K-major (0) operands.
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_ss_m64n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+// D (64 x 128, fp32) = A B + (scale_d ? D : 0) with A (64 x 16 bf16) in registers, laid out as mma.sync's A fragment
+// per warp, and B read from shared memory (TB as above).
+template <int TB>
+__device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TB));
+}
+
+#endif  // GLM_FLASH_WGMMA
+
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                                const float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
+                                int64_t kv_heads, float scale) {
+#ifdef GLM_FLASH_WGMMA
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* Ks = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* Vs = Ks + tile_bytes(kKeys);
+  unsigned char* Qbuf = Vs + tile_bytes(kKeys);          // [2] x [kRows][kD]
+  unsigned char* dObuf = Qbuf + 2 * tile_bytes(kRows);    // [2] x [kRows][kD]
+  unsigned char* dSt = dObuf + 2 * tile_bytes(kRows);     // dS^T [kKeys][kRows]
+  float* lse_buf = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);  // [2][kRows]
+  float* delta_buf = lse_buf + 2 * kRows;                             // [2][kRows]
+  int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kRows);  // [2][kRows]
+
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int grp = lane >> 2, quad = lane & 3;
+  const int key_row = wg * 64 + warp * 16 + grp;  // this thread's key rows in the block: key_row, key_row + 8
+  const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kKeys;  // first key tiles first
+  const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * kD;
+  const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), n - k0));
+  const int64_t k_last = k0 + k_valid - 1;
+  const int64_t q_end = queries_seeing_end(doc_start, n, k_last);
+  const float scale_log2 = scale * kLog2e;
+
+  // Q, dO and the row statistics of the query tile at q0 into stage s.
+  auto load_queries = [&](int s, int64_t q0) {
+    const int valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
+    async_tile<kRows>(Qbuf + s * tile_bytes(kRows), qkv + q0 * width + h * kD, width, valid);
+    async_tile<kRows>(dObuf + s * tile_bytes(kRows), dout + q0 * heads * kD + h * kD, heads * kD, valid);
+    for (int r = threadIdx.x; r < kRows; r += kThreads) {
+      const bool in = r < valid;
+      const int64_t t = in ? q0 + r : 0;
+      cp_async4(lse_buf + s * kRows + r, lse + t * heads + h, in);
+      cp_async4(delta_buf + s * kRows + r, delta + t * heads + h, in);
+      cp_async4(doc_buf + s * kRows + r, doc_start + t, in);
+    }
+    cp_async_commit();
+  };
+  async_tile<kKeys>(Ks, qkv + k0 * width + (heads + g) * kD, width, k_valid);
+  async_tile<kKeys>(Vs, qkv + k0 * width + (heads + kv_heads + g) * kD, width, k_valid);
+  load_queries(0, k0);
+
+  float dk[64], dv[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.0f;
+
+  int stage = 0;
+  for (int64_t q0 = k0; q0 < q_end; q0 += kRows, stage ^= 1) {
+    const int q_valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
+    const unsigned char* Qs = Qbuf + stage * tile_bytes(kRows);
+    const unsigned char* dOs = dObuf + stage * tile_bytes(kRows);
+    const float* q_lse = lse_buf + stage * kRows;
+    const float* q_delta = delta_buf + stage * kRows;
+    const int32_t* q_doc = doc_buf + stage * kRows;
+    cp_async_wait_all();
+    fence_async_shared();
+    __syncthreads();  // this tile in shared memory; every wgmma of the previous tile has completed
+    if (q0 + kRows < q_end) load_queries(stage ^ 1, q0 + kRows);
+    const bool masked = q0 < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the 64 queries (k = 128 dims).
+    float st[32], dpt[32];  // no initial values: the first k step does not read them (scale_d 0)
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < kD / 16; ++kt) {
+      const int off = (kt & 3) * 32, kblk = kt >> 2;  // 64-column block kblk, 16 columns at off bytes
+      wgmma_ss_m64n64<0, 0>(st, descriptor(Ks + kblk * kKeys * kRowBytes + wg * 64 * kRowBytes + off, 16),
+                            descriptor(Qs + kblk * kRows * kRowBytes + off, 16), kt > 0);
+    }
+#pragma unroll
+    for (int kt = 0; kt < kD / 16; ++kt) {
+      const int off = (kt & 3) * 32, kblk = kt >> 2;
+      wgmma_ss_m64n64<0, 0>(dpt, descriptor(Vs + kblk * kKeys * kRowBytes + wg * 64 * kRowBytes + off, 16),
+                            descriptor(dOs + kblk * kRows * kRowBytes + off, 16), kt > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    pin(st);
+    pin(dpt);
+
+    // P^T and dS^T: accumulator element 4 j + e is key key_row + 8 (e >> 1), query 8 j + 2 quad + (e & 1).
+    // Packed to bf16 they are the A operands (16 keys x 16 queries per warp and k16 step) of dV and dK.
+    uint32_t pa[4][4], sa[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float p[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = j * 8 + quad * 2 + (e & 1), kr = key_row + (e >> 1) * 8;
+        float pv = exp2f(st[4 * j + e] * scale_log2 - q_lse[qc] * kLog2e);
+        if (masked) {
+          const int64_t key = k0 + kr, q = q0 + qc;
+          if (!(qc < q_valid && kr < k_valid && key <= q && key >= q_doc[qc])) pv = 0.0f;
+        }
+        p[e] = pv;
+        ds[e] = pv * (dpt[4 * j + e] - q_delta[qc]) * scale;
+      }
+      pa[j >> 1][(j & 1) * 2] = pack_bf16(p[0], p[1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
+      sa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
+      sa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
+      const int qc = j * 8 + quad * 2;
+      *reinterpret_cast<uint32_t*>(dSt + swizzled(kKeys, key_row, qc)) = sa[j >> 1][(j & 1) * 2];
+      *reinterpret_cast<uint32_t*>(dSt + swizzled(kKeys, key_row + 8, qc)) = sa[j >> 1][(j & 1) * 2 + 1];
+    }
+
+    // dV += P^T dO and dK += dS^T Q (k = the 64 queries; dO and Q read MN-major, 128 dims = two
+    // column blocks one tile of kRows rows apart).
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk)
+      wgmma_rs_m64n128<1>(dv, pa[kk], descriptor(dOs + kk * kUnit16, kRows * kRowBytes), 1);
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk)
+      wgmma_rs_m64n128<1>(dk, sa[kk], descriptor(Qs + kk * kUnit16, kRows * kRowBytes), 1);
+    wgmma_commit();
+    fence_async_shared();
+    __syncthreads();  // dS^T of both warpgroups in shared memory
+
+    // dQ = dS K for the 64 queries x dims 64 wg.. (k = the 128 keys; dS^T and K read MN-major).
+    float dq[32];  // first k step: scale_d 0
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_ss_m64n64<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
+                            descriptor(Ks + wg * kKeys * kRowBytes + kk * kUnit16, kKeys * kRowBytes), kk > 0);
+    wgmma_commit();
+    wgmma_wait_all();
+    pin(dq);
+    pin(dk);
+    pin(dv);
+    pin(pa);
+    pin(sa);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int qr = warp * 16 + grp + hf * 8;
+        if (qr < q_valid)
+          add2(dq_acc + ((q0 + qr) * heads + h) * kD + wg * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
+               dq[4 * j + 2 * hf + 1]);
+      }
+  }
+  cp_async_wait_all();  // nothing outstanding when the block exits
+  // This head's dK and dV into the KV group's fp32 accumulators.
+  float* dk_acc = dkv_acc;
+  float* dv_acc = dkv_acc + n * kv_heads * kD;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_row + hf * 8;
+    if (key >= k_valid) continue;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int64_t at = ((k0 + key) * kv_heads + g) * kD + j * 8 + quad * 2;
+      add2(dk_acc + at, dk[4 * j + 2 * hf], dk[4 * j + 2 * hf + 1]);
+      add2(dv_acc + at, dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
+    }
+  }
+#endif
+}
+
+}  // namespace
+
+bool flash_backward_wgmma_available(int64_t head_dim) {
+#ifdef GLM_SM90A_BUILT
+  if (head_dim != kD) return false;
+  const char* choice = std::getenv("GLM_FLASH_BWD");
+  if (choice != nullptr && std::strcmp(choice, "mma") == 0) return false;
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
+cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
+                                 const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
+                                 cudaStream_t stream) {
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kSmemBytes));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kKeys - 1) / kKeys));
+  flash_backward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
+                                                                      doc_start, n, heads, kv_heads,
+                                                                      1.0f / sqrtf(static_cast<float>(kD)));
+  return cudaGetLastError();
+}
+
+}  // namespace glm::cuda
