@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One single-H200 call for the flash-attention work: build, the attention ctests (every head size
 # against the CPU reference; the wgmma and mma.sync backwards against each other), then
-# bench_kernels' attention rows with the default backward and with GLM_FLASH_BWD=mma, next to the
+# bench_kernels' attention rows with each backward variant (GLM_PROBE_VARIANTS), next to the
 # copy/GEMM ceilings and PyTorch's SDPA (flash backend) on the same shapes. GLM_PROBE_E2E=1 adds
 # the 12-layer end-to-end run of perf_probe.sh (GLM_PROFILE=1 for its per-op table).
 set -uo pipefail
@@ -13,9 +13,9 @@ GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="${GLM_BUILD_TARGETS:-test_cuda_ops bench_ker
 build-gpu/tests/test_cuda_ops --gtest_filter='*Attention*:*Flash*' >"$OUT/attention_tests.log" 2>&1
 echo "attention tests rc=$?"
 grep -E "wgmma backward|OK \]|FAILED|Failure|error|Expected|Which is" "$OUT/attention_tests.log" | head -40
-for choice in default mma; do
+for choice in ${GLM_PROBE_VARIANTS:-GLM_FLASH_BWD_WG=1 GLM_FLASH_BWD_WG=2 GLM_FLASH_BWD=mma}; do
   echo "backward: $choice"
-  env $([ "$choice" = mma ] && echo GLM_FLASH_BWD=mma) build-gpu/benchmarks/bench_kernels \
+  env "$choice" build-gpu/benchmarks/bench_kernels \
     --benchmark_filter="${GLM_PROBE_FILTER:-Ceiling|Attention}" --benchmark_min_time=0.2s \
     --benchmark_counters_tabular=true 2>&1 | sed 's/\x1b\[[0-9;]*m//g' | grep -E "^BM_"
 done

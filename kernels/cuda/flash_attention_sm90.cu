@@ -27,12 +27,13 @@ namespace glm::cuda {
 namespace {
 
 constexpr int kD = 128;
-constexpr int kKeys = 128;        // keys per block, 64 per warpgroup
-constexpr int kRows = 64;         // queries per step
-constexpr int kThreads = 256;     // two warpgroups
+constexpr int kRows = 64;  // queries per step
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
-constexpr size_t kSmemBytes = 2 * tile_bytes(kKeys) + 4 * tile_bytes(kRows) + kKeys * kRows * 2 +
-                              2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;  // + alignment slack
+// A block of WG warpgroups owns 64 WG keys.
+constexpr size_t smem_bytes(int wg) {
+  return 2 * tile_bytes(64 * wg) + 4 * tile_bytes(kRows) + 64 * wg * kRows * 2 +
+         2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;  // + alignment slack
+}
 
 #ifdef GLM_FLASH_WGMMA
 constexpr int kRowBytes = 128;           // one swizzle row: 64 bf16
@@ -46,11 +47,11 @@ __device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
 }
 
 // Rows x kD bf16 rows of a strided global matrix into a swizzled tile; rows from `valid` on become zeros.
-template <int Rows>
+template <int Rows, int Threads>
 __device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, int64_t stride, int valid) {
   constexpr int units = kD / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < Rows * units; i += kThreads) {
+  for (int i = threadIdx.x; i < Rows * units; i += Threads) {
     const int r = i / units, c = (i % units) * 8;
     const bool ok = r < valid;
     cp_async16(dst + swizzled(Rows, r, c), ok ? src + r * stride + c : src, ok);
@@ -118,11 +119,13 @@ __device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t 
 
 #endif  // GLM_FLASH_WGMMA
 
-__global__ void __launch_bounds__(kThreads, 1)
+template <int WG>
+__global__ void __launch_bounds__(128 * WG, 2 / WG)
     flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout,
                                 const float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
                                 int64_t kv_heads, float scale) {
 #ifdef GLM_FLASH_WGMMA
+  constexpr int kKeys = 64 * WG, kThreads = 128 * WG;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Ks = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* Vs = Ks + tile_bytes(kKeys);
@@ -146,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Q, dO and the row statistics of the query tile at q0 into stage s.
   auto load_queries = [&](int s, int64_t q0) {
     const int valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
-    async_tile<kRows>(Qbuf + s * tile_bytes(kRows), qkv + q0 * width + h * kD, width, valid);
-    async_tile<kRows>(dObuf + s * tile_bytes(kRows), dout + q0 * heads * kD + h * kD, heads * kD, valid);
+    async_tile<kRows, kThreads>(Qbuf + s * tile_bytes(kRows), qkv + q0 * width + h * kD, width, valid);
+    async_tile<kRows, kThreads>(dObuf + s * tile_bytes(kRows), dout + q0 * heads * kD + h * kD, heads * kD, valid);
     for (int r = threadIdx.x; r < kRows; r += kThreads) {
       const bool in = r < valid;
       const int64_t t = in ? q0 + r : 0;
@@ -157,8 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_commit();
   };
-  async_tile<kKeys>(Ks, qkv + k0 * width + (heads + g) * kD, width, k_valid);
-  async_tile<kKeys>(Vs, qkv + k0 * width + (heads + kv_heads + g) * kD, width, k_valid);
+  async_tile<kKeys, kThreads>(Ks, qkv + k0 * width + (heads + g) * kD, width, k_valid);
+  async_tile<kKeys, kThreads>(Vs, qkv + k0 * width + (heads + kv_heads + g) * kD, width, k_valid);
   load_queries(0, k0);
 
   float dk[64], dv[64];
@@ -238,29 +241,34 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_async_shared();
     __syncthreads();  // dS^T of both warpgroups in shared memory
 
-    // dQ = dS K for the 64 queries x dims 64 wg.. (k = the 128 keys; dS^T and K read MN-major).
-    float dq[32];  // first k step: scale_d 0
-    wgmma_fence();
+    // dQ = dS K, 64 queries x 64 dims per pass (k = the block's keys; dS^T and K read MN-major):
+    // with two warpgroups each takes one half of the dims, with one it takes both in turn.
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_ss_m64n64<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
-                            descriptor(Ks + wg * kKeys * kRowBytes + kk * kUnit16, kKeys * kRowBytes), kk > 0);
-    wgmma_commit();
-    wgmma_wait_all();
-    pin(dq);
-    pin(dk);
-    pin(dv);
-    pin(pa);
-    pin(sa);
+    for (int pass = 0; pass < 2 / WG; ++pass) {
+      const int cblk = WG == 2 ? wg : pass;  // 64-dim column block
+      float dq[32];                          // first k step: scale_d 0
+      wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma_ss_m64n64<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
+                              descriptor(Ks + cblk * kKeys * kRowBytes + kk * kUnit16, kKeys * kRowBytes), kk > 0);
+      wgmma_commit();
+      wgmma_wait_all();
+      pin(dq);
+      pin(dk);
+      pin(dv);
+      pin(pa);
+      pin(sa);
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int qr = warp * 16 + grp + hf * 8;
-        if (qr < q_valid)
-          add2(dq_acc + ((q0 + qr) * heads + h) * kD + wg * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
-               dq[4 * j + 2 * hf + 1]);
-      }
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int qr = warp * 16 + grp + hf * 8;
+          if (qr < q_valid)
+            add2(dq_acc + ((q0 + qr) * heads + h) * kD + cblk * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
+                 dq[4 * j + 2 * hf + 1]);
+        }
+    }
   }
   cp_async_wait_all();  // nothing outstanding when the block exits
   // This head's dK and dV into the KV group's fp32 accumulators.
@@ -280,6 +288,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+template <int WG>
+cudaError_t launch_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
+                         const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
+                         cudaStream_t stream) {
+  constexpr size_t smem = smem_bytes(WG);
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  const int keys = 64 * WG;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + keys - 1) / keys));
+  flash_backward_wgmma_kernel<WG><<<grid, 128 * WG, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start,
+                                                                    n, heads, kv_heads,
+                                                                    1.0f / sqrtf(static_cast<float>(kD)));
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool flash_backward_wgmma_available(int64_t head_dim) {
@@ -297,17 +321,15 @@ bool flash_backward_wgmma_available(int64_t head_dim) {
 #endif
 }
 
+// GLM_FLASH_BWD_WG=2 selects blocks of two warpgroups (128 keys, one block per SM) instead of one
+// (64 keys, two blocks per SM), for comparisons.
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                                  cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmemBytes));
-  if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kKeys - 1) / kKeys));
-  flash_backward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
-                                                                      doc_start, n, heads, kv_heads,
-                                                                      1.0f / sqrtf(static_cast<float>(kD)));
-  return cudaGetLastError();
+  const char* wg = std::getenv("GLM_FLASH_BWD_WG");
+  if (wg != nullptr && std::strcmp(wg, "2") == 0)
+    return launch_wgmma<2>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
+  return launch_wgmma<1>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
 }
 
 }  // namespace glm::cuda
