@@ -13,7 +13,7 @@ GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="${GLM_BUILD_TARGETS:-test_cuda_ops bench_ker
 build-gpu/tests/test_cuda_ops --gtest_filter='*Attention*:*Flash*' >"$OUT/attention_tests.log" 2>&1
 echo "attention tests rc=$?"
 grep -E "wgmma backward|OK \]|FAILED|Failure|error|Expected|Which is" "$OUT/attention_tests.log" | head -40
-for choice in ${GLM_PROBE_VARIANTS:-GLM_FLASH_BWD_WG=1 GLM_FLASH_BWD_WG=2 GLM_FLASH_BWD=mma}; do
+for choice in ${GLM_PROBE_VARIANTS:-GLM_FLASH_BWD=wgmma GLM_FLASH_BWD=mma}; do
   echo "backward: $choice"
   env "$choice" build-gpu/benchmarks/bench_kernels \
     --benchmark_filter="${GLM_PROBE_FILTER:-Ceiling|Attention}" --benchmark_min_time=0.2s \

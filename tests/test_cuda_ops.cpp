@@ -328,40 +328,31 @@ TEST_F(Ops, FlashBackwardKernelsAgree) {
   ASSERT_TRUE(gpu_->attention_forward(out.gpu.tensor(), lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
                   .is_ok());
   auto dout = dual(random_bf16(n * s.heads * s.head_dim, 62));
-  // One backward with GLM_FLASH_BWD / GLM_FLASH_BWD_WG set as given (nullptr: unset).
-  auto backward = [&](const char* kernel, const char* warpgroups) {
-    auto set = [](const char* name, const char* value) {
-      if (value != nullptr)
-        ::setenv(name, value, 1);
-      else
-        ::unsetenv(name);
-    };
-    set("GLM_FLASH_BWD", kernel);
-    set("GLM_FLASH_BWD_WG", warpgroups);
+  // One backward with GLM_FLASH_BWD set as given (nullptr: unset, the default kernel).
+  auto backward = [&](const char* kernel) {
+    if (kernel != nullptr)
+      ::setenv("GLM_FLASH_BWD", kernel, 1);
+    else
+      ::unsetenv("GLM_FLASH_BWD");
     auto dqkv = output(n * s.qkv_width());
     EXPECT_TRUE(gpu_->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), out.gpu.tensor(), lse.gpu.tensor(),
                                          qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
                     .is_ok());
-    set("GLM_FLASH_BWD", nullptr);
-    set("GLM_FLASH_BWD_WG", nullptr);
+    ::unsetenv("GLM_FLASH_BWD");
     return from_gpu(dqkv.gpu);
   };
-  const auto reference = backward("mma", nullptr);
+  const auto ours = backward(nullptr), reference = backward("mma");
   const int64_t width = s.qkv_width(), q_width = s.heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
   const char* names[3] = {"dQ", "dK", "dV"};
   const int64_t begin[4] = {0, q_width, q_width + kv_width, width};
-  for (const char* warpgroups : {"1", "2"}) {  // blocks of one warpgroup (the default) and of two
-    const auto ours = backward(nullptr, warpgroups);
-    for (int part = 0; part < 3; ++part) {  // each of dQ, dK, dV on its own scale
-      std::vector<float> a, b;
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t c = begin[part]; c < begin[part + 1]; ++c) {
-          a.push_back(ours[static_cast<size_t>(t * width + c)]);
-          b.push_back(reference[static_cast<size_t>(t * width + c)]);
-        }
-      EXPECT_LT(relative_error(a, b), kBf16OpTolerance)
-          << names[part] << ": wgmma (" << warpgroups << " warpgroups) against mma.sync backward";
-    }
+  for (int part = 0; part < 3; ++part) {  // each of dQ, dK, dV on its own scale
+    std::vector<float> a, b;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = begin[part]; c < begin[part + 1]; ++c) {
+        a.push_back(ours[static_cast<size_t>(t * width + c)]);
+        b.push_back(reference[static_cast<size_t>(t * width + c)]);
+      }
+    EXPECT_LT(relative_error(a, b), kBf16OpTolerance) << names[part] << ": wgmma against mma.sync backward";
   }
 }
 

@@ -27,13 +27,12 @@ namespace glm::cuda {
 namespace {
 
 constexpr int kD = 128;
-constexpr int kRows = 64;  // queries per step
+constexpr int kKeys = 128;     // keys per block, 64 per warpgroup
+constexpr int kRows = 64;      // queries per step
+constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
-// A block of WG warpgroups owns 64 WG keys.
-constexpr size_t smem_bytes(int wg) {
-  return 2 * tile_bytes(64 * wg) + 4 * tile_bytes(kRows) + 64 * wg * kRows * 2 +
-         2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;  // + alignment slack
-}
+constexpr size_t kSmemBytes = 2 * tile_bytes(kKeys) + 4 * tile_bytes(kRows) + kKeys * kRows * 2 +
+                              2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;  // + alignment slack
 
 #ifdef GLM_FLASH_WGMMA
 constexpr int kRowBytes = 128;           // one swizzle row: 64 bf16
@@ -69,7 +68,11 @@ __device__ __forceinline__ uint64_t descriptor(const void* p, uint32_t lbo) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed groups are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Shared-memory writes of this thread (st.shared, cp.async) made visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Registers that an in-flight wgmma reads or writes: the compiler may not touch or move them here.
@@ -119,13 +122,11 @@ __device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t 
 
 #endif  // GLM_FLASH_WGMMA
 
-template <int WG>
-__global__ void __launch_bounds__(128 * WG, 2 / WG)
+__global__ void __launch_bounds__(kThreads, 1)
     flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout,
                                 const float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
                                 int64_t kv_heads, float scale) {
 #ifdef GLM_FLASH_WGMMA
-  constexpr int kKeys = 64 * WG, kThreads = 128 * WG;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Ks = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* Vs = Ks + tile_bytes(kKeys);
@@ -191,6 +192,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG)
       wgmma_ss_m64n64<0, 0>(st, descriptor(Ks + kblk * kKeys * kRowBytes + wg * 64 * kRowBytes + off, 16),
                             descriptor(Qs + kblk * kRows * kRowBytes + off, 16), kt > 0);
     }
+    wgmma_commit();
 #pragma unroll
     for (int kt = 0; kt < kD / 16; ++kt) {
       const int off = (kt & 3) * 32, kblk = kt >> 2;
@@ -198,16 +200,14 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG)
                             descriptor(dOs + kblk * kRows * kRowBytes + off, 16), kt > 0);
     }
     wgmma_commit();
-    wgmma_wait_all();
-    pin(st);
-    pin(dpt);
 
-    // P^T and dS^T: accumulator element 4 j + e is key key_row + 8 (e >> 1), query 8 j + 2 quad + (e & 1).
-    // Packed to bf16 they are the A operands (16 keys x 16 queries per warp and k16 step) of dV and dK.
-    uint32_t pa[4][4], sa[4][4];
+    // P^T while dP^T is still computing, then dS^T: accumulator element 4 j + e is key key_row + 8 (e >> 1),
+    // query 8 j + 2 quad + (e & 1). Packed to bf16 they are the A operands (16 keys x 16 queries per
+    // warp and k16 step) of dV and dK; dS^T also goes to shared memory for dQ.
+    wgmma_wait<1>();
+    pin(st);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float p[4], ds[4];
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = j * 8 + quad * 2 + (e & 1), kr = key_row + (e >> 1) * 8;
@@ -216,21 +216,38 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG)
           const int64_t key = k0 + kr, q = q0 + qc;
           if (!(qc < q_valid && kr < k_valid && key <= q && key >= q_doc[qc])) pv = 0.0f;
         }
-        p[e] = pv;
-        ds[e] = pv * (dpt[4 * j + e] - q_delta[qc]) * scale;
+        st[4 * j + e] = pv;
       }
-      pa[j >> 1][(j & 1) * 2] = pack_bf16(p[0], p[1]);
-      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
+    wgmma_wait<0>();
+    pin(dpt);
+    uint32_t pa[4][4], sa[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        ds[e] = st[4 * j + e] * (dpt[4 * j + e] - q_delta[j * 8 + quad * 2 + (e & 1)]) * scale;
+      pa[j >> 1][(j & 1) * 2] = pack_bf16(st[4 * j], st[4 * j + 1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(st[4 * j + 2], st[4 * j + 3]);
       sa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
       sa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
       const int qc = j * 8 + quad * 2;
       *reinterpret_cast<uint32_t*>(dSt + swizzled(kKeys, key_row, qc)) = sa[j >> 1][(j & 1) * 2];
       *reinterpret_cast<uint32_t*>(dSt + swizzled(kKeys, key_row + 8, qc)) = sa[j >> 1][(j & 1) * 2 + 1];
     }
+    fence_async_shared();
+    __syncthreads();  // dS^T of both warpgroups in shared memory
 
-    // dV += P^T dO and dK += dS^T Q (k = the 64 queries; dO and Q read MN-major, 128 dims = two
-    // column blocks one tile of kRows rows apart).
+    // dQ = dS K for the 64 queries x this warpgroup's 64 dims (k = the 128 keys; dS^T and K read
+    // MN-major), committed first so that its atomics overlap dV += P^T dO and dK += dS^T Q (k = the
+    // 64 queries; dO and Q read MN-major, 128 dims = two column blocks one tile of kRows rows apart).
+    float dq[32];  // first k step: scale_d 0
     wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_ss_m64n64<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
+                            descriptor(Ks + wg * kKeys * kRowBytes + kk * kUnit16, kKeys * kRowBytes), kk > 0);
+    wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk)
       wgmma_rs_m64n128<1>(dv, pa[kk], descriptor(dOs + kk * kUnit16, kRows * kRowBytes), 1);
@@ -238,37 +255,22 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG)
     for (int kk = 0; kk < kRows / 16; ++kk)
       wgmma_rs_m64n128<1>(dk, sa[kk], descriptor(Qs + kk * kUnit16, kRows * kRowBytes), 1);
     wgmma_commit();
-    fence_async_shared();
-    __syncthreads();  // dS^T of both warpgroups in shared memory
-
-    // dQ = dS K, 64 queries x 64 dims per pass (k = the block's keys; dS^T and K read MN-major):
-    // with two warpgroups each takes one half of the dims, with one it takes both in turn.
+    wgmma_wait<1>();
+    pin(dq);
 #pragma unroll
-    for (int pass = 0; pass < 2 / WG; ++pass) {
-      const int cblk = WG == 2 ? wg : pass;  // 64-dim column block
-      float dq[32];                          // first k step: scale_d 0
-      wgmma_fence();
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_ss_m64n64<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
-                              descriptor(Ks + cblk * kKeys * kRowBytes + kk * kUnit16, kKeys * kRowBytes), kk > 0);
-      wgmma_commit();
-      wgmma_wait_all();
-      pin(dq);
-      pin(dk);
-      pin(dv);
-      pin(pa);
-      pin(sa);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int qr = warp * 16 + grp + hf * 8;
-          if (qr < q_valid)
-            add2(dq_acc + ((q0 + qr) * heads + h) * kD + cblk * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
-                 dq[4 * j + 2 * hf + 1]);
-        }
-    }
+      for (int hf = 0; hf < 2; ++hf) {
+        const int qr = warp * 16 + grp + hf * 8;
+        if (qr < q_valid)
+          add2(dq_acc + ((q0 + qr) * heads + h) * kD + wg * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
+               dq[4 * j + 2 * hf + 1]);
+      }
+    wgmma_wait<0>();
+    pin(dk);
+    pin(dv);
+    pin(pa);
+    pin(sa);
   }
   cp_async_wait_all();  // nothing outstanding when the block exits
   // This head's dK and dV into the KV group's fp32 accumulators.
@@ -288,22 +290,6 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG)
 #endif
 }
 
-template <int WG>
-cudaError_t launch_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
-                         const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                         cudaStream_t stream) {
-  constexpr size_t smem = smem_bytes(WG);
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  const int keys = 64 * WG;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + keys - 1) / keys));
-  flash_backward_wgmma_kernel<WG><<<grid, 128 * WG, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start,
-                                                                    n, heads, kv_heads,
-                                                                    1.0f / sqrtf(static_cast<float>(kD)));
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 bool flash_backward_wgmma_available(int64_t head_dim) {
@@ -321,15 +307,17 @@ bool flash_backward_wgmma_available(int64_t head_dim) {
 #endif
 }
 
-// GLM_FLASH_BWD_WG=2 selects blocks of two warpgroups (128 keys, one block per SM) instead of one
-// (64 keys, two blocks per SM), for comparisons.
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                                  cudaStream_t stream) {
-  const char* wg = std::getenv("GLM_FLASH_BWD_WG");
-  if (wg != nullptr && std::strcmp(wg, "2") == 0)
-    return launch_wgmma<2>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
-  return launch_wgmma<1>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kSmemBytes));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kKeys - 1) / kKeys));
+  flash_backward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
+                                                                      doc_start, n, heads, kv_heads,
+                                                                      1.0f / sqrtf(static_cast<float>(kD)));
+  return cudaGetLastError();
 }
 
 }  // namespace glm::cuda
