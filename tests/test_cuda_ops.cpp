@@ -311,46 +311,61 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                                            std::make_tuple(6, 6, 128, 65), std::make_tuple(16, 2, 128, 1000),
                                            std::make_tuple(4, 2, 64, 777)));
 
-// GLM-4's head size on Hopper takes the wgmma backward, GLM_FLASH_BWD=mma the mma.sync one: both on
+// GLM-4's head size on Hopper takes the wgmma kernels, GLM_FLASH=mma the mma.sync ones: both on
 // 2,053 tokens (17 key blocks, the last partial) in four documents (one of a single token), GQA 4:1,
-// against each other. The CPU comparison above covers the wgmma kernel up to 1,000 tokens.
-TEST_F(Ops, FlashBackwardKernelsAgree) {
+// against each other, forward and backward. The CPU comparison above covers the wgmma kernels up to
+// 1,000 tokens.
+TEST_F(Ops, FlashWgmmaAgreesWithMma) {
   const AttentionShape s{8, 2, 128};
-  const bool wgmma = cuda::flash_backward_wgmma_available(s.head_dim);
-  std::cout << "wgmma backward on this device: " << (wgmma ? "yes" : "no (both runs take mma.sync)") << "\n";
+  const bool wgmma = cuda::flash_wgmma_available(s.head_dim);
+  std::cout << "wgmma attention on this device: " << (wgmma ? "yes" : "no (both runs take mma.sync)") << "\n";
   std::vector<int32_t> doc;
-  const int64_t n = 2053;
+  const int64_t n = 2053, qw = s.heads * s.head_dim;
   for (int64_t t = 0; t < n; ++t) doc.push_back(t < 701 ? 0 : (t < 702 ? 701 : (t < 1501 ? 702 : 1501)));
   auto docs = ints(doc);
   auto qkv = dual(random_bf16(n * s.qkv_width(), 61, 1.5));
-  auto out = output(n * s.heads * s.head_dim);
-  auto lse = output(n * s.heads, DType::f32);
-  ASSERT_TRUE(gpu_->attention_forward(out.gpu.tensor(), lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
-                  .is_ok());
-  auto dout = dual(random_bf16(n * s.heads * s.head_dim, 62));
-  // One backward with GLM_FLASH_BWD set as given (nullptr: unset, the default kernel).
-  auto backward = [&](const char* kernel) {
+  auto dout = dual(random_bf16(n * qw, 62));
+  auto choose = [](const char* kernel) {  // nullptr: the default kernels
     if (kernel != nullptr)
-      ::setenv("GLM_FLASH_BWD", kernel, 1);
+      ::setenv("GLM_FLASH", kernel, 1);
     else
-      ::unsetenv("GLM_FLASH_BWD");
-    auto dqkv = output(n * s.qkv_width());
-    EXPECT_TRUE(gpu_->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), out.gpu.tensor(), lse.gpu.tensor(),
-                                         qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+      ::unsetenv("GLM_FLASH");
+  };
+  struct Forward {
+    Dual out, lse;
+  };
+  auto forward = [&](const char* kernel) {
+    choose(kernel);
+    Forward f{output(n * qw), output(n * s.heads, DType::f32)};
+    EXPECT_TRUE(gpu_->attention_forward(f.out.gpu.tensor(), f.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(),
+                                        n, s)
                     .is_ok());
-    ::unsetenv("GLM_FLASH_BWD");
+    choose(nullptr);
+    return f;
+  };
+  const Forward ours = forward(nullptr), reference = forward("mma");
+  EXPECT_LT(relative_error(from_gpu(ours.out.gpu), from_gpu(reference.out.gpu)), kBf16OpTolerance) << "forward out";
+  EXPECT_LT(relative_error(from_gpu(ours.lse.gpu), from_gpu(reference.lse.gpu)), 1e-4) << "forward lse";
+  // Both backwards from the same forward results.
+  auto backward = [&](const char* kernel) {
+    choose(kernel);
+    auto dqkv = output(n * s.qkv_width());
+    EXPECT_TRUE(gpu_->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), reference.out.gpu.tensor(),
+                                         reference.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+                    .is_ok());
+    choose(nullptr);
     return from_gpu(dqkv.gpu);
   };
-  const auto ours = backward(nullptr), reference = backward("mma");
-  const int64_t width = s.qkv_width(), q_width = s.heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  const auto grads = backward(nullptr), reference_grads = backward("mma");
+  const int64_t width = s.qkv_width(), kv_width = s.kv_heads * s.head_dim;
   const char* names[3] = {"dQ", "dK", "dV"};
-  const int64_t begin[4] = {0, q_width, q_width + kv_width, width};
+  const int64_t begin[4] = {0, qw, qw + kv_width, width};
   for (int part = 0; part < 3; ++part) {  // each of dQ, dK, dV on its own scale
     std::vector<float> a, b;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t c = begin[part]; c < begin[part + 1]; ++c) {
-        a.push_back(ours[static_cast<size_t>(t * width + c)]);
-        b.push_back(reference[static_cast<size_t>(t * width + c)]);
+        a.push_back(grads[static_cast<size_t>(t * width + c)]);
+        b.push_back(reference_grads[static_cast<size_t>(t * width + c)]);
       }
     EXPECT_LT(relative_error(a, b), kBf16OpTolerance) << names[part] << ": wgmma against mma.sync backward";
   }

@@ -518,6 +518,7 @@ cudaError_t forward_launch(bf16* out, float* lse, const bf16* qkv, const int32_t
 template <int D>
 cudaError_t forward_impl(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
                          int64_t kv_heads, cudaStream_t stream) {
+  if (flash_wgmma_available(D)) return flash_forward_wgmma(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
   return forward_launch<D, 64>(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
 }
 
@@ -535,7 +536,7 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
                                                                                                  out, n, heads, D);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  if (flash_backward_wgmma_available(D)) {
+  if (flash_wgmma_available(D)) {
     e = flash_backward_wgmma(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
   } else {
     const size_t smem = backward_smem_bytes<D>();

@@ -14,6 +14,7 @@
 // flash_attention.cu, which the other head sizes and GPUs keep using.
 #include "kernels/cuda/flash_attention_sm90.cuh"
 
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -118,6 +119,21 @@ __device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t 
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TB));
+}
+
+// D (64 x 128, fp32) = A B + (scale_d ? D : 0) with A and B read from shared memory through descriptors; TA / TB pick
+// MN-major (1) or K-major (0) operands.
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 #endif  // GLM_FLASH_WGMMA
@@ -290,12 +306,155 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+
+// Forward: one block of two warpgroups per (128 queries, head), warpgroup w owning queries 64 w..;
+// key/value tiles of 128 double-buffered by cp.async. S = Q K^T (both from shared memory) lands in
+// registers, the online softmax runs there, and P (bf16, the accumulator layout is the A operand's)
+// multiplies V from shared memory into the output accumulators.
+constexpr int kFwdRows = 128, kFwdKeys = 128;
+constexpr size_t kFwdSmemBytes = tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + 1024;
+
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
+                               int64_t heads, int64_t kv_heads, float scale_log2) {
+#ifdef GLM_FLASH_WGMMA
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* Qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* Kbuf = Qs + tile_bytes(kFwdRows);     // [2] x [kFwdKeys][kD]
+  unsigned char* Vbuf = Kbuf + 2 * tile_bytes(kFwdKeys);  // [2] x [kFwdKeys][kD]
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int grp = lane >> 2, quad = lane & 3;
+  const int row0 = wg * 64 + warp * 16 + grp;  // this thread's rows relative to q0: row0, row0 + 8
+  const int64_t h = blockIdx.x;
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kFwdRows;  // heavy tiles first
+  const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * kD;
+  const int q_valid = static_cast<int>(min(static_cast<int64_t>(kFwdRows), n - q0));
+  const bf16* k_base = qkv + (heads + g) * kD;
+  const bf16* v_base = qkv + (heads + kv_heads + g) * kD;
+  int doc[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) doc[hf] = row0 + hf * 8 < q_valid ? doc_start[q0 + row0 + hf * 8] : INT_MAX;
+  // Keys from the first row's document start (tile-aligned) to the last row; tiles that end before
+  // q0 and start at or after the block's latest document start need no mask.
+  const int k_first = doc_start[q0] / kFwdKeys * kFwdKeys, k_end = static_cast<int>(q0) + q_valid;
+  const int doc_max = doc_start[q0 + q_valid - 1];
+  auto load_keys = [&](int s, int k0) {
+    const int valid = min(kFwdKeys, k_end - k0);
+    async_tile<kFwdKeys, kThreads>(Kbuf + s * tile_bytes(kFwdKeys), k_base + static_cast<int64_t>(k0) * width, width,
+                                   valid);
+    async_tile<kFwdKeys, kThreads>(Vbuf + s * tile_bytes(kFwdKeys), v_base + static_cast<int64_t>(k0) * width, width,
+                                   valid);
+    cp_async_commit();
+  };
+  async_tile<kFwdRows, kThreads>(Qs, qkv + q0 * width + h * kD, width, q_valid);
+  load_keys(0, k_first);
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  int stage = 0;
+  for (int k0 = k_first; k0 < k_end; k0 += kFwdKeys, stage ^= 1) {
+    const int k_valid = min(kFwdKeys, k_end - k0);
+    const unsigned char* Ks = Kbuf + stage * tile_bytes(kFwdKeys);
+    const unsigned char* Vs = Vbuf + stage * tile_bytes(kFwdKeys);
+    cp_async_wait_all();
+    fence_async_shared();
+    __syncthreads();  // this K/V tile in shared memory; every wgmma of the previous tile has completed
+    if (k0 + kFwdKeys < k_end) load_keys(stage ^ 1, k0 + kFwdKeys);
+
+    // S = Q K^T: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major).
+    float sc[64];  // first k step: scale_d 0
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < kD / 16; ++kt) {
+      const int off = (kt & 3) * 32, kblk = kt >> 2;
+      wgmma_ss_m64n128<0, 0>(sc, descriptor(Qs + kblk * kFwdRows * kRowBytes + wg * 64 * kRowBytes + off, 16),
+                             descriptor(Ks + kblk * kFwdKeys * kRowBytes + off, 16), kt > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(sc);
+    // Accumulator element 4 j + e is row row0 + 8 (e >> 1), key k0 + 8 j + 2 quad + (e & 1).
+    if (k0 + kFwdKeys > q0 || k0 < doc_max) {
+      const int diag = k0 - static_cast<int>(q0);  // key j of the tile is visible to row r if diag + j <= r
+#pragma unroll
+      for (int j = 0; j < kFwdKeys / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = j * 8 + quad * 2 + (e & 1), r = row0 + (e >> 1) * 8;
+          if (!(c < k_valid && diag + c <= r && k0 + c >= doc[e >> 1])) sc[4 * j + e] = -INFINITY;
+        }
+    }
+    // Online softmax in the log2 domain: p = 2^(s * scale * log2(e) - m).
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kFwdKeys / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hf], sc[4 * j + 2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[hf], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
+      const float corr = exp2f(m_run[hf] - m_use);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kFwdKeys / 8; ++j) {
+        const float p0 = exp2f(sc[4 * j + 2 * hf] * scale_log2 - m_use);
+        const float p1 = exp2f(sc[4 * j + 2 * hf + 1] * scale_log2 - m_use);
+        sc[4 * j + 2 * hf] = p0;
+        sc[4 * j + 2 * hf + 1] = p1;
+        sum += p0 + p1;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run[hf] = l_run[hf] * corr + sum;
+      m_run[hf] = m_new;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        o[4 * j + 2 * hf] *= corr;
+        o[4 * j + 2 * hf + 1] *= corr;
+      }
+    }
+    // O += P V (k = the 128 keys; V read MN-major, 128 dims = two column blocks a tile apart).
+    uint32_t pa[kFwdKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kFwdKeys / 16; ++kk) {
+      pa[kk][0] = pack_bf16(sc[8 * kk], sc[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kFwdKeys / 16; ++kk)
+      wgmma_rs_m64n128<1>(o, pa[kk], descriptor(Vs + kk * kUnit16, kFwdKeys * kRowBytes), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(o);
+    pin(pa);
+  }
+  cp_async_wait_all();  // nothing outstanding when the block exits
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t r = q0 + row0 + hf * 8;
+    if (r >= n) continue;
+    const float l = l_run[hf], inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      *reinterpret_cast<uint32_t*>(out + r * heads * kD + h * kD + j * 8 + quad * 2) =
+          pack_bf16(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+    if (quad == 0) lse[r * heads + h] = (m_run[hf] + __log2f(l)) / kLog2e;
+  }
+#endif
+}
+
 }  // namespace
 
-bool flash_backward_wgmma_available(int64_t head_dim) {
+bool flash_wgmma_available(int64_t head_dim) {
 #ifdef GLM_SM90A_BUILT
   if (head_dim != kD) return false;
-  const char* choice = std::getenv("GLM_FLASH_BWD");
+  const char* choice = std::getenv("GLM_FLASH");
   if (choice != nullptr && std::strcmp(choice, "mma") == 0) return false;
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
@@ -317,6 +476,17 @@ cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* del
   flash_backward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
                                                                       doc_start, n, heads, kv_heads,
                                                                       1.0f / sqrtf(static_cast<float>(kD)));
+  return cudaGetLastError();
+}
+
+cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
+                                int64_t heads, int64_t kv_heads, cudaStream_t stream) {
+  cudaError_t e = cudaFuncSetAttribute(flash_forward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kFwdSmemBytes));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kFwdRows - 1) / kFwdRows));
+  flash_forward_wgmma_kernel<<<grid, kThreads, kFwdSmemBytes, stream>>>(
+      out, lse, qkv, doc_start, n, heads, kv_heads, 1.4426950408889634f / sqrtf(static_cast<float>(kD)));
   return cudaGetLastError();
 }
 
