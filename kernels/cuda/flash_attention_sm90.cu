@@ -217,13 +217,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit();
 
-    // P^T while dP^T is still computing, then dS^T: accumulator element 4 j + e is key key_row + 8 (e >> 1),
-    // query 8 j + 2 quad + (e & 1). Packed to bf16 they are the A operands (16 keys x 16 queries per
-    // warp and k16 step) of dV and dK; dS^T also goes to shared memory for dQ.
+    // P^T while dP^T is still computing; dV += P^T dO issued as soon as P^T exists, dS^T computed
+    // while it runs. Accumulator element 4 j + e is key key_row + 8 (e >> 1), query 8 j + 2 quad +
+    // (e & 1); packed to bf16, P^T and dS^T are the A operands (16 keys x 16 queries per warp and
+    // k16 step) of dV and dK. dO and Q are read MN-major: 128 dims = two column blocks a tile apart.
     wgmma_wait<1>();
     pin(st);
+    uint32_t pa[4][4], sa[4][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = j * 8 + quad * 2 + (e & 1), kr = key_row + (e >> 1) * 8;
@@ -234,17 +236,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         st[4 * j + e] = pv;
       }
-    wgmma_wait<0>();
+      pa[j >> 1][(j & 1) * 2] = pack_bf16(st[4 * j], st[4 * j + 1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(st[4 * j + 2], st[4 * j + 3]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk)
+      wgmma_rs_m64n128<1>(dv, pa[kk], descriptor(dOs + kk * kUnit16, kRows * kRowBytes), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T done; dV may still run
     pin(dpt);
-    uint32_t pa[4][4], sa[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       float ds[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         ds[e] = st[4 * j + e] * (dpt[4 * j + e] - q_delta[j * 8 + quad * 2 + (e & 1)]) * scale;
-      pa[j >> 1][(j & 1) * 2] = pack_bf16(st[4 * j], st[4 * j + 1]);
-      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(st[4 * j + 2], st[4 * j + 3]);
       sa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
       sa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
       const int qc = j * 8 + quad * 2;
@@ -255,8 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // dS^T of both warpgroups in shared memory
 
     // dQ = dS K for the 64 queries x this warpgroup's 64 dims (k = the 128 keys; dS^T and K read
-    // MN-major), committed first so that its atomics overlap dV += P^T dO and dK += dS^T Q (k = the
-    // 64 queries; dO and Q read MN-major, 128 dims = two column blocks one tile of kRows rows apart).
+    // MN-major), committed before dK += dS^T Q so that its atomics overlap dK.
     float dq[32];  // first k step: scale_d 0
     wgmma_fence();
 #pragma unroll
@@ -266,12 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk)
-      wgmma_rs_m64n128<1>(dv, pa[kk], descriptor(dOs + kk * kUnit16, kRows * kRowBytes), 1);
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk)
       wgmma_rs_m64n128<1>(dk, sa[kk], descriptor(Qs + kk * kUnit16, kRows * kRowBytes), 1);
     wgmma_commit();
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // dV and dQ done; dK may still run
     pin(dq);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -338,34 +341,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // q0 and start at or after the block's latest document start need no mask.
   const int k_first = doc_start[q0] / kFwdKeys * kFwdKeys, k_end = static_cast<int>(q0) + q_valid;
   const int doc_max = doc_start[q0 + q_valid - 1];
-  auto load_keys = [&](int s, int k0) {
-    const int valid = min(kFwdKeys, k_end - k0);
-    async_tile<kFwdKeys, kThreads>(Kbuf + s * tile_bytes(kFwdKeys), k_base + static_cast<int64_t>(k0) * width, width,
-                                   valid);
-    async_tile<kFwdKeys, kThreads>(Vbuf + s * tile_bytes(kFwdKeys), v_base + static_cast<int64_t>(k0) * width, width,
-                                   valid);
-    cp_async_commit();
+  const int tiles = (k_end - k_first + kFwdKeys - 1) / kFwdKeys;
+  // K of tile t + 2 and V of tile t + 1 load while tile t is computed (two buffers each).
+  auto load_tile = [&](unsigned char* buf, const bf16* base, int t) {
+    if (t >= tiles) return;
+    const int k0 = k_first + t * kFwdKeys;
+    async_tile<kFwdKeys, kThreads>(buf + (t & 1) * tile_bytes(kFwdKeys), base + static_cast<int64_t>(k0) * width, width,
+                                   min(kFwdKeys, k_end - k0));
   };
-  async_tile<kFwdRows, kThreads>(Qs, qkv + q0 * width + h * kD, width, q_valid);
-  load_keys(0, k_first);
-
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  int stage = 0;
-  for (int k0 = k_first; k0 < k_end; k0 += kFwdKeys, stage ^= 1) {
-    const int k_valid = min(kFwdKeys, k_end - k0);
-    const unsigned char* Ks = Kbuf + stage * tile_bytes(kFwdKeys);
-    const unsigned char* Vs = Vbuf + stage * tile_bytes(kFwdKeys);
-    cp_async_wait_all();
-    fence_async_shared();
-    __syncthreads();  // this K/V tile in shared memory; every wgmma of the previous tile has completed
-    if (k0 + kFwdKeys < k_end) load_keys(stage ^ 1, k0 + kFwdKeys);
-
-    // S = Q K^T: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major).
-    float sc[64];  // first k step: scale_d 0
-    wgmma_fence();
+  // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
+  auto issue_scores = [&](float(&sc)[64], int t) {
+    const unsigned char* Ks = Kbuf + (t & 1) * tile_bytes(kFwdKeys);
 #pragma unroll
     for (int kt = 0; kt < kD / 16; ++kt) {
       const int off = (kt & 3) * 32, kblk = kt >> 2;
@@ -373,9 +359,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                              descriptor(Ks + kblk * kFwdKeys * kRowBytes + off, 16), kt > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    pin(sc);
-    // Accumulator element 4 j + e is row row0 + 8 (e >> 1), key k0 + 8 j + 2 quad + (e & 1).
+  };
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  // Masks and the online softmax of tile t in the log2 domain (p = 2^(s * scale * log2(e) - m)):
+  // sc becomes P, corr the factor for the output rows. Accumulator element 4 j + e is row
+  // row0 + 8 (e >> 1), key k0 + 8 j + 2 quad + (e & 1).
+  auto softmax = [&](float(&sc)[64], int t, float(&corr)[2]) {
+    const int k0 = k_first + t * kFwdKeys, k_valid = min(kFwdKeys, k_end - k0);
     if (k0 + kFwdKeys > q0 || k0 < doc_max) {
       const int diag = k0 - static_cast<int>(q0);  // key j of the tile is visible to row r if diag + j <= r
 #pragma unroll
@@ -386,7 +376,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (!(c < k_valid && diag + c <= r && k0 + c >= doc[e >> 1])) sc[4 * j + e] = -INFINITY;
         }
     }
-    // Online softmax in the log2 domain: p = 2^(s * scale * log2(e) - m).
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx = -INFINITY;
@@ -396,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[hf], mx * scale_log2);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
-      const float corr = exp2f(m_run[hf] - m_use);
+      corr[hf] = exp2f(m_run[hf] - m_use);
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kFwdKeys / 8; ++j) {
@@ -408,16 +397,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      l_run[hf] = l_run[hf] * corr + sum;
+      l_run[hf] = l_run[hf] * corr[hf] + sum;
       m_run[hf] = m_new;
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        o[4 * j + 2 * hf] *= corr;
-        o[4 * j + 2 * hf + 1] *= corr;
-      }
     }
-    // O += P V (k = the 128 keys; V read MN-major, 128 dims = two column blocks a tile apart).
-    uint32_t pa[kFwdKeys / 16][4];
+  };
+  // P (bf16) as the A operand of O += P V, 16 keys per k step.
+  uint32_t pa[kFwdKeys / 16][4];
+  auto pack = [&](const float(&sc)[64]) {
 #pragma unroll
     for (int kk = 0; kk < kFwdKeys / 16; ++kk) {
       pa[kk][0] = pack_bf16(sc[8 * kk], sc[8 * kk + 1]);
@@ -425,15 +411,69 @@ __global__ void __launch_bounds__(kThreads, 1)
       pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
       pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
-    wgmma_fence();
+  };
+
+  async_tile<kFwdRows, kThreads>(Qs, qkv + q0 * width + h * kD, width, q_valid);
+  load_tile(Kbuf, k_base, 0);
+  load_tile(Vbuf, v_base, 0);
+  load_tile(Kbuf, k_base, 1);
+  cp_async_commit();
+  cp_async_wait_all();
+  fence_async_shared();
+  __syncthreads();
+  float o[64], sc[64], corr[2];  // sc: no initial values, the first k step does not read them
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  wgmma_fence();
+  issue_scores(sc, 0);
+  wgmma_wait<0>();
+  pin(sc);
+  softmax(sc, 0, corr);  // o is still zero: nothing to rescale
+  pack(sc);
+  // O += P V for tile t (V read MN-major: 128 dims = two column blocks a tile apart), one group.
+  auto issue_pv = [&](int t) {
+    const unsigned char* Vs = Vbuf + (t & 1) * tile_bytes(kFwdKeys);
 #pragma unroll
     for (int kk = 0; kk < kFwdKeys / 16; ++kk)
       wgmma_rs_m64n128<1>(o, pa[kk], descriptor(Vs + kk * kUnit16, kFwdKeys * kRowBytes), 1);
     wgmma_commit();
+  };
+  auto next_tile = [&](int t) {
+    cp_async_wait_all();
+    fence_async_shared();
+    __syncthreads();  // K(t + 1) and V(t) in shared memory; every wgmma of tile t - 1 has completed
+    load_tile(Kbuf, k_base, t + 2);
+    load_tile(Vbuf, v_base, t + 1);
+    cp_async_commit();
+  };
+  // Tile t: S of tile t + 1 is issued before O += P V of tile t, so that its softmax runs while
+  // P V is on the tensor cores (the last tile, without a successor, after the loop).
+  for (int t = 0; t + 1 < tiles; ++t) {
+    next_tile(t);
+    wgmma_fence();
+    issue_scores(sc, t + 1);
+    issue_pv(t);
+    wgmma_wait<1>();
+    pin(sc);
+    softmax(sc, t + 1, corr);
     wgmma_wait<0>();
     pin(o);
     pin(pa);
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      o[4 * j] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
+    }
+    pack(sc);
   }
+  next_tile(tiles - 1);
+  wgmma_fence();
+  issue_pv(tiles - 1);
+  wgmma_wait<0>();
+  pin(o);
+  pin(pa);
   cp_async_wait_all();  // nothing outstanding when the block exits
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
