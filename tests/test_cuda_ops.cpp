@@ -537,6 +537,42 @@ TEST_F(Ops, LmHeadCrossEntropyTokenAccuracy) {
   expect_close(losses, "losses next to the argmax", 5e-3);
 }
 
+// bf16 <-> fp32 conversion and the sum of squares on the vector path (16-byte aligned views, 8
+// elements per vector, lengths that leave a tail) and the scalar one (views 1 and 3 elements in),
+// exactly against the host's round-to-nearest-even.
+TEST_F(Ops, ConvertAndSumSquaresAlignedAndNot) {
+  for (const int64_t offset : {0, 1, 3, 8})
+    for (const int64_t n : {int64_t{13}, int64_t{4096}, int64_t{100003}}) {
+      const int64_t total = offset + n;
+      std::vector<float> wide(static_cast<size_t>(total));  // not representable in bf16
+      const auto d = random_vector(wide.size(), static_cast<uint64_t>(91 + n + offset), 3.0);
+      for (size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<float>(d[i]);
+      Buffer f = gpu_->allocate(total, DType::f32).take(), h = gpu_->allocate(total, DType::bf16).take();
+      Buffer back = gpu_->allocate(total, DType::f32).take();
+      ASSERT_TRUE(gpu_->upload(f.tensor(), wide.data()).is_ok());
+      ASSERT_TRUE(gpu_->fill(back.tensor(), NAN).is_ok());
+      ASSERT_TRUE(gpu_->convert(h.slice(offset, n), f.slice(offset, n)).is_ok());
+      ASSERT_TRUE(gpu_->convert(back.slice(offset, n), h.slice(offset, n)).is_ok());
+      std::vector<float> got(static_cast<size_t>(total));
+      ASSERT_TRUE(gpu_->download(got.data(), back.tensor()).is_ok());
+      int64_t wrong = 0;
+      double bf16_squares = 0, f32_squares = 0;
+      for (int64_t i = 0; i < offset; ++i) wrong += std::isnan(got[static_cast<size_t>(i)]) ? 0 : 1;
+      for (int64_t i = offset; i < total; ++i) {
+        const float r = round_bf16(wide[static_cast<size_t>(i)]);
+        wrong += std::memcmp(&got[static_cast<size_t>(i)], &r, sizeof r) == 0 ? 0 : 1;
+        bf16_squares += static_cast<double>(r) * r;
+        f32_squares += static_cast<double>(wide[static_cast<size_t>(i)]) * wide[static_cast<size_t>(i)];
+      }
+      EXPECT_EQ(wrong, 0) << "offset " << offset << ", n " << n << ": elements not round-tripped exactly";
+      auto hs = gpu_->sum_squares(h.slice(offset, n));
+      auto fs = gpu_->sum_squares(f.slice(offset, n));
+      ASSERT_TRUE(hs.is_ok() && fs.is_ok());
+      EXPECT_NEAR(hs.value(), bf16_squares, 1e-5 * bf16_squares) << "bf16 sum of squares, offset " << offset;
+      EXPECT_NEAR(fs.value(), f32_squares, 1e-5 * f32_squares) << "fp32 sum of squares, offset " << offset;
+    }
+}
+
 TEST_F(Ops, SumSquaresAndAdamW) {
   const int64_t n = 100003;
   auto g = dual(random_bf16(static_cast<size_t>(n), 25));

@@ -3,6 +3,7 @@
 
 #include "kernels/counter_rng.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/vec.cuh"
 
 namespace glm::cuda {
 namespace {
@@ -65,11 +66,54 @@ cudaError_t launch_convert(void* dst, const void* src, int64_t n, cudaStream_t s
   return cudaGetLastError();
 }
 
-template <typename T>
-__global__ void sum_squares_kernel(double* result, const T* x, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+// bf16 <-> fp32 in 16-byte vectors of 8 elements where both pointers allow it (ZeRO packs gradient
+// buckets and unpacks shards through these: the scalar kernel reached about a third of the copy
+// bandwidth there); the last n % 8 elements and misaligned views take the scalar kernel.
+__global__ void bf16_to_f32_vec_kernel(float* dst, const bf16* src, int64_t vecs) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float f[8];
+    unpack_bf16x8(reinterpret_cast<const uint4*>(src)[i], f);
+    reinterpret_cast<float4*>(dst)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+}
+__global__ void f32_to_bf16_vec_kernel(bf16* dst, const float* src, int64_t vecs) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 a = reinterpret_cast<const float4*>(src)[2 * i], b = reinterpret_cast<const float4*>(src)[2 * i + 1];
+    const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    reinterpret_cast<uint4*>(dst)[i] = pack_bf16x8(f);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float squares8(const T* x, int64_t i);
+template <>
+__device__ __forceinline__ float squares8<bf16>(const bf16* x, int64_t i) {
+  float f[8];
+  unpack_bf16x8(reinterpret_cast<const uint4*>(x)[i], f);
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc += f[k] * f[k];
+  return acc;
+}
+template <>
+__device__ __forceinline__ float squares8<float>(const float* x, int64_t i) {
+  const float4 a = reinterpret_cast<const float4*>(x)[2 * i], b = reinterpret_cast<const float4*>(x)[2 * i + 1];
+  return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+}
+
+// Sum of squares into *result (fp64 atomics, one per block): 8 elements per 16-byte vector read
+// where x is aligned, the rest (or all of a misaligned x) element by element.
+template <typename T>
+__global__ void sum_squares_kernel(double* result, const T* x, int64_t n, bool vectorized) {
+  float acc = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t vecs = vectorized ? n / 8 : 0;
+  for (int64_t i = first; i < vecs; i += stride) acc += squares8(x, i);
+  for (int64_t i = vecs * 8 + first; i < n; i += stride) {
     const float v = cast<float, T>(x[i]);
     acc += v * v;
   }
@@ -191,23 +235,41 @@ cudaError_t convert(void* dst, int dst_dtype, const void* src, int src_dtype, in
   // 0 f32, 1 f64, 2 bf16
   if (dst_dtype == 0 && src_dtype == 0) return launch_convert<float, float>(dst, src, n, stream);
   if (dst_dtype == 0 && src_dtype == 1) return launch_convert<float, double>(dst, src, n, stream);
-  if (dst_dtype == 0 && src_dtype == 2) return launch_convert<float, bf16>(dst, src, n, stream);
+  if ((dst_dtype == 0 && src_dtype == 2) || (dst_dtype == 2 && src_dtype == 0)) {
+    if (aligned16(dst) && aligned16(src) && n >= 8) {
+      const int64_t vecs = n / 8;
+      if (dst_dtype == 0)
+        bf16_to_f32_vec_kernel<<<grid_for(vecs, 256), 256, 0, stream>>>(static_cast<float*>(dst),
+                                                                        static_cast<const bf16*>(src), vecs);
+      else
+        f32_to_bf16_vec_kernel<<<grid_for(vecs, 256), 256, 0, stream>>>(static_cast<bf16*>(dst),
+                                                                        static_cast<const float*>(src), vecs);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess || n % 8 == 0) return e;
+      const int64_t done = vecs * 8;
+      dst = static_cast<char*>(dst) + done * (dst_dtype == 0 ? 4 : 2);
+      src = static_cast<const char*>(src) + done * (src_dtype == 0 ? 4 : 2);
+      n -= done;
+    }
+    return dst_dtype == 0 ? launch_convert<float, bf16>(dst, src, n, stream) : launch_convert<bf16, float>(dst, src, n, stream);
+  }
   if (dst_dtype == 1 && src_dtype == 0) return launch_convert<double, float>(dst, src, n, stream);
   if (dst_dtype == 1 && src_dtype == 1) return launch_convert<double, double>(dst, src, n, stream);
   if (dst_dtype == 1 && src_dtype == 2) return launch_convert<double, bf16>(dst, src, n, stream);
-  if (dst_dtype == 2 && src_dtype == 0) return launch_convert<bf16, float>(dst, src, n, stream);
   if (dst_dtype == 2 && src_dtype == 1) return launch_convert<bf16, double>(dst, src, n, stream);
   if (dst_dtype == 2 && src_dtype == 2) return launch_convert<bf16, bf16>(dst, src, n, stream);
   return cudaErrorInvalidValue;
 }
 
 cudaError_t sum_squares_bf16(double* result, const bf16* x, int64_t n, cudaStream_t stream) {
-  sum_squares_kernel<bf16><<<std::min<unsigned int>(grid_for(n, 512), 1024), 512, 0, stream>>>(result, x, n);
+  sum_squares_kernel<bf16><<<std::min<unsigned int>(grid_for(n / 8 + 1, 512), 1024), 512, 0, stream>>>(
+      result, x, n, aligned16(x));
   return cudaGetLastError();
 }
 
 cudaError_t sum_squares_f32(double* result, const float* x, int64_t n, cudaStream_t stream) {
-  sum_squares_kernel<float><<<std::min<unsigned int>(grid_for(n, 512), 1024), 512, 0, stream>>>(result, x, n);
+  sum_squares_kernel<float><<<std::min<unsigned int>(grid_for(n / 8 + 1, 512), 1024), 512, 0, stream>>>(
+      result, x, n, aligned16(x));
   return cudaGetLastError();
 }
 
