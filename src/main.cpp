@@ -198,6 +198,7 @@ int main(int argc, char** argv) {
       in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
       in.recompute = options.train.recompute;
       in.zero_options = options.train.zero_options;
+      if (options.train.train_type == "lora") in.lora = options.train.lora;
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }
     return 0;

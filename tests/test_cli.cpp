@@ -289,6 +289,45 @@ TEST(Cli, Zero3PersistenceIsReportedRecordedAndPlanned) {
   }
 }
 
+// `plan --train_type lora` plans the frozen base and the adapters (less than full training of the
+// same shapes), and the start-up report counts the adapters: all of a LoRA run's gradients and
+// optimizer state are theirs.
+TEST(Cli, LoraIsPlannedAndReportedAtStart) {
+  auto total_gib = [](const std::string& out) {
+    const std::string key = "total (predicted peak)";
+    const size_t at = out.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + key.size()));
+  };
+  const std::string plan = "plan --config configs/glm4-9b-chat.cfg --max_length 8192 ";
+  RunResult full = run_glm(plan, 1);
+  RunResult lora = run_glm(plan + "--train_type lora --lora_rank 16 --target_modules query_key_value,dense", 1);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  ASSERT_EQ(lora.exit_code, 0) << lora.output;
+  EXPECT_EQ(count(lora.output, "LoRA rank 16 (alpha 32, dropout 0.05) on query_key_value,dense: "), 1) << lora.output;
+  EXPECT_EQ(count(lora.output, "base parameters (bf16, frozen)"), 1) << lora.output;
+  EXPECT_EQ(count(full.output, "LoRA"), 0) << full.output;
+  EXPECT_GT(total_gib(lora.output), 0) << lora.output;
+  EXPECT_LT(total_gib(lora.output), total_gib(full.output) - 100) << "no 14 bytes per base parameter\n" << lora.output;
+
+  // Rank 256: adapters of 0.7 MiB, visible at the report's 0.1 MiB resolution.
+  RunResult r = run_glm(kTiny + "--train_type lora --lora_rank 256 --max_steps 1 --save_strategy no", 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* kind : {"gradients", "optimizer"}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string line = "rank " + std::to_string(rank) + "/2 ZeRO-0 memory: ";
+      const size_t begin = r.output.find(line);
+      ASSERT_NE(begin, std::string::npos) << r.output;
+      const std::string report = r.output.substr(begin, r.output.find('\n', begin) - begin);
+      const size_t at = report.find(std::string(kind) + " ");
+      ASSERT_NE(at, std::string::npos) << report;
+      const std::string value = report.substr(at + std::string(kind).size() + 1);
+      const std::string mib = value.substr(0, value.find(' '));
+      EXPECT_EQ(value.find(mib + " MiB (of which LoRA " + mib + " MiB)"), 0u) << kind << ": " << report;
+      EXPECT_NE(mib, "0.0") << report;
+    }
+  }
+}
+
 TEST(Cli, HelpListsOptionsOnce) {
   RunResult r = run_glm("--help");
   EXPECT_EQ(r.exit_code, 0);

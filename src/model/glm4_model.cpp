@@ -102,21 +102,29 @@ Status Glm4Model::allocate() {
   return Status::ok();
 }
 
+LoraActivationSizes lora_activation_sizes(const LoraLayout& layout, int64_t max_tokens) {
+  LoraActivationSizes s;
+  const int64_t entries = static_cast<int64_t>(layout.entries().size());
+  s.intermediates = std::max<int64_t>(1, entries) * max_tokens * layout.rank();
+  s.intermediate_grad = max_tokens * layout.rank();
+  if (layout.config().dropout > 0) s.dropout_scratch = max_tokens * layout.max_in_features();
+  return s;
+}
+
 Status Glm4Model::attach_lora(const LoraLayout& layout, Tensor params, Tensor grads) {
   if (lora_ != nullptr) return GLM_INTERNAL_ERROR("attach_lora called twice");
   if (params.numel != layout.total_numel() || grads.numel != layout.total_numel())
     return GLM_INTERNAL_ERROR("LoRA buffers of ", params.numel, " / ", grads.numel, " elements for a layout of ",
                               layout.total_numel());
-  const int64_t u_numel = max_tokens_ * layout.rank();
-  const int64_t entries = static_cast<int64_t>(layout.entries().size());
-  GLM_ASSIGN_OR_RETURN(lora_u_storage_, backend_.allocate(std::max<int64_t>(1, entries) * u_numel, backend_.compute_dtype()));
-  GLM_ASSIGN_OR_RETURN(lora_du_, backend_.allocate(u_numel, backend_.compute_dtype()));
-  activation_bytes_ += static_cast<int64_t>(lora_u_storage_.tensor().bytes() + lora_du_.tensor().bytes());
-  if (layout.config().dropout > 0) {
-    GLM_ASSIGN_OR_RETURN(lora_dropped_,
-                         backend_.allocate(max_tokens_ * layout.max_in_features(), backend_.compute_dtype()));
-    activation_bytes_ += static_cast<int64_t>(lora_dropped_.tensor().bytes());
+  const LoraActivationSizes sizes = lora_activation_sizes(layout, max_tokens_);
+  GLM_ASSIGN_OR_RETURN(lora_u_storage_, backend_.allocate(sizes.intermediates, backend_.compute_dtype()));
+  GLM_ASSIGN_OR_RETURN(lora_du_, backend_.allocate(sizes.intermediate_grad, backend_.compute_dtype()));
+  if (sizes.dropout_scratch > 0) {
+    GLM_ASSIGN_OR_RETURN(lora_dropped_, backend_.allocate(sizes.dropout_scratch, backend_.compute_dtype()));
   }
+  lora_activation_bytes_ = static_cast<int64_t>(lora_u_storage_.tensor().bytes() + lora_du_.tensor().bytes() +
+                                                lora_dropped_.tensor().bytes());
+  activation_bytes_ += lora_activation_bytes_;
   lora_ = &layout;
   lora_params_ = params;
   lora_grads_ = grads;

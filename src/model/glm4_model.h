@@ -39,6 +39,17 @@ class ParameterProvider {
   virtual Status grads_ready(int unit) { return Status::ok(); }
 };
 
+// What Glm4Model::attach_lora allocates for micro-batches of max_tokens tokens, in compute-dtype
+// elements (the memory planner counts the same). Dropout masks are never stored: backward redraws
+// dropout(x) into the one scratch.
+struct LoraActivationSizes {
+  int64_t intermediates = 0;      // u = scale * A x kept for backward: [max_tokens, r] per adapter
+  int64_t intermediate_grad = 0;  // the backward's du: [max_tokens, r], shared by every adapter
+  int64_t dropout_scratch = 0;    // dropout(x): [max_tokens, widest adapter input]; 0 without dropout
+  int64_t numel() const { return intermediates + intermediate_grad + dropout_scratch; }
+};
+LoraActivationSizes lora_activation_sizes(const LoraLayout& layout, int64_t max_tokens);
+
 class Glm4Model {
  public:
   // Allocates every activation for micro-batches of up to max_tokens tokens, once; what is kept
@@ -62,10 +73,10 @@ class Glm4Model {
 
   // Adds trainable LoRA adapters (model/lora.h) to the layers' linears: params and grads are laid
   // out as `layout` (which must outlive the model); backward accumulates into grads. Allocates
-  // each adapter's rank-wide intermediate for max_tokens tokens, and with dropout one scratch of
-  // max_tokens x the widest adapter input that every adapter reuses for dropout(x).
+  // lora_activation_sizes(layout, max_tokens), counted in activation_bytes().
   Status attach_lora(const LoraLayout& layout, Tensor params, Tensor grads);
   const LoraLayout* lora() const { return lora_; }
+  int64_t lora_activation_bytes() const { return lora_activation_bytes_; }  // 0 without LoRA
 
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
   // provider's gradient slots. Per-token losses land in losses(). LoRA dropout (a training step's
@@ -142,6 +153,7 @@ class Glm4Model {
   // LoRA: adapter parameters and gradients (owned by the caller), each adapter's u = scale * A x
   // kept for backward ([max_tokens, r] per adapter), and the backward's du scratch.
   const LoraLayout* lora_ = nullptr;
+  int64_t lora_activation_bytes_ = 0;
   Tensor lora_params_, lora_grads_;
   Buffer lora_u_storage_, lora_du_;
   // LoRA dropout: the current step's micro-batch key, and dropout(x) (forward, then again in backward:

@@ -192,6 +192,16 @@ int64_t TrainingEngine::optimizer_bytes() const {
   return b;
 }
 
+LoraMemory TrainingEngine::lora_memory() const {
+  LoraMemory m;
+  m.parameter_bytes = static_cast<int64_t>(lora_params_.tensor().bytes());
+  m.gradient_bytes = static_cast<int64_t>(lora_grads_.tensor().bytes());
+  m.buffer_bytes = static_cast<int64_t>(lora_reduce_.tensor().bytes());
+  for (const auto& opt : lora_optimizer_) m.optimizer_bytes += opt.state_bytes();
+  m.activation_bytes = model_->lora_activation_bytes();
+  return m;
+}
+
 Result<MicroBatch> TrainingEngine::upload(const HostMicroBatch& hb) {
   const int64_t n = hb.size();
   if (n <= 0 || n > model_->max_tokens())

@@ -35,6 +35,13 @@ struct EvalResult {
   double token_accuracy() const { return targets > 0 ? static_cast<double>(correct) / static_cast<double>(targets) : 0.0; }
 };
 
+// LoRA's device bytes on one rank (zeros without LoRA): the adapters and their gradients in the
+// compute dtype, the gradients' copy an all-reduce in another dtype needs, and the adapters' parts
+// of optimizer_bytes() and activation_bytes().
+struct LoraMemory {
+  int64_t parameter_bytes = 0, gradient_bytes = 0, buffer_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+};
+
 class TrainingEngine {
  public:
   // adam == nullopt: no optimizer state (evaluation only; step() is then an error).
@@ -56,7 +63,8 @@ class TrainingEngine {
   Tensor gradients() const { return zero_->stage() == 0 ? zero_->owned_grads_all() : Tensor{}; }
   // Sum of squares of all parameters, equal on every rank at every stage.
   Result<double> parameter_checksum();
-  ZeroMemory memory() const { return zero_->memory(); }
+  ZeroMemory memory() const { return zero_->memory(); }  // the base model's (frozen under LoRA: no gradients)
+  LoraMemory lora_memory() const;
   int64_t optimizer_bytes() const;
   // Activations and backward scratch of the model (what the recompute policy changes).
   int64_t activation_bytes() const { return model_->activation_bytes(); }

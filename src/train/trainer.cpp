@@ -164,16 +164,29 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   logger.print("glm_hpc: " + rep.describe());
   if (packing) logger.print("glm_hpc: " + packing->summary());
   if (config.log_to_console) {
-    // Every rank's own model-state bytes (they differ by rank only through padding).
+    // Every rank's own bytes (they differ by rank only through padding); under LoRA each kind also
+    // says how much of it is the adapters' (all of the gradients and optimizer state: the base is frozen).
     const ZeroMemory mem = engine->memory();
-    const double mib = 1024.0 * 1024.0;
+    const LoraMemory adapters = engine->lora_memory();
+    auto mib = [&](int64_t bytes, int64_t lora_bytes) {
+      char text[64];
+      const double m = 1024.0 * 1024.0;
+      if (lora)
+        std::snprintf(text, sizeof(text), "%.1f MiB (of which LoRA %.1f MiB)", static_cast<double>(bytes) / m,
+                      static_cast<double>(lora_bytes) / m);
+      else
+        std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / m);
+      return std::string(text);
+    };
     std::printf(
-        "glm_hpc: rank %d/%d ZeRO-%d memory: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, "
-        "communication buffers %.1f MiB, activations (recompute %s) %.1f MiB\n",
-        rank, world, config.zero_stage, static_cast<double>(mem.parameter_bytes) / mib,
-        static_cast<double>(mem.gradient_bytes) / mib, static_cast<double>(engine->optimizer_bytes()) / mib,
-        static_cast<double>(mem.buffer_bytes) / mib, recompute_name(config.recompute),
-        static_cast<double>(engine->activation_bytes()) / mib);
+        "glm_hpc: rank %d/%d ZeRO-%d memory: parameters %s, gradients %s, optimizer %s, communication buffers "
+        "%s, activations (recompute %s) %s\n",
+        rank, world, config.zero_stage,
+        mib(mem.parameter_bytes + adapters.parameter_bytes, adapters.parameter_bytes).c_str(),
+        mib(mem.gradient_bytes + adapters.gradient_bytes, adapters.gradient_bytes).c_str(),
+        mib(engine->optimizer_bytes(), adapters.optimizer_bytes).c_str(),
+        mib(mem.buffer_bytes + adapters.buffer_bytes, adapters.buffer_bytes).c_str(), recompute_name(config.recompute),
+        mib(engine->activation_bytes(), adapters.activation_bytes).c_str());
     std::fflush(stdout);
   }
   if (rep.skipped_bad > 0)

@@ -59,7 +59,8 @@ int64_t ZeroBufferSizes::bytes() const {
          r * 2 * (reduce_send_numel + reduce_recv_numel);
 }
 
-ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const ZeroOptions& options, DType compute) {
+ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const ZeroOptions& options, DType compute,
+                                  bool frozen) {
   ZeroBufferSizes s;
   s.compute = compute;
   s.reduce = effective_reduce_dtype(options, compute);
@@ -70,6 +71,7 @@ ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const Ze
   for (int u = 0; u < units; ++u)
     if (u != persistent) largest_unit = std::max(largest_unit, layout.units()[static_cast<size_t>(u)].numel);
   if (stage == 3) s.gathered_unit_numel = largest_unit;
+  if (frozen) return s;
   if (stage == 3 && persistent >= 0) s.persistent_grad_numel = layout.units()[static_cast<size_t>(persistent)].numel;
   if (world > 1 && (stage == 1 || stage == 2)) {
     for (const CommBucket& b : plan_comm_buckets(layout, options.allgather_bucket_size, false))

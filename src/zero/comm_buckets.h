@@ -48,6 +48,8 @@ struct ZeroBufferSizes {
 // backend (fp32 means "no narrower than fp32").
 DType effective_reduce_dtype(const ZeroOptions& options, DType compute);
 
-ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const ZeroOptions& options, DType compute);
+// frozen (LoRA's base): no gradients, so only stage 3's gathered units.
+ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const ZeroOptions& options, DType compute,
+                                  bool frozen = false);
 
 }  // namespace glm

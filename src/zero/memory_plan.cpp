@@ -13,6 +13,8 @@ namespace glm {
 
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   const int stage = in.zero_stage;
+  std::optional<LoraLayout> lora;
+  if (in.lora) lora.emplace(in.model, *in.lora);
   const ParamLayout layout(in.model, in.world_size, persistence_policy(in.zero_options, stage));
   const int units = static_cast<int>(layout.units().size());
   const int persistent = layout.persistent_unit();
@@ -29,14 +31,32 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     p.rows.push_back({what, bytes});
     p.total += bytes;
   };
-  add("parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
-  add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
-  add("optimizer: fp32 master + Adam moments", 12 * (stage == 0 ? total : shard_total));
+  add(lora ? "base parameters (bf16, frozen)" : "parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
   ZeroOptions zero = in.zero_options;
   if (zero.reduce_bucket_size == ZeroOptions::kAutoBucketSize) zero.reduce_bucket_size = ZeroOptions{}.reduce_bucket_size;
-  // Gradient buckets, packed send and receive slots, gathered units: what ZeroParameters allocates.
-  add("communication buffers", zero_buffer_sizes(layout, stage, zero, DType::bf16).bytes());
-  add("activations and backward scratch", Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 16 * n);
+  // Gradient buckets, packed send and receive slots, gathered units: what ZeroParameters allocates
+  // (for a frozen base only stage 3's gathered units).
+  int64_t buffers = zero_buffer_sizes(layout, stage, zero, DType::bf16, lora.has_value()).bytes();
+  if (lora) {
+    // TrainingEngine: every rank holds all adapters, their gradients and AdamW state; the gradients
+    // are all-reduced from a copy in the reduce dtype unless that is the compute dtype.
+    const int64_t adapters = lora->total_numel();
+    add("LoRA adapters + gradients (bf16, replicated)", 2 * adapters + 2 * adapters);
+    add("LoRA optimizer: fp32 master + Adam moments", 12 * adapters);
+    const DType reduce = effective_reduce_dtype(zero, DType::bf16);
+    if (in.world_size > 1 && reduce != DType::bf16) buffers += static_cast<int64_t>(dtype_size(reduce)) * adapters;
+  } else {
+    add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
+    add("optimizer: fp32 master + Adam moments", 12 * (stage == 0 ? total : shard_total));
+  }
+  add("communication buffers", buffers);
+  // + the engine's five i32 micro-batch buffers (tokens, targets, positions, document starts, correct).
+  add("activations and backward scratch",
+      Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 20 * n);
+  if (lora)
+    add(in.lora->dropout > 0 ? "LoRA activations: rank-r intermediates, dropout scratch"
+                             : "LoRA activations: rank-r intermediates",
+        2 * lora_activation_sizes(*lora, n).numel());
   const int64_t vocab = in.model.vocab_size;
   const int64_t chunk = lm_head_chunk_rows(n, vocab);
   const ModelConfig& c = in.model;
@@ -61,6 +81,15 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
                 in.world_size, in.zero_stage, static_cast<long long>(in.micro_batch_tokens),
                 recompute_name(in.recompute));
   out += line;
+  if (in.lora) {
+    const LoraLayout lora(in.model, *in.lora);
+    std::snprintf(line, sizeof(line),
+                  "LoRA rank %lld (alpha %g, dropout %g) on %s: %lld trainable parameters on every GPU; the base is "
+                  "frozen (no gradients, no optimizer state)\n",
+                  static_cast<long long>(lora.rank()), in.lora->alpha, in.lora->dropout,
+                  lora_targets_text(in.lora->targets).c_str(), static_cast<long long>(lora.parameter_count()));
+    out += line;
+  }
   const ParamLayout layout(in.model, in.world_size, persistence_policy(in.zero_options, in.zero_stage));
   if (layout.persistent_unit() >= 0) {
     std::snprintf(line, sizeof(line),

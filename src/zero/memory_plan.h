@@ -3,10 +3,12 @@
 // allocates: `glm_hpc plan`.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/recompute.h"
 #include "zero/zero_options.h"
 
@@ -19,6 +21,9 @@ struct MemoryPlanInput {
   int64_t micro_batch_tokens = 4096;  // per_device_train_batch_size x max_length
   Recompute recompute = Recompute::none;
   ZeroOptions zero_options;  // bucket sizes and reduce dtype (a --reduce_bucket_size auto plans with 5e8)
+  // --train_type lora: the base frozen (no gradients, no optimizer state; partitioned only at
+  // stage 3), the adapters trained and replicated. nullopt: full training.
+  std::optional<LoraConfig> lora;
 };
 
 struct MemoryPlanRow {

@@ -53,7 +53,7 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
     z->shard_base_.push_back(shard_total);
     shard_total += layout.shard_numel(u);
   }
-  z->sizes_ = zero_buffer_sizes(layout, stage, z->options_, dt);
+  z->sizes_ = zero_buffer_sizes(layout, stage, z->options_, dt, frozen);
   const ZeroBufferSizes& sz = z->sizes_;
   auto alloc = [&](Buffer& b, int64_t n, DType type) -> Status {
     GLM_ASSIGN_OR_RETURN(b, backend.allocate(n, type));
