@@ -256,7 +256,8 @@ TEST_F(Ops, Linear) {
   expect_close(dx, "linear din accumulated");
 }
 
-// head_dim 40 takes the warp-per-row kernel; 32, 64 and 128 the tensor-core flash kernel, here
+// head_dim 40 takes the warp-per-row kernel; 32, 64 and 128 the tensor-core flash kernels (128 on
+// Hopper: the wgmma ones, down to a single token and one KV head for four query heads), here
 // with documents that straddle its tiles and lengths that are no multiple of them; at 777 and 1000
 // tokens most tiles lie below the diagonal inside one document and take the unmasked path.
 class Attention : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {};
@@ -309,7 +310,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(std::make_tuple(8, 2, 40, 70), std::make_tuple(4, 2, 32, 150),
                                            std::make_tuple(8, 4, 64, 200), std::make_tuple(32, 2, 128, 333),
                                            std::make_tuple(6, 6, 128, 65), std::make_tuple(16, 2, 128, 1000),
-                                           std::make_tuple(4, 2, 64, 777)));
+                                           std::make_tuple(4, 2, 64, 777), std::make_tuple(4, 2, 128, 1),
+                                           std::make_tuple(4, 1, 128, 129)));
 
 // GLM-4's head size on Hopper takes the wgmma kernels, GLM_FLASH=mma the mma.sync ones: both on
 // 2,053 tokens (17 key blocks, the last partial) in four documents (one of a single token), GQA 4:1,
