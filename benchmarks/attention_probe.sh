@@ -15,7 +15,7 @@ rc=$?
 echo "attention tests rc=$rc"
 grep -E "wgmma attention|OK \]|FAILED|Failure|error|Expected|Which is" "$OUT/attention_tests.log" | head -40
 [ $rc = 0 ] || exit 1  # no timings of wrong kernels
-for choice in ${GLM_PROBE_VARIANTS:-GLM_FLASH=wgmma GLM_FLASH=mma}; do
+for choice in ${GLM_PROBE_VARIANTS:-GLM_FLASH=wgmma GLM_FLASH_DQ=atomic GLM_FLASH=mma}; do
   echo "kernels: $choice"
   env "$choice" build-gpu/benchmarks/bench_kernels \
     --benchmark_filter="${GLM_PROBE_FILTER:-Ceiling|Attention}" --benchmark_min_time=0.2s \

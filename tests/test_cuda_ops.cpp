@@ -358,18 +358,24 @@ TEST_F(Ops, FlashWgmmaAgreesWithMma) {
     choose(nullptr);
     return from_gpu(dqkv.gpu);
   };
-  const auto grads = backward(nullptr), reference_grads = backward("mma");
+  const auto reference_grads = backward("mma");
+  ::setenv("GLM_FLASH_DQ", "atomic", 1);  // the dQ accumulation's other path: per-thread atomics
+  const auto atomic_grads = backward(nullptr);
+  ::unsetenv("GLM_FLASH_DQ");
+  const auto grads = backward(nullptr);
   const int64_t width = s.qkv_width(), kv_width = s.kv_heads * s.head_dim;
   const char* names[3] = {"dQ", "dK", "dV"};
   const int64_t begin[4] = {0, qw, qw + kv_width, width};
   for (int part = 0; part < 3; ++part) {  // each of dQ, dK, dV on its own scale
-    std::vector<float> a, b;
+    std::vector<float> a, b, c;
     for (int64_t t = 0; t < n; ++t)
-      for (int64_t c = begin[part]; c < begin[part + 1]; ++c) {
-        a.push_back(grads[static_cast<size_t>(t * width + c)]);
-        b.push_back(reference_grads[static_cast<size_t>(t * width + c)]);
+      for (int64_t col = begin[part]; col < begin[part + 1]; ++col) {
+        a.push_back(grads[static_cast<size_t>(t * width + col)]);
+        b.push_back(reference_grads[static_cast<size_t>(t * width + col)]);
+        c.push_back(atomic_grads[static_cast<size_t>(t * width + col)]);
       }
     EXPECT_LT(relative_error(a, b), kBf16OpTolerance) << names[part] << ": wgmma against mma.sync backward";
+    EXPECT_LT(relative_error(c, b), kBf16OpTolerance) << names[part] << ": wgmma (dQ atomics) against mma.sync";
   }
 }
 

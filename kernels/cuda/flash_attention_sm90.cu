@@ -32,8 +32,12 @@ constexpr int kKeys = 128;     // keys per block, 64 per warpgroup
 constexpr int kRows = 64;      // queries per step
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
-constexpr size_t kSmemBytes = 2 * tile_bytes(kKeys) + 4 * tile_bytes(kRows) + kKeys * kRows * 2 +
-                              2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;  // + alignment slack
+constexpr int kDqStride = kD + 8;  // floats per row of the staged dQ tile: 544 bytes, two store wavefronts per warp
+// Backward: K, V, two stages of Q and dO, dS^T, (the staged dQ tile,) the row statistics, alignment slack.
+constexpr size_t backward_smem_bytes(bool bulk_dq) {
+  return 2 * tile_bytes(kKeys) + 4 * tile_bytes(kRows) + kKeys * kRows * 2 +
+         (bulk_dq ? kRows * kDqStride * sizeof(float) : 0) + 2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;
+}
 
 #ifdef GLM_FLASH_WGMMA
 constexpr int kRowBytes = 128;           // one swizzle row: 64 bf16
@@ -76,6 +80,18 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Shared-memory writes of this thread (st.shared, cp.async) made visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Bulk reductions (TMA unit) of a shared-memory row into global fp32: dst += src, `bytes` a multiple
+// of 16, both 16-byte aligned; completion tracked per thread in bulk groups.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk groups have read their shared-memory source (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// This thread's bulk groups have completed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Registers that an in-flight wgmma reads or writes: the compiler may not touch or move them here.
 template <int N>
 __device__ __forceinline__ void pin(float (&r)[N]) {
@@ -138,6 +154,9 @@ __device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t a, uin
 
 #endif  // GLM_FLASH_WGMMA
 
+// BulkDq: dQ staged in shared memory and added to the accumulators by one bulk reduction per query
+// row (64 a tile) instead of 16 paired atomics per thread (4,096 a tile).
+template <bool BulkDq>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout,
                                 const float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
@@ -149,7 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* Qbuf = Vs + tile_bytes(kKeys);          // [2] x [kRows][kD]
   unsigned char* dObuf = Qbuf + 2 * tile_bytes(kRows);    // [2] x [kRows][kD]
   unsigned char* dSt = dObuf + 2 * tile_bytes(kRows);     // dS^T [kKeys][kRows]
-  float* lse_buf = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);  // [2][kRows]
+  float* dQs = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);      // [kRows][kDqStride] if BulkDq
+  float* lse_buf = dQs + (BulkDq ? kRows * kDqStride : 0);              // [2][kRows]
+  float* dq_stage = dQs + (((threadIdx.x >> 5) & 3) * 16 + ((threadIdx.x & 31) >> 2)) * kDqStride +
+                    (threadIdx.x >> 7) * 64 + (threadIdx.x & 3) * 2;  // this thread's first dQ element
   float* delta_buf = lse_buf + 2 * kRows;                             // [2][kRows]
   int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kRows);  // [2][kRows]
 
@@ -193,6 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* q_lse = lse_buf + stage * kRows;
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
+    if (BulkDq && threadIdx.x < kRows) bulk_wait_read();  // the previous tile's dQ rows were read
     cp_async_wait_all();
     fence_async_shared();
     __syncthreads();  // this tile in shared memory; every wgmma of the previous tile has completed
@@ -276,15 +299,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();  // dV and dQ done; dK may still run
     pin(dq);
+    if constexpr (BulkDq) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int qr = warp * 16 + grp + hf * 8;
-        if (qr < q_valid)
-          add2(dq_acc + ((q0 + qr) * heads + h) * kD + wg * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
-               dq[4 * j + 2 * hf + 1]);
-      }
+        for (int hf = 0; hf < 2; ++hf)
+          *reinterpret_cast<float2*>(dq_stage + hf * 8 * kDqStride + j * 8) =
+              make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+      fence_async_shared();
+      __syncthreads();  // both warpgroups' halves of the dQ tile staged
+      if (threadIdx.x < q_valid)
+        bulk_reduce_add(dq_acc + ((q0 + threadIdx.x) * heads + h) * kD, dQs + threadIdx.x * kDqStride,
+                        kD * sizeof(float));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int qr = warp * 16 + grp + hf * 8;
+          if (qr < q_valid)
+            add2(dq_acc + ((q0 + qr) * heads + h) * kD + wg * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
+                 dq[4 * j + 2 * hf + 1]);
+        }
+    }
     wgmma_wait<0>();
     pin(dk);
     pin(dv);
@@ -292,6 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     pin(sa);
   }
   cp_async_wait_all();  // nothing outstanding when the block exits
+  if (BulkDq && threadIdx.x < kRows) bulk_wait_all();
   // This head's dK and dV into the KV group's fp32 accumulators.
   float* dk_acc = dkv_acc;
   float* dv_acc = dkv_acc + n * kv_heads * kD;
@@ -506,17 +544,31 @@ bool flash_wgmma_available(int64_t head_dim) {
 #endif
 }
 
+namespace {
+template <bool BulkDq>
+cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
+                            const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
+                            cudaStream_t stream) {
+  constexpr size_t smem = backward_smem_bytes(BulkDq);
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<BulkDq>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kKeys - 1) / kKeys));
+  flash_backward_wgmma_kernel<BulkDq><<<grid, kThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
+                                                                        doc_start, n, heads, kv_heads,
+                                                                        1.0f / sqrtf(static_cast<float>(kD)));
+  return cudaGetLastError();
+}
+}  // namespace
+
+// GLM_FLASH_DQ=atomic: dQ by per-thread paired atomics instead of bulk row reductions (comparisons).
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                                  cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmemBytes));
-  if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kKeys - 1) / kKeys));
-  flash_backward_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
-                                                                      doc_start, n, heads, kv_heads,
-                                                                      1.0f / sqrtf(static_cast<float>(kD)));
-  return cudaGetLastError();
+  const char* dq = std::getenv("GLM_FLASH_DQ");
+  if (dq != nullptr && std::strcmp(dq, "atomic") == 0)
+    return launch_backward<false>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
+  return launch_backward<true>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
 }
 
 cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
