@@ -109,7 +109,7 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 // D (64 x 64, fp32) = A B + (scale_d ? D : 0) with A and B read from shared memory through descriptors; TA / TB pick
 // MN-major (1) or K-major (0) operands.
 template <int TA, int TB>
-__device__ __forceinline__ void wgmma_ss_m64n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -140,7 +140,7 @@ __device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t 
 // D (64 x 128, fp32) = A B + (scale_d ? D : 0) with A and B read from shared memory through descriptors; TA / TB pick
 // MN-major (1) or K-major (0) operands.
 template <int TA, int TB>
-__device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -150,6 +150,20 @@ __device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t a, uin
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+// Scores-like products over the 128 dims, both operands K-major: D (64 x N) = A B^T with A rows
+// a_row0.. of an [a_rows][kD] tile and B a whole [N][kD] tile; one commit group.
+template <int N>
+__device__ __forceinline__ void gemm_nt_dims(float (&d)[N / 2], const unsigned char* a_tile, int a_rows, int a_row0,
+                                             const unsigned char* b_tile) {
+#pragma unroll
+  for (int kt = 0; kt < kD / 16; ++kt) {
+    const int off = (kt & 3) * 32, kblk = kt >> 2;  // 64-column block kblk, 16 columns at off bytes
+    wgmma_ss<0, 0>(d, descriptor(a_tile + (kblk * a_rows + a_row0) * kRowBytes + off, 16),
+                   descriptor(b_tile + kblk * N * kRowBytes + off, 16), kt > 0);
+  }
+  wgmma_commit();
 }
 
 #endif  // GLM_FLASH_WGMMA
@@ -225,20 +239,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the 64 queries (k = 128 dims).
     float st[32], dpt[32];  // no initial values: the first k step does not read them (scale_d 0)
     wgmma_fence();
-#pragma unroll
-    for (int kt = 0; kt < kD / 16; ++kt) {
-      const int off = (kt & 3) * 32, kblk = kt >> 2;  // 64-column block kblk, 16 columns at off bytes
-      wgmma_ss_m64n64<0, 0>(st, descriptor(Ks + kblk * kKeys * kRowBytes + wg * 64 * kRowBytes + off, 16),
-                            descriptor(Qs + kblk * kRows * kRowBytes + off, 16), kt > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kt = 0; kt < kD / 16; ++kt) {
-      const int off = (kt & 3) * 32, kblk = kt >> 2;
-      wgmma_ss_m64n64<0, 0>(dpt, descriptor(Vs + kblk * kKeys * kRowBytes + wg * 64 * kRowBytes + off, 16),
-                            descriptor(dOs + kblk * kRows * kRowBytes + off, 16), kt > 0);
-    }
-    wgmma_commit();
+    gemm_nt_dims<kRows>(st, Ks, kKeys, wg * 64, Qs);
+    gemm_nt_dims<kRows>(dpt, Vs, kKeys, wg * 64, dOs);
 
     // P^T while dP^T is still computing; dV += P^T dO issued as soon as P^T exists, dS^T computed
     // while it runs. Accumulator element 4 j + e is key key_row + 8 (e >> 1), query 8 j + 2 quad +
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_ss_m64n64<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
+      wgmma_ss<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
                             descriptor(Ks + wg * kKeys * kRowBytes + kk * kUnit16, kKeys * kRowBytes), kk > 0);
     wgmma_commit();
 #pragma unroll
@@ -389,14 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
   auto issue_scores = [&](float(&sc)[64], int t) {
-    const unsigned char* Ks = Kbuf + (t & 1) * tile_bytes(kFwdKeys);
-#pragma unroll
-    for (int kt = 0; kt < kD / 16; ++kt) {
-      const int off = (kt & 3) * 32, kblk = kt >> 2;
-      wgmma_ss_m64n128<0, 0>(sc, descriptor(Qs + kblk * kFwdRows * kRowBytes + wg * 64 * kRowBytes + off, 16),
-                             descriptor(Ks + kblk * kFwdKeys * kRowBytes + off, 16), kt > 0);
-    }
-    wgmma_commit();
+    gemm_nt_dims<kFwdKeys>(sc, Qs, kFwdRows, wg * 64, Kbuf + (t & 1) * tile_bytes(kFwdKeys));
   };
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   // Masks and the online softmax of tile t in the log2 domain (p = 2^(s * scale * log2(e) - m)):
