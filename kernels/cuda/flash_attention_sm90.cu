@@ -1,16 +1,20 @@
-// FlashAttention backward for head_dim 128 on Hopper's warpgroup MMAs (wgmma.mma_async, sm_90a).
+// Flash attention for head_dim 128 on Hopper's warpgroup MMAs (wgmma.mma_async, sm_90a). Every
+// tile lives in shared memory in the 128-byte-swizzled layout that wgmma reads through matrix
+// descriptors (64-column blocks of 128-byte rows, 16-byte unit u of row r stored at u ^ (r % 8)),
+// brought in by cp.async one tile ahead; accumulator registers are already the A operand of the
+// next product. Both passes run two warpgroups per block.
 //
-// One block of two warpgroups per (128 keys, query head) walks the 64-query tiles that can see its
-// keys, the next tile's Q and dO loading by cp.async while this one is computed. Every tile lives
-// in shared memory in the 128-byte-swizzled layout that wgmma reads through matrix descriptors
-// (64-column blocks of 128-byte rows, 16-byte unit u of row r stored at u ^ (r % 8)). Warpgroup w
-// owns keys 64 w.. of the block:
+// Forward: one block per (128 queries, head); S = Q K^T of the next key tile is issued before
+// O += P V of this one, so that its softmax runs while P V is on the tensor cores.
+//
+// Backward: one block per (128 keys, query head) walks the 64-query tiles that can see its keys.
+// Warpgroup w owns keys 64 w.. of the block:
 //   S^T = K Q^T and dP^T = V dO^T    (64 x 64 each, both operands from shared memory),
-//   P^T and dS^T computed in the accumulator registers, which are already the A operand of
+//   P^T and dS^T computed in the accumulator registers, the A operands of
 //   dV += P^T dO and dK += dS^T Q   (64 x 128 each, A from registers, dK/dV stay in registers),
 //   dS^T also to shared memory for dQ = dS K (warpgroup w: dims 64 w.., all 128 keys), whose fp32
-//   result is added to the dQ accumulators with paired atomics.
-// The masks, statistics and accumulators are the same as the mma.sync kernel's in
+//   tile is added to the dQ accumulators by one bulk reduction per query row.
+// The masks, statistics and accumulators are the same as the mma.sync kernels' in
 // flash_attention.cu, which the other head sizes and GPUs keep using.
 #include "kernels/cuda/flash_attention_sm90.cuh"
 
@@ -287,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // dS^T of both warpgroups in shared memory
 
     // dQ = dS K for the 64 queries x this warpgroup's 64 dims (k = the 128 keys; dS^T and K read
-    // MN-major), committed before dK += dS^T Q so that its atomics overlap dK.
+    // MN-major), committed before dK += dS^T Q so that its accumulation overlaps dK.
     float dq[32];  // first k step: scale_d 0
     wgmma_fence();
 #pragma unroll
@@ -346,6 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       add2(dv_acc + at, dv[4 * j + 2 * hf], dv[4 * j + 2 * hf + 1]);
     }
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // device code without sm_90a features: fail loudly rather than return nothing
 #endif
 }
 
@@ -519,6 +525,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           pack_bf16(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
     if (quad == 0) lse[r * heads + h] = (m_run[hf] + __log2f(l)) / kLog2e;
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // device code without sm_90a features: fail loudly rather than return nothing
 #endif
 }
 
@@ -556,12 +564,14 @@ cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, c
 }
 }  // namespace
 
-// GLM_FLASH_DQ=atomic: dQ by per-thread paired atomics instead of bulk row reductions (comparisons).
+// GLM_FLASH_DQ=atomic: dQ by per-thread paired atomics instead of bulk row reductions (comparisons;
+// also taken when dq_acc is not 16-byte aligned).
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                                  cudaStream_t stream) {
   const char* dq = std::getenv("GLM_FLASH_DQ");
-  if (dq != nullptr && std::strcmp(dq, "atomic") == 0)
+  // Bulk reductions need 16-byte aligned rows; paired atomics only 8 bytes.
+  if ((dq != nullptr && std::strcmp(dq, "atomic") == 0) || reinterpret_cast<uintptr_t>(dq_acc) % 16 != 0)
     return launch_backward<false>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
   return launch_backward<true>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
 }
