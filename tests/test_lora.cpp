@@ -63,23 +63,6 @@ class FrozenParameters final : public ParameterProvider {
   std::vector<double>& params_;
 };
 
-struct HostBatch {
-  std::vector<int32_t> tokens, targets, positions, doc_start;
-  MicroBatch view() {
-    auto t = [](std::vector<int32_t>& v) { return Tensor{v.data(), static_cast<int64_t>(v.size()), DType::i32}; };
-    return {t(tokens), t(targets), t(positions), t(doc_start), static_cast<int64_t>(tokens.size())};
-  }
-};
-
-HostBatch two_document_batch() {
-  HostBatch b;
-  b.tokens = {3, 17, 5, 0, 9, 11, 2, 18, 7, 7, 14};
-  b.targets = {17, -1, 0, 9, -1, 2, 18, -1, 7, 14, -1};
-  b.positions = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5};
-  b.doc_start = {0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 5};
-  return b;
-}
-
 TEST(LoraOptions, TargetsParseAndUnknownNamesAreRefused) {
   auto all = parse_lora_targets("all-linear");
   ASSERT_TRUE(all.is_ok());

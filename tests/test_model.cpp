@@ -53,24 +53,6 @@ class VectorParameters final : public ParameterProvider {
   std::vector<double>& grads_;
 };
 
-struct HostBatch {
-  std::vector<int32_t> tokens, targets, positions, doc_start;
-  MicroBatch view() {
-    auto t = [](std::vector<int32_t>& v) { return Tensor{v.data(), static_cast<int64_t>(v.size()), DType::i32}; };
-    return {t(tokens), t(targets), t(positions), t(doc_start), static_cast<int64_t>(tokens.size())};
-  }
-};
-
-HostBatch two_document_batch() {
-  // Documents of 5 and 6 tokens; some positions carry no target.
-  HostBatch b;
-  b.tokens = {3, 17, 5, 0, 9, 11, 2, 18, 7, 7, 14};
-  b.targets = {17, -1, 0, 9, -1, 2, 18, -1, 7, 14, -1};
-  b.positions = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5};
-  b.doc_start = {0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 5};
-  return b;
-}
-
 TEST(Glm4Model, EveryParameterGradientMatchesFiniteDifferences) {
   ModelConfig config = tiny_config();
   auto backend = make_cpu_backend(DType::f64);

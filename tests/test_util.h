@@ -9,8 +9,28 @@
 
 #include "data/sharded_loader.h"
 #include "model/config.h"
+#include "model/glm4_model.h"
 
 namespace glm::test {
+
+// A micro-batch held in host vectors (CPU backend tests): view() points the model's MicroBatch at them.
+struct HostBatch {
+  std::vector<int32_t> tokens, targets, positions, doc_start;
+  MicroBatch view() {
+    auto t = [](std::vector<int32_t>& v) { return Tensor{v.data(), static_cast<int64_t>(v.size()), DType::i32}; };
+    return {t(tokens), t(targets), t(positions), t(doc_start), static_cast<int64_t>(tokens.size())};
+  }
+};
+
+// Two packed documents of 5 and 6 tokens; some positions carry no target.
+inline HostBatch two_document_batch() {
+  HostBatch b;
+  b.tokens = {3, 17, 5, 0, 9, 11, 2, 18, 7, 7, 14};
+  b.targets = {17, -1, 0, 9, -1, 2, 18, -1, 7, 14, -1};
+  b.positions = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5};
+  b.doc_start = {0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 5};
+  return b;
+}
 
 // The tiny GLM-4 the CPU and MPI tests train: 2 layers of hidden 32 (4 heads on 2 KV groups of 8),
 // FFN 64, the byte-level vocabulary of 272, 512 positions. Callers change what their test needs and
