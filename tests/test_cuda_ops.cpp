@@ -57,16 +57,6 @@ std::vector<float> random_bf16(size_t n, uint64_t seed, double scale = 1.0) {
   return f;
 }
 
-double relative_error(const std::vector<float>& ours, const std::vector<float>& ref) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < ours.size(); ++i) {
-    if (!std::isfinite(ours[i])) return INFINITY;
-    diff += (static_cast<double>(ours[i]) - ref[i]) * (static_cast<double>(ours[i]) - ref[i]);
-    norm += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
-}
-
 // One logical tensor on both backends: f32 on the CPU, dtype on the GPU.
 class Ops : public ::testing::Test {
  protected:

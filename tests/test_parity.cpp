@@ -12,6 +12,7 @@
 #include "io/hf_import.h"
 #include "io/safetensors.h"
 #include "mpi/local_communicator.h"
+#include "test_util.h"
 #include "train/engine.h"
 
 namespace glm::test {
@@ -24,15 +25,6 @@ constexpr double kFp32Relative = 1e-5;
 constexpr double kTrajectoryRelative = 1e-4;
 
 const std::string kData = std::string(GLM_SOURCE_DIR) + "/tests/data/";
-
-double relative_error(std::span<const float> ours, std::span<const float> theirs) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < ours.size(); ++i) {
-    diff += (static_cast<double>(ours[i]) - theirs[i]) * (static_cast<double>(ours[i]) - theirs[i]);
-    ref += static_cast<double>(theirs[i]) * theirs[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
-}
 
 std::vector<float> golden_tensor(const SafetensorsFile& f, const std::string& name) {
   const StTensorInfo* t = f.find(name);

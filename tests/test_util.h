@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "data/sharded_loader.h"
@@ -78,6 +80,18 @@ inline void expect_gradient_matches(const std::function<double()>& loss, std::ve
       ADD_FAILURE() << what << "[" << i << "]: finite difference " << fd << " vs analytic " << analytic[i];
   }
   EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << x.size() << " gradient entries differ";
+}
+
+// Norm-wise relative error ||ours - ref|| / ||ref|| (fp64 sums); infinite when ours holds a NaN or inf.
+inline double relative_error(std::span<const float> ours, std::span<const float> ref) {
+  EXPECT_EQ(ours.size(), ref.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ours.size() && i < ref.size(); ++i) {
+    if (!std::isfinite(ours[i])) return INFINITY;
+    diff += (static_cast<double>(ours[i]) - ref[i]) * (static_cast<double>(ours[i]) - ref[i]);
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
 }
 
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
