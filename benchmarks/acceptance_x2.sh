@@ -11,15 +11,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 GLM_ONLY_BUILD=1 bash benchmarks/gpu_session.sh || exit 1
 B=build-gpu
-rows=()
-step() {  # step NAME SECONDS COMMAND...: runs it with a limit, logs to $OUT/NAME.log, records rc
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  rows+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
-  return $rc
-}
+source benchmarks/steps.sh  # step NAME SECONDS COMMAND...: own limit, log in $OUT/NAME.log, a row in the table
 step test_nccl 240 mpirun -np 2 --bind-to none $B/tests/test_nccl
 grep -E "^\[  (PASSED|FAILED) " "$OUT/test_nccl.log" | head -4
 step ctest_gpu 300 bash -c "cd $B && ctest -L gpu -E test_nccl --output-on-failure"
@@ -72,5 +64,4 @@ except (OSError, ValueError, ZeroDivisionError) as err:
 for k, v in rows:
     print(f"{k:40s} {v}")
 PY
-echo "== steps =="
-printf '%s\n' "${rows[@]}"
+step_table

@@ -3,7 +3,8 @@
 --reduce_bucket_size (bucket bytes converted to elements of --grad_reduce_dtype), ZeRO stages and
 --overlap_comm on/off; reads step time, exposed communication and peak device memory from each
 run's logging.jsonl (and the communication-buffer bytes from its start-up line); writes
-bucket_sweep.csv, a PNG plot with gnuplot when it is installed, and prints the best setting.
+bucket_sweep.csv, a PNG plot with gnuplot when it is installed (else with matplotlib: the GPU machines'
+image has it, not gnuplot), and prints the best setting.
 
 CPU (CI, a tiny model):
   python3 benchmarks/bucket_sweep.py --binary build/glm_hpc --np 2 --device cpu \
@@ -14,7 +15,8 @@ GPU (GLM-4-9B-Chat shapes, 2 x H200; see the script's --help and the report in R
       --config configs/glm4-9b-chat.cfg --dataset /tmp/bench9b.jsonl --max_length 4096 \
       --per_device_train_batch_size 1 --collective_timeout 120
 
-Only the standard library. Exit status: 0 when every setting ran and logged its steps, 1 otherwise.
+Only the standard library (and matplotlib, for the PNG where gnuplot is missing). Exit status: 0 when
+every setting ran and logged its steps, 1 otherwise.
 """
 import argparse
 import csv
@@ -135,30 +137,31 @@ def run_setting(a, stage, overlap, bucket_bytes):
 
 def plot(a, rows, csv_path):
     png = os.path.join(a.out, "bucket_sweep.png")
-    gnuplot = shutil.which("gnuplot")
-    if gnuplot is None:
-        print("gnuplot not found: no PNG (install gnuplot-nox, scripts/setup.sh does); the CSV has every number")
-        return None
-    # One data block per (stage, overlap) series, bucket size on a log axis.
+    # One series per (stage, overlap), bucket size on a log axis.
     series = []
-    data_path = os.path.join(a.out, "bucket_sweep.dat")
-    with open(data_path, "w") as f:
-        for stage in a.stages:
-            for overlap in a.overlap:
-                pts = sorted((r["bucket_bytes"], float(r["step_seconds"])) for r in rows
-                             if r["status"] == "ok" and r["stage"] == stage and r["overlap_comm"] == overlap)
-                if not pts:
-                    continue
-                f.write("".join(f"{b / (1 << 20)} {s}\n" for b, s in pts) + "\n\n")
-                series.append(f"ZeRO-{stage} overlap {overlap}")
+    for stage in a.stages:
+        for overlap in a.overlap:
+            pts = sorted((r["bucket_bytes"] / (1 << 20), float(r["step_seconds"])) for r in rows
+                         if r["status"] == "ok" and r["stage"] == stage and r["overlap_comm"] == overlap)
+            if pts:
+                series.append((f"ZeRO-{stage} overlap {overlap}", pts))
     if not series:
         print("no successful run to plot")
         return None
-    plots = ", ".join(f"'{data_path}' index {i} with linespoints title '{t}'" for i, t in enumerate(series))
+    title = f"glm_hpc bucket sweep, {a.np} ranks, --device {a.device}"
+    xlabel = f"reduce bucket size (MiB of {a.grad_reduce_dtype})"
+    gnuplot = shutil.which("gnuplot")
+    if gnuplot is None:
+        return plot_matplotlib(series, title, xlabel, png)
+    data_path = os.path.join(a.out, "bucket_sweep.dat")
+    with open(data_path, "w") as f:
+        for _, pts in series:
+            f.write("".join(f"{b} {s}\n" for b, s in pts) + "\n\n")
+    plots = ", ".join(f"'{data_path}' index {i} with linespoints title '{t}'" for i, (t, _) in enumerate(series))
     script = (f"set terminal pngcairo size 900,560 noenhanced; set output '{png}';"
-              f"set logscale x 2; set xlabel 'reduce bucket size (MiB of {a.grad_reduce_dtype})';"
+              f"set logscale x 2; set xlabel '{xlabel}';"
               f"set ylabel 'step time (s)'; set key outside right; set grid;"
-              f"set title 'glm_hpc bucket sweep, {a.np} ranks, --device {a.device}'; plot {plots}")
+              f"set title '{title}'; plot {plots}")
     r = subprocess.run([gnuplot, "-e", script], capture_output=True, text=True)
     if r.returncode != 0 or not os.path.exists(png):
         # pngcairo is missing from some builds: the plain png terminal then.
@@ -167,6 +170,29 @@ def plot(a, rows, csv_path):
         print(f"gnuplot failed ({r.stderr.strip()}): no PNG; the CSV has every number")
         return None
     return png
+
+
+def plot_matplotlib(series, title, xlabel, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # no display on the GPU machines
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("neither gnuplot nor matplotlib found: no PNG (scripts/setup.sh installs gnuplot-nox); "
+              "the CSV has every number")
+        return None
+    fig, ax = plt.subplots(figsize=(9, 5.6))
+    for label, pts in series:
+        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("step time (s)")
+    ax.set_title(title)
+    ax.grid(True)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.savefig(png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return png if os.path.exists(png) else None
 
 
 def main(argv):

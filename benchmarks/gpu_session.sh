@@ -33,9 +33,10 @@ t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a "${boost_args[@]}" \
   >"$OUT/cmake.log" 2>&1 ||
   { tail -30 "$OUT/cmake.log"; exit 1; }
-# GLM_BUILD_TARGETS narrows the build (e.g. "bench_comm test_bench_comm" for benchmarks/comm_x2.sh).
+# GLM_BUILD_TARGETS narrows the build (e.g. "bench_comm test_bench_comm" for benchmarks/comm_x2.sh);
+# GLM_BUILD_JOBS (default 16) sets the parallelism (the 4- and 8-GPU machines have 64 and 128 cores).
 targets=(); for t in ${GLM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
-cmake --build build-gpu -j 16 "${targets[@]}" -- -k 0 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+cmake --build build-gpu -j "${GLM_BUILD_JOBS:-16}" "${targets[@]}" -- -k 0 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 [ "${GLM_ONLY_BUILD:-0}" = 1 ] && exit 0
 

@@ -3,6 +3,7 @@
 # glm_hpc command from the environment and the script's arguments, launches one rank per task
 # with mpirun (or srun), forwards Slurm's pre-timeout signal to the ranks, and requeues the job
 # when glm_hpc stopped for it (exit 75) so that the requeued job resumes from its checkpoint.
+# With GLM_NTASKS and no Slurm job, the same command runs on the host it is started on.
 #
 # Knobs (environment variables, read when the job starts; sbatch exports the submitting shell's):
 #   GLM_HOME         the glm_hpc repository (default: the directory sbatch was run from)
@@ -18,6 +19,10 @@
 #   GLM_MPIRUN_ARGS  extra mpirun arguments (e.g. "--bind-to core --map-by ppr:4:node:PE=16")
 #   GLM_SRUN_ARGS    extra srun arguments (default --mpi=pmix)
 #   GLM_REQUEUE      1 (default): requeue after a preemption stop; 0: exit 75 and leave it
+#   GLM_NTASKS       outside Slurm only (no SLURM_JOB_ID): run the same command with this many
+#                    ranks on this host through mpirun, output in $GLM_OUTPUT_ROOT/local-<time>
+#                    unless named, never requeued (benchmarks/node_x4_call1.sh runs
+#                    slurm/train_4gpu.sh so on a 4-GPU machine without Slurm)
 # Arguments after the script name go to glm_hpc last and win over everything above; an
 # --output_dir or --resume_from_checkpoint among them is used instead of the script's own.
 #
@@ -80,7 +85,14 @@ glm_forward() {
 glm_job_run() {
   local default_config="$1" default_options="$2"
   shift 2
-  [[ -n "${SLURM_JOB_ID:-}" ]] || glm_die "not inside a Slurm job: submit with sbatch (or set SLURM_JOB_ID)"
+  local under_slurm=1 ntasks="${SLURM_NTASKS:-1}" run_name="slurm-${SLURM_JOB_ID:-}"
+  if [[ -z "${SLURM_JOB_ID:-}" ]]; then
+    [[ -n "${GLM_NTASKS:-}" ]] ||
+      glm_die "not inside a Slurm job: submit with sbatch (or set SLURM_JOB_ID; GLM_NTASKS=N runs N ranks here without Slurm)"
+    [[ "$GLM_NTASKS" =~ ^[1-9][0-9]*$ ]] || glm_die "GLM_NTASKS '$GLM_NTASKS' is not a positive number of ranks"
+    [[ "${GLM_LAUNCHER:-mpirun}" == mpirun ]] || glm_die "GLM_NTASKS runs without Slurm, through mpirun only (GLM_LAUNCHER '$GLM_LAUNCHER')"
+    under_slurm=0 ntasks="$GLM_NTASKS" run_name="local-$(date +%Y%m%d-%H%M%S)"
+  fi
   local home="${GLM_HOME:?}"
   local bin="${GLM_BIN:-$home/build/glm_hpc}"
   [[ -x "$bin" ]] || glm_die "GLM_BIN '$bin' is not an executable: build glm_hpc (bash scripts/build.sh) or set GLM_BIN"
@@ -109,7 +121,7 @@ glm_job_run() {
   if glm_args_have --output_dir "$@"; then
     out="$(glm_args_value --output_dir "$@")"
   else
-    out="${GLM_OUTPUT_DIR:-${GLM_OUTPUT_ROOT:-$home/output}/slurm-$SLURM_JOB_ID}"
+    out="${GLM_OUTPUT_DIR:-${GLM_OUTPUT_ROOT:-$home/output}/$run_name}"
     args+=(--output_dir "$out")
   fi
   mkdir -p "$out" || glm_die "cannot create the output directory '$out'"
@@ -118,7 +130,6 @@ glm_job_run() {
   fi
   args+=("$@")
 
-  local ntasks="${SLURM_NTASKS:-1}"
   local -a launch
   case "${GLM_LAUNCHER:-mpirun}" in
     mpirun)
@@ -149,7 +160,11 @@ glm_job_run() {
     *) glm_die "GLM_LAUNCHER '$GLM_LAUNCHER' is not mpirun or srun" ;;
   esac
 
-  glm_log "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-$(hostname)}: $ntasks ranks, output $out"
+  if [[ $under_slurm == 1 ]]; then
+    glm_log "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-$(hostname)}: $ntasks ranks, output $out"
+  else
+    glm_log "no Slurm job: $ntasks ranks on $(hostname) (GLM_NTASKS), output $out"
+  fi
   glm_log "${launch[*]} $bin ${args[*]}"
 
   # Signals: forward, remember which. The trap interrupts "wait", so wait until the launcher exits.
@@ -169,7 +184,7 @@ glm_job_run() {
   trap - USR1 TERM
 
   if [[ $rc -eq $GLM_PREEMPTED_EXIT ]]; then
-    if [[ "$glm_signal" == "USR1" && "${GLM_REQUEUE:-1}" == "1" ]]; then
+    if [[ "$glm_signal" == "USR1" && "${GLM_REQUEUE:-1}" == "1" && $under_slurm == 1 ]]; then
       glm_log "glm_hpc stopped for preemption after a checkpoint in $out; requeueing job $SLURM_JOB_ID: it resumes from latest"
       scontrol requeue "$SLURM_JOB_ID" || glm_die "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? --requeue, JobRequeue)"
     else

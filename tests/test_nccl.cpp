@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -221,15 +222,17 @@ HostMicroBatch random_batch(const ModelConfig& c, uint64_t seed) {
 
 class NcclZero : public ::testing::TestWithParam<std::tuple<int, Recompute>> {};
 
-// The global window of 4 micro-batches: one GPU does them all; over N ranks, rank r does r, r+N, ...
+// The global window of 4 micro-batches (one per rank beyond 4 ranks, so 8 at 8): one GPU does them
+// all; over N ranks, rank r does r, r+N, ...
 TEST_P(NcclZero, SameTrajectoryAsOneGpu) {
   REQUIRE_GPU_PER_RANK();
   const auto [stage, recompute] = GetParam();
   const int rank = world_rank(), size = world_size();
+  const int window = std::max(4, size);
   const ModelConfig c = small_model();
   std::vector<HostMicroBatch> global;
-  for (int m = 0; m < 4; ++m) global.push_back(random_batch(c, 17 + m));
-  if (4 % size != 0) GTEST_SKIP() << "4 micro-batches do not split over " << size << " ranks";
+  for (int m = 0; m < window; ++m) global.push_back(random_batch(c, 17 + m));
+  if (window % size != 0) GTEST_SKIP() << window << " micro-batches do not split over " << size << " ranks";
   AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
   constexpr int kSteps = 10;
 
@@ -251,7 +254,7 @@ TEST_P(NcclZero, SameTrajectoryAsOneGpu) {
   Fixture f = make_fixture();
   ASSERT_TRUE(f.nccl);
   std::vector<HostMicroBatch> mine;
-  for (int m = rank; m < 4; m += size) mine.push_back(global[static_cast<size_t>(m)]);
+  for (int m = rank; m < window; m += size) mine.push_back(global[static_cast<size_t>(m)]);
   auto e = TrainingEngine::create(c, *f.gpu, *f.mpi, 512, adam, 1.0, stage, recompute, f.nccl.get()).take();
   ASSERT_TRUE(e->initialize_parameters(3).is_ok());
   for (int s = 0; s < kSteps; ++s) {
