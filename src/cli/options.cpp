@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/ini_file.h"
+#include "io/durable_file.h"
 #include "io/hf_export.h"
 
 namespace po = boost::program_options;
@@ -556,17 +557,8 @@ Status write_args_json(const CliOptions& options) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return GLM_USER_ERROR("cannot create --output_dir '", dir, "': ", ec.message());
-  const std::string final_path = dir + "/args.json", tmp_path = final_path + ".tmp";
-  {
-    std::ofstream out(tmp_path, std::ios::trunc);
-    if (!out) return GLM_USER_ERROR("cannot write '", tmp_path, "'");
-    nlohmann::json j = {{"command", options.command}, {"options", options.effective}};
-    out << j.dump(2) << '\n';
-    if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", tmp_path, "'");
-  }
-  fs::rename(tmp_path, final_path, ec);
-  if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp_path, "' to '", final_path, "': ", ec.message());
-  return Status::ok();
+  const nlohmann::json j = {{"command", options.command}, {"options", options.effective}};
+  return write_file_durably(dir + "/args.json", j.dump(2) + "\n");
 }
 
 }  // namespace glm

@@ -3,10 +3,9 @@
 #include "train/checkpoint.h"
 
 #include "io/checkpoint_file.h"
+#include "io/durable_file.h"
 
-#include <fcntl.h>
 #include <hdf5.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -67,30 +66,6 @@ std::string unit_group(int unit) {
   char name[32];
   std::snprintf(name, sizeof(name), "unit_%05d", unit);
   return name;
-}
-
-Status fsync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) return GLM_ERROR(ErrorKind::io, "cannot open '", p.string(), "' to sync it");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return GLM_ERROR(ErrorKind::io, "fsync of '", p.string(), "' failed");
-  return Status::ok();
-}
-
-Status write_text_durably(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp.string(), "'");
-  }
-  GLM_RETURN_IF_ERROR(fsync_path(tmp));
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp.string(), "': ", ec.message());
-  return Status::ok();
 }
 
 // Every rank's status, agreed: ok only if ok everywhere; a failing rank keeps its own message.
@@ -335,15 +310,15 @@ std::vector<fs::path> complete_checkpoints(const fs::path& output_dir) {
 // Rank 0, after every rank file is on disk: meta, marker, rename, latest, pruning.
 Status publish(const fs::path& tmp, const fs::path& final_dir, const fs::path& output_dir, const nlohmann::json& meta,
                int64_t save_total_limit, const std::string& best_checkpoint) {
-  GLM_RETURN_IF_ERROR(write_text_durably(tmp / "meta.json", meta.dump(2) + "\n"));
+  GLM_RETURN_IF_ERROR(write_file_durably(tmp / "meta.json", meta.dump(2) + "\n"));
   if (fs::exists(output_dir / "args.json")) {  // the run's options travel with its checkpoints (export reads them)
     std::ifstream in(output_dir / "args.json", std::ios::binary);
     std::ostringstream text;
     text << in.rdbuf();
     if (!in) return GLM_ERROR(ErrorKind::io, "cannot read '", (output_dir / "args.json").string(), "'");
-    GLM_RETURN_IF_ERROR(write_text_durably(tmp / "args.json", text.str()));
+    GLM_RETURN_IF_ERROR(write_file_durably(tmp / "args.json", text.str()));
   }
-  GLM_RETURN_IF_ERROR(write_text_durably(tmp / "COMPLETE", std::to_string(meta["step"].get<int64_t>()) + "\n"));
+  GLM_RETURN_IF_ERROR(write_file_durably(tmp / "COMPLETE", std::to_string(meta["step"].get<int64_t>()) + "\n"));
   GLM_RETURN_IF_ERROR(fsync_path(tmp));
   std::error_code ec;
   if (fs::exists(final_dir)) {  // a rerun into the same output_dir: replace, never half
@@ -358,7 +333,7 @@ Status publish(const fs::path& tmp, const fs::path& final_dir, const fs::path& o
   }
   if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp.string(), "' to '", final_dir.string(), "': ", ec.message());
   GLM_RETURN_IF_ERROR(fsync_path(output_dir));
-  GLM_RETURN_IF_ERROR(write_text_durably(output_dir / "latest", final_dir.filename().string() + "\n"));
+  GLM_RETURN_IF_ERROR(write_file_durably(output_dir / "latest", final_dir.filename().string() + "\n"));
   if (save_total_limit > 0) {
     // Oldest first, never the newest nor the best; the best counts toward the limit (so a limit of
     // 1 keeps 2 while the best is older), as in Hugging Face's Trainer._sorted_checkpoints.

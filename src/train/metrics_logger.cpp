@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "io/durable_file.h"
+
 namespace glm {
 
 std::string format_duration(double seconds) {
@@ -32,22 +34,13 @@ Status MetricsLogger::begin(int64_t resumed_step) {
     // temporary file and a rename so that a failure here loses nothing.
     std::ifstream in(path_);
     if (in) {
-      const std::string tmp = path_ + ".tmp";
-      {
-        std::ofstream out(tmp, std::ios::out | std::ios::trunc);
-        if (!out) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp, "'");
-        std::string line;
-        while (std::getline(in, line)) {
-          const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-          if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-          if (j["step"].get<int64_t>() <= resumed_step) out << line << '\n';
-        }
-        out.flush();
-        if (!out) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "'");
+      std::string kept, line;
+      while (std::getline(in, line)) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+        if (j["step"].get<int64_t>() <= resumed_step) kept += line + '\n';
       }
-      std::error_code ec;
-      std::filesystem::rename(tmp, path_, ec);
-      if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", tmp, "' to '", path_, "': ", ec.message());
+      GLM_RETURN_IF_ERROR(write_file_durably(path_, kept));
       jsonl_.open(path_, std::ios::out | std::ios::app);
       if (!jsonl_) return GLM_ERROR(ErrorKind::io, "cannot write '", path_, "'");
       return Status::ok();
