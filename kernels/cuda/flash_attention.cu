@@ -29,7 +29,6 @@ constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBwdKeys = 128;      // keys per backward block
 constexpr int kBwdRows = 64;       // queries per backward step
 constexpr int kPld = kBwdRows + kPadB;  // dS^T tile [key][query]
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Fragment addressing inside a shared tile with row stride ld (elements), for a warp's lane:
 // A operand (16 x 16 at row0, col0) of a row-major [m][k] tile, non-transposed ldmatrix.

@@ -46,7 +46,6 @@ constexpr size_t backward_smem_bytes(bool bulk_dq) {
 #ifdef GLM_FLASH_WGMMA
 constexpr int kRowBytes = 128;           // one swizzle row: 64 bf16
 constexpr int kUnit16 = 16 * kRowBytes;  // 16 rows: one k16 step along a [k][mn] tile
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Byte offset of element (r, c) in a [rows][cols] bf16 tile stored as 64-column blocks of
 // [rows][64] with the 128-byte swizzle; tiles start 1024-byte aligned.
@@ -55,11 +54,11 @@ __device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
 }
 
 // Rows x kD bf16 rows of a strided global matrix into a swizzled tile; rows from `valid` on become zeros.
-template <int Rows, int Threads>
+template <int Rows>
 __device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, int64_t stride, int valid) {
   constexpr int units = kD / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < Rows * units; i += Threads) {
+  for (int i = threadIdx.x; i < Rows * units; i += kThreads) {
     const int r = i / units, c = (i % units) * 8;
     const bool ok = r < valid;
     cp_async16(dst + swizzled(Rows, r, c), ok ? src + r * stride + c : src, ok);
@@ -96,6 +95,12 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, ui
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // This thread's bulk groups have completed.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// This thread's cp.async tiles landed and made visible to wgmma, then the block's barrier.
+__device__ __forceinline__ void tiles_arrived() {
+  cp_async_wait_all();
+  fence_async_shared();
+  __syncthreads();
+}
 // Registers that an in-flight wgmma reads or writes: the compiler may not touch or move them here.
 template <int N>
 __device__ __forceinline__ void pin(float (&r)[N]) {
@@ -188,14 +193,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* dSt = dObuf + 2 * tile_bytes(kRows);     // dS^T [kKeys][kRows]
   float* dQs = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);      // [kRows][kDqStride] if BulkDq
   float* lse_buf = dQs + (BulkDq ? kRows * kDqStride : 0);              // [2][kRows]
-  float* dq_stage = dQs + (((threadIdx.x >> 5) & 3) * 16 + ((threadIdx.x & 31) >> 2)) * kDqStride +
-                    (threadIdx.x >> 7) * 64 + (threadIdx.x & 3) * 2;  // this thread's first dQ element
   float* delta_buf = lse_buf + 2 * kRows;                             // [2][kRows]
   int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kRows);  // [2][kRows]
 
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
   const int key_row = wg * 64 + warp * 16 + grp;  // this thread's key rows in the block: key_row, key_row + 8
+  float* dq_stage = dQs + (warp * 16 + grp) * kDqStride + wg * 64 + quad * 2;  // this thread's first dQ element
   const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kKeys;  // first key tiles first
   const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * kD;
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), n - k0));
@@ -206,8 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Q, dO and the row statistics of the query tile at q0 into stage s.
   auto load_queries = [&](int s, int64_t q0) {
     const int valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
-    async_tile<kRows, kThreads>(Qbuf + s * tile_bytes(kRows), qkv + q0 * width + h * kD, width, valid);
-    async_tile<kRows, kThreads>(dObuf + s * tile_bytes(kRows), dout + q0 * heads * kD + h * kD, heads * kD, valid);
+    async_tile<kRows>(Qbuf + s * tile_bytes(kRows), qkv + q0 * width + h * kD, width, valid);
+    async_tile<kRows>(dObuf + s * tile_bytes(kRows), dout + q0 * heads * kD + h * kD, heads * kD, valid);
     for (int r = threadIdx.x; r < kRows; r += kThreads) {
       const bool in = r < valid;
       const int64_t t = in ? q0 + r : 0;
@@ -217,8 +221,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_commit();
   };
-  async_tile<kKeys, kThreads>(Ks, qkv + k0 * width + (heads + g) * kD, width, k_valid);
-  async_tile<kKeys, kThreads>(Vs, qkv + k0 * width + (heads + kv_heads + g) * kD, width, k_valid);
+  async_tile<kKeys>(Ks, qkv + k0 * width + (heads + g) * kD, width, k_valid);
+  async_tile<kKeys>(Vs, qkv + k0 * width + (heads + kv_heads + g) * kD, width, k_valid);
   load_queries(0, k0);
 
   float dk[64], dv[64];
@@ -234,9 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
     if (BulkDq && threadIdx.x < kRows) bulk_wait_read();  // the previous tile's dQ rows were read
-    cp_async_wait_all();
-    fence_async_shared();
-    __syncthreads();  // this tile in shared memory; every wgmma of the previous tile has completed
+    tiles_arrived();  // this tile in shared memory; every wgmma of the previous tile has completed
     if (q0 + kRows < q_end) load_queries(stage ^ 1, q0 + kRows);
     const bool masked = q0 < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
 
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_tile = [&](unsigned char* buf, const bf16* base, int t) {
     if (t >= tiles) return;
     const int k0 = k_first + t * kFwdKeys;
-    async_tile<kFwdKeys, kThreads>(buf + (t & 1) * tile_bytes(kFwdKeys), base + static_cast<int64_t>(k0) * width, width,
+    async_tile<kFwdKeys>(buf + (t & 1) * tile_bytes(kFwdKeys), base + static_cast<int64_t>(k0) * width, width,
                                    min(kFwdKeys, k_end - k0));
   };
   // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
@@ -452,14 +454,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  async_tile<kFwdRows, kThreads>(Qs, qkv + q0 * width + h * kD, width, q_valid);
+  async_tile<kFwdRows>(Qs, qkv + q0 * width + h * kD, width, q_valid);
   load_tile(Kbuf, k_base, 0);
   load_tile(Vbuf, v_base, 0);
   load_tile(Kbuf, k_base, 1);
   cp_async_commit();
-  cp_async_wait_all();
-  fence_async_shared();
-  __syncthreads();
+  tiles_arrived();
   float o[64], sc[64], corr[2];  // sc: no initial values, the first k step does not read them
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
@@ -478,9 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
   auto next_tile = [&](int t) {
-    cp_async_wait_all();
-    fence_async_shared();
-    __syncthreads();  // K(t + 1) and V(t) in shared memory; every wgmma of tile t - 1 has completed
+    tiles_arrived();  // K(t + 1) and V(t) in shared memory; every wgmma of tile t - 1 has completed
     load_tile(Kbuf, k_base, t + 2);
     load_tile(Vbuf, v_base, t + 1);
     cp_async_commit();
@@ -530,6 +528,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+template <bool BulkDq>
+cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
+                            const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
+                            cudaStream_t stream) {
+  constexpr size_t smem = backward_smem_bytes(BulkDq);
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<BulkDq>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kKeys - 1) / kKeys));
+  flash_backward_wgmma_kernel<BulkDq><<<grid, kThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
+                                                                        doc_start, n, heads, kv_heads,
+                                                                        1.0f / sqrtf(static_cast<float>(kD)));
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool flash_wgmma_available(int64_t head_dim) {
@@ -546,23 +559,6 @@ bool flash_wgmma_available(int64_t head_dim) {
   return false;
 #endif
 }
-
-namespace {
-template <bool BulkDq>
-cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
-                            const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                            cudaStream_t stream) {
-  constexpr size_t smem = backward_smem_bytes(BulkDq);
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<BulkDq>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kKeys - 1) / kKeys));
-  flash_backward_wgmma_kernel<BulkDq><<<grid, kThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv,
-                                                                        doc_start, n, heads, kv_heads,
-                                                                        1.0f / sqrtf(static_cast<float>(kD)));
-  return cudaGetLastError();
-}
-}  // namespace
 
 // GLM_FLASH_DQ=atomic: dQ by per-thread paired atomics instead of bulk row reductions (comparisons;
 // also taken when dq_acc is not 16-byte aligned).
@@ -583,7 +579,7 @@ cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const in
   if (e != cudaSuccess) return e;
   dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kFwdRows - 1) / kFwdRows));
   flash_forward_wgmma_kernel<<<grid, kThreads, kFwdSmemBytes, stream>>>(
-      out, lse, qkv, doc_start, n, heads, kv_heads, 1.4426950408889634f / sqrtf(static_cast<float>(kD)));
+      out, lse, qkv, doc_start, n, heads, kv_heads, kLog2e / sqrtf(static_cast<float>(kD)));
   return cudaGetLastError();
 }
 
