@@ -613,26 +613,35 @@ TEST_F(Ops, SumSquaresAndAdamW) {
   auto gs = gpu_->sum_squares(g.gpu.tensor());
   ASSERT_TRUE(cs.is_ok() && gs.is_ok());
   EXPECT_NEAR(gs.value(), cs.value(), 1e-5 * cs.value());
-  auto master = dual(random_bf16(static_cast<size_t>(n), 26), DType::f32);
-  auto param = output(n);
-  auto m = dual(random_bf16(static_cast<size_t>(n), 27, 0.1), DType::f32);
-  auto v_host = random_bf16(static_cast<size_t>(n), 28, 0.1);
-  for (auto& x : v_host) x = x * x;
-  auto v = dual(v_host, DType::f32);
-  AdamWStep step;
-  step.lr = 1e-3;
-  step.weight_decay = 0.1;
-  step.grad_scale = 0.5;
-  step.step = 3;
-  ASSERT_TRUE(
-      cpu_->adamw(master.cpu.tensor(), master.cpu.tensor(), g.cpu.tensor(), m.cpu.tensor(), v.cpu.tensor(), step)
-          .is_ok());
-  ASSERT_TRUE(gpu_->adamw(param.gpu.tensor(), master.gpu.tensor(), g.gpu.tensor(), m.gpu.tensor(), v.gpu.tensor(), step)
-                  .is_ok());
-  expect_close(master, "adamw master", 1e-6);
-  expect_close(m, "adamw exp_avg", 1e-6);
-  expect_close(v, "adamw exp_avg_sq", 1e-6);
-  EXPECT_LT(relative_error(from_gpu(param.gpu), from_cpu(master.cpu)), kBf16OpTolerance) << "bf16 working copy";
+  // offset 0: every pointer aligned, 12,500 vectors of 8 and a 3-element tail; offset 1: the bf16
+  // gradient and working copy start one element in, so the whole update goes element by element.
+  for (int64_t offset : {0, 1}) {
+    SCOPED_TRACE("bf16 views at element " + std::to_string(offset));
+    auto grad = dual(random_bf16(static_cast<size_t>(n + offset), 25 + static_cast<uint64_t>(offset)));
+    auto master = dual(random_bf16(static_cast<size_t>(n), 26), DType::f32);
+    auto param = output(n + offset);
+    auto m = dual(random_bf16(static_cast<size_t>(n), 27, 0.1), DType::f32);
+    auto v_host = random_bf16(static_cast<size_t>(n), 28, 0.1);
+    for (auto& x : v_host) x = x * x;
+    auto v = dual(v_host, DType::f32);
+    AdamWStep step;
+    step.lr = 1e-3;
+    step.weight_decay = 0.1;
+    step.grad_scale = 0.5;
+    step.step = 3;
+    ASSERT_TRUE(cpu_->adamw(master.cpu.tensor(), master.cpu.tensor(), grad.cpu.tensor().slice(offset, n),
+                            m.cpu.tensor(), v.cpu.tensor(), step)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->adamw(param.gpu.tensor().slice(offset, n), master.gpu.tensor(),
+                            grad.gpu.tensor().slice(offset, n), m.gpu.tensor(), v.gpu.tensor(), step)
+                    .is_ok());
+    expect_close(master, "adamw master", 1e-6);
+    expect_close(m, "adamw exp_avg", 1e-6);
+    expect_close(v, "adamw exp_avg_sq", 1e-6);
+    std::vector<float> copy = from_gpu(param.gpu);
+    copy.erase(copy.begin(), copy.begin() + offset);
+    EXPECT_LT(relative_error(copy, from_cpu(master.cpu)), kBf16OpTolerance) << "bf16 working copy";
+  }
 }
 
 // LoRA dropout: the mask must be the CPU reference's bit for bit (both draw counter_keep), the kept
