@@ -199,7 +199,7 @@ void BM_AdamW(benchmark::State& state) {
   glm::AdamWStep step;
   step.lr = 1e-5;
   step.step = 10;
-  time_loop(state, [&] { return gpu()->adamw(p.tensor(), master.tensor(), g.tensor(), m.tensor(), v.tensor(), step); });
+  time_loop(state, [&] { return gpu()->adamw(p.tensor(), master.tensor(), g.tensor(), m.tensor(), v.tensor(), step, glm::Tensor{}); });
   report_bytes(state, 28.0 * n);  // read grad 2, master 4, m 4, v 4; write master, m, v 12, param 2
 }
 

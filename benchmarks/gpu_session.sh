@@ -69,13 +69,16 @@ with open("/tmp/bench4096.jsonl", "w") as f:
         f.write(json.dumps({"input_ids": ids}) + "\n")
 PY
 # Once per recompute policy (GLM_E2E_RECOMPUTE, default all three); "none" is the headline row.
+# GLM_E2E_ARGS (default --max_grad_norm 0: the transformers peer does not clip, so neither do we;
+# the gradient norm is still computed, inside AdamW) adds options.
+read -r -a e2e_args <<<"${GLM_E2E_ARGS---max_grad_norm 0}"
 for policy in ${GLM_E2E_RECOMPUTE:-none selective full}; do
   dir=/tmp/e2e; [ "$policy" = none ] || dir=/tmp/e2e_$policy
   nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$OUT/mem_$policy.csv" 2>/dev/null &
   smi=$!
   CUDA_VISIBLE_DEVICES=0 mpirun -np 1 build-gpu/glm_hpc --device cuda --config configs/glm4-9b-chat.cfg \
     --num_hidden_layers 12 --dataset /tmp/bench4096.jsonl --max_length 4096 --gradient_accumulation_steps 1 \
-    --max_steps 6 --logging_steps 1 --warmup_steps 0 --recompute $policy --save_strategy no --output_dir $dir \
+    --max_steps 6 --logging_steps 1 --warmup_steps 0 --recompute $policy --save_strategy no --output_dir $dir "${e2e_args[@]}" \
     >"$OUT/e2e_$policy.log" 2>&1 || { echo "e2e $policy failed"; tail -8 "$OUT/e2e_$policy.log"; }
   kill $smi 2>/dev/null
   [ "$policy" = none ] && cp "$OUT/mem_none.csv" "$OUT/mem.csv"

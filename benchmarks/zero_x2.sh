@@ -9,6 +9,8 @@
 #   GLM_ZERO_LAUNCHER  a Slurm script (slurm/train_4gpu.sh) to launch each run through, outside
 #                      Slurm (GLM_NTASKS): its own command line instead of a plain mpirun
 #   GLM_ZERO_RESULTS   a file to append one JSON row per run (and per peer mode) to
+#   GLM_ZERO_ARGS      more options for every run (default --max_grad_norm 0: the FSDP2 peer does
+#                      not clip, so neither do we; the norm is still computed, inside AdamW)
 #   GLM_BIN, GLM_DEVICE, GLM_MODEL_ARGS  binary, --device and model options (defaults:
 #                      build-gpu/glm_hpc, cuda, --config configs/glm4-9b-chat.cfg); the FLOPs
 #                      and MFU columns assume GLM-4-9B-Chat's shapes whatever these say
@@ -24,6 +26,7 @@ seq_len=${GLM_ZERO_SEQ:-4096}
 bin=${GLM_BIN:-build-gpu/glm_hpc}
 device=${GLM_DEVICE:-cuda}
 read -r -a model_args <<<"${GLM_MODEL_ARGS:---config configs/glm4-9b-chat.cfg}"
+read -r -a extra_args <<<"${GLM_ZERO_ARGS---max_grad_norm 0}"
 # Names of the logs and run directories: unchanged for the defaults, tagged otherwise.
 sfx=""
 [ "$seq_len" != 4096 ] && sfx+="_s$seq_len"
@@ -54,7 +57,7 @@ for run in ${GLM_ZERO_RUNS-3:none 2:none 1:none 3:full}; do
   timeout -k 15 300 "${launch[@]}" --device "$device" "${model_args[@]}" \
     --dataset "$data" --max_length "$seq_len" --per_device_train_batch_size 1 --gradient_accumulation_steps 1 \
     --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --zero_stage "$stage" --recompute "$policy" \
-    --collective_timeout 120 --save_strategy no --output_dir "$dir" >"$OUT/zero_$tag.log" 2>&1 ||
+    --collective_timeout 120 --save_strategy no --output_dir "$dir" "${extra_args[@]}" >"$OUT/zero_$tag.log" 2>&1 ||
     { echo "zero $stage $policy failed"; tail -6 "$OUT/zero_$tag.log"; }
   kill $smi 2>/dev/null
   grep -E "^glm_job: mpirun|ZeRO-.*memory|^step $steps" "$OUT/zero_$tag.log" | head -4

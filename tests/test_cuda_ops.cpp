@@ -630,11 +630,19 @@ TEST_F(Ops, SumSquaresAndAdamW) {
     step.grad_scale = 0.5;
     step.step = 3;
     ASSERT_TRUE(cpu_->adamw(master.cpu.tensor(), master.cpu.tensor(), grad.cpu.tensor().slice(offset, n),
-                            m.cpu.tensor(), v.cpu.tensor(), step)
+                            m.cpu.tensor(), v.cpu.tensor(), step, Tensor{})
                     .is_ok());
+    // The fused gradient norm adds onto what the accumulator holds.
+    Buffer acc = gpu_->allocate(1, DType::f64).take();
+    const double start = 1.5;
+    ASSERT_TRUE(gpu_->upload(acc.tensor(), &start).is_ok());
     ASSERT_TRUE(gpu_->adamw(param.gpu.tensor().slice(offset, n), master.gpu.tensor(),
-                            grad.gpu.tensor().slice(offset, n), m.gpu.tensor(), v.gpu.tensor(), step)
+                            grad.gpu.tensor().slice(offset, n), m.gpu.tensor(), v.gpu.tensor(), step, acc.tensor())
                     .is_ok());
+    double fused = 0;
+    ASSERT_TRUE(gpu_->download(&fused, acc.tensor()).is_ok());
+    const double squares = cpu_->sum_squares(grad.cpu.tensor().slice(offset, n)).take();
+    EXPECT_NEAR(fused - start, squares, 1e-5 * squares) << "sum of squares fused into the update";
     expect_close(master, "adamw master", 1e-6);
     expect_close(m, "adamw exp_avg", 1e-6);
     expect_close(v, "adamw exp_avg_sq", 1e-6);

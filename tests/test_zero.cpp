@@ -155,6 +155,40 @@ INSTANTIATE_TEST_SUITE_P(RecomputeFull, Zero,
                          ::testing::Combine(::testing::Values(0, 2), ::testing::Values(false),
                                             ::testing::Values(Recompute::full)));
 
+// Without clipping (--max_grad_norm 0) AdamW sums the gradient norm as it reads the gradients
+// (no pass of its own). At every stage and world size the reported norms equal those of the
+// separate pass (clipping at 1e9, which never scales), and the trajectory is the same bit for bit.
+class FusedNorm : public ::testing::TestWithParam<int> {};
+
+TEST_P(FusedNorm, EqualsTheSeparatePass) {
+  const int stage = GetParam();
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  if (kGlobalBatch % comm.size() != 0) GTEST_SKIP() << "12 samples do not split over " << comm.size() << " ranks";
+  TrainConfig config = zero_config();
+  config.zero_stage = stage;
+  config.max_steps = 6;
+  config.eval_steps = 0;
+  config.per_device_train_batch_size = kGlobalBatch / comm.size();
+  auto run = [&](double max_grad_norm) {
+    config.max_grad_norm = max_grad_norm;
+    auto backend = make_cpu_backend(DType::f32);
+    auto r = train(config, dataset(), comm, *backend, {}, nullptr);
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    return r.is_ok() ? r.take() : TrainSummary{};
+  };
+  const TrainSummary separate = run(1e9), fused = run(0.0);
+  ASSERT_EQ(separate.grad_norms.size(), 6u);
+  ASSERT_EQ(fused.grad_norms.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_GT(fused.grad_norms[i], 0.0);
+    EXPECT_NEAR(fused.grad_norms[i], separate.grad_norms[i], 1e-9 * separate.grad_norms[i]) << "step " << i + 1;
+    EXPECT_EQ(fused.losses[i], separate.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_EQ(fused.parameter_checksum, separate.parameter_checksum);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, FusedNorm, ::testing::Values(0, 1, 2, 3));
+
 // ZeRO-3 parameter persistence (--param_persistence_threshold, --model_persistence_threshold): the
 // same 20-step trajectory as one process at stage 0, every rank ending with identical parameters.
 // On this model's shapes (hidden 32): 100 keeps the norms and QKV biases whole, 3000 also the QKV,

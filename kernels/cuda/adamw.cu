@@ -3,7 +3,9 @@
 // memory-bound: where every pointer is 16-byte aligned each thread moves 8 elements per iteration
 // in 16-byte vectors (two float4 per fp32 array, one uint4 per bf16 array); the last n % 8
 // elements and misaligned views take the element-wise loop. Both apply the same per-element
-// arithmetic, so the two paths agree bit for bit.
+// arithmetic, so the two paths agree bit for bit. With kNorm each thread also sums the squares of
+// the gradients it read (fp32), each block adds its total to one fp64 accumulator; the grid is then
+// capped so that the atomics stay few.
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/vec.cuh"
 
@@ -27,19 +29,32 @@ __device__ __forceinline__ AdamWScalars scalars(const AdamWArgs& a) {
   return {a.lr / a.bias_correction1, 1.0f - a.lr * a.weight_decay};
 }
 
+template <bool kNorm>
+__device__ __forceinline__ void add_block_sum(double* grad_sq_sum, float squares) {
+  if constexpr (kNorm) {
+    squares = block_sum(squares);
+    if (threadIdx.x == 0) atomicAdd(grad_sq_sum, static_cast<double>(squares));
+  }
+}
+
 // Elements [begin, n) one by one.
+template <bool kNorm>
 __global__ void adamw_kernel(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq,
-                             int64_t begin, int64_t n, AdamWArgs a) {
+                             int64_t begin, int64_t n, AdamWArgs a, double* grad_sq_sum) {
   const AdamWScalars s = scalars(a);
+  float squares = 0.0f;
   for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
-    adamw_element(__bfloat162float(grad[i]), p, m, v, a, s);
+    const float g = __bfloat162float(grad[i]);
+    if constexpr (kNorm) squares += g * g;
+    adamw_element(g, p, m, v, a, s);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     master[i] = p;
     if (param != nullptr) param[i] = __float2bfloat16(p);
   }
+  add_block_sum<kNorm>(grad_sq_sum, squares);
 }
 
 __device__ __forceinline__ void load8(const float* x, int64_t vec, float f[8]) {
@@ -53,9 +68,11 @@ __device__ __forceinline__ void store8(float* x, int64_t vec, const float f[8]) 
 }
 
 // Vectors [0, vecs) of 8 elements; every pointer 16-byte aligned.
+template <bool kNorm>
 __global__ void adamw_vec_kernel(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq,
-                                 int64_t vecs, AdamWArgs a) {
+                                 int64_t vecs, AdamWArgs a, double* grad_sq_sum) {
   const AdamWScalars s = scalars(a);
+  float squares = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float g[8], p[8], m[8], v[8];
@@ -63,6 +80,10 @@ __global__ void adamw_vec_kernel(bf16* param, float* master, const bf16* grad, f
     load8(master, i, p);
     load8(exp_avg, i, m);
     load8(exp_avg_sq, i, v);
+    if constexpr (kNorm) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) squares += g[k] * g[k];
+    }
 #pragma unroll
     for (int k = 0; k < 8; ++k) adamw_element(g[k], p[k], m[k], v[k], a, s);
     store8(exp_avg, i, m);
@@ -70,24 +91,40 @@ __global__ void adamw_vec_kernel(bf16* param, float* master, const bf16* grad, f
     store8(master, i, p);
     if (param != nullptr) reinterpret_cast<uint4*>(param)[i] = pack_bf16x8(p);
   }
+  add_block_sum<kNorm>(grad_sq_sum, squares);
+}
+
+unsigned int adamw_grid(int64_t items, bool norm) {
+  constexpr unsigned int kNormBlocks = 2048;  // 16 blocks of 256 per multiprocessor on a 128-SM GPU
+  const unsigned int g = grid_for(items, 256);
+  return norm && g > kNormBlocks ? kNormBlocks : g;
 }
 
 }  // namespace
 
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& args, cudaStream_t stream) {
+                  const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
+  const bool norm = grad_sq_sum != nullptr;
   const bool vectorized = aligned16(master) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
                           (param == nullptr || aligned16(param));
   const int64_t vecs = vectorized ? n / kBf16PerVec : 0;
   if (vecs > 0) {
-    adamw_vec_kernel<<<grid_for(vecs, 256), 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs, args);
+    const unsigned int grid = adamw_grid(vecs, norm);
+    if (norm)
+      adamw_vec_kernel<true><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs, args, grad_sq_sum);
+    else
+      adamw_vec_kernel<false><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs, args, nullptr);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const int64_t done = vecs * kBf16PerVec;
   if (done == n) return cudaSuccess;
-  adamw_kernel<<<grid_for(n - done, 256), 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n, args);
+  const unsigned int grid = adamw_grid(n - done, norm);
+  if (norm)
+    adamw_kernel<true><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n, args, grad_sq_sum);
+  else
+    adamw_kernel<false><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n, args, nullptr);
   return cudaGetLastError();
 }
 

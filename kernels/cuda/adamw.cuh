@@ -11,7 +11,8 @@ struct AdamWArgs {
 };
 
 // master, exp_avg, exp_avg_sq updated in place; param (may be null) gets the bf16 copy.
+// grad_sq_sum (may be null) gets the sum of squares of grad (before args.grad_scale) added.
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& args, cudaStream_t stream);
+                  const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream);
 
 }  // namespace glm::cuda

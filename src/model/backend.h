@@ -139,8 +139,11 @@ class Backend {
   virtual Status fill(Tensor dst, double value) = 0;
   virtual Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) = 0;
   // Updates master (optimizer dtype) and writes the compute-dtype copy into param (may alias master).
+  // grad_sq_sum, when not empty (one f64 element), gets the sum of squares of grad (as stored,
+  // before step.grad_scale) added: the gradient norm without a pass of its own when nothing is
+  // clipped.
   virtual Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
-                       const AdamWStep& step) = 0;
+                       const AdamWStep& step, Tensor grad_sq_sum) = 0;
 };
 
 // dtype: f32 (the CPU backend) or f64 (the gradient-check oracle).

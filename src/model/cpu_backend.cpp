@@ -198,7 +198,8 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
   Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
-               const AdamWStep& step) override {
+               const AdamWStep& step, Tensor grad_sq_sum) override {
+    if (!grad_sq_sum.empty()) *grad_sq_sum.as<double>() += cpu::sum_squares(p(grad), grad.numel);
     cpu::adamw(p(master), p(grad), p(exp_avg), p(exp_avg_sq), master.numel, step);
     if (param.data != master.data) return convert(param, master);
     return Status::ok();

@@ -465,8 +465,10 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
-               const AdamWStep& step) override {
+               const AdamWStep& step, Tensor grad_sq_sum) override {
     GLM_PROFILE_OP("adamw");
+    if (!grad_sq_sum.empty() && grad_sq_sum.dtype != DType::f64)
+      return GLM_INTERNAL_ERROR("adamw: the sum of squares accumulates in f64, not ", dtype_name(grad_sq_sum.dtype));
     cuda::AdamWArgs a;
     a.lr = static_cast<float>(step.lr);
     a.beta1 = static_cast<float>(step.beta1);
@@ -477,7 +479,8 @@ class CudaBackend final : public Backend {
     a.bias_correction1 = static_cast<float>(1.0 - std::pow(step.beta1, static_cast<double>(step.step)));
     a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(step.beta2, static_cast<double>(step.step))));
     GLM_CUDA_RETURN(cuda::adamw(param.data == master.data ? nullptr : b(param), master.as<float>(), b(grad),
-                                exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a, stream_));
+                                exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a,
+                                grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_));
     return Status::ok();
   }
 

@@ -47,7 +47,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor p
   return opt;
 }
 
-Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale) {
+Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum) {
   ++step_;
   for (const Range& r : ranges_) {
     AdamWStep s;
@@ -60,7 +60,8 @@ Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale) {
     s.step = step_;
     const int64_t n = r.end - r.begin;
     GLM_RETURN_IF_ERROR(backend_->adamw(params_.slice(r.begin, n), master_.slice(r.begin, n), grads.slice(r.begin, n),
-                                        exp_avg_.slice(r.begin, n), exp_avg_sq_.slice(r.begin, n), s));
+                                        exp_avg_.slice(r.begin, n), exp_avg_sq_.slice(r.begin, n), s,
+                                        grad_sq_sum));
   }
   return Status::ok();
 }

@@ -25,7 +25,8 @@ class AdamWOptimizer {
   static Result<AdamWOptimizer> create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
                                                bool decay);
   // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
-  Status step(Tensor grads, double lr, double grad_scale);
+  // grad_sq_sum (one f64 element, may be empty) gets the sum of squares of grads added.
+  Status step(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum = {});
   int64_t steps_taken() const { return step_; }
   // Optimizer state over the range (checkpoints): fp32 master weights and both moments.
   Tensor master() const { return master_; }

@@ -27,6 +27,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
   for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_, &e->correct_}) {
     GLM_ASSIGN_OR_RETURN(*b, backend.allocate(max_tokens, DType::i32));
   }
+  GLM_ASSIGN_OR_RETURN(e->grad_sq_sum_, backend.allocate(1, DType::f64));
   if (lora != nullptr) {
     e->lora_layout_ = std::make_unique<LoraLayout>(config, *lora);
     const int64_t n = e->lora_layout_->total_numel();
@@ -274,26 +275,49 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   r.loss = counts[0] > 0 ? loss_sum / static_cast<double>(counts[0]) : 0.0;
   r.targets = counts[0];
   r.tokens = counts[1];
-  GLM_ASSIGN_OR_RETURN(double sq, zero_->grad_norm_squared());
-  if (lora_layout_) {
-    GLM_ASSIGN_OR_RETURN(const double lora_sq, backend_.sum_squares(lora_grads_.tensor()));
-    sq += lora_sq;
-  }
-  r.grad_norm = std::sqrt(sq);
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+  auto non_finite = [&](const char* when) {
     return GLM_ERROR(ErrorKind::internal, "non-finite loss (", r.loss, ") or gradient norm (", r.grad_norm,
-                     ") at optimizer step ", steps_taken() + 1,
-                     "; lower --learning_rate or check the data");
-  // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
-  const double clip = max_grad_norm_ > 0 ? std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6)) : 1.0;
+                     ") at optimizer step ", steps_taken() + 1, when, "; lower --learning_rate or check the data");
+  };
+  // Clipping needs the norm before the update: a pass of its own over the gradients. Without
+  // clipping the update sums it on the way (the loss is still checked first).
+  const bool clipping = max_grad_norm_ > 0;
+  Tensor fused_sq;
+  double clip = 1.0;
+  if (clipping) {
+    GLM_ASSIGN_OR_RETURN(double sq, zero_->grad_norm_squared());
+    if (lora_layout_) {
+      GLM_ASSIGN_OR_RETURN(const double lora_sq, backend_.sum_squares(lora_grads_.tensor()));
+      sq += lora_sq;
+    }
+    r.grad_norm = std::sqrt(sq);
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return non_finite("");
+    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+    clip = std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6));
+  } else {
+    if (!std::isfinite(r.loss)) return non_finite("");
+    fused_sq = grad_sq_sum_.tensor();
+    GLM_RETURN_IF_ERROR(backend_.zero(fused_sq));
+  }
   // Each unit's parameter all-gather (stages 1-2) starts as soon as its update is enqueued.
   for (size_t u = 0; u < optimizers_.size(); ++u) {
-    GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip));
+    GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip, fused_sq));
     GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));
   }
-  for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.step(lora_grads_.tensor(), lr, clip));
+  for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.step(lora_grads_.tensor(), lr, clip, fused_sq));
   GLM_RETURN_IF_ERROR(timed([&] { return zero_->after_update(); }));
   zero_->take_exposed_comm_seconds();  // inside the timed total already
+  if (!clipping) {
+    double local = 0;
+    GLM_RETURN_IF_ERROR(backend_.download(&local, fused_sq));
+    // Adapters are replicated (their sum is global already); a frozen base adds nothing.
+    double sq = local;
+    if (!lora_layout_) {
+      GLM_ASSIGN_OR_RETURN(sq, zero_->global_grad_norm_squared(local));
+    }
+    r.grad_norm = std::sqrt(sq);
+    if (!std::isfinite(r.grad_norm)) return non_finite(" (after its update: nothing of it is saved)");
+  }
   GLM_ASSIGN_OR_RETURN(const double device_waits, zero_->take_device_exposed_comm_seconds());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
   r.exposed_comm_seconds = blocking + backward_waits + device_waits;

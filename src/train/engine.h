@@ -110,7 +110,10 @@ class TrainingEngine {
   // comm (host scalars) and data_comm (parameter and gradient buffers; NCCL on GPUs, else comm)
   // must outlive the engine.
   // Forward/backward over this rank's micro-batches, global loss normalisation, gradient
-  // all-reduce, clipping to max_grad_norm, AdamW with learning rate lr.
+  // all-reduce, clipping to max_grad_norm, AdamW with learning rate lr. With max_grad_norm <= 0
+  // the reported gradient norm is summed by the update itself (no pass of its own over the
+  // gradients), so a non-finite one is found after the update: the step fails and nothing of it
+  // is saved, as with clipping, but the parameters in memory are not usable any more.
   Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr);
   // Loss of this rank's batch summed over all ranks (every rank must call it).
   Result<EvalResult> evaluate(const HostMicroBatch& batch);
@@ -127,6 +130,7 @@ class TrainingEngine {
   std::unique_ptr<Glm4Model> model_;
   std::unique_ptr<ZeroParameters> zero_;
   Buffer tokens_, targets_, positions_, doc_start_, correct_, logits_;
+  Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;
   DType grad_reduce_dtype_ = DType::f32;

@@ -354,6 +354,13 @@ Result<double> ZeroParameters::grad_norm_squared() {
   return local;
 }
 
+Result<double> ZeroParameters::global_grad_norm_squared(double local) {
+  if (frozen_) return 0.0;
+  if (stage_ == 0) return local;  // every rank holds the whole reduced gradient
+  GLM_RETURN_IF_ERROR(comm_.all_reduce(&local, &local, 1, CommType::f64, ReduceOp::sum));
+  return local;
+}
+
 Status ZeroParameters::unit_updated(int u) {
   if (frozen_) return GLM_INTERNAL_ERROR("unit_updated(", u, ") on frozen parameters");
   if (comm_.size() == 1) return Status::ok();  // one rank: the shard is the unit

@@ -77,6 +77,8 @@ class ZeroParameters final : public ParameterProvider {
   Status finish_backward();
   // Sum of squares of the whole (global) gradient, equal on every rank.
   Result<double> grad_norm_squared();
+  // The same from this rank's sum over owned_grads() of every unit (summed by the optimizer).
+  Result<double> global_grad_norm_squared(double local);
   // After the optimizer wrote owned_params(unit), units in forward order: stages 1-2 start the
   // all-gather of the bucket that unit completes.
   Status unit_updated(int unit);
