@@ -62,7 +62,7 @@ cublasStatus_t call(glm::cuda::Gemm& g, Pass p, const Linear& l, int64_t n, bf16
     case Pass::forward: return g.linear_forward(y, false, x, w, nullptr, n, l.in, l.out, nullptr);
     case Pass::bias_epilogue: return g.linear_forward(y, false, x, w, dw, n, l.in, l.out, nullptr);
     case Pass::input_grad: return g.linear_backward_input(dx, dy, w, n, l.in, l.out, false, nullptr);
-    case Pass::weight_grad: return g.linear_backward_weight(dw, dy, x, n, l.in, l.out, nullptr);
+    case Pass::weight_grad: return g.linear_backward_weight(dw, dy, x, n, l.in, l.out, true, nullptr);
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }

@@ -186,7 +186,7 @@ void BM_LmHeadCrossEntropy(benchmark::State& state) {
          losses = filled(n, DType::f32), targets = gpu()->allocate(n, DType::i32).take();
   time_loop(state, [&] {
     return gpu()->lm_head_cross_entropy(losses.tensor(), Tensor{}, dh.tensor(), dw.tensor(), h.tensor(), w.tensor(),
-                                        targets.tensor(), n, kHidden, kVocab, 1.0 / n);
+                                        targets.tensor(), n, kHidden, kVocab, 1.0 / n, true);
   });
   report_flops(state, 6.0 * n * kHidden * kVocab);
 }

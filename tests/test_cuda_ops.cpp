@@ -202,10 +202,10 @@ TEST_P(LinearBias, ForwardAndBiasGradientMatchCpu) {
   auto dy = dual(random_bf16(n * out_f, 34));
   auto db = dual(random_bf16(out_f, 35));
   ASSERT_TRUE(cpu_->linear_backward(Tensor{}, Tensor{}, db.cpu.tensor(), dy.cpu.tensor(), x.cpu.tensor(),
-                                    w.cpu.tensor(), n, in_f, out_f, false)
+                                    w.cpu.tensor(), n, in_f, out_f, false, true)
                   .is_ok());
   ASSERT_TRUE(gpu_->linear_backward(Tensor{}, Tensor{}, db.gpu.tensor(), dy.gpu.tensor(), x.gpu.tensor(),
-                                    w.gpu.tensor(), n, in_f, out_f, false)
+                                    w.gpu.tensor(), n, in_f, out_f, false, true)
                   .is_ok());
   expect_close(db, "linear dbias (accumulated)");
 }
@@ -229,19 +229,27 @@ TEST_F(Ops, Linear) {
   auto dw = dual(random_bf16(out_f * in_f, 13));
   auto db = dual(random_bf16(out_f, 14));
   ASSERT_TRUE(cpu_->linear_backward(dx.cpu.tensor(), dw.cpu.tensor(), db.cpu.tensor(), dy.cpu.tensor(), x.cpu.tensor(),
-                                    w.cpu.tensor(), n, in_f, out_f, false)
+                                    w.cpu.tensor(), n, in_f, out_f, false, true)
                   .is_ok());
   ASSERT_TRUE(gpu_->linear_backward(dx.gpu.tensor(), dw.gpu.tensor(), db.gpu.tensor(), dy.gpu.tensor(), x.gpu.tensor(),
-                                    w.gpu.tensor(), n, in_f, out_f, false)
+                                    w.gpu.tensor(), n, in_f, out_f, false, true)
                   .is_ok());
   expect_close(dx, "linear din");
   expect_close(dw, "linear dweight (accumulated)");
   expect_close(db, "linear dbias (accumulated)");
+  // Overwritten (the first micro-batch of a step): what dweight held must not leak in.
+  ASSERT_TRUE(cpu_->linear_backward(Tensor{}, dw.cpu.tensor(), Tensor{}, dy.cpu.tensor(), x.cpu.tensor(),
+                                    w.cpu.tensor(), n, in_f, out_f, false, false)
+                  .is_ok());
+  ASSERT_TRUE(gpu_->linear_backward(Tensor{}, dw.gpu.tensor(), Tensor{}, dy.gpu.tensor(), x.gpu.tensor(),
+                                    w.gpu.tensor(), n, in_f, out_f, false, false)
+                  .is_ok());
+  expect_close(dw, "linear dweight (overwritten)");
   ASSERT_TRUE(cpu_->linear_backward(dx.cpu.tensor(), Tensor{}, Tensor{}, dy.cpu.tensor(), x.cpu.tensor(),
-                                    w.cpu.tensor(), n, in_f, out_f, true)
+                                    w.cpu.tensor(), n, in_f, out_f, true, true)
                   .is_ok());
   ASSERT_TRUE(gpu_->linear_backward(dx.gpu.tensor(), Tensor{}, Tensor{}, dy.gpu.tensor(), x.gpu.tensor(),
-                                    w.gpu.tensor(), n, in_f, out_f, true)
+                                    w.gpu.tensor(), n, in_f, out_f, true, true)
                   .is_ok());
   expect_close(dx, "linear din accumulated");
 }
@@ -510,14 +518,26 @@ TEST_P(LmHead, CrossEntropyMatchesCpu) {
   auto dw = dual(random_bf16(vocab * hidden, 24, 0.01));
   const double scale = 1.0 / 23;
   ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), Tensor{}, dh.cpu.tensor(), dw.cpu.tensor(),
-                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, scale)
+                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, scale,
+                                          true)
                   .is_ok());
   ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), Tensor{}, dh.gpu.tensor(), dw.gpu.tensor(),
-                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, scale)
+                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, scale,
+                                          true)
                   .is_ok());
   expect_close(losses, "losses", 5e-3);
   expect_close(dh, "dhidden");
   expect_close(dw, "dweight");
+  // Overwritten: the accumulated values just checked must not leak in.
+  ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), Tensor{}, dh.cpu.tensor(), dw.cpu.tensor(),
+                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, scale,
+                                          false)
+                  .is_ok());
+  ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), Tensor{}, dh.gpu.tensor(), dw.gpu.tensor(),
+                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, scale,
+                                          false)
+                  .is_ok());
+  expect_close(dw, "dweight (overwritten)");
 }
 
 // The argmax-correct flags (token accuracy) against the CPU reference, exactly: half of the targeted
@@ -557,10 +577,10 @@ TEST_F(Ops, LmHeadCrossEntropyTokenAccuracy) {
   auto losses = output(n, DType::f32);
   auto correct = ints(std::vector<int32_t>(static_cast<size_t>(n), 7));  // poisoned: must be overwritten
   ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), correct.cpu.tensor(), Tensor{}, Tensor{},
-                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, 0.0)
+                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, 0.0, true)
                   .is_ok());
   ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), correct.gpu.tensor(), Tensor{}, Tensor{},
-                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, 0.0)
+                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, 0.0, true)
                   .is_ok());
   std::vector<int32_t> on_cpu(static_cast<size_t>(n)), on_gpu(static_cast<size_t>(n));
   ASSERT_TRUE(cpu_->download(on_cpu.data(), correct.cpu.tensor()).is_ok());

@@ -5,7 +5,7 @@
 // elements and misaligned views take the element-wise loop. Both apply the same per-element
 // arithmetic, so the two paths agree bit for bit. With kNorm each thread also sums the squares of
 // the gradients it read (fp32), each block adds its total to one fp64 accumulator; the grid is then
-// capped so that the atomics stay few.
+// one resident wave so that the atomics stay few.
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/vec.cuh"
 
@@ -94,10 +94,19 @@ __global__ void adamw_vec_kernel(bf16* param, float* master, const bf16* grad, f
   add_block_sum<kNorm>(grad_sq_sum, squares);
 }
 
-unsigned int adamw_grid(int64_t items, bool norm) {
-  constexpr unsigned int kNormBlocks = 2048;  // 16 blocks of 256 per multiprocessor on a 128-SM GPU
+// The fused norm's grid: at most one resident wave of 256-thread blocks (no partial second wave,
+// few atomics), each striding over its share.
+template <typename Kernel>
+unsigned int one_wave(Kernel kernel, int64_t items) {
   const unsigned int g = grid_for(items, 256);
-  return norm && g > kNormBlocks ? kNormBlocks : g;
+  static const unsigned int wave = [&] {
+    int sms = 0, per_sm = 0;
+    if (multiprocessor_count(&sms) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0) != cudaSuccess || per_sm < 1)
+      return 1024u;
+    return static_cast<unsigned int>(sms * per_sm);
+  }();
+  return g < wave ? g : wave;
 }
 
 }  // namespace
@@ -110,21 +119,25 @@ cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, 
                           (param == nullptr || aligned16(param));
   const int64_t vecs = vectorized ? n / kBf16PerVec : 0;
   if (vecs > 0) {
-    const unsigned int grid = adamw_grid(vecs, norm);
-    if (norm)
+    if (norm) {
+      const unsigned int grid = one_wave(adamw_vec_kernel<true>, vecs);
       adamw_vec_kernel<true><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs, args, grad_sq_sum);
-    else
-      adamw_vec_kernel<false><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs, args, nullptr);
+    } else {
+      adamw_vec_kernel<false><<<grid_for(vecs, 256), 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs,
+                                                                       args, nullptr);
+    }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const int64_t done = vecs * kBf16PerVec;
   if (done == n) return cudaSuccess;
-  const unsigned int grid = adamw_grid(n - done, norm);
-  if (norm)
+  if (norm) {
+    const unsigned int grid = one_wave(adamw_kernel<true>, n - done);
     adamw_kernel<true><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n, args, grad_sq_sum);
-  else
-    adamw_kernel<false><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n, args, nullptr);
+  } else {
+    adamw_kernel<false><<<grid_for(n - done, 256), 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n,
+                                                                     args, nullptr);
+  }
   return cudaGetLastError();
 }
 

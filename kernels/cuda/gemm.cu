@@ -200,10 +200,11 @@ cublasStatus_t Gemm::linear_backward_input(bf16* din, const bf16* dout, const bf
 }
 
 cublasStatus_t Gemm::linear_backward_weight(bf16* dweight, const bf16* dout, const bf16* in, int64_t n,
-                                            int64_t in_features, int64_t out_features, cudaStream_t stream) {
-  // dW^T [I, O] += in^T [I, n] x dout [n, O].
+                                            int64_t in_features, int64_t out_features, bool accumulate,
+                                            cudaStream_t stream) {
+  // dW^T [I, O] (+)= in^T [I, n] x dout [n, O]; beta = 0 does not read dW.
   return matmul(false, true, in_features, out_features, n, in, in_features, dout, out_features, dweight, false,
-                in_features, 1.0f, nullptr, stream);
+                in_features, accumulate ? 1.0f : 0.0f, nullptr, stream);
 }
 
 }  // namespace glm::cuda

@@ -44,9 +44,9 @@ class Gemm {
   // din[n, I] = dout[n, O] W[O, I] (+ din when accumulate).
   cublasStatus_t linear_backward_input(bf16* din, const bf16* dout, const bf16* weight, int64_t n, int64_t in_features,
                                        int64_t out_features, bool accumulate, cudaStream_t stream);
-  // dweight[O, I] += dout[n, O]^T in[n, I].
+  // dweight[O, I] += dout[n, O]^T in[n, I] (= when !accumulate).
   cublasStatus_t linear_backward_weight(bf16* dweight, const bf16* dout, const bf16* in, int64_t n, int64_t in_features,
-                                        int64_t out_features, cudaStream_t stream);
+                                        int64_t out_features, bool accumulate, cudaStream_t stream);
 
   // What tuning found for one shape (benchmarks print these).
   struct TuneRecord {

@@ -108,8 +108,12 @@ class Backend {
   // addend is read in the GEMM's epilogue (a residual add or a LoRA update without a pass of its own).
   virtual Status linear_forward_add(Tensor out, Tensor in, Tensor weight, Tensor bias, Tensor addend, int64_t n,
                                     int64_t in_features, int64_t out_features) = 0;
+  // din = dout W (din += that when accumulate_din); dweight += dout^T in, or dweight = dout^T in
+  // when !accumulate_dweight (no zeroing pass before, no read of the old values on CUDA); dbias +=
+  // column sums of dout. din, dweight, dbias may each be empty.
   virtual Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight,
-                                 int64_t n, int64_t in_features, int64_t out_features, bool accumulate_din) = 0;
+                                 int64_t n, int64_t in_features, int64_t out_features, bool accumulate_din,
+                                 bool accumulate_dweight) = 0;
   virtual Status rope_forward(Tensor qkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
                               double base) = 0;
   virtual Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
@@ -125,11 +129,11 @@ class Backend {
   virtual Status scale(Tensor x, double factor) = 0;
   // Fused lm_head + cross-entropy: losses[t] per token (0 where targets[t] < 0). When correct (i32)
   // is non-empty, correct[t] = 1 where the logits' argmax (first maximum) is the target, else 0.
-  // When dhidden is non-empty also dhidden = dlogits W and dweight += dlogits^T hidden, with dlogits
-  // scaled by grad_scale.
+  // When dhidden is non-empty also dhidden = dlogits W and dweight += dlogits^T hidden (= with
+  // !accumulate_dweight), with dlogits scaled by grad_scale.
   virtual Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
                                        Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
-                                       double grad_scale) = 0;
+                                       double grad_scale, bool accumulate_dweight) = 0;
   // LoRA dropout on a compute-dtype tensor: out[i] = in[i] * keep_i / (1 - p), or out[i] += that when
   // accumulate, keep_i = counter_keep(key, offset + i, dropout_threshold(p)) (kernels/counter_rng.h):
   // the same mask on every backend. Its backward is the same op on the gradient, accumulating.

@@ -115,7 +115,9 @@ class CpuBackend final : public Backend {
     return add(out, product.tensor(), addend, n * out_features);
   }
   Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
-                         int64_t in_features, int64_t out_features, bool accumulate_din) override {
+                         int64_t in_features, int64_t out_features, bool accumulate_din,
+                         bool accumulate_dweight) override {
+    if (!accumulate_dweight && !dweight.empty()) std::fill(p(dweight), p(dweight) + dweight.numel, T(0));
     cpu::linear_backward(din.empty() ? nullptr : p(din), dweight.empty() ? nullptr : p(dweight),
                          dbias.empty() ? nullptr : p(dbias), p(dout), p(in), p(weight), n, in_features, out_features,
                          accumulate_din);
@@ -160,10 +162,11 @@ class CpuBackend final : public Backend {
   }
   Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
                                Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
-                               double grad_scale) override {
+                               double grad_scale, bool accumulate_dweight) override {
     // Token chunks bound the logits scratch to kChunk x vocab.
     constexpr int64_t kChunk = 32;
     const bool grad = !dhidden.empty();
+    if (grad && !accumulate_dweight && !dweight.empty()) std::fill(p(dweight), p(dweight) + dweight.numel, T(0));
     logits_.resize(static_cast<size_t>(kChunk * vocab));
     if (grad) dlogits_.resize(static_cast<size_t>(kChunk * vocab));
     for (int64_t t0 = 0; t0 < n; t0 += kChunk) {

@@ -308,7 +308,8 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
-                         int64_t in_features, int64_t out_features, bool accumulate_din) override {
+                         int64_t in_features, int64_t out_features, bool accumulate_din,
+                         bool accumulate_dweight) override {
     if (!din.empty()) {
       GLM_PROFILE_OP("linear_dgrad");
       GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(din), b(dout), b(weight), n, in_features, out_features,
@@ -317,7 +318,8 @@ class CudaBackend final : public Backend {
     if (!dweight.empty()) {
       GLM_PROFILE_OP("linear_wgrad");
       GLM_CUBLAS_RETURN(
-          gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features, stream_));
+          gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features, accumulate_dweight,
+                                       stream_));
     }
     if (!dbias.empty()) {
       GLM_PROFILE_OP("bias_grad");
@@ -396,7 +398,7 @@ class CudaBackend final : public Backend {
   }
   Status lm_head_cross_entropy(Tensor losses, Tensor correct, Tensor dhidden, Tensor dweight, Tensor hidden,
                                Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
-                               double grad_scale) override {
+                               double grad_scale, bool accumulate_dweight) override {
     const bool grad = !dhidden.empty();
     const int64_t chunk = lm_head_chunk_rows(n, vocab);
     GLM_ASSIGN_OR_RETURN(void* logits, logits_scratch_.get(sizeof(float) * static_cast<size_t>(chunk * vocab)));
@@ -425,7 +427,7 @@ class CudaBackend final : public Backend {
                                                       b(weight), m, hidden_size, vocab, false, stream_));
         if (!dweight.empty())  // a frozen lm_head (LoRA) has no gradient
           GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), static_cast<bf16*>(dlogits), h, m, hidden_size,
-                                                         vocab, stream_));
+                                                         vocab, accumulate_dweight || t0 > 0, stream_));
       }
     }
     return Status::ok();

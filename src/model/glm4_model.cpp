@@ -157,7 +157,7 @@ Status Glm4Model::lora_forward(int64_t l, LoraTarget target, Tensor out, Tensor 
   GLM_RETURN_IF_ERROR(backend_.linear_forward(u, x, a, Tensor{}, n, e.in_features, r));
   GLM_RETURN_IF_ERROR(backend_.scale(u, lora_->config().scale()));
   // out[n, out] = u[n, r] Bt[r, out]: the input-gradient GEMM of a [r, out] weight (the base GEMM adds on).
-  return backend_.linear_backward(out, Tensor{}, Tensor{}, u, Tensor{}, bt, n, e.out_features, r, false);
+  return backend_.linear_backward(out, Tensor{}, Tensor{}, u, Tensor{}, bt, n, e.out_features, r, false, true);
 }
 
 Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor dout, Tensor in, int64_t n) {
@@ -172,19 +172,22 @@ Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor
   Tensor du = lora_du_.slice(0, n * r);
   // du = dout B = dout Bt^T; dBt += u^T dout (u already carries the scale).
   GLM_RETURN_IF_ERROR(backend_.linear_forward(du, dout, bt, Tensor{}, n, e.out_features, r));
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(Tensor{}, gbt, Tensor{}, u, dout, bt, n, e.out_features, r, false));
+  GLM_RETURN_IF_ERROR(
+      backend_.linear_backward(Tensor{}, gbt, Tensor{}, u, dout, bt, n, e.out_features, r, false, true));
   // d(A x) = scale * du: dA += (scale du)^T x, din = (scale du) A (the base's input gradient adds on).
   GLM_RETURN_IF_ERROR(backend_.scale(du, lora_->config().scale()));
-  if (!lora_dropout_active_) return backend_.linear_backward(din, ga, Tensor{}, du, in, a, n, e.in_features, r, false);
+  if (!lora_dropout_active_)
+    return backend_.linear_backward(din, ga, Tensor{}, du, in, a, n, e.in_features, r, false, true);
   // With dropout the adapter's input was dropout(x): dA += (scale du)^T dropout(x), redrawn into the
   // scratch from the same key; din = dropout'((scale du) A), the same mask and 1 / (1 - p).
   const double p = lora_->config().dropout;
   const uint64_t key = lora_dropout_entry_key(lora_dropout_key_, e);
   Tensor scratch = lora_dropped_.slice(0, n * e.in_features);
   GLM_RETURN_IF_ERROR(backend_.dropout(scratch, in, p, key, 0, /*accumulate=*/false));
-  GLM_RETURN_IF_ERROR(backend_.linear_backward(Tensor{}, ga, Tensor{}, du, scratch, a, n, e.in_features, r, false));
   GLM_RETURN_IF_ERROR(
-      backend_.linear_backward(scratch, Tensor{}, Tensor{}, du, Tensor{}, a, n, e.in_features, r, false));
+      backend_.linear_backward(Tensor{}, ga, Tensor{}, du, scratch, a, n, e.in_features, r, false, true));
+  GLM_RETURN_IF_ERROR(
+      backend_.linear_backward(scratch, Tensor{}, Tensor{}, du, Tensor{}, a, n, e.in_features, r, false, true));
   return backend_.dropout(din, scratch, p, key, 0, /*accumulate=*/false);
 }
 
@@ -288,7 +291,10 @@ Status Glm4Model::adapted_backward(int64_t l, LoraTarget target, Tensor din, Ten
                                    Tensor in, Tensor weight, int64_t n, int64_t in_features, int64_t out_features) {
   const bool lora = adapted(l, target);
   if (lora) GLM_RETURN_IF_ERROR(lora_backward(l, target, din, dout, in, n));
-  return backend_.linear_backward(din, dweight, dbias, dout, in, weight, n, in_features, out_features, lora);
+  // Every base weight is a ParamKind::weight entry: written rather than added to when the provider
+  // allows (the first micro-batch of a step).
+  return backend_.linear_backward(din, dweight, dbias, dout, in, weight, n, in_features, out_features, lora,
+                                  !overwrite_grads_);
 }
 
 Status Glm4Model::recompute_layer(int64_t l, const MicroBatch& b, Tensor w) {
@@ -400,7 +406,7 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   if (!with_grad) {
     GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, correct, Tensor{}, Tensor{}, normed,
                                                        view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
-                                                       0.0));
+                                                       0.0, true));
     GLM_RETURN_IF_ERROR(params.release_params(head));
     return release_persistent(params);
   }
@@ -410,10 +416,12 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   const int persistent = layout_.persistent_unit();
   persistent_grads_ = persistent >= 0 ? params.unit_grads(persistent) : Tensor{};
   Tensor hg = params.unit_grads(head);
+  overwrite_grads_ = params.overwrite_grads();
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
+  const bool accumulate_head = !(overwrite_grads_ && layout_.entry(layout_.output()).kind == ParamKind::weight);
   GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, dnorm, grad_view(hg, layout_.output()), normed,
                                                      view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
-                                                     grad_scale));
+                                                     grad_scale, accumulate_head));
   GLM_RETURN_IF_ERROR(backend_.zero(dres));
   GLM_ASSIGN_OR_RETURN(Tensor final_norm_grad, norm_grad(hg, layout_.final_norm()));
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, final_norm_grad, dnorm, last,

@@ -37,6 +37,11 @@ class ParameterProvider {
   virtual Tensor unit_grads(int unit) = 0;
   // The unit's gradient contribution of this micro-batch is complete (bucketed reduction hooks here).
   virtual Status grads_ready(int unit) { return Status::ok(); }
+  // True when no gradient slot handed out for this micro-batch holds a contribution of the current
+  // optimizer step yet: the model then writes the ParamKind::weight gradients (one GEMM each, with
+  // beta = 0) instead of adding to them, and the provider need not have zeroed those. Every other
+  // gradient is always added to, so its slots must be zero (or hold earlier micro-batches' sums).
+  virtual bool overwrite_grads() const { return false; }
 };
 
 // What Glm4Model::attach_lora allocates for micro-batches of max_tokens tokens, in compute-dtype
@@ -149,6 +154,7 @@ class Glm4Model {
   Buffer d_residual_, d_norm_, d_attn_, d_qkv_, d_act_, d_gate_up_;
   Buffer norm_grad_scratch_;  // hidden_size elements, written and never read (frozen norms)
   Tensor persistent_params_, persistent_grads_;  // the persistent unit's, while a micro-batch runs
+  bool overwrite_grads_ = false;                 // this backward's ParameterProvider::overwrite_grads()
 
   // LoRA: adapter parameters and gradients (owned by the caller), each adapter's u = scale * A x
   // kept for backward ([max_tokens, r] per adapter), and the backward's du scratch.

@@ -256,6 +256,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   double loss_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
     const HostMicroBatch& hb = micro[i];
+    zero_->set_first_micro_batch(i == 0);
     zero_->set_last_micro_batch(i + 1 == micro.size());
     GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
     // Keyed on the global step (restored on resume), not a counter of this process.

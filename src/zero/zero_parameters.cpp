@@ -89,6 +89,7 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   }
   if (stage <= 2) GLM_RETURN_IF_ERROR(alloc(z->params_, layout.total_numel(), dt));
   if (stage == 3) GLM_RETURN_IF_ERROR(alloc_stage3_params());
+  z->plan_zeroing();
   if (sz.persistent_grad_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->persistent_grads_, sz.persistent_grad_numel, dt));
   if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel(), dt));
   if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total, dt));
@@ -101,6 +102,37 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   if (sz.gather_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->gather_staging_, sz.gather_numel, dt));
   return z;
 }
+
+// The parts of each unit that backward adds to (norms, biases, the embedding, alignment padding):
+// everything but the non-persistent ParamKind::weight tensors, which the first micro-batch writes.
+void ZeroParameters::plan_zeroing() {
+  const int units = static_cast<int>(layout_.units().size());
+  zero_ranges_.assign(static_cast<size_t>(units), {});
+  for (int u = 0; u < units; ++u) {
+    const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
+    std::vector<std::pair<int64_t, int64_t>> written;  // [begin, end) inside the unit
+    for (int index : unit.entries) {
+      const ParamEntry& e = layout_.entry(index);
+      if (e.unit == u && e.kind == ParamKind::weight) written.emplace_back(e.offset - unit.offset, e.offset - unit.offset + e.numel);
+    }
+    std::sort(written.begin(), written.end());
+    int64_t pos = 0;
+    for (const auto& [b, e] : written) {
+      if (b > pos) zero_ranges_[static_cast<size_t>(u)].push_back({pos, b - pos});
+      pos = std::max(pos, e);
+    }
+    if (pos < unit.numel) zero_ranges_[static_cast<size_t>(u)].push_back({pos, unit.numel - pos});
+  }
+}
+
+// Zeroes what backward adds to in a unit's gradient laid out at `unit_grads`.
+Status ZeroParameters::zero_added_parts(int unit, Tensor unit_grads) {
+  for (const ZeroRange& r : zero_ranges_[static_cast<size_t>(unit)])
+    GLM_RETURN_IF_ERROR(backend_.zero(unit_grads.slice(r.begin, r.numel)));
+  return Status::ok();
+}
+
+bool ZeroParameters::overwrite_grads() const { return !frozen_ && (stage_ >= 2 || first_micro_batch_); }
 
 Tensor ZeroParameters::shard_slice(const Buffer& shards, int unit) const {
   return shards.slice(shard_base_[static_cast<size_t>(unit)], layout_.shard_numel(unit));
@@ -193,8 +225,9 @@ Tensor ZeroParameters::unit_grads(int unit) {
     const Status drained = drain(reduce_slots_[index]);
     if (!drained.is_ok()) fatal_status(drained);  // a collective failed: the job cannot go on
   }
+  // Each micro-batch writes its weight gradients afresh (overwrite_grads()); the rest is added to.
   Tensor g = grad_buckets_[index].slice(u.offset - bucket.offset, u.numel);
-  const Status zeroed = backend_.zero(g);
+  const Status zeroed = zero_added_parts(unit, g);
   if (!zeroed.is_ok()) fatal_status(zeroed);
   return g;
 }
@@ -325,7 +358,15 @@ int64_t ZeroParameters::owned_offset(int unit) const {
 }
 
 Status ZeroParameters::zero_grads() {
-  if (grads_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grads_.tensor()));
+  // Stages 0-1: the first micro-batch writes the weight gradients (overwrite_grads()); units tile
+  // the flat buffer, so zeroing their added-to parts leaves nothing stale.
+  if (grads_.numel() > 0) {
+    const int units = static_cast<int>(layout_.units().size());
+    for (int u = 0; u < units; ++u) {
+      const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
+      GLM_RETURN_IF_ERROR(zero_added_parts(u, grads_.slice(unit.offset, unit.numel)));
+    }
+  }
   if (grad_shards_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grad_shards_.tensor()));
   return Status::ok();
 }

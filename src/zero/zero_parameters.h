@@ -57,6 +57,7 @@ class ZeroParameters final : public ParameterProvider {
   Status prefetch_params(int unit) override;
   Tensor unit_grads(int unit) override;
   Status grads_ready(int unit) override;
+  bool overwrite_grads() const override;
 
   int stage() const { return stage_; }
   bool frozen() const { return frozen_; }
@@ -72,6 +73,9 @@ class ZeroParameters final : public ParameterProvider {
   // Before each micro-batch's backward: whether it is the last of the optimizer step (stages 0-1
   // then reduce each bucket as soon as backward completes its units).
   void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  // Before each micro-batch's backward: whether it is the first of the optimizer step (stages 0-1
+  // then let the model write the weight gradients instead of adding to zeros).
+  void set_first_micro_batch(bool first) { first_micro_batch_ = first; }
   // After the last micro-batch: stage 0 all-reduces, stage 1 reduce-scatters, stages 2-3 have done
   // their part during backward.
   Status finish_backward();
@@ -133,6 +137,14 @@ class ZeroParameters final : public ParameterProvider {
   Status forget_gathered();
   Status wait_timed(std::unique_ptr<CommRequest>& request);
   bool last_micro_batch_ = true;
+  bool first_micro_batch_ = false;
+  // Per unit, the ranges (relative to the unit) that backward adds to: all but the weight tensors.
+  struct ZeroRange {
+    int64_t begin, numel;
+  };
+  std::vector<std::vector<ZeroRange>> zero_ranges_;
+  void plan_zeroing();
+  Status zero_added_parts(int unit, Tensor unit_grads);
   Buffer grads_;                     // stages 0-1: the full gradients
   Buffer grad_shards_;               // stages 1-3: this rank's gradient shards
 
