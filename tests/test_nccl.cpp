@@ -139,6 +139,63 @@ void expect_close(CommType t, const std::vector<uint8_t>& ours, const std::vecto
   EXPECT_EQ(bad, 0u) << what << " " << comm_type_name(t) << " x " << n;
 }
 
+// effective_reduce_dtype() carries fp32 reductions of bf16 gradients over two ranks as bf16: the
+// fp32 sum of two bf16 values, rounded to bf16 (what the fp32 path hands the optimizer), must be
+// what NCCL's bf16 sum gives, bit for bit. Operands span 2^-60 to 2^60 with both signs, so that
+// many fp32 sums are inexact (exponents more than 16 apart) and many land on bf16 ties.
+uint16_t bf16_rne(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return static_cast<uint16_t>((b + 0x7fff + ((b >> 16) & 1)) >> 16);
+}
+float bf16_value(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+TEST(Nccl, TwoRankBf16SumIsTheFp32SumRounded) {
+  REQUIRE_GPU_PER_RANK();
+  if (world_size() != 2) GTEST_SKIP() << "the two-rank equivalence";
+  Fixture f = make_fixture();
+  ASSERT_NE(f.nccl, nullptr);
+  constexpr size_t kCount = size_t{1} << 22;
+  SplitMix64 rng(1234 + static_cast<uint64_t>(world_rank()));
+  std::vector<uint16_t> mine(kCount);
+  for (auto& h : mine) {
+    const uint64_t r = rng.next();
+    const uint16_t exponent = static_cast<uint16_t>(127 - 60 + (r % 121));
+    h = static_cast<uint16_t>(((r >> 8) & 1) << 15 | exponent << 7 | ((r >> 16) & 0x7f));
+  }
+  std::vector<uint16_t> both(2 * kCount);
+  MPI_Allgather(mine.data(), static_cast<int>(kCount), MPI_UINT16_T, both.data(), static_cast<int>(kCount),
+                MPI_UINT16_T, MPI_COMM_WORLD);
+  std::vector<uint16_t> expected(kCount);
+  for (size_t i = 0; i < kCount; ++i)
+    expected[i] = bf16_rne(bf16_value(both[i]) + bf16_value(both[kCount + i]));  // fp32 sum, then bf16
+  Buffer send = f.gpu->allocate(static_cast<int64_t>(kCount), DType::bf16).take();
+  Buffer recv = f.gpu->allocate(static_cast<int64_t>(kCount), DType::bf16).take();
+  ASSERT_TRUE(f.gpu->upload(send.tensor(), mine.data()).is_ok());
+  ASSERT_TRUE(f.nccl->start_all_reduce(send.tensor().data, recv.tensor().data, kCount, CommType::bf16, ReduceOp::sum)
+                  ->wait()
+                  .is_ok());
+  std::vector<uint16_t> got(kCount);
+  ASSERT_TRUE(f.gpu->download(got.data(), recv.tensor()).is_ok());
+  size_t differ = 0;
+  for (size_t i = 0; i < kCount; ++i) differ += got[i] != expected[i];
+  EXPECT_EQ(differ, 0u) << "all-reduce elements whose bf16 sum is not the rounded fp32 sum, of " << kCount;
+  // Reduce-scatter: this rank's half.
+  const size_t half = kCount / 2;
+  ASSERT_TRUE(f.nccl->start_reduce_scatter(send.tensor().data, recv.tensor().data, half, CommType::bf16, ReduceOp::sum)
+                  ->wait()
+                  .is_ok());
+  ASSERT_TRUE(f.gpu->download(got.data(), recv.slice(0, static_cast<int64_t>(half))).is_ok());
+  differ = 0;
+  for (size_t i = 0; i < half; ++i) differ += got[i] != expected[static_cast<size_t>(world_rank()) * half + i];
+  EXPECT_EQ(differ, 0u) << "reduce-scatter elements whose bf16 sum is not the rounded fp32 sum, of " << half;
+}
+
 TEST(Nccl, EveryCollectiveMatchesMpi) {
   REQUIRE_GPU_PER_RANK();
   Fixture f = make_fixture();

@@ -601,7 +601,8 @@ TEST(MemoryPlan, LoraTermsAreTheHandCountedBytes) {
   EXPECT_EQ(plan_row(plan_cuda_memory(in), "LoRA activations: rank-r intermediates"), 2 * (8 * 64 * 4 + 64 * 4));
 
   // Two GPUs at ZeRO-3: the base partitioned and gathered a unit at a time (two unit buffers, no
-  // gradient buckets); the adapters stay whole, their gradients all-reduced from an fp32 copy.
+  // gradient buckets); the adapters stay whole, their gradients all-reduced in place (over two
+  // ranks fp32 travels as bf16: effective_reduce_dtype); over three from an fp32 copy.
   for (MemoryPlanInput* p : {&in, &full}) {
     p->world_size = 2;
     p->zero_stage = 3;
@@ -616,11 +617,16 @@ TEST(MemoryPlan, LoraTermsAreTheHandCountedBytes) {
   }
   EXPECT_EQ(plan_row(lora, "base parameters (bf16, frozen)"), 2 * shards);
   EXPECT_EQ(plan_row(lora, "LoRA adapters + gradients (bf16, replicated)"), 4 * kTinyRank4Adapters);
-  EXPECT_EQ(plan_row(lora, "communication buffers"), 2 * 2 * largest + 4 * kTinyRank4Adapters);
+  EXPECT_EQ(plan_row(lora, "communication buffers"), 2 * 2 * largest);
   EXPECT_LT(plan_row(lora, "communication buffers"), plan_row(plain, "communication buffers"));
   EXPECT_LT(lora.total, plain.total);
+  in.world_size = 3;
+  const ParamLayout three(in.model, 3);
+  int64_t largest3 = 0;
+  for (const ParamUnit& u : three.units()) largest3 = std::max(largest3, u.numel);
+  EXPECT_EQ(plan_row(plan_cuda_memory(in), "communication buffers"), 2 * 2 * largest3 + 4 * kTinyRank4Adapters);
   in.zero_options.grad_reduce_dtype = DType::bf16;  // reduced in place
-  EXPECT_EQ(plan_row(plan_cuda_memory(in), "communication buffers"), 2 * 2 * largest);
+  EXPECT_EQ(plan_row(plan_cuda_memory(in), "communication buffers"), 2 * 2 * largest3);
 }
 
 // What a LoRA engine allocates on every rank at every stage is what the planner counts, in the

@@ -199,7 +199,8 @@ class OptionTable {
         "tensors taken in layout order, one that would pass it stays partitioned); inf: no limit. No effect at "
         "stages 0-2");
     add(train, "grad_reduce_dtype", &o_.grad_reduce_dtype,
-        "dtype gradients are reduced in: fp32 (PyTorch FSDP2's reduce_dtype=float32) or bf16 (half the traffic)");
+        "dtype gradients are reduced in: fp32 (PyTorch FSDP2's reduce_dtype=float32; over exactly two GPUs it "
+        "travels as bf16, which gives the same bits) or bf16 (half the traffic)");
     add(train, "comm_profile", &t.comm_profile,
         "bench_comm --json file that --reduce_bucket_size auto reads instead of measuring at start");
     po::options_description tuner("Fine-tuning method (ms-swift names)");

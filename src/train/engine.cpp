@@ -18,7 +18,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
-  e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype());
+  e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
   GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute,
                                                     persistence_policy(zero_options, zero_stage)));

@@ -77,7 +77,7 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
                                          Backend& backend) {
   ZeroOptions z = config.zero_options;
   if (z.reduce_bucket_size != ZeroOptions::kAutoBucketSize) return z;
-  const DType reduce = effective_reduce_dtype(z, backend.compute_dtype());
+  const DType reduce = effective_reduce_dtype(z, backend.compute_dtype(), comm.size());
   std::vector<BandwidthPoint> curve;
   std::string source;
   if (!config.comm_profile.empty()) {

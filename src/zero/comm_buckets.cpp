@@ -47,8 +47,9 @@ std::vector<CommBucket> plan_comm_buckets(const ParamLayout& layout, int64_t buc
   return buckets;
 }
 
-DType effective_reduce_dtype(const ZeroOptions& options, DType compute) {
+DType effective_reduce_dtype(const ZeroOptions& options, DType compute, int world) {
   if (options.grad_reduce_dtype == DType::bf16) return DType::bf16;
+  if (compute == DType::bf16 && world == 2) return DType::bf16;
   return compute == DType::f64 ? DType::f64 : DType::f32;
 }
 
@@ -63,8 +64,8 @@ ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const Ze
                                   bool frozen) {
   ZeroBufferSizes s;
   s.compute = compute;
-  s.reduce = effective_reduce_dtype(options, compute);
   const int world = layout.shards();
+  s.reduce = effective_reduce_dtype(options, compute, world);
   const int units = static_cast<int>(layout.units().size());
   const int persistent = layout.persistent_unit();
   int64_t largest_unit = 0;  // of those gathered: the persistent unit is whole everywhere

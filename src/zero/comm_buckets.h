@@ -44,9 +44,13 @@ struct ZeroBufferSizes {
   int64_t bytes() const;
 };
 
-// The dtype gradients are reduced in: bf16 when asked, else fp32, or fp64 on the fp64 oracle
-// backend (fp32 means "no narrower than fp32").
-DType effective_reduce_dtype(const ZeroOptions& options, DType compute);
+// The dtype gradients travel in over `world` ranks: bf16 when asked, else fp32, or fp64 on the
+// fp64 oracle backend (fp32 means "no narrower than fp32"). One exception keeps fp32's meaning:
+// with bf16 compute every reduced gradient is rounded back to bf16, and over two ranks each element
+// is the sum of two bf16 values; their fp32 sum rounded to bf16 is the correctly rounded bf16 sum
+// that NCCL's bf16 reduction computes (test_nccl checks it bit for bit), so the wire is bf16 then:
+// half the bytes and no conversion passes, the same bits.
+DType effective_reduce_dtype(const ZeroOptions& options, DType compute, int world);
 
 // frozen (LoRA's base): no gradients, so only stage 3's gathered units.
 ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const ZeroOptions& options, DType compute,

@@ -43,7 +43,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     const int64_t adapters = lora->total_numel();
     add("LoRA adapters + gradients (bf16, replicated)", 2 * adapters + 2 * adapters);
     add("LoRA optimizer: fp32 master + Adam moments", 12 * adapters);
-    const DType reduce = effective_reduce_dtype(zero, DType::bf16);
+    const DType reduce = effective_reduce_dtype(zero, DType::bf16, in.world_size);
     if (in.world_size > 1 && reduce != DType::bf16) buffers += static_cast<int64_t>(dtype_size(reduce)) * adapters;
   } else {
     add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));

@@ -2,6 +2,7 @@
 #include "zero/zero_parameters.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "mpi/fatal.h"
 
@@ -45,7 +46,7 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   const DType dt = backend.compute_dtype();
   z->frozen_ = frozen;
   z->persistent_ = persistent;
-  z->options_.grad_reduce_dtype = effective_reduce_dtype(options, dt);
+  z->options_.grad_reduce_dtype = effective_reduce_dtype(options, dt, comm.size());
   const DType rt = z->options_.grad_reduce_dtype;
   const int units = static_cast<int>(layout.units().size());
   int64_t shard_total = 0;
@@ -134,6 +135,11 @@ Status ZeroParameters::zero_added_parts(int unit, Tensor unit_grads) {
 
 bool ZeroParameters::overwrite_grads() const { return !frozen_ && (stage_ >= 2 || first_micro_batch_); }
 
+ZeroParameters::~ZeroParameters() {
+  const Status settled = settle_gathers();
+  if (!settled.is_ok()) std::fprintf(stderr, "glm_hpc: %s\n", settled.message().c_str());
+}
+
 Tensor ZeroParameters::shard_slice(const Buffer& shards, int unit) const {
   return shards.slice(shard_base_[static_cast<size_t>(unit)], layout_.shard_numel(unit));
 }
@@ -144,7 +150,11 @@ CommType ZeroParameters::reduce_type() const { return comm_type(options_.grad_re
 
 Result<Tensor> ZeroParameters::acquire_params(int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
-  if (stage_ <= 2) return params_.slice(u.offset, u.numel);
+  if (stage_ <= 2) {
+    // Stages 1-2: the previous step's all-gather of this unit's bucket may still be in flight.
+    if (!gathers_.empty()) GLM_RETURN_IF_ERROR(finish_gather_of(unit));
+    return params_.slice(u.offset, u.numel);
+  }
   if (unit == persistent_) return persistent_params_.tensor();  // whole on every rank
   if (u.numel == 0) return Tensor{};                            // every tensor of the unit is persistent
   // Stage 3: the prefetched (or still held) copy, else gather now.
@@ -419,6 +429,8 @@ Status ZeroParameters::gather_bucket(int index) {
   const CommBucket& b = gather_buckets_[static_cast<size_t>(index)];
   const int rank = comm_.rank();
   const int64_t shard_numel = b.shard_numel(comm_.size());
+  for (auto& other : gathers_)  // the previous step's gather of this bucket, if nothing waited for it
+    if (other.bucket == index) GLM_RETURN_IF_ERROR(finish_gather(other));
   GatherInFlight g;
   g.bucket = index;
   if (b.units() == 1) {
@@ -485,12 +497,33 @@ Status ZeroParameters::after_update() {
     for (size_t b = 0; b < gather_buckets_.size(); ++b) GLM_RETURN_IF_ERROR(gather_bucket(static_cast<int>(b)));
   if (stage_ == 3 && persistent_ >= 0 && comm_.size() > 1 && !options_.overlap_comm)
     GLM_RETURN_IF_ERROR(gather_persistent());
-  for (auto& g : gathers_) GLM_RETURN_IF_ERROR(finish_gather(g));
-  gathers_.clear();
+  // With --overlap_comm the parameter all-gathers (stages 1-2) stay in flight into the next step:
+  // acquire_params() waits for a unit's bucket just before its forward, so the last buckets'
+  // gathers (the head's, issued last) overlap the first layers' compute, as Megatron's
+  // overlap_param_gather. Everything else that touches the parameters settles them first.
+  if (!options_.overlap_comm) GLM_RETURN_IF_ERROR(settle_gathers());
   return forget_gathered();
 }
 
+Status ZeroParameters::settle_gathers() {
+  for (auto& g : gathers_) GLM_RETURN_IF_ERROR(finish_gather(g));
+  gathers_.clear();
+  return Status::ok();
+}
+
+Status ZeroParameters::finish_gather_of(int unit) {
+  const int bucket = gather_bucket_of_unit_.empty() ? -1 : gather_bucket_of_unit_[static_cast<size_t>(unit)];
+  bool pending = false;
+  for (auto& g : gathers_) {
+    if (g.bucket == bucket) GLM_RETURN_IF_ERROR(finish_gather(g));
+    pending = pending || g.bucket >= 0;
+  }
+  if (!pending) gathers_.clear();
+  return Status::ok();
+}
+
 Status ZeroParameters::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill) {
+  GLM_RETURN_IF_ERROR(settle_gathers());
   GLM_RETURN_IF_ERROR(forget_gathered());
   if (stage_ <= 2) return fill(params_.tensor(), 0);
   const int units = static_cast<int>(layout_.units().size());

@@ -52,6 +52,11 @@ class ZeroParameters final : public ParameterProvider {
                                                         const ZeroOptions& options = ZeroOptions{},
                                                         bool frozen = false);
 
+  // Parameter all-gathers still in flight (stages 1-2 with --overlap_comm) finish first.
+  ~ZeroParameters() override;
+  ZeroParameters(const ZeroParameters&) = delete;
+  ZeroParameters& operator=(const ZeroParameters&) = delete;
+
   // ParameterProvider
   Result<Tensor> acquire_params(int unit) override;
   Status prefetch_params(int unit) override;
@@ -86,8 +91,12 @@ class ZeroParameters final : public ParameterProvider {
   // After the optimizer wrote owned_params(unit), units in forward order: stages 1-2 start the
   // all-gather of the bucket that unit completes.
   Status unit_updated(int unit);
-  // After every unit_updated(): waits for the all-gathers.
+  // After every unit_updated(). Without --overlap_comm waits for the all-gathers; with it they stay
+  // in flight until acquire_params() of one of their units (the next forward) or settle_gathers().
   Status after_update();
+  // Waits for every parameter all-gather still in flight (before reading or writing the full
+  // parameters from outside the model's forward).
+  Status settle_gathers();
   // Writes global layout range [begin, begin + values.size()) from host f32 values, keeping only
   // what this rank stores.
   Status set_range(int64_t begin, std::span<const float> values);
@@ -180,6 +189,7 @@ class ZeroParameters final : public ParameterProvider {
   std::vector<GatherInFlight> gathers_;
   Status gather_bucket(int bucket);
   Status finish_gather(GatherInFlight& g);
+  Status finish_gather_of(int unit);  // the in-flight gather of unit's bucket, if any
   double exposed_comm_seconds_ = 0;  // time spent waiting for collectives (not overlapped)
 };
 
