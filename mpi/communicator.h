@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "mpi/status.h"
@@ -21,6 +22,14 @@ class CommRequest {
  public:
   virtual ~CommRequest() = default;
   virtual Status wait() = 0;
+};
+
+// One part of a grouped collective: its own send and receive buffers and element count (per rank:
+// a reduce-scatter's receive count, an all-gather's send count).
+struct CommPart {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
 };
 
 class Communicator {
@@ -47,6 +56,13 @@ class Communicator {
                                                         CommType type) = 0;
   virtual std::unique_ptr<CommRequest> start_broadcast(void* buffer, size_t count, CommType type, int root) = 0;
   virtual std::unique_ptr<CommRequest> start_barrier() = 0;
+  // Several reduce-scatters / all-gathers, each part as start_reduce_scatter / start_all_gather
+  // would do it, as one request: ZeRO's multi-unit buckets, each unit reduced or gathered where it
+  // lies instead of through a packed copy. NCCL fuses the parts into one group (one launch); the
+  // default starts them one after another and waits for all.
+  virtual std::unique_ptr<CommRequest> start_reduce_scatter_group(std::span<const CommPart> parts, CommType type,
+                                                                  ReduceOp op);
+  virtual std::unique_ptr<CommRequest> start_all_gather_group(std::span<const CommPart> parts, CommType type);
 
   // Blocking forms: start and wait.
   Status all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op);

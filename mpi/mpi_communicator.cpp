@@ -63,6 +63,40 @@ Status Communicator::broadcast(void* buffer, size_t count, CommType type, int ro
 Status Communicator::barrier() { return start_barrier()->wait(); }
 
 namespace {
+// The default grouped collective: its parts' requests, waited in order; the first error wins (every
+// part is still waited, so nothing is left in flight).
+class RequestGroup final : public CommRequest {
+ public:
+  explicit RequestGroup(std::vector<std::unique_ptr<CommRequest>> parts) : parts_(std::move(parts)) {}
+  Status wait() override {
+    Status first = Status::ok();
+    for (auto& p : parts_) {
+      Status s = p->wait();
+      if (first.is_ok() && !s.is_ok()) first = std::move(s);
+    }
+    parts_.clear();
+    return first;
+  }
+
+ private:
+  std::vector<std::unique_ptr<CommRequest>> parts_;
+};
+}  // namespace
+
+std::unique_ptr<CommRequest> Communicator::start_reduce_scatter_group(std::span<const CommPart> parts, CommType type,
+                                                                      ReduceOp op) {
+  std::vector<std::unique_ptr<CommRequest>> requests;
+  for (const CommPart& p : parts) requests.push_back(start_reduce_scatter(p.send, p.recv, p.count, type, op));
+  return std::make_unique<RequestGroup>(std::move(requests));
+}
+
+std::unique_ptr<CommRequest> Communicator::start_all_gather_group(std::span<const CommPart> parts, CommType type) {
+  std::vector<std::unique_ptr<CommRequest>> requests;
+  for (const CommPart& p : parts) requests.push_back(start_all_gather(p.send, p.recv, p.count, type));
+  return std::make_unique<RequestGroup>(std::move(requests));
+}
+
+namespace {
 
 float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;

@@ -257,6 +257,21 @@ class NcclCommunicatorImpl final : public Communicator {
       return ncclAllGather(send, recv, send_count, nccl_type(type), c, stream_);
     });
   }
+  // One NCCL group: the parts launch together, as one collective for the events and the watchdog.
+  std::unique_ptr<CommRequest> start_reduce_scatter_group(std::span<const CommPart> parts, CommType type,
+                                                          ReduceOp op) override {
+    return enqueue(OpKind::reduce_scatter, total_count(parts), type, 0, [&](ncclComm_t c) {
+      return grouped(parts, [&](const CommPart& p) {
+        return ncclReduceScatter(p.send, p.recv, p.count, nccl_type(type), nccl_op(op), c, stream_);
+      });
+    });
+  }
+  std::unique_ptr<CommRequest> start_all_gather_group(std::span<const CommPart> parts, CommType type) override {
+    return enqueue(OpKind::all_gather, total_count(parts), type, 0, [&](ncclComm_t c) {
+      return grouped(parts,
+                     [&](const CommPart& p) { return ncclAllGather(p.send, p.recv, p.count, nccl_type(type), c, stream_); });
+    });
+  }
   std::unique_ptr<CommRequest> start_broadcast(void* buffer, size_t count, CommType type, int root) override {
     return enqueue(OpKind::broadcast, count, type, root, [&](ncclComm_t c) {
       return ncclBroadcast(buffer, buffer, count, nccl_type(type), root, c, stream_);
@@ -297,6 +312,27 @@ class NcclCommunicatorImpl final : public Communicator {
     std::lock_guard<std::mutex> lock(shared_->mutex);
     if (!shared_->aborted) return Status::ok();
     return GLM_ERROR(ErrorKind::comm, "NCCL communicator of ", rank_prefix(), " was aborted: ", shared_->failure);
+  }
+
+  static size_t total_count(std::span<const CommPart> parts) {
+    size_t n = 0;
+    for (const CommPart& p : parts) n += p.count;
+    return n;
+  }
+  // ncclGroupStart, one call per part, ncclGroupEnd (which a non-blocking communicator may answer
+  // with ncclInProgress: start() polls that). A failed part still ends the group.
+  template <typename PartCall>
+  static ncclResult_t grouped(std::span<const CommPart> parts, PartCall&& part) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (const CommPart& p : parts) {
+      const ncclResult_t pr = part(p);
+      if (pr != ncclSuccess && pr != ncclInProgress) {
+        (void)ncclGroupEnd();
+        return pr;
+      }
+    }
+    return ncclGroupEnd();
   }
 
   template <typename Call>

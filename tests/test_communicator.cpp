@@ -2,6 +2,7 @@
 // non-blocking, in place and out of place, every dtype, any world size (run under mpirun).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -62,6 +63,37 @@ TEST(MpiCommunicator, ReduceScatterAndAllGatherRoundTrip) {
   ASSERT_TRUE(c.all_gather(inplace.data() + r * block, inplace.data(), block, CommType::i32).is_ok());
   for (int q = 0; q < n; ++q)
     for (size_t i = 0; i < block; ++i) ASSERT_EQ(inplace[q * block + i], static_cast<int32_t>(q * 1000 + i));
+}
+
+// Grouped collectives (ZeRO's multi-unit buckets): each part reduced or gathered in its own
+// buffers, with its own (odd) size; an empty group is a valid request.
+TEST(MpiCommunicator, GroupedReduceScatterAndInPlaceAllGather) {
+  auto& c = world();
+  const int n = c.size(), r = c.rank();
+  const size_t blocks[3] = {5, 1, 37};
+  std::vector<std::vector<int32_t>> send(3), recv(3), full(3);
+  std::vector<CommPart> rs, ag;
+  for (size_t p = 0; p < 3; ++p) {
+    send[p].resize(blocks[p] * n);
+    for (size_t i = 0; i < send[p].size(); ++i) send[p][i] = static_cast<int32_t>(100 * p + i) * (r + 1);
+    recv[p].assign(blocks[p], -1);
+    rs.push_back({send[p].data(), recv[p].data(), blocks[p]});
+  }
+  ASSERT_TRUE(c.start_reduce_scatter_group(rs, CommType::i32, ReduceOp::sum)->wait().is_ok());
+  const int32_t factor = n * (n + 1) / 2;
+  for (size_t p = 0; p < 3; ++p)
+    for (size_t i = 0; i < blocks[p]; ++i)
+      ASSERT_EQ(recv[p][i], static_cast<int32_t>(100 * p + r * blocks[p] + i) * factor) << "part " << p;
+  for (size_t p = 0; p < 3; ++p) {
+    full[p].assign(blocks[p] * n, -1);
+    std::copy(recv[p].begin(), recv[p].end(), full[p].begin() + static_cast<std::ptrdiff_t>(r * blocks[p]));
+    ag.push_back({full[p].data() + r * blocks[p], full[p].data(), blocks[p]});
+  }
+  ASSERT_TRUE(c.start_all_gather_group(ag, CommType::i32)->wait().is_ok());
+  for (size_t p = 0; p < 3; ++p)
+    for (size_t i = 0; i < full[p].size(); ++i)
+      ASSERT_EQ(full[p][i], static_cast<int32_t>(100 * p + i) * factor) << "part " << p;
+  EXPECT_TRUE(c.start_all_gather_group({}, CommType::i32)->wait().is_ok());
 }
 
 TEST(MpiCommunicator, NonBlockingCollectivesOverlap) {

@@ -627,13 +627,15 @@ TEST_F(Ops, ConvertAndSumSquaresAlignedAndNot) {
 }
 
 TEST_F(Ops, SumSquaresAndAdamW) {
-  const int64_t n = 100003;
+  // 375,002 vectors of 8 and a 3-element tail: more than one resident wave of the fused norm's
+  // grid, so threads stride over several vectors.
+  const int64_t n = 3000019;
   auto g = dual(random_bf16(static_cast<size_t>(n), 25));
   auto cs = cpu_->sum_squares(g.cpu.tensor());
   auto gs = gpu_->sum_squares(g.gpu.tensor());
   ASSERT_TRUE(cs.is_ok() && gs.is_ok());
   EXPECT_NEAR(gs.value(), cs.value(), 1e-5 * cs.value());
-  // offset 0: every pointer aligned, 12,500 vectors of 8 and a 3-element tail; offset 1: the bf16
+  // offset 0: every pointer aligned, vectors of 8 and a 3-element tail; offset 1: the bf16
   // gradient and working copy start one element in, so the whole update goes element by element.
   for (int64_t offset : {0, 1}) {
     SCOPED_TRACE("bf16 views at element " + std::to_string(offset));

@@ -666,7 +666,8 @@ TEST(MemoryPlan, LoraEngineAllocatesWhatThePlannerCounts) {
       const ZeroBufferSizes sizes = zero_buffer_sizes(layout, stage, zero, DType::f32, /*frozen=*/true);
       EXPECT_EQ(base.buffer_bytes, sizes.bytes()) << where;
       EXPECT_EQ(sizes.bytes(), stage == 3 ? 2 * 4 * sizes.gathered_unit_numel : 0) << where;
-      // The planner: the same layouts in bf16, with the CUDA backend's fp32 copy for an fp32 all-reduce.
+      // The planner: the same layouts in bf16, with the CUDA backend's fp32 copy for an fp32 all-reduce
+      // (none over two ranks, where fp32 travels as bf16: effective_reduce_dtype).
       MemoryPlanInput in;
       in.model = model;
       in.world_size = n;
@@ -681,7 +682,7 @@ TEST(MemoryPlan, LoraEngineAllocatesWhatThePlannerCounts) {
           << where;
       EXPECT_EQ(plan_row(plan, "communication buffers"),
                 zero_buffer_sizes(layout, stage, zero, DType::bf16, true).bytes() +
-                    (n > 1 && reduce == DType::f32 ? 4 * kTinyRank4Adapters : 0))
+                    (n > 2 && reduce == DType::f32 ? 4 * kTinyRank4Adapters : 0))
           << where;
       EXPECT_EQ(plan_row(plan, "LoRA activations: rank-r intermediates, dropout scratch"), m.activation_bytes / 2)
           << where;

@@ -143,6 +143,8 @@ TrainingEngine::OptimizerShard TrainingEngine::lora_optimizer_state() const {
 }
 
 Result<double> TrainingEngine::base_checksum() {
+  // This rank's shards sit inside the previous step's in-place all-gathers (stages 1-2).
+  GLM_RETURN_IF_ERROR(zero_->settle_gathers());
   double sum = 0;
   const int units = static_cast<int>(layout().units().size());
   for (int u = 0; u < units; ++u) {

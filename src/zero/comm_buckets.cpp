@@ -55,7 +55,7 @@ DType effective_reduce_dtype(const ZeroOptions& options, DType compute, int worl
 
 int64_t ZeroBufferSizes::bytes() const {
   const int64_t c = static_cast<int64_t>(dtype_size(compute)), r = static_cast<int64_t>(dtype_size(reduce));
-  return c * (grad_bucket_numel * grad_bucket_count + reduce_convert_numel + gather_numel + 2 * gathered_unit_numel +
+  return c * (grad_bucket_numel * grad_bucket_count + reduce_convert_numel + 2 * gathered_unit_numel +
               persistent_grad_numel) +
          r * 2 * (reduce_send_numel + reduce_recv_numel);
 }
@@ -74,22 +74,17 @@ ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const Ze
   if (stage == 3) s.gathered_unit_numel = largest_unit;
   if (frozen) return s;
   if (stage == 3 && persistent >= 0) s.persistent_grad_numel = layout.units()[static_cast<size_t>(persistent)].numel;
-  if (world > 1 && (stage == 1 || stage == 2)) {
-    for (const CommBucket& b : plan_comm_buckets(layout, options.allgather_bucket_size, false))
-      if (b.units() > 1) s.gather_numel = std::max(s.gather_numel, b.numel);
-  }
   // The persistent unit's bucket is reduced from its own buffer, not from a gradient bucket.
   int64_t largest_bucket = 0, largest_written_bucket = 0;
-  bool multi_unit = false;
   for (const CommBucket& b : plan_comm_buckets(layout, options.reduce_bucket_size, true)) {
     largest_bucket = std::max(largest_bucket, b.numel);
     if (b.first != persistent) largest_written_bucket = std::max(largest_written_bucket, b.numel);
-    multi_unit = multi_unit || b.units() > 1;
   }
   const bool convert = s.reduce != compute;
-  // Stage 0 all-reduces in place (packing is only a dtype conversion); stages 1-3 reduce-scatter,
-  // which needs each rank's shards of a multi-unit bucket side by side (rank-major).
-  const bool pack = world > 1 && (convert || (stage >= 1 && multi_unit));
+  // Collectives read the gradient where backward wrote it (a multi-unit bucket as one group of
+  // per-unit collectives), unless it must be converted to the reduce dtype first. Parameter
+  // all-gathers are in place, one group per bucket: no staging either.
+  const bool pack = world > 1 && convert;
   if (stage >= 2) {
     s.grad_bucket_numel = largest_written_bucket;
     // A packed bucket is free again as soon as it is copied out; one rank only adds it to its shards.

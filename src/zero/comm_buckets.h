@@ -34,10 +34,9 @@ std::vector<CommBucket> plan_comm_buckets(const ParamLayout& layout, int64_t buc
 struct ZeroBufferSizes {
   int64_t grad_bucket_numel = 0;    // compute dtype: where backward writes a bucket (stages 2-3)
   int grad_bucket_count = 0;        // 2 when collectives read them directly, 1 when packed out
-  int64_t reduce_send_numel = 0;    // reduce dtype, x2 slots: packed rank-major / converted input
+  int64_t reduce_send_numel = 0;    // reduce dtype, x2 slots: the bucket converted to the reduce dtype
   int64_t reduce_recv_numel = 0;    // reduce dtype, x2 slots: this rank's reduced part
   int64_t reduce_convert_numel = 0;  // compute dtype, x1: reduced part converted before accumulation
-  int64_t gather_numel = 0;         // compute dtype, x1: a multi-unit all-gather's full bucket (stages 1-2)
   int64_t gathered_unit_numel = 0;  // compute dtype, x2: stage 3's gathered unit and the prefetched one
   int64_t persistent_grad_numel = 0;  // compute dtype, x1: stage 3's persistent gradients during backward
   DType compute = DType::f32, reduce = DType::f32;

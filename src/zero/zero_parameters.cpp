@@ -100,7 +100,6 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
     if (sz.reduce_recv_numel > 0) GLM_RETURN_IF_ERROR(alloc(slot.recv, sz.reduce_recv_numel, rt));
   }
   if (sz.reduce_convert_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->reduce_convert_, sz.reduce_convert_numel, dt));
-  if (sz.gather_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->gather_staging_, sz.gather_numel, dt));
   return z;
 }
 
@@ -248,22 +247,9 @@ Tensor ZeroParameters::bucket_source(const CommBucket& b) const {
   return grad_buckets_[pack_ ? 0 : next_slot_].slice(0, b.numel);
 }
 
-// Rank-major copy in the reduce dtype: block r holds rank r's shard of every unit of the bucket,
-// in unit order, which is where reduce-scatter puts it and how rank r's shard buffer is laid out.
-Status ZeroParameters::pack(const CommBucket& b, Tensor src, Tensor dst) {
-  if (stage_ == 0) return copy(dst, src);  // all-reduce needs no reordering, only the dtype
-  const int world = comm_.size();
-  int64_t pos = 0;
-  for (int r = 0; r < world; ++r) {
-    for (int unit = b.first; unit <= b.last; ++unit) {
-      const int64_t n = layout_.shard_numel(unit);
-      const int64_t from = layout_.units()[static_cast<size_t>(unit)].offset - b.offset + r * n;
-      GLM_RETURN_IF_ERROR(copy(dst.slice(pos, n), src.slice(from, n)));
-      pos += n;
-    }
-  }
-  return Status::ok();
-}
+// The bucket in the reduce dtype, in flat-layout order: a multi-unit bucket is reduce-scattered as
+// one group of per-unit collectives (start_reduce_scatter_group), so nothing is reordered.
+Status ZeroParameters::pack(const CommBucket& b, Tensor src, Tensor dst) { return copy(dst, src); }
 
 // Starts bucket `index`'s all-reduce (stage 0) or reduce-scatter (stages 1-3) in the next slot.
 Status ZeroParameters::reduce_bucket(int index) {
@@ -290,8 +276,22 @@ Status ZeroParameters::reduce_bucket(int index) {
   } else {
     const bool direct = stage_ == 1 && options_.grad_reduce_dtype == src.dtype;
     Tensor recv = direct ? grad_shards_.slice(b.shard_offset, shard_numel) : slot.recv.slice(0, shard_numel);
-    slot.in_flight = data_.start_reduce_scatter(send.data, recv.data, static_cast<size_t>(shard_numel),
-                                                reduce_type(), ReduceOp::sum);
+    if (b.units() == 1) {
+      slot.in_flight = data_.start_reduce_scatter(send.data, recv.data, static_cast<size_t>(shard_numel),
+                                                  reduce_type(), ReduceOp::sum);
+    } else {
+      // Each unit where it lies: its rank-r shard is the r-th slice of its range, and this rank's
+      // shards of the bucket's units sit side by side in recv as in the shard buffers.
+      std::vector<CommPart> parts;
+      int64_t from = 0, to = 0;
+      for (int unit = b.first; unit <= b.last; ++unit) {
+        const int64_t n = layout_.units()[static_cast<size_t>(unit)].numel, shard = layout_.shard_numel(unit);
+        if (n > 0) parts.push_back({send.slice(from, n).data, recv.slice(to, shard).data, static_cast<size_t>(shard)});
+        from += n;
+        to += shard;
+      }
+      slot.in_flight = data_.start_reduce_scatter_group(parts, reduce_type(), ReduceOp::sum);
+    }
   }
   slot.bucket = index;
   ++buckets_reduced_;
@@ -422,36 +422,30 @@ Status ZeroParameters::unit_updated(int u) {
   return gather_bucket(index);
 }
 
-// Starts bucket `index`'s parameter all-gather. A one-unit bucket gathers in place (this rank's
-// shard already sits at its block of the unit); a multi-unit bucket packs this rank's shards into
-// its block of the staging buffer, gathers there in place and is unpacked when finished.
+// Starts bucket `index`'s parameter all-gather, in place (this rank's shard already sits at its
+// block of each unit): one collective for a one-unit bucket, one group of per-unit ones otherwise.
 Status ZeroParameters::gather_bucket(int index) {
   const CommBucket& b = gather_buckets_[static_cast<size_t>(index)];
-  const int rank = comm_.rank();
   const int64_t shard_numel = b.shard_numel(comm_.size());
   for (auto& other : gathers_)  // the previous step's gather of this bucket, if nothing waited for it
     if (other.bucket == index) GLM_RETURN_IF_ERROR(finish_gather(other));
   GatherInFlight g;
   g.bucket = index;
+  if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
   if (b.units() == 1) {
-    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
     Tensor full = params_.slice(b.offset, b.numel);
     g.request = data_.start_all_gather(owned_params(b.first).data, full.data, static_cast<size_t>(shard_numel),
                                        comm_type(full.dtype));
   } else {
-    for (auto& other : gathers_)  // one staging buffer: an earlier multi-unit gather finishes first
-      if (other.bucket >= 0 && gather_buckets_[static_cast<size_t>(other.bucket)].units() > 1)
-        GLM_RETURN_IF_ERROR(finish_gather(other));
-    Tensor block = gather_staging_.slice(rank * shard_numel, shard_numel);
-    int64_t pos = 0;
+    // One group of in-place gathers, each unit where it lies (this rank's shard is already in place).
+    std::vector<CommPart> parts;
     for (int unit = b.first; unit <= b.last; ++unit) {
-      const int64_t n = layout_.shard_numel(unit);
-      GLM_RETURN_IF_ERROR(copy(block.slice(pos, n), owned_params(unit)));
-      pos += n;
+      const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+      if (u.numel == 0) continue;
+      parts.push_back({owned_params(unit).data, params_.slice(u.offset, u.numel).data,
+                       static_cast<size_t>(layout_.shard_numel(unit))});
     }
-    if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
-    g.request = data_.start_all_gather(block.data, gather_staging_.tensor().data, static_cast<size_t>(shard_numel),
-                                       comm_type(block.dtype));
+    g.request = data_.start_all_gather_group(parts, comm_type(params_.tensor().dtype));
   }
   gathers_.push_back(std::move(g));
   if (!options_.overlap_comm) return finish_gather(gathers_.back());
@@ -460,22 +454,8 @@ Status ZeroParameters::gather_bucket(int index) {
 
 Status ZeroParameters::finish_gather(GatherInFlight& g) {
   if (g.bucket < 0) return Status::ok();
-  const CommBucket& b = gather_buckets_[static_cast<size_t>(g.bucket)];
   g.bucket = -1;
-  GLM_RETURN_IF_ERROR(wait_timed(g.request));
-  if (b.units() == 1) return Status::ok();
-  const int world = comm_.size();
-  const int64_t shard_numel = b.shard_numel(world);
-  for (int r = 0; r < world; ++r) {
-    if (r == comm_.rank()) continue;  // this rank's shards are in place already
-    int64_t pos = r * shard_numel;
-    for (int unit = b.first; unit <= b.last; ++unit) {
-      const int64_t n = layout_.shard_numel(unit);
-      GLM_RETURN_IF_ERROR(copy(params_.slice(layout_.shard_offset(unit, r), n), gather_staging_.slice(pos, n)));
-      pos += n;
-    }
-  }
-  return Status::ok();
+  return wait_timed(g.request);
 }
 
 // One collective for every persistent tensor: this rank's updated shard sits in place inside the
@@ -562,7 +542,6 @@ ZeroMemory ZeroParameters::memory() const {
     add(slot.recv);
   }
   add(reduce_convert_);
-  add(gather_staging_);
   add(persistent_grads_);
   return m;
 }

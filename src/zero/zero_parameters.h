@@ -14,9 +14,9 @@
 //      bucket), its optimizer state is sharded like any unit's, and after the optimizer step one
 //      in-place all-gather of its shards refreshes every rank's copy.
 // Buckets (zero/comm_buckets.h) coalesce consecutive units up to --reduce_bucket_size /
-// --allgather_bucket_size elements. Reduce-scatter needs each rank's part of a bucket contiguous,
-// so a multi-unit bucket is packed rank-major (rank r's shards of every unit, side by side) into a
-// send buffer first, as FSDP2 does; the pack doubles as the conversion to --grad_reduce_dtype.
+// --allgather_bucket_size elements. A multi-unit bucket is one group of per-unit collectives (NCCL
+// launches a group together), each unit reduced or gathered where it lies: no packed copy, unlike
+// FSDP2's rank-major pack; only a conversion to --grad_reduce_dtype copies the bucket first.
 // With --overlap_comm, stages 0-1 start each bucket's reduction during the last micro-batch's
 // backward as soon as its units are complete, stages 2-3 as soon as the bucket is full, and
 // stages 1-2 each bucket's parameter all-gather as soon as the optimizer updated its units.
@@ -181,7 +181,6 @@ class ZeroParameters final : public ParameterProvider {
   // Stages 1-2: parameter all-gathers after the optimizer, buckets in forward order.
   std::vector<CommBucket> gather_buckets_;
   std::vector<int> gather_bucket_of_unit_;
-  Buffer gather_staging_;            // a multi-unit bucket gathered rank-major, then unpacked
   struct GatherInFlight {
     std::unique_ptr<CommRequest> request;
     int bucket = -1;
