@@ -540,6 +540,37 @@ TEST_P(LmHead, CrossEntropyMatchesCpu) {
   expect_close(dw, "dweight (overwritten)");
 }
 
+// GLM-4's vocabulary at more rows than one chunk of the 4 GiB logits budget holds: the weight
+// gradient is written by the first chunk's GEMM (beta = 0) and added to by the second, both when
+// accumulating onto an old gradient and when overwriting it. (About a minute, nearly all of it
+// the CPU reference's 4800 x 151552 logits.)
+TEST_F(Ops, LmHeadTwoChunksAccumulateAndOverwrite) {
+  const int64_t vocab = 151552, hidden = 32, n = 4800;
+  if (lm_head_chunk_rows(n, vocab) >= n) GTEST_SKIP() << "GLM_LM_HEAD_SCRATCH_MB gives one chunk";
+  std::vector<int32_t> tgt;
+  for (int t = 0; t < n; ++t) tgt.push_back(t % 7 == 0 ? -1 : static_cast<int32_t>((t * 7919) % vocab));
+  auto targets = ints(tgt);
+  auto h = dual(random_bf16(n * hidden, 41));
+  auto w = dual(random_bf16(vocab * hidden, 42, 0.3));
+  auto losses = output(n, DType::f32);
+  auto dh = output(n * hidden);
+  auto dw = dual(random_bf16(vocab * hidden, 43, 0.01));
+  for (bool accumulate : {true, false}) {
+    SCOPED_TRACE(accumulate ? "accumulating" : "overwriting");
+    ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), Tensor{}, dh.cpu.tensor(), dw.cpu.tensor(),
+                                            h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab,
+                                            1.0 / n, accumulate)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), Tensor{}, dh.gpu.tensor(), dw.gpu.tensor(),
+                                            h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab,
+                                            1.0 / n, accumulate)
+                    .is_ok());
+    expect_close(losses, "losses", 5e-3);
+    expect_close(dh, "dhidden");
+    expect_close(dw, "dweight");
+  }
+}
+
 // The argmax-correct flags (token accuracy) against the CPU reference, exactly: half of the targeted
 // rows aim at their row's argmax (taken from the CPU's logits, where the runner-up is clearly below,
 // so fp32 summation order cannot flip it), the rest elsewhere; ignored rows must read 0.
