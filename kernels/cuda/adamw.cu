@@ -109,36 +109,39 @@ unsigned int one_wave(Kernel kernel, int64_t items) {
   return g < wave ? g : wave;
 }
 
-}  // namespace
-
-cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const bool norm = grad_sq_sum != nullptr;
-  const bool vectorized = aligned16(master) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
-                          (param == nullptr || aligned16(param));
-  const int64_t vecs = vectorized ? n / kBf16PerVec : 0;
+// The vector body, then the element-wise tail; with kNorm both grids are one resident wave.
+template <bool kNorm>
+cudaError_t launch(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                   int64_t vecs, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream) {
+  auto grid = [](auto kernel, int64_t items) -> unsigned int {
+    if constexpr (kNorm) return one_wave(kernel, items);
+    return grid_for(items, 256);
+  };
   if (vecs > 0) {
-    if (norm) {
-      const unsigned int grid = one_wave(adamw_vec_kernel<true>, vecs);
-      adamw_vec_kernel<true><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs, args, grad_sq_sum);
-    } else {
-      adamw_vec_kernel<false><<<grid_for(vecs, 256), 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, vecs,
-                                                                       args, nullptr);
-    }
+    adamw_vec_kernel<kNorm><<<grid(adamw_vec_kernel<kNorm>, vecs), 256, 0, stream>>>(param, master, grad, exp_avg,
+                                                                                     exp_avg_sq, vecs, args,
+                                                                                     grad_sq_sum);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const int64_t done = vecs * kBf16PerVec;
   if (done == n) return cudaSuccess;
-  if (norm) {
-    const unsigned int grid = one_wave(adamw_kernel<true>, n - done);
-    adamw_kernel<true><<<grid, 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n, args, grad_sq_sum);
-  } else {
-    adamw_kernel<false><<<grid_for(n - done, 256), 256, 0, stream>>>(param, master, grad, exp_avg, exp_avg_sq, done, n,
-                                                                     args, nullptr);
-  }
+  adamw_kernel<kNorm><<<grid(adamw_kernel<kNorm>, n - done), 256, 0, stream>>>(param, master, grad, exp_avg,
+                                                                               exp_avg_sq, done, n, args, grad_sq_sum);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                  const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const bool vectorized = aligned16(master) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
+                          (param == nullptr || aligned16(param));
+  const int64_t vecs = vectorized ? n / kBf16PerVec : 0;
+  if (grad_sq_sum != nullptr)
+    return launch<true>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, grad_sq_sum, stream);
+  return launch<false>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, nullptr, stream);
 }
 
 }  // namespace glm::cuda
