@@ -113,7 +113,8 @@ void ZeroParameters::plan_zeroing() {
     std::vector<std::pair<int64_t, int64_t>> written;  // [begin, end) inside the unit
     for (int index : unit.entries) {
       const ParamEntry& e = layout_.entry(index);
-      if (e.unit == u && e.kind == ParamKind::weight) written.emplace_back(e.offset - unit.offset, e.offset - unit.offset + e.numel);
+      const int64_t begin = e.offset - unit.offset;
+      if (e.unit == u && e.kind == ParamKind::weight) written.emplace_back(begin, begin + e.numel);
     }
     std::sort(written.begin(), written.end());
     int64_t pos = 0;
@@ -247,10 +248,6 @@ Tensor ZeroParameters::bucket_source(const CommBucket& b) const {
   return grad_buckets_[pack_ ? 0 : next_slot_].slice(0, b.numel);
 }
 
-// The bucket in the reduce dtype, in flat-layout order: a multi-unit bucket is reduce-scattered as
-// one group of per-unit collectives (start_reduce_scatter_group), so nothing is reordered.
-Status ZeroParameters::pack(const CommBucket& b, Tensor src, Tensor dst) { return copy(dst, src); }
-
 // Starts bucket `index`'s all-reduce (stage 0) or reduce-scatter (stages 1-3) in the next slot.
 Status ZeroParameters::reduce_bucket(int index) {
   const CommBucket& b = reduce_buckets_[static_cast<size_t>(index)];
@@ -265,7 +262,7 @@ Status ZeroParameters::reduce_bucket(int index) {
   Tensor send = src;
   if (pack_) {
     send = slot.send.slice(0, b.numel);
-    GLM_RETURN_IF_ERROR(pack(b, src, send));
+    GLM_RETURN_IF_ERROR(copy(send, src));  // the reduce dtype, in flat-layout order
   }
   // MPI reads host memory: the backward's results must be there first. NCCL orders itself after
   // the compute stream.
@@ -276,22 +273,18 @@ Status ZeroParameters::reduce_bucket(int index) {
   } else {
     const bool direct = stage_ == 1 && options_.grad_reduce_dtype == src.dtype;
     Tensor recv = direct ? grad_shards_.slice(b.shard_offset, shard_numel) : slot.recv.slice(0, shard_numel);
-    if (b.units() == 1) {
-      slot.in_flight = data_.start_reduce_scatter(send.data, recv.data, static_cast<size_t>(shard_numel),
-                                                  reduce_type(), ReduceOp::sum);
-    } else {
-      // Each unit where it lies: its rank-r shard is the r-th slice of its range, and this rank's
-      // shards of the bucket's units sit side by side in recv as in the shard buffers.
-      std::vector<CommPart> parts;
-      int64_t from = 0, to = 0;
-      for (int unit = b.first; unit <= b.last; ++unit) {
-        const int64_t n = layout_.units()[static_cast<size_t>(unit)].numel, shard = layout_.shard_numel(unit);
-        if (n > 0) parts.push_back({send.slice(from, n).data, recv.slice(to, shard).data, static_cast<size_t>(shard)});
-        from += n;
-        to += shard;
-      }
-      slot.in_flight = data_.start_reduce_scatter_group(parts, reduce_type(), ReduceOp::sum);
+    // One group of per-unit reduce-scatters, each unit where it lies: its rank-r shard is the r-th
+    // slice of its range, and this rank's shards of the bucket's units sit side by side in recv as
+    // in the shard buffers (a one-unit bucket is a group of one).
+    std::vector<CommPart> parts;
+    int64_t from = 0, to = 0;
+    for (int unit = b.first; unit <= b.last; ++unit) {
+      const int64_t n = layout_.units()[static_cast<size_t>(unit)].numel, shard = layout_.shard_numel(unit);
+      if (n > 0) parts.push_back({send.slice(from, n).data, recv.slice(to, shard).data, static_cast<size_t>(shard)});
+      from += n;
+      to += shard;
     }
+    slot.in_flight = data_.start_reduce_scatter_group(parts, reduce_type(), ReduceOp::sum);
   }
   slot.bucket = index;
   ++buckets_reduced_;
@@ -422,31 +415,23 @@ Status ZeroParameters::unit_updated(int u) {
   return gather_bucket(index);
 }
 
-// Starts bucket `index`'s parameter all-gather, in place (this rank's shard already sits at its
-// block of each unit): one collective for a one-unit bucket, one group of per-unit ones otherwise.
+// Starts bucket `index`'s parameter all-gather: one group of in-place per-unit gathers (this rank's
+// shard already sits at its block of each unit; a one-unit bucket is a group of one).
 Status ZeroParameters::gather_bucket(int index) {
   const CommBucket& b = gather_buckets_[static_cast<size_t>(index)];
-  const int64_t shard_numel = b.shard_numel(comm_.size());
   for (auto& other : gathers_)  // the previous step's gather of this bucket, if nothing waited for it
     if (other.bucket == index) GLM_RETURN_IF_ERROR(finish_gather(other));
   GatherInFlight g;
   g.bucket = index;
   if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
-  if (b.units() == 1) {
-    Tensor full = params_.slice(b.offset, b.numel);
-    g.request = data_.start_all_gather(owned_params(b.first).data, full.data, static_cast<size_t>(shard_numel),
-                                       comm_type(full.dtype));
-  } else {
-    // One group of in-place gathers, each unit where it lies (this rank's shard is already in place).
-    std::vector<CommPart> parts;
-    for (int unit = b.first; unit <= b.last; ++unit) {
-      const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
-      if (u.numel == 0) continue;
-      parts.push_back({owned_params(unit).data, params_.slice(u.offset, u.numel).data,
-                       static_cast<size_t>(layout_.shard_numel(unit))});
-    }
-    g.request = data_.start_all_gather_group(parts, comm_type(params_.tensor().dtype));
+  std::vector<CommPart> parts;
+  for (int unit = b.first; unit <= b.last; ++unit) {
+    const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
+    if (u.numel == 0) continue;
+    parts.push_back({owned_params(unit).data, params_.slice(u.offset, u.numel).data,
+                     static_cast<size_t>(layout_.shard_numel(unit))});
   }
+  g.request = data_.start_all_gather_group(parts, comm_type(params_.tensor().dtype));
   gathers_.push_back(std::move(g));
   if (!options_.overlap_comm) return finish_gather(gathers_.back());
   return Status::ok();

@@ -174,7 +174,6 @@ class ZeroParameters final : public ParameterProvider {
   Buffer reduce_convert_;            // stages 2-3 with another reduce dtype: recv in compute dtype
   int buckets_reduced_ = 0;          // this step, to check every bucket was reduced exactly once
   Tensor bucket_source(const CommBucket& b) const;  // the bucket's gradient in flat-layout order
-  Status pack(const CommBucket& b, Tensor src, Tensor dst);
   Status reduce_bucket(int bucket);
   Status drain(ReduceSlot& slot);
 
