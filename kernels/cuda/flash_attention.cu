@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// delta[t, h] = dout . out (fp32), and the dQ accumulators cleared.
+// delta[t, h] = dout . out (fp32), and the [n][heads][d] dQ accumulators cleared when given.
 __global__ void delta_kernel(float* delta, float* dq_acc, const bf16* dout, const bf16* out, int64_t n, int64_t heads,
                              int64_t d) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
@@ -244,7 +244,7 @@ __global__ void delta_kernel(float* delta, float* dq_acc, const bf16* dout, cons
   float acc = 0.0f;
   for (int64_t j = lane; j < d; j += 32) {
     acc += __bfloat162float(dout[row * d + j]) * __bfloat162float(out[row * d + j]);
-    dq_acc[row * d + j] = 0.0f;
+    if (dq_acc != nullptr) dq_acc[row * d + j] = 0.0f;
   }
   acc = warp_sum(acc);
   if (lane == 0) delta[row] = acc;
@@ -481,16 +481,17 @@ __global__ void __launch_bounds__(kBwdThreads)
     }
 }
 
-// The fp32 accumulators [n, heads, d] (dQ) and [n, kv_heads, d] (dK, dV) into the bf16 dqkv rows.
+// The fp32 accumulators dQ ([n, heads, d], or wgmma_dq_index's layout when dq_tiled) and
+// [n, kv_heads, d] (dK, dV) into the bf16 dqkv rows.
 __global__ void write_dqkv_kernel(bf16* dqkv, const float* dq_acc, const float* dkv_acc, int64_t n, int64_t heads,
-                                  int64_t kv_heads, int64_t d) {
+                                  int64_t kv_heads, int64_t d, bool dq_tiled) {
   const int64_t per_token = (heads + 2 * kv_heads) * d, q_width = heads * d, kv_width = kv_heads * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * per_token;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_token, c = i % per_token;
     float v;
     if (c < q_width)
-      v = dq_acc[t * q_width + c];
+      v = dq_tiled ? dq_acc[wgmma_dq_index(t, c / d, static_cast<int>(c % d), n)] : dq_acc[t * q_width + c];
     else if (c < q_width + kv_width)
       v = dkv_acc[t * kv_width + (c - q_width)];
     else
@@ -525,17 +526,22 @@ template <int D>
 cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
                           const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                           cudaStream_t stream) {
-  float* dq_acc = scratch;  // dQ and dK/dV first: even offsets keep them 8-byte aligned for add2
-  float* dkv_acc = dq_acc + n * heads * D;
+  // dQ and dK/dV first: even offsets keep them 8-byte aligned for add2. dQ's rows are padded to
+  // whole tiles (flash_attention_scratch) for the wgmma kernel's layout.
+  const bool wgmma = flash_wgmma_available(D);
+  float* dq_acc = scratch;
+  float* dkv_acc = dq_acc + (n + 63) / 64 * 64 * heads * D;
   float* delta = dkv_acc + 2 * n * kv_heads * D;
   const int64_t rows = n * heads;
-  cudaError_t e = cudaMemsetAsync(dkv_acc, 0, sizeof(float) * 2 * n * kv_heads * D, stream);
+  // The wgmma path clears dQ's padded tiles with dK/dV; the mma.sync one while computing delta.
+  float* clear_from = wgmma ? dq_acc : dkv_acc;
+  cudaError_t e = cudaMemsetAsync(clear_from, 0, sizeof(float) * (delta - clear_from), stream);
   if (e != cudaSuccess) return e;
-  delta_kernel<<<static_cast<unsigned int>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(delta, dq_acc, dout,
-                                                                                                 out, n, heads, D);
+  delta_kernel<<<static_cast<unsigned int>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      delta, wgmma ? nullptr : dq_acc, dout, out, n, heads, D);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  if (flash_wgmma_available(D)) {
+  if (wgmma) {
     e = flash_backward_wgmma(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
   } else {
     const size_t smem = backward_smem_bytes<D>();
@@ -549,7 +555,7 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
   }
   if (e != cudaSuccess) return e;
   write_dqkv_kernel<<<grid_for(n * (heads + 2 * kv_heads) * D, 256), 256, 0, stream>>>(dqkv, dq_acc, dkv_acc, n, heads,
-                                                                                       kv_heads, D);
+                                                                                       kv_heads, D, wgmma);
   return cudaGetLastError();
 }
 

@@ -13,7 +13,9 @@
 //   P^T and dS^T computed in the accumulator registers, the A operands of
 //   dV += P^T dO and dK += dS^T Q   (64 x 128 each, A from registers, dK/dV stay in registers),
 //   dS^T also to shared memory for dQ = dS K (warpgroup w: dims 64 w.., all 128 keys), whose fp32
-//   tile is added to the dQ accumulators by one bulk reduction per query row.
+//   64 x 64 tile is staged in register order (conflict-free 16-byte stores, two buffers) and added
+//   to the dQ accumulators, laid out the same way (wgmma_dq_index), by one 16 KB bulk reduction per
+//   warpgroup and tile, after a barrier of that warpgroup only.
 // The masks, statistics and accumulators are the same as the mma.sync kernels' in
 // flash_attention.cu, which the other head sizes and GPUs keep using.
 #include "kernels/cuda/flash_attention_sm90.cuh"
@@ -36,11 +38,12 @@ constexpr int kKeys = 128;     // keys per block, 64 per warpgroup
 constexpr int kRows = 64;      // queries per step
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
-constexpr int kDqStride = kD + 8;  // floats per row of the staged dQ tile: 544 bytes, two store wavefronts per warp
-// Backward: K, V, two stages of Q and dO, dS^T, (the staged dQ tile,) the row statistics, alignment slack.
+constexpr int kDqBlock = kRows * 64;  // floats of one warpgroup's dQ tile (16 KB)
+// Backward: K, V, two stages of Q and dO, dS^T, (two stages of both warpgroups' staged dQ tiles,)
+// the row statistics, alignment slack.
 constexpr size_t backward_smem_bytes(bool bulk_dq) {
   return 2 * tile_bytes(kKeys) + 4 * tile_bytes(kRows) + kKeys * kRows * 2 +
-         (bulk_dq ? kRows * kDqStride * sizeof(float) : 0) + 2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;
+         (bulk_dq ? 4 * kDqBlock * sizeof(float) : 0) + 2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;
 }
 
 #ifdef GLM_FLASH_WGMMA
@@ -91,8 +94,16 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, ui
                : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
-// This thread's bulk groups have read their shared-memory source (it may be overwritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// All but the newest N of this thread's bulk groups have read their shared-memory source (it may be
+// overwritten).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Barrier `id` (1..15) of `threads` threads (a multiple of 32), e.g. one warpgroup.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // This thread's bulk groups have completed.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // This thread's cp.async tiles landed and made visible to wgmma, then the block's barrier.
@@ -177,8 +188,8 @@ __device__ __forceinline__ void gemm_nt_dims(float (&d)[N / 2], const unsigned c
 
 #endif  // GLM_FLASH_WGMMA
 
-// BulkDq: dQ staged in shared memory and added to the accumulators by one bulk reduction per query
-// row (64 a tile) instead of 16 paired atomics per thread (4,096 a tile).
+// BulkDq: dQ staged in shared memory and added to the accumulators by one bulk reduction per
+// warpgroup and tile instead of 16 paired atomics per thread (4,096 per warpgroup and tile).
 template <bool BulkDq>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout,
@@ -191,16 +202,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* Qbuf = Vs + tile_bytes(kKeys);          // [2] x [kRows][kD]
   unsigned char* dObuf = Qbuf + 2 * tile_bytes(kRows);    // [2] x [kRows][kD]
   unsigned char* dSt = dObuf + 2 * tile_bytes(kRows);     // dS^T [kKeys][kRows]
-  float* dQs = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);      // [kRows][kDqStride] if BulkDq
-  float* lse_buf = dQs + (BulkDq ? kRows * kDqStride : 0);              // [2][kRows]
+  float* dQs = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);      // [2 stages][2 wg][kDqBlock] if BulkDq
+  float* lse_buf = dQs + (BulkDq ? 4 * kDqBlock : 0);                 // [2][kRows]
   float* delta_buf = lse_buf + 2 * kRows;                             // [2][kRows]
   int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kRows);  // [2][kRows]
 
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
   const int key_row = wg * 64 + warp * 16 + grp;  // this thread's key rows in the block: key_row, key_row + 8
-  float* dq_stage = dQs + (warp * 16 + grp) * kDqStride + wg * 64 + quad * 2;  // this thread's first dQ element
+  const int wg_thread = threadIdx.x & 127;
+  const bool dq_issuer = BulkDq && wg_thread == 0;  // issues (and waits for) its warpgroup's dQ reductions
   const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kKeys;  // first key tiles first
+  const int64_t dq_tiles = (n + kRows - 1) / kRows;
   const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * kD;
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), n - k0));
   const int64_t k_last = k0 + k_valid - 1;
@@ -237,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* q_lse = lse_buf + stage * kRows;
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
-    if (BulkDq && threadIdx.x < kRows) bulk_wait_read();  // the previous tile's dQ rows were read
+    if (dq_issuer) bulk_wait_read<1>();  // the dQ staging buffer of two tiles ago was read
     tiles_arrived();  // this tile in shared memory; every wgmma of the previous tile has completed
     if (q0 + kRows < q_end) load_queries(stage ^ 1, q0 + kRows);
     const bool masked = q0 < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
@@ -307,28 +320,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();  // dV and dQ done; dK may still run
     pin(dq);
+    // Rows past q_valid hold zeros (their P and dS are masked), so whole tiles are added.
+    float* dq_block = dq_acc + ((h * dq_tiles + q0 / kRows) * 2 + wg) * kDqBlock;
     if constexpr (BulkDq) {
+      float* staged = dQs + (stage * 2 + wg) * kDqBlock;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<float2*>(dq_stage + hf * 8 * kDqStride + j * 8) =
-              make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+        *reinterpret_cast<float4*>(staged + (j * 128 + wg_thread) * 4) =
+            make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       fence_async_shared();
-      __syncthreads();  // both warpgroups' halves of the dQ tile staged
-      if (threadIdx.x < q_valid)
-        bulk_reduce_add(dq_acc + ((q0 + threadIdx.x) * heads + h) * kD, dQs + threadIdx.x * kDqStride,
-                        kD * sizeof(float));
+      named_barrier(1 + wg, 128);  // this warpgroup's dQ tile staged
+      if (dq_issuer) bulk_reduce_add(dq_block, staged, kDqBlock * sizeof(float));
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int qr = warp * 16 + grp + hf * 8;
-          if (qr < q_valid)
-            add2(dq_acc + ((q0 + qr) * heads + h) * kD + wg * 64 + j * 8 + quad * 2, dq[4 * j + 2 * hf],
-                 dq[4 * j + 2 * hf + 1]);
-        }
+        for (int hf = 0; hf < 2; ++hf)
+          add2(dq_block + (j * 128 + wg_thread) * 4 + 2 * hf, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
     }
     wgmma_wait<0>();
     pin(dk);
@@ -337,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     pin(sa);
   }
   cp_async_wait_all();  // nothing outstanding when the block exits
-  if (BulkDq && threadIdx.x < kRows) bulk_wait_all();
+  if (dq_issuer) bulk_wait_all();
   // This head's dK and dV into the KV group's fp32 accumulators.
   float* dk_acc = dkv_acc;
   float* dv_acc = dkv_acc + n * kv_heads * kD;
@@ -560,7 +568,7 @@ bool flash_wgmma_available(int64_t head_dim) {
 #endif
 }
 
-// GLM_FLASH_DQ=atomic: dQ by per-thread paired atomics instead of bulk row reductions (comparisons;
+// GLM_FLASH_DQ=atomic: dQ by per-thread paired atomics instead of bulk tile reductions (comparisons;
 // also taken when dq_acc is not 16-byte aligned).
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
