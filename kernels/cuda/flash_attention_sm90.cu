@@ -57,25 +57,32 @@ __device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
 }
 
 // Rows x kD bf16 rows of a strided global matrix into a swizzled tile; rows from `valid` on become zeros.
+// Thread t copies 16-byte unit t % 16 of rows t / 16 + 16 k: the same swizzle phase in every pass,
+// so one address pair is computed and then stepped.
 template <int Rows>
 __device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, int64_t stride, int valid) {
-  constexpr int units = kD / 8;
+  constexpr int units = kD / 8, rows_per_pass = kThreads / units;
+  static_assert(Rows % rows_per_pass == 0 && rows_per_pass % 8 == 0);
+  const int r0 = threadIdx.x / units, c = (threadIdx.x % units) * 8;
+  unsigned char* d = dst + swizzled(Rows, r0, c);
+  const bf16* s = src + r0 * stride + c;
 #pragma unroll
-  for (int i = threadIdx.x; i < Rows * units; i += kThreads) {
-    const int r = i / units, c = (i % units) * 8;
-    const bool ok = r < valid;
-    cp_async16(dst + swizzled(Rows, r, c), ok ? src + r * stride + c : src, ok);
+  for (int k = 0; k < Rows / rows_per_pass; ++k) {
+    const bool ok = r0 + k * rows_per_pass < valid;
+    cp_async16(d + k * rows_per_pass * kRowBytes, ok ? s + k * rows_per_pass * stride : src, ok);
   }
 }
 
-// Shared-memory matrix descriptor for the 128-byte swizzle: start address, leading byte offset
-// (MN-major operands: the distance between 64-element column blocks; unused K-major) and stride
-// byte offset 1024 (between groups of 8 rows). A k16 step adds 32 bytes to the start K-major
-// (inside the swizzle row) and kUnit16 MN-major.
-__device__ __forceinline__ uint64_t descriptor(const void* p, uint32_t lbo) {
-  return static_cast<uint64_t>((smem_addr(p) & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+// Shared-memory matrix descriptor for the 128-byte swizzle from `lo`, a tile's shared-memory
+// address / 16 (the start-address field), and the leading byte offset (MN-major operands: the
+// distance between 64-element column blocks; unused K-major); the high word is constant (stride
+// byte offset 1024 between groups of 8 rows, the swizzle mode). Kernels keep their allocation's
+// base address / 16 and add tile offsets / 16 to it, so that a descriptor costs one add. A k16
+// step adds 32 bytes to the start K-major (inside the swizzle row) and kUnit16 MN-major.
+__device__ __forceinline__ uint64_t descriptor(uint32_t lo, uint32_t lbo) {
+  return (static_cast<uint64_t>((1024 >> 4) | (1u << 30)) << 32) | (lo + ((lbo >> 4) << 16));
 }
+constexpr uint32_t lo16(uint32_t bytes) { return bytes >> 4; }  // a byte offset in descriptor units
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -172,16 +179,16 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b,
       : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-// Scores-like products over the 128 dims, both operands K-major: D (64 x N) = A B^T with A rows
-// a_row0.. of an [a_rows][kD] tile and B a whole [N][kD] tile; one commit group.
-template <int N>
-__device__ __forceinline__ void gemm_nt_dims(float (&d)[N / 2], const unsigned char* a_tile, int a_rows, int a_row0,
-                                             const unsigned char* b_tile) {
+// Scores-like products over the 128 dims, both operands K-major: D (64 x N) = A B^T with A 64 rows
+// of an [ARows][kD] tile starting at descriptor address a_lo, and B a whole [N][kD] tile at b_lo;
+// one commit group.
+template <int N, int ARows>
+__device__ __forceinline__ void gemm_nt_dims(float (&d)[N / 2], uint32_t a_lo, uint32_t b_lo) {
 #pragma unroll
   for (int kt = 0; kt < kD / 16; ++kt) {
-    const int off = (kt & 3) * 32, kblk = kt >> 2;  // 64-column block kblk, 16 columns at off bytes
-    wgmma_ss<0, 0>(d, descriptor(a_tile + (kblk * a_rows + a_row0) * kRowBytes + off, 16),
-                   descriptor(b_tile + kblk * N * kRowBytes + off, 16), kt > 0);
+    const uint32_t off = (kt & 3) * 32, kblk = kt >> 2;  // 64-column block kblk, 16 columns at off bytes
+    wgmma_ss<0, 0>(d, descriptor(a_lo + lo16(kblk * ARows * kRowBytes + off), 16),
+                   descriptor(b_lo + lo16(kblk * N * kRowBytes + off), 16), kt > 0);
   }
   wgmma_commit();
 }
@@ -214,6 +221,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool dq_issuer = BulkDq && wg_thread == 0;  // issues (and waits for) its warpgroup's dQ reductions
   const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kKeys;  // first key tiles first
   const int64_t dq_tiles = (n + kRows - 1) / kRows;
+  // Descriptor addresses (shared address / 16) of the tiles; Q and dO add the stage's offset.
+  const uint32_t k_lo = smem_addr(Ks) >> 4, v_lo = k_lo + lo16(tile_bytes(kKeys));
+  const uint32_t q_lo0 = v_lo + lo16(tile_bytes(kKeys)), do_lo0 = q_lo0 + lo16(2 * tile_bytes(kRows));
+  const uint32_t dst_lo = do_lo0 + lo16(2 * tile_bytes(kRows));
+  // This thread's dS^T elements (key rows key_row and key_row + 8, query columns 8 j + 2 quad ..):
+  // swizzled byte offsets ds_row + ((j ^ key_row % 8) << 4) and 1024 more.
+  const uint32_t ds_row = key_row * kRowBytes + quad * 4, ds_swz = (key_row & 7) << 4;
   const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * kD;
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), n - k0));
   const int64_t k_last = k0 + k_valid - 1;
@@ -245,8 +259,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   int stage = 0;
   for (int64_t q0 = k0; q0 < q_end; q0 += kRows, stage ^= 1) {
     const int q_valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
-    const unsigned char* Qs = Qbuf + stage * tile_bytes(kRows);
-    const unsigned char* dOs = dObuf + stage * tile_bytes(kRows);
     const float* q_lse = lse_buf + stage * kRows;
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
@@ -258,8 +270,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the 64 queries (k = 128 dims).
     float st[32], dpt[32];  // no initial values: the first k step does not read them (scale_d 0)
     wgmma_fence();
-    gemm_nt_dims<kRows>(st, Ks, kKeys, wg * 64, Qs);
-    gemm_nt_dims<kRows>(dpt, Vs, kKeys, wg * 64, dOs);
+    const uint32_t q_lo = q_lo0 + stage * lo16(tile_bytes(kRows)), do_lo = do_lo0 + stage * lo16(tile_bytes(kRows));
+    gemm_nt_dims<kRows, kKeys>(st, k_lo + wg * lo16(64 * kRowBytes), q_lo);
+    gemm_nt_dims<kRows, kKeys>(dpt, v_lo + wg * lo16(64 * kRowBytes), do_lo);
 
     // P^T while dP^T is still computing; dV += P^T dO issued as soon as P^T exists, dS^T computed
     // while it runs. Accumulator element 4 j + e is key key_row + 8 (e >> 1), query 8 j + 2 quad +
@@ -270,10 +283,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t pa[4][4], sa[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
+      const float2 lse2 = *reinterpret_cast<const float2*>(q_lse + j * 8 + quad * 2);
+      const float neg_lse[2] = {-lse2.x * kLog2e, -lse2.y * kLog2e};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = j * 8 + quad * 2 + (e & 1), kr = key_row + (e >> 1) * 8;
-        float pv = exp2f(st[4 * j + e] * scale_log2 - q_lse[qc] * kLog2e);
+        float pv = fast_exp2(fmaf(st[4 * j + e], scale_log2, neg_lse[e & 1]));
         if (masked) {
           const int64_t key = k0 + kr, q = q0 + qc;
           if (!(qc < q_valid && kr < k_valid && key <= q && key >= q_doc[qc])) pv = 0.0f;
@@ -286,21 +301,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk)
-      wgmma_rs_m64n128<1>(dv, pa[kk], descriptor(dOs + kk * kUnit16, kRows * kRowBytes), 1);
+      wgmma_rs_m64n128<1>(dv, pa[kk], descriptor(do_lo + kk * lo16(kUnit16), kRows * kRowBytes), 1);
     wgmma_commit();
     wgmma_wait<1>();  // dP^T done; dV may still run
     pin(dpt);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
+      const float2 delta2 = *reinterpret_cast<const float2*>(q_delta + j * 8 + quad * 2);
+      const float dl[2] = {delta2.x, delta2.y};
       float ds[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        ds[e] = st[4 * j + e] * (dpt[4 * j + e] - q_delta[j * 8 + quad * 2 + (e & 1)]) * scale;
+      for (int e = 0; e < 4; ++e) ds[e] = st[4 * j + e] * (dpt[4 * j + e] - dl[e & 1]) * scale;
       sa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
       sa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
-      const int qc = j * 8 + quad * 2;
-      *reinterpret_cast<uint32_t*>(dSt + swizzled(kKeys, key_row, qc)) = sa[j >> 1][(j & 1) * 2];
-      *reinterpret_cast<uint32_t*>(dSt + swizzled(kKeys, key_row + 8, qc)) = sa[j >> 1][(j & 1) * 2 + 1];
+      unsigned char* at = dSt + ds_row + ((j << 4) ^ ds_swz);  // = swizzled(kKeys, key_row, 8 j + 2 quad)
+      *reinterpret_cast<uint32_t*>(at) = sa[j >> 1][(j & 1) * 2];
+      *reinterpret_cast<uint32_t*>(at + 8 * kRowBytes) = sa[j >> 1][(j & 1) * 2 + 1];
     }
     fence_async_shared();
     __syncthreads();  // dS^T of both warpgroups in shared memory
@@ -311,12 +327,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_ss<1, 1>(dq, descriptor(dSt + kk * kUnit16, kKeys * kRowBytes),
-                            descriptor(Ks + wg * kKeys * kRowBytes + kk * kUnit16, kKeys * kRowBytes), kk > 0);
+      wgmma_ss<1, 1>(dq, descriptor(dst_lo + kk * lo16(kUnit16), kKeys * kRowBytes),
+                     descriptor(k_lo + wg * lo16(kKeys * kRowBytes) + kk * lo16(kUnit16), kKeys * kRowBytes), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk)
-      wgmma_rs_m64n128<1>(dk, sa[kk], descriptor(Qs + kk * kUnit16, kRows * kRowBytes), 1);
+      wgmma_rs_m64n128<1>(dk, sa[kk], descriptor(q_lo + kk * lo16(kUnit16), kRows * kRowBytes), 1);
     wgmma_commit();
     wgmma_wait<1>();  // dV and dQ done; dK may still run
     pin(dq);
@@ -406,8 +422,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    min(kFwdKeys, k_end - k0));
   };
   // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
+  const uint32_t q_lo = smem_addr(Qs) >> 4, kbuf_lo = q_lo + lo16(tile_bytes(kFwdRows));
+  const uint32_t vbuf_lo = kbuf_lo + lo16(2 * tile_bytes(kFwdKeys));
   auto issue_scores = [&](float(&sc)[64], int t) {
-    gemm_nt_dims<kFwdKeys>(sc, Qs, kFwdRows, wg * 64, Kbuf + (t & 1) * tile_bytes(kFwdKeys));
+    gemm_nt_dims<kFwdKeys, kFwdRows>(sc, q_lo + wg * lo16(64 * kRowBytes),
+                                     kbuf_lo + (t & 1) * lo16(tile_bytes(kFwdKeys)));
   };
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   // Masks and the online softmax of tile t in the log2 domain (p = 2^(s * scale * log2(e) - m)):
@@ -434,12 +453,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[hf], mx * scale_log2);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
-      corr[hf] = exp2f(m_run[hf] - m_use);
+      corr[hf] = fast_exp2(m_run[hf] - m_use);
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kFwdKeys / 8; ++j) {
-        const float p0 = exp2f(sc[4 * j + 2 * hf] * scale_log2 - m_use);
-        const float p1 = exp2f(sc[4 * j + 2 * hf + 1] * scale_log2 - m_use);
+        const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hf], scale_log2, -m_use));
+        const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hf + 1], scale_log2, -m_use));
         sc[4 * j + 2 * hf] = p0;
         sc[4 * j + 2 * hf + 1] = p1;
         sum += p0 + p1;
@@ -479,10 +498,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   pack(sc);
   // O += P V for tile t (V read MN-major: 128 dims = two column blocks a tile apart), one group.
   auto issue_pv = [&](int t) {
-    const unsigned char* Vs = Vbuf + (t & 1) * tile_bytes(kFwdKeys);
+    const uint32_t v_lo = vbuf_lo + (t & 1) * lo16(tile_bytes(kFwdKeys));
 #pragma unroll
     for (int kk = 0; kk < kFwdKeys / 16; ++kk)
-      wgmma_rs_m64n128<1>(o, pa[kk], descriptor(Vs + kk * kUnit16, kFwdKeys * kRowBytes), 1);
+      wgmma_rs_m64n128<1>(o, pa[kk], descriptor(v_lo + kk * lo16(kUnit16), kFwdKeys * kRowBytes), 1);
     wgmma_commit();
   };
   auto next_tile = [&](int t) {

@@ -47,6 +47,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x on the SFU alone (ex2.approx.ftz: relative error about 2^-22, results below 2^-126 flushed
+// to zero); exp2f wraps the same instruction in a denormal range fix-up of three more instructions.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two adjacent fp32 accumulators (8-byte aligned) added atomically in one vector reduction.
 __device__ __forceinline__ void add2(float* p, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
