@@ -15,6 +15,7 @@
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/tensor_core.cuh"
 
+#include <algorithm>
 #include <climits>
 
 namespace glm::cuda {
@@ -481,22 +482,43 @@ __global__ void __launch_bounds__(kBwdThreads)
     }
 }
 
-// The fp32 accumulators dQ ([n, heads, d], or wgmma_dq_index's layout when dq_tiled) and
-// [n, kv_heads, d] (dK, dV) into the bf16 dqkv rows.
-__global__ void write_dqkv_kernel(bf16* dqkv, const float* dq_acc, const float* dkv_acc, int64_t n, int64_t heads,
-                                  int64_t kv_heads, int64_t d, bool dq_tiled) {
-  const int64_t per_token = (heads + 2 * kv_heads) * d, q_width = heads * d, kv_width = kv_heads * d;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * per_token;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / per_token, c = i % per_token;
-    float v;
+// The fp32 accumulators dQ ([n, heads, D], or wgmma_dq_index's layout when dq_tiled) and
+// [n, kv_heads, D] (dK, dV) into the bf16 dqkv rows: four consecutive columns per thread (D a power
+// of two, so no divisions), 16-byte loads and 8-byte stores when Vec; tokens from blockIdx.y in
+// steps of gridDim.y (at most 65,535).
+template <int D, bool Vec>
+__global__ void write_dqkv_kernel(bf16* dqkv, const float* dq_acc, const float* dkv_acc, int64_t n, int heads,
+                                  int kv_heads, bool dq_tiled) {
+  const int q_width = heads * D, kv_width = kv_heads * D, per_token = q_width + 2 * kv_width;
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (c >= per_token) return;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    const float* src;
     if (c < q_width)
-      v = dq_tiled ? dq_acc[wgmma_dq_index(t, c / d, static_cast<int>(c % d), n)] : dq_acc[t * q_width + c];
+      src = dq_acc + t * q_width + c;
     else if (c < q_width + kv_width)
-      v = dkv_acc[t * kv_width + (c - q_width)];
+      src = dkv_acc + t * kv_width + (c - q_width);
     else
-      v = dkv_acc[n * kv_width + t * kv_width + (c - q_width - kv_width)];
-    dqkv[i] = __float2bfloat16(v);
+      src = dkv_acc + (n + t) * kv_width + (c - q_width - kv_width);
+    float v[4];
+    if (c < q_width && dq_tiled) {
+      // Columns (c, c + 1) and (c + 2, c + 3) are two adjacent pairs of the register-order layout.
+      const int64_t i0 = wgmma_dq_index(t, c / D, c % D, n), i1 = wgmma_dq_index(t, c / D, c % D + 2, n);
+      v[0] = dq_acc[i0], v[1] = dq_acc[i0 + 1], v[2] = dq_acc[i1], v[3] = dq_acc[i1 + 1];
+    } else if constexpr (Vec) {
+      const float4 x = *reinterpret_cast<const float4*>(src);
+      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = src[k];
+    }
+    bf16* dst = dqkv + t * per_token + c;
+    if constexpr (Vec) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dst[k] = __float2bfloat16(v[k]);
+    }
   }
 }
 
@@ -554,8 +576,14 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) return e;
-  write_dqkv_kernel<<<grid_for(n * (heads + 2 * kv_heads) * D, 256), 256, 0, stream>>>(dqkv, dq_acc, dkv_acc, n, heads,
-                                                                                       kv_heads, D, wgmma);
+  const dim3 grid(static_cast<unsigned int>(((heads + 2 * kv_heads) * D / 4 + 255) / 256),
+                  static_cast<unsigned int>(std::min<int64_t>(n, 65535)));
+  const bool vec = reinterpret_cast<uintptr_t>(dqkv) % 8 == 0 && reinterpret_cast<uintptr_t>(dq_acc) % 16 == 0;
+  const int h = static_cast<int>(heads), kvh = static_cast<int>(kv_heads);
+  if (vec)
+    write_dqkv_kernel<D, true><<<grid, 256, 0, stream>>>(dqkv, dq_acc, dkv_acc, n, h, kvh, wgmma);
+  else
+    write_dqkv_kernel<D, false><<<grid, 256, 0, stream>>>(dqkv, dq_acc, dkv_acc, n, h, kvh, wgmma);
   return cudaGetLastError();
 }
 

@@ -7,8 +7,8 @@
 // Forward: one block per (128 queries, head); S = Q K^T of the next key tile is issued before
 // O += P V of this one, so that its softmax runs while P V is on the tensor cores.
 //
-// Backward: one block per (128 keys, query head) walks the 64-query tiles that can see its keys.
-// Warpgroup w owns keys 64 w.. of the block:
+// Backward: one block per (128 keys, query head) walks the 64-query tiles that can see its keys, the
+// next tile loading (three stages) while one is computed. Warpgroup w owns keys 64 w.. of the block:
 //   S^T = K Q^T and dP^T = V dO^T    (64 x 64 each, both operands from shared memory),
 //   P^T and dS^T computed in the accumulator registers, the A operands of
 //   dV += P^T dO and dK += dS^T Q   (64 x 128 each, A from registers, dK/dV stay in registers),
@@ -16,6 +16,8 @@
 //   64 x 64 tile is staged in register order (conflict-free 16-byte stores, two buffers) and added
 //   to the dQ accumulators, laid out the same way (wgmma_dq_index), by one 16 KB bulk reduction per
 //   warpgroup and tile, after a barrier of that warpgroup only.
+// dK += dS^T Q of a tile is still running when the next tile starts: its first wait (for S^T)
+// covers it, so the tensor cores stay busy across the block barrier between tiles.
 // The masks, statistics and accumulators are the same as the mma.sync kernels' in
 // flash_attention.cu, which the other head sizes and GPUs keep using.
 #include "kernels/cuda/flash_attention_sm90.cuh"
@@ -39,11 +41,13 @@ constexpr int kRows = 64;      // queries per step
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
 constexpr int kDqBlock = kRows * 64;  // floats of one warpgroup's dQ tile (16 KB)
-// Backward: K, V, two stages of Q and dO, dS^T, (two stages of both warpgroups' staged dQ tiles,)
-// the row statistics, alignment slack.
+constexpr int kStages = 3;            // query tiles (Q, dO, statistics) in shared memory
+// Backward: K, V, three stages of Q and dO, dS^T, (both warpgroups' staged dQ tiles,) three stages
+// of the row statistics, alignment slack.
 constexpr size_t backward_smem_bytes(bool bulk_dq) {
-  return 2 * tile_bytes(kKeys) + 4 * tile_bytes(kRows) + kKeys * kRows * 2 +
-         (bulk_dq ? 4 * kDqBlock * sizeof(float) : 0) + 2 * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;
+  return 2 * tile_bytes(kKeys) + 2 * kStages * tile_bytes(kRows) + kKeys * kRows * 2 +
+         (bulk_dq ? 2 * kDqBlock * sizeof(float) : 0) + kStages * kRows * (2 * sizeof(float) + sizeof(int32_t)) +
+         1024;
 }
 
 #ifdef GLM_FLASH_WGMMA
@@ -206,13 +210,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Ks = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* Vs = Ks + tile_bytes(kKeys);
-  unsigned char* Qbuf = Vs + tile_bytes(kKeys);          // [2] x [kRows][kD]
-  unsigned char* dObuf = Qbuf + 2 * tile_bytes(kRows);    // [2] x [kRows][kD]
-  unsigned char* dSt = dObuf + 2 * tile_bytes(kRows);     // dS^T [kKeys][kRows]
-  float* dQs = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);      // [2 stages][2 wg][kDqBlock] if BulkDq
-  float* lse_buf = dQs + (BulkDq ? 4 * kDqBlock : 0);                 // [2][kRows]
-  float* delta_buf = lse_buf + 2 * kRows;                             // [2][kRows]
-  int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kRows);  // [2][kRows]
+  unsigned char* Qbuf = Vs + tile_bytes(kKeys);                 // [kStages] x [kRows][kD]
+  unsigned char* dObuf = Qbuf + kStages * tile_bytes(kRows);     // [kStages] x [kRows][kD]
+  unsigned char* dSt = dObuf + kStages * tile_bytes(kRows);      // dS^T [kKeys][kRows]
+  float* dQs = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);  // [2 wg][kDqBlock] if BulkDq
+  float* lse_buf = dQs + (BulkDq ? 2 * kDqBlock : 0);             // [kStages][kRows]
+  float* delta_buf = lse_buf + kStages * kRows;                   // [kStages][kRows]
+  int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + kStages * kRows);  // [kStages][kRows]
 
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
@@ -223,8 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t dq_tiles = (n + kRows - 1) / kRows;
   // Descriptor addresses (shared address / 16) of the tiles; Q and dO add the stage's offset.
   const uint32_t k_lo = smem_addr(Ks) >> 4, v_lo = k_lo + lo16(tile_bytes(kKeys));
-  const uint32_t q_lo0 = v_lo + lo16(tile_bytes(kKeys)), do_lo0 = q_lo0 + lo16(2 * tile_bytes(kRows));
-  const uint32_t dst_lo = do_lo0 + lo16(2 * tile_bytes(kRows));
+  const uint32_t q_lo0 = v_lo + lo16(tile_bytes(kKeys)), do_lo0 = q_lo0 + lo16(kStages * tile_bytes(kRows));
+  const uint32_t dst_lo = do_lo0 + lo16(kStages * tile_bytes(kRows));
   // This thread's dS^T elements (key rows key_row and key_row + 8, query columns 8 j + 2 quad ..):
   // swizzled byte offsets ds_row + ((j ^ key_row % 8) << 4) and 1024 more.
   const uint32_t ds_row = key_row * kRowBytes + quad * 4, ds_swz = (key_row & 7) << 4;
@@ -255,16 +259,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[64], dv[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.0f;
+  uint32_t sa[4][4] = {};  // dS^T, the A operand of dK: kept until the next tile's first wait
 
   int stage = 0;
-  for (int64_t q0 = k0; q0 < q_end; q0 += kRows, stage ^= 1) {
+  for (int64_t q0 = k0; q0 < q_end; q0 += kRows, stage = stage == kStages - 1 ? 0 : stage + 1) {
     const int q_valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
     const float* q_lse = lse_buf + stage * kRows;
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
-    if (dq_issuer) bulk_wait_read<1>();  // the dQ staging buffer of two tiles ago was read
-    tiles_arrived();  // this tile in shared memory; every wgmma of the previous tile has completed
-    if (q0 + kRows < q_end) load_queries(stage ^ 1, q0 + kRows);
+    // This tile in shared memory; every wgmma but the previous tile's dK has completed, so the
+    // stage loaded next (two tiles ago) and dS^T are free.
+    tiles_arrived();
+    if (q0 + kRows < q_end) load_queries(stage == kStages - 1 ? 0 : stage + 1, q0 + kRows);
     const bool masked = q0 < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the 64 queries (k = 128 dims).
@@ -278,9 +284,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // while it runs. Accumulator element 4 j + e is key key_row + 8 (e >> 1), query 8 j + 2 quad +
     // (e & 1); packed to bf16, P^T and dS^T are the A operands (16 keys x 16 queries per warp and
     // k16 step) of dV and dK. dO and Q are read MN-major: 128 dims = two column blocks a tile apart.
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // the previous tile's dK and this S^T done
     pin(st);
-    uint32_t pa[4][4], sa[4][4];
+    pin(dk);
+    pin(sa);
+    uint32_t pa[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 lse2 = *reinterpret_cast<const float2*>(q_lse + j * 8 + quad * 2);
@@ -319,7 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint32_t*>(at + 8 * kRowBytes) = sa[j >> 1][(j & 1) * 2 + 1];
     }
     fence_async_shared();
-    __syncthreads();  // dS^T of both warpgroups in shared memory
+    if (dq_issuer) bulk_wait_read<0>();  // the previous tile's dQ staging was read
+    __syncthreads();  // dS^T of both warpgroups in shared memory; the dQ staging buffers free
 
     // dQ = dS K for the 64 queries x this warpgroup's 64 dims (k = the 128 keys; dS^T and K read
     // MN-major), committed before dK += dS^T Q so that its accumulation overlaps dK.
@@ -334,12 +343,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kRows / 16; ++kk)
       wgmma_rs_m64n128<1>(dk, sa[kk], descriptor(q_lo + kk * lo16(kUnit16), kRows * kRowBytes), 1);
     wgmma_commit();
-    wgmma_wait<1>();  // dV and dQ done; dK may still run
+    wgmma_wait<1>();  // dV and dQ done; dK may still run (into the next tile)
     pin(dq);
+    pin(dv);
+    pin(pa);
     // Rows past q_valid hold zeros (their P and dS are masked), so whole tiles are added.
     float* dq_block = dq_acc + ((h * dq_tiles + q0 / kRows) * 2 + wg) * kDqBlock;
     if constexpr (BulkDq) {
-      float* staged = dQs + (stage * 2 + wg) * kDqBlock;
+      float* staged = dQs + wg * kDqBlock;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         *reinterpret_cast<float4*>(staged + (j * 128 + wg_thread) * 4) =
@@ -354,12 +365,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int hf = 0; hf < 2; ++hf)
           add2(dq_block + (j * 128 + wg_thread) * 4 + 2 * hf, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
     }
-    wgmma_wait<0>();
-    pin(dk);
-    pin(dv);
-    pin(pa);
-    pin(sa);
   }
+  wgmma_wait<0>();  // the last dK
+  pin(dk);
+  pin(sa);
   cp_async_wait_all();  // nothing outstanding when the block exits
   if (dq_issuer) bulk_wait_all();
   // This head's dK and dV into the KV group's fp32 accumulators.
