@@ -501,8 +501,9 @@ __global__ void write_dqkv_kernel(bf16* dqkv, const float* dq_acc, const float* 
     else
       src = dkv_acc + (n + t) * kv_width + (c - q_width - kv_width);
     float v[4];
-    if (c < q_width && dq_tiled) {
-      // Columns (c, c + 1) and (c + 2, c + 3) are two adjacent pairs of the register-order layout.
+    // The wgmma layout exists for head_dim 128 only. Columns (c, c + 1) and (c + 2, c + 3) are two
+    // adjacent pairs of it.
+    if (D == 128 && c < q_width && dq_tiled) {
       const int64_t i0 = wgmma_dq_index(t, c / D, c % D, n), i1 = wgmma_dq_index(t, c / D, c % D + 2, n);
       v[0] = dq_acc[i0], v[1] = dq_acc[i0 + 1], v[2] = dq_acc[i1], v[3] = dq_acc[i1 + 1];
     } else if constexpr (Vec) {
@@ -552,7 +553,7 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
   // whole tiles (flash_attention_scratch) for the wgmma kernel's layout.
   const bool wgmma = flash_wgmma_available(D);
   float* dq_acc = scratch;
-  float* dkv_acc = dq_acc + (n + 63) / 64 * 64 * heads * D;
+  float* dkv_acc = dq_acc + wgmma_dq_rows(n) * heads * D;
   float* delta = dkv_acc + 2 * n * kv_heads * D;
   const int64_t rows = n * heads;
   // The wgmma path clears dQ's padded tiles with dK/dV; the mma.sync one while computing delta.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_attention_sm90.cuh"
 
 namespace glm::cuda {
 
@@ -14,9 +15,9 @@ cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, cons
 
 // dqkv overwritten. scratch: fp32 device memory of flash_attention_scratch(...) elements (dQ, dK
 // and dV accumulators and the row statistic delta = dout . out).
-// (dQ rows padded to whole 64-query tiles for the wgmma backward's layout.)
+// (dQ rows padded to whole 64-query tiles for the wgmma backward's layout: wgmma_dq_rows.)
 inline int64_t flash_attention_scratch(int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  return (n + 63) / 64 * 64 * heads * head_dim + n * heads + 2 * n * kv_heads * head_dim;
+  return wgmma_dq_rows(n) * heads * head_dim + n * heads + 2 * n * kv_heads * head_dim;
 }
 cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
                                      const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,

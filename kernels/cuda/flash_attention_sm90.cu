@@ -41,6 +41,7 @@ constexpr int kRows = 64;      // queries per step
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
 constexpr int kDqBlock = kRows * 64;  // floats of one warpgroup's dQ tile (16 KB)
+static_assert(kRows == kWgmmaDqTile && kD == 128, "wgmma_dq_index's layout: 64-query tiles, two 64-dim halves");
 constexpr int kStages = 3;            // query tiles (Q, dO, statistics) in shared memory
 // Backward: K, V, three stages of Q and dO, dS^T, (both warpgroups' staged dQ tiles,) three stages
 // of the row statistics, alignment slack.

@@ -19,10 +19,9 @@ cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const in
 // thread t at (j * 128 + t) * 4), so that a tile goes out as one bulk reduction from a
 // conflict-free staging copy. Rows are padded to whole tiles.
 constexpr int64_t kWgmmaDqTile = 64;
-inline int64_t wgmma_dq_floats(int64_t n, int64_t heads) {
-  return heads * ((n + kWgmmaDqTile - 1) / kWgmmaDqTile) * kWgmmaDqTile * 128;
-}
-// Index of dQ element (token t, head h, dim c) in that layout.
+// Tokens of dQ accumulator rows: n padded to whole tiles (flash_attention_scratch uses the same).
+inline int64_t wgmma_dq_rows(int64_t n) { return (n + kWgmmaDqTile - 1) / kWgmmaDqTile * kWgmmaDqTile; }
+// Index of dQ element (token t, head h, dim c < 128) in that layout.
 __host__ __device__ inline int64_t wgmma_dq_index(int64_t t, int64_t h, int c, int64_t n) {
   const int64_t tiles = (n + kWgmmaDqTile - 1) / kWgmmaDqTile;
   const int r = static_cast<int>(t % kWgmmaDqTile), cc = c & 63;
@@ -31,7 +30,7 @@ __host__ __device__ inline int64_t wgmma_dq_index(int64_t t, int64_t h, int c, i
   return (((h * tiles + t / kWgmmaDqTile) * 2 + (c >> 6)) * 8 + (cc >> 3)) * 512 + thread * 4 + in_chunk;
 }
 
-// dK/dV ([2][n][kv_heads][128]) and dQ (wgmma_dq_index's layout, wgmma_dq_floats) fp32
+// dK/dV ([2][n][kv_heads][128]) and dQ (wgmma_dq_index's layout, wgmma_dq_rows(n) x heads x 128) fp32
 // accumulators, cleared by the caller, receive this call's sums; delta = dout . out per (token, head).
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
