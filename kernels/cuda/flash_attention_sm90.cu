@@ -13,9 +13,10 @@
 //   P^T and dS^T computed in the accumulator registers, the A operands of
 //   dV += P^T dO and dK += dS^T Q   (64 x 128 each, A from registers, dK/dV stay in registers),
 //   dS^T also to shared memory for dQ = dS K (warpgroup w: dims 64 w.., all 128 keys), whose fp32
-//   64 x 64 tile is staged in register order (conflict-free 16-byte stores, two buffers) and added
-//   to the dQ accumulators, laid out the same way (wgmma_dq_index), by one 16 KB bulk reduction per
-//   warpgroup and tile, after a barrier of that warpgroup only.
+//   64 x 64 tile is staged in register order (conflict-free 16-byte stores, one buffer per
+//   warpgroup, freed before the next tile's dS^T barrier) and added to the dQ accumulators, laid
+//   out the same way (wgmma_dq_index), by one 16 KB bulk reduction per warpgroup and tile, after a
+//   barrier of that warpgroup only.
 // dK += dS^T Q of a tile is still running when the next tile starts: its first wait (for S^T)
 // covers it, so the tensor cores stay busy across the block barrier between tiles.
 // The masks, statistics and accumulators are the same as the mma.sync kernels' in
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg_thread = threadIdx.x & 127;
   const bool dq_issuer = BulkDq && wg_thread == 0;  // issues (and waits for) its warpgroup's dQ reductions
   const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kKeys;  // first key tiles first
-  const int64_t dq_tiles = (n + kRows - 1) / kRows;
+  const int64_t dq_tiles = wgmma_dq_rows(n) / kRows;
   // Descriptor addresses (shared address / 16) of the tiles; Q and dO add the stage's offset.
   const uint32_t k_lo = smem_addr(Ks) >> 4, v_lo = k_lo + lo16(tile_bytes(kKeys));
   const uint32_t q_lo0 = v_lo + lo16(tile_bytes(kKeys)), do_lo0 = q_lo0 + lo16(kStages * tile_bytes(kRows));

@@ -20,10 +20,10 @@ cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const in
 // conflict-free staging copy. Rows are padded to whole tiles.
 constexpr int64_t kWgmmaDqTile = 64;
 // Tokens of dQ accumulator rows: n padded to whole tiles (flash_attention_scratch uses the same).
-inline int64_t wgmma_dq_rows(int64_t n) { return (n + kWgmmaDqTile - 1) / kWgmmaDqTile * kWgmmaDqTile; }
+__host__ __device__ inline int64_t wgmma_dq_rows(int64_t n) { return (n + kWgmmaDqTile - 1) / kWgmmaDqTile * kWgmmaDqTile; }
 // Index of dQ element (token t, head h, dim c < 128) in that layout.
 __host__ __device__ inline int64_t wgmma_dq_index(int64_t t, int64_t h, int c, int64_t n) {
-  const int64_t tiles = (n + kWgmmaDqTile - 1) / kWgmmaDqTile;
+  const int64_t tiles = wgmma_dq_rows(n) / kWgmmaDqTile;
   const int r = static_cast<int>(t % kWgmmaDqTile), cc = c & 63;
   const int thread = (r >> 4) * 32 + (r & 7) * 4 + ((cc & 7) >> 1);
   const int in_chunk = ((r >> 3) & 1) * 2 + (cc & 1);
