@@ -849,6 +849,53 @@ TEST(CudaModel, RecomputationIsExactOnGpu) {
   }
 }
 
+// The optimizer beside backward (no clipping, one GPU): each unit's update runs on the side stream
+// once backward has finished the unit's gradient, and the next step waits for it. The first loss
+// is before any update (the same to rounding); the parameters' movement over three steps of two
+// micro-batches matches updating after backward. Attention's backward sums with atomics in varying
+// order, so to bf16 tolerance: an update that read a gradient before it was final (zeros or a
+// half-written one) or a step that read parameters mid-update would move them differently.
+TEST(CudaModel, OptimizerBesideBackwardMatchesAfter) {
+  REQUIRE_GPU();
+  const ModelConfig c = small_model();
+  auto gpu = make_cuda_backend(0).take();
+  LocalCommunicator comm;
+  std::vector<HostMicroBatch> window = {random_batch(c, 7), random_batch(c, 8)};
+  std::vector<float> initial;
+  struct Outcome {
+    std::vector<double> losses, norms;
+    std::vector<float> moved;
+  };
+  auto run = [&](bool beside) {
+    auto e = TrainingEngine::create(c, *gpu, comm, 512, AdamWOptions{0.9, 0.999, 1e-8, 0.1}, 0.0).take();
+    e->set_optimizer_in_backward(beside);
+    EXPECT_TRUE(e->initialize_parameters(11).is_ok());
+    if (initial.empty()) initial = e->parameters().take();
+    Outcome o;
+    for (int s = 0; s < 3; ++s) {
+      auto r = e->step(window, 2e-3);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      if (!r.is_ok()) return o;
+      EXPECT_EQ(r.value().updated_in_backward, beside);
+      o.losses.push_back(r.value().loss);
+      o.norms.push_back(r.value().grad_norm);
+    }
+    o.moved = e->parameters().take();
+    for (size_t i = 0; i < o.moved.size(); ++i) o.moved[i] -= initial[i];
+    return o;
+  };
+  const Outcome after = run(false), beside = run(true);
+  ASSERT_EQ(beside.losses.size(), 3u);
+  ASSERT_EQ(after.losses.size(), 3u);
+  EXPECT_NEAR(beside.losses[0], after.losses[0], 1e-6 * after.losses[0]);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_NEAR(beside.losses[s], after.losses[s], kBf16TrajectoryTolerance * after.losses[s]) << "step " << s + 1;
+    EXPECT_NEAR(beside.norms[s], after.norms[s], kBf16GradTolerance * after.norms[s]) << "step " << s + 1;
+  }
+  EXPECT_LT(relative_error(beside.moved, after.moved), 5e-2);
+  EXPECT_GT(*std::max_element(after.moved.begin(), after.moved.end()), 1e-3f);
+}
+
 // LoRA with dropout on both backends: the same masks (counter_keep on each), so the first step's
 // loss and adapter gradients agree to bf16 tolerance, while without the mask they would not; and
 // full recomputation redraws the forward's masks on the GPU too.

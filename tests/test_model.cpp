@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "model/glm4_model.h"
+#include "mpi/local_communicator.h"
+#include "train/engine.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -150,6 +152,46 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
   EXPECT_GT(*std::max_element(none.grads.begin(), none.grads.end()), 1e-6);
   EXPECT_LT(selective.bytes, none.bytes);
   EXPECT_LT(full.bytes, selective.bytes);
+}
+
+// Without clipping on one rank the optimizer updates each unit as backward finishes it (on the
+// CPU in place, at that point of backward). The update reads only the unit's final gradient, so
+// the trajectory is the one of updating after backward, bit for bit, over steps of two
+// micro-batches (units must be updated in the last one only); the fused norm sums the units in
+// another order (1e-12).
+TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
+  const ModelConfig config = tiny_glm4();
+  LocalCommunicator comm;
+  const std::vector<HostMicroBatch> window = {random_documents(config.vocab_size, 21, {40, 17}, 3),
+                                              random_documents(config.vocab_size, 22, {9, 50, 6}, 2)};
+  struct Outcome {
+    std::vector<double> losses, norms;
+    std::vector<float> params;
+  };
+  auto run = [&](bool in_backward) {
+    auto backend = make_cpu_backend(DType::f32);
+    auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 0.0).take();
+    e->set_optimizer_in_backward(in_backward);
+    EXPECT_TRUE(e->initialize_parameters(13).is_ok());
+    Outcome o;
+    for (int s = 0; s < 4; ++s) {
+      auto r = e->step(window, 3e-3);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      if (!r.is_ok()) return o;
+      EXPECT_EQ(r.value().updated_in_backward, in_backward);
+      o.losses.push_back(r.value().loss);
+      o.norms.push_back(r.value().grad_norm);
+    }
+    o.params = e->parameters().take();
+    return o;
+  };
+  const Outcome after = run(false), beside = run(true);
+  ASSERT_EQ(beside.losses.size(), 4u);
+  ASSERT_EQ(after.losses.size(), 4u);
+  EXPECT_EQ(beside.losses, after.losses);
+  for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(beside.norms[s], after.norms[s], 1e-12 * after.norms[s]) << s;
+  EXPECT_EQ(beside.params, after.params);
+  EXPECT_LT(after.losses.back(), after.losses.front());
 }
 
 // ZeRO-3 persistence moves tensors between units only: the same entries, values and arithmetic, so

@@ -57,14 +57,17 @@ __global__ void adamw_kernel(bf16* param, float* master, const bf16* grad, float
   add_block_sum<kNorm>(grad_sq_sum, squares);
 }
 
+// Every byte is touched once per step: loads and stores are marked evict-first (streaming), so the
+// update does not push out what kernels running beside it keep in L2.
 __device__ __forceinline__ void load8(const float* x, int64_t vec, float f[8]) {
-  const float4 lo = reinterpret_cast<const float4*>(x)[2 * vec], hi = reinterpret_cast<const float4*>(x)[2 * vec + 1];
+  const float4 lo = __ldcs(reinterpret_cast<const float4*>(x) + 2 * vec);
+  const float4 hi = __ldcs(reinterpret_cast<const float4*>(x) + 2 * vec + 1);
   f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
 }
 
 __device__ __forceinline__ void store8(float* x, int64_t vec, const float f[8]) {
-  reinterpret_cast<float4*>(x)[2 * vec] = make_float4(f[0], f[1], f[2], f[3]);
-  reinterpret_cast<float4*>(x)[2 * vec + 1] = make_float4(f[4], f[5], f[6], f[7]);
+  __stcs(reinterpret_cast<float4*>(x) + 2 * vec, make_float4(f[0], f[1], f[2], f[3]));
+  __stcs(reinterpret_cast<float4*>(x) + 2 * vec + 1, make_float4(f[4], f[5], f[6], f[7]));
 }
 
 // Vectors [0, vecs) of 8 elements; every pointer 16-byte aligned.
@@ -89,7 +92,7 @@ __global__ void adamw_vec_kernel(bf16* param, float* master, const bf16* grad, f
     store8(exp_avg, i, m);
     store8(exp_avg_sq, i, v);
     store8(master, i, p);
-    if (param != nullptr) reinterpret_cast<uint4*>(param)[i] = pack_bf16x8(p);
+    if (param != nullptr) __stcs(reinterpret_cast<uint4*>(param) + i, pack_bf16x8(p));
   }
   add_block_sum<kNorm>(grad_sq_sum, squares);
 }
@@ -109,12 +112,13 @@ unsigned int one_wave(Kernel kernel, int64_t items) {
   return g < wave ? g : wave;
 }
 
-// The vector body, then the element-wise tail; with kNorm both grids are one resident wave.
+// The vector body, then the element-wise tail; with kNorm both grids are one resident wave, or
+// beside other work blocks of at most 8 items per thread.
 template <bool kNorm>
 cudaError_t launch(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                   int64_t vecs, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream) {
-  auto grid = [](auto kernel, int64_t items) -> unsigned int {
-    if constexpr (kNorm) return one_wave(kernel, items);
+                   int64_t vecs, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream, bool beside) {
+  auto grid = [beside](auto kernel, int64_t items) -> unsigned int {
+    if constexpr (kNorm) return beside ? grid_for((items + 7) / 8, 256) : one_wave(kernel, items);
     return grid_for(items, 256);
   };
   if (vecs > 0) {
@@ -134,14 +138,15 @@ cudaError_t launch(bf16* param, float* master, const bf16* grad, float* exp_avg,
 }  // namespace
 
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream) {
+                  const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream, bool beside_other_work) {
   if (n == 0) return cudaSuccess;
   const bool vectorized = aligned16(master) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
                           (param == nullptr || aligned16(param));
   const int64_t vecs = vectorized ? n / kBf16PerVec : 0;
   if (grad_sq_sum != nullptr)
-    return launch<true>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, grad_sq_sum, stream);
-  return launch<false>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, nullptr, stream);
+    return launch<true>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, grad_sq_sum, stream,
+                        beside_other_work);
+  return launch<false>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, nullptr, stream, beside_other_work);
 }
 
 }  // namespace glm::cuda

@@ -86,6 +86,13 @@ class Backend {
   virtual void* native_stream() { return nullptr; }
   // Where a backend profiles its ops (GLM_PROFILE=1 on CUDA): forget what was measured so far.
   virtual void reset_profile() {}
+  // A second queue for work that may run beside the main one (the optimizer updating the units
+  // whose gradients backward has finished, while backward goes on). Ops called inside on_side(fn)
+  // are enqueued on it after everything enqueued on the main queue so far; the main queue does not
+  // wait for them until join_side(), which synchronize() also does. A backend with one queue (the
+  // CPU's) runs fn in place: the same order of effects, nothing beside.
+  virtual Status on_side(const std::function<Status()>& fn) { return fn(); }
+  virtual Status join_side() { return Status::ok(); }
 
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
   virtual Status zero(Tensor t) = 0;

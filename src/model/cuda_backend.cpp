@@ -193,12 +193,28 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device) : device_(device) {}
   ~CudaBackend() override {
     profiler_.report();
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (main_ != nullptr) cudaStreamSynchronize(main_);
+    if (side_ != nullptr) cudaStreamSynchronize(side_);
+    for (cudaEvent_t e : {fork_, joined_})
+      if (e != nullptr) cudaEventDestroy(e);
+    for (cudaStream_t s : {main_, side_})
+      if (s != nullptr) cudaStreamDestroy(s);
   }
 
   Status init() {
     GLM_CUDA_RETURN(cudaSetDevice(device_));
-    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The side queue gets the lowest priority: where both have blocks waiting, the main queue's
+    // (backward's GEMMs) are scheduled first and side work fills what they leave idle.
+    // GLM_MAIN_STREAM_PRIORITY=0 gives both the same (default) priority, for A/B runs.
+    int least = 0, greatest = 0;
+    GLM_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const char* env = std::getenv("GLM_MAIN_STREAM_PRIORITY");
+    const int main_priority = env != nullptr && std::string(env) == "0" ? least : greatest;
+    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&main_, cudaStreamNonBlocking, main_priority));
+    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
+    GLM_CUDA_RETURN(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
+    stream_ = main_;
     const std::string err = gemm_.init();
     if (!err.empty()) return GLM_ERROR(ErrorKind::internal, err);
     return Status::ok();
@@ -209,7 +225,24 @@ class CudaBackend final : public Backend {
   DType optimizer_dtype() const override { return DType::f32; }
   DType stats_dtype() const override { return DType::f32; }
   bool host_accessible() const override { return false; }
-  void* native_stream() override { return stream_; }
+  void* native_stream() override { return main_; }
+  Status on_side(const std::function<Status()>& fn) override {
+    if (stream_ != main_) return GLM_INTERNAL_ERROR("on_side() inside on_side()");
+    GLM_CUDA_RETURN(cudaEventRecord(fork_, main_));
+    GLM_CUDA_RETURN(cudaStreamWaitEvent(side_, fork_, 0));
+    stream_ = side_;
+    const Status st = fn();
+    stream_ = main_;
+    side_pending_ = true;
+    return st;
+  }
+  Status join_side() override {
+    if (!side_pending_) return Status::ok();
+    GLM_CUDA_RETURN(cudaEventRecord(joined_, side_));
+    GLM_CUDA_RETURN(cudaStreamWaitEvent(main_, joined_, 0));
+    side_pending_ = false;
+    return Status::ok();
+  }
   void reset_profile() override { profiler_.reset(); }
   int64_t device_memory_used() const override {
     size_t free_bytes = 0, total = 0;
@@ -260,7 +293,8 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   Status synchronize() override {
-    GLM_CUDA_RETURN(cudaStreamSynchronize(stream_));
+    GLM_RETURN_IF_ERROR(join_side());
+    GLM_CUDA_RETURN(cudaStreamSynchronize(main_));
     return Status::ok();
   }
 
@@ -482,7 +516,8 @@ class CudaBackend final : public Backend {
     a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(step.beta2, static_cast<double>(step.step))));
     GLM_CUDA_RETURN(cuda::adamw(param.data == master.data ? nullptr : b(param), master.as<float>(), b(grad),
                                 exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a,
-                                grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_));
+                                grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_,
+                                /*beside_other_work=*/stream_ == side_));
     return Status::ok();
   }
 
@@ -490,7 +525,10 @@ class CudaBackend final : public Backend {
   static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
 
   int device_;
-  cudaStream_t stream_ = nullptr;
+  // stream_ is where ops are enqueued: main_, or side_ inside on_side().
+  cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, joined_ = nullptr;
+  bool side_pending_ = false;  // side work enqueued since the last join_side()
   cuda::Gemm gemm_;
   Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_, bias_scratch_;
   OpProfiler profiler_;

@@ -255,6 +255,29 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   };
   GLM_RETURN_IF_ERROR(zero_->zero_grads());
   if (lora_layout_) GLM_RETURN_IF_ERROR(backend_.zero(lora_grads_.tensor()));
+  // Clipping needs the norm before the update: a pass of its own over the gradients. Without
+  // clipping the update sums it on the way, and where a unit's gradient is final as soon as
+  // backward finished it (one rank, stage 0), the unit is updated right there, on the backend's
+  // side queue beside the rest of backward (the last unit, the embedding, after it).
+  const bool clipping = max_grad_norm_ > 0;
+  const bool in_backward = !clipping && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
+  Tensor fused_sq;
+  if (!clipping) {
+    fused_sq = grad_sq_sum_.tensor();
+    GLM_RETURN_IF_ERROR(backend_.zero(fused_sq));
+  }
+  std::vector<char> updated(optimizers_.size(), 0);
+  auto update = [&](int u) -> Status {
+    if (updated[static_cast<size_t>(u)]) return GLM_INTERNAL_ERROR("unit ", u, " updated twice in one step");
+    updated[static_cast<size_t>(u)] = 1;
+    return optimizers_[static_cast<size_t>(u)].step(zero_->owned_grads(u), lr, 1.0, fused_sq);
+  };
+  if (in_backward)
+    zero_->set_on_grads_final([&](int u) { return backend_.on_side([&] { return update(u); }); });
+  struct ClearHook {
+    ZeroParameters& z;
+    ~ClearHook() { z.set_on_grads_final({}); }
+  } clear_hook{*zero_};
   double loss_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
     const HostMicroBatch& hb = micro[i];
@@ -282,10 +305,12 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     return GLM_ERROR(ErrorKind::internal, "non-finite loss (", r.loss, ") or gradient norm (", r.grad_norm,
                      ") at optimizer step ", steps_taken() + 1, when, "; lower --learning_rate or check the data");
   };
-  // Clipping needs the norm before the update: a pass of its own over the gradients. Without
-  // clipping the update sums it on the way (the loss is still checked first).
-  const bool clipping = max_grad_norm_ > 0;
-  Tensor fused_sq;
+  if (in_backward) {
+    zero_->set_on_grads_final({});
+    GLM_RETURN_IF_ERROR(backend_.join_side());
+    for (size_t u = 0; u < updated.size(); ++u)
+      if (!updated[u]) return GLM_INTERNAL_ERROR("unit ", u, " was not updated in backward");
+  }
   double clip = 1.0;
   if (clipping) {
     GLM_ASSIGN_OR_RETURN(double sq, zero_->grad_norm_squared());
@@ -297,14 +322,14 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return non_finite("");
     // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
     clip = std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6));
-  } else {
-    if (!std::isfinite(r.loss)) return non_finite("");
-    fused_sq = grad_sq_sum_.tensor();
-    GLM_RETURN_IF_ERROR(backend_.zero(fused_sq));
+  } else if (!std::isfinite(r.loss)) {
+    return non_finite(in_backward ? " (after its update: nothing of it is saved)" : "");
   }
   // Each unit's parameter all-gather (stages 1-2) starts as soon as its update is enqueued.
   for (size_t u = 0; u < optimizers_.size(); ++u) {
-    GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip, fused_sq));
+    if (!in_backward) {
+      GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip, fused_sq));
+    }
     GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));
   }
   for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.step(lora_grads_.tensor(), lr, clip, fused_sq));
@@ -324,6 +349,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   GLM_ASSIGN_OR_RETURN(const double device_waits, zero_->take_device_exposed_comm_seconds());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
   r.exposed_comm_seconds = blocking + backward_waits + device_waits;
+  r.updated_in_backward = in_backward;
   return r;
 }
 

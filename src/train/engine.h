@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "data/sharded_loader.h"
@@ -24,6 +26,7 @@ struct StepResult {
   int64_t targets = 0;              // global target tokens of the window
   double step_seconds = 0;          // this rank's wall time of the step
   double exposed_comm_seconds = 0;  // of which waiting on collectives (not hidden behind compute)
+  bool updated_in_backward = false;  // the optimizer ran beside backward (see TrainingEngine::step)
 };
 
 struct EvalResult {
@@ -114,7 +117,14 @@ class TrainingEngine {
   // the reported gradient norm is summed by the update itself (no pass of its own over the
   // gradients), so a non-finite one is found after the update: the step fails and nothing of it
   // is saved, as with clipping, but the parameters in memory are not usable any more.
+  //
+  // Without clipping, on one rank at ZeRO stage 0 (no LoRA), each unit is updated as soon as the
+  // last micro-batch's backward finished its gradient, on the backend's side queue beside the rest
+  // of backward; the loss is then checked after the update too. set_optimizer_in_backward(false)
+  // (or GLM_OPTIMIZER_IN_BACKWARD=0) updates after backward instead: the same arithmetic, the same
+  // results.
   Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr);
+  void set_optimizer_in_backward(bool on) { optimizer_in_backward_ = on; }
   // Loss of this rank's batch summed over all ranks (every rank must call it).
   Result<EvalResult> evaluate(const HostMicroBatch& batch);
   // Logits [n, vocab] of one batch (this rank only), converted to f32 on the host.
@@ -131,6 +141,10 @@ class TrainingEngine {
   std::unique_ptr<ZeroParameters> zero_;
   Buffer tokens_, targets_, positions_, doc_start_, correct_, logits_;
   Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
+  bool optimizer_in_backward_ = [] {
+    const char* env = std::getenv("GLM_OPTIMIZER_IN_BACKWARD");
+    return env == nullptr || std::string(env) != "0";
+  }();
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;
   DType grad_reduce_dtype_ = DType::f32;

@@ -316,6 +316,7 @@ Status ZeroParameters::drain(ReduceSlot& slot) {
 
 Status ZeroParameters::grads_ready(int unit) {
   if (frozen_) return Status::ok();
+  if (on_grads_final_ && last_micro_batch_ && grads_final_in_backward()) return on_grads_final_(unit);
   const int index = bucket_of_unit_[static_cast<size_t>(unit)];
   const CommBucket& b = reduce_buckets_[static_cast<size_t>(index)];
   if (unit != b.first) return Status::ok();  // backward completes a bucket with its first unit

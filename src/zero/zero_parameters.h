@@ -24,6 +24,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -73,6 +74,14 @@ class ZeroParameters final : public ParameterProvider {
   Tensor owned_grads(int unit) const;
   Tensor owned_grads_all() const { return grads_.tensor(); }  // stages 0-1: the full gradient
   int64_t owned_offset(int unit) const;                       // global layout offset of owned_params(unit)
+
+  // Whether a unit's owned gradient is final as soon as the last micro-batch's backward finished
+  // it (one rank at stage 0: nothing reduces it afterwards), so that its update can start there.
+  bool grads_final_in_backward() const { return stage_ == 0 && comm_.size() == 1 && !frozen_; }
+  // Where grads_final_in_backward(): called from grads_ready() of the last micro-batch with each
+  // unit as backward finishes it (the optimizer then updates it beside the rest of backward).
+  // Empty: nothing is called.
+  void set_on_grads_final(std::function<Status(int unit)> fn) { on_grads_final_ = std::move(fn); }
 
   Status zero_grads();
   // Before each micro-batch's backward: whether it is the last of the optimizer step (stages 0-1
@@ -145,6 +154,7 @@ class ZeroParameters final : public ParameterProvider {
   Status settle_slot(Gathered& g);
   Status forget_gathered();
   Status wait_timed(std::unique_ptr<CommRequest>& request);
+  std::function<Status(int unit)> on_grads_final_;
   bool last_micro_batch_ = true;
   bool first_micro_batch_ = false;
   // Per unit, the ranges (relative to the unit) that backward adds to: all but the weight tensors.
