@@ -36,7 +36,8 @@ struct TuneScratch {
 size_t Gemm::KeyHash::operator()(const Key& k) const {
   size_t h = static_cast<size_t>(k.trans_a) | static_cast<size_t>(k.trans_b) << 1 | static_cast<size_t>(k.c_f32) << 2 |
              static_cast<size_t>(k.accumulate) << 3 | static_cast<size_t>(k.bias) << 4;
-  for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc}) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+  for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, static_cast<int64_t>(k.sm_target)})
+    h = h * 1000003u ^ std::hash<int64_t>{}(v);
   return h;
 }
 
@@ -67,6 +68,10 @@ cublasStatus_t Gemm::make_plan(const Key& key, Plan& plan) {
   const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (key.sm_target > 0) {
+    const int32_t sms = key.sm_target;
+    GLM_LT(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
+  }
   if (key.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bias_type = CUDA_R_16BF;
@@ -162,7 +167,7 @@ cublasStatus_t Gemm::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
                             cudaStream_t stream, const void* c_in) {
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   if (c_in == nullptr) c_in = c;
-  const Key key{trans_a, trans_b, c_f32, beta != 0.0f, bias != nullptr, m, n, k, lda, ldb, ldc};
+  const Key key{trans_a, trans_b, c_f32, beta != 0.0f, bias != nullptr, m, n, k, lda, ldb, ldc, sm_target_};
   auto it = plans_.find(key);
   const bool fresh = it == plans_.end();
   if (fresh) {

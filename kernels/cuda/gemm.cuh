@@ -34,6 +34,10 @@ class Gemm {
   // Creates the handle and a workspace; returns a message on failure, empty on success.
   std::string init(size_t workspace_bytes = 32u << 20);
   void set_autotune(bool on) { autotune_ = on; }
+  // GEMMs planned from now on target this many SMs (cuBLASLt's SM_COUNT_TARGET: the rest are left
+  // to work on another stream); 0 targets all of them. Plans are cached per target.
+  void set_sm_target(int sms) { sm_target_ = sms; }
+  int sm_target() const { return sm_target_; }
   bool autotune() const { return autotune_; }
 
   // out[n, O] = in[n, I] W[O, I]^T (+ bias[O]) (+ addend[n, O]); out is bf16, or fp32 when out_f32.
@@ -60,9 +64,11 @@ class Gemm {
   struct Key {
     bool trans_a, trans_b, c_f32, accumulate, bias;
     int64_t m, n, k, lda, ldb, ldc;
+    int sm_target;
     bool operator==(const Key& o) const {
       return trans_a == o.trans_a && trans_b == o.trans_b && c_f32 == o.c_f32 && accumulate == o.accumulate &&
-             bias == o.bias && m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc;
+             bias == o.bias && m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
+             sm_target == o.sm_target;
     }
   };
   struct KeyHash {
@@ -89,6 +95,7 @@ class Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   bool autotune_ = false;
+  int sm_target_ = 0;
   std::unordered_map<Key, Plan, KeyHash> plans_;
   std::vector<TuneRecord> tune_log_;
 };

@@ -203,18 +203,20 @@ class CudaBackend final : public Backend {
 
   Status init() {
     GLM_CUDA_RETURN(cudaSetDevice(device_));
-    // The side queue gets the lowest priority: where both have blocks waiting, the main queue's
-    // (backward's GEMMs) are scheduled first and side work fills what they leave idle.
-    // GLM_MAIN_STREAM_PRIORITY=0 gives both the same (default) priority, for A/B runs.
-    int least = 0, greatest = 0;
-    GLM_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    const char* env = std::getenv("GLM_MAIN_STREAM_PRIORITY");
-    const int main_priority = env != nullptr && std::string(env) == "0" ? least : greatest;
-    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&main_, cudaStreamNonBlocking, main_priority));
-    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
+    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
+    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     stream_ = main_;
+    // While side work is pending, GEMMs are planned for all SMs but kSideSms (GLM_SIDE_SMS
+    // overrides; 0 plans them for every SM): cuBLASLt's kernels fill every SM they are planned for
+    // and stay resident until they finish, so without SMs of its own the side work (the memory-bound
+    // optimizer) would only run in the gaps between GEMMs.
+    int sms = 0;
+    GLM_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+    int side_sms = kSideSms;
+    if (const char* env = std::getenv("GLM_SIDE_SMS"); env != nullptr) side_sms = std::max(std::atoi(env), 0);
+    side_sm_target_ = side_sms > 0 && side_sms < sms ? sms - side_sms : 0;
     const std::string err = gemm_.init();
     if (!err.empty()) return GLM_ERROR(ErrorKind::internal, err);
     return Status::ok();
@@ -234,6 +236,7 @@ class CudaBackend final : public Backend {
     const Status st = fn();
     stream_ = main_;
     side_pending_ = true;
+    if (side_sm_target_ > 0) gemm_.set_sm_target(side_sm_target_);
     return st;
   }
   Status join_side() override {
@@ -241,6 +244,7 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cudaEventRecord(joined_, side_));
     GLM_CUDA_RETURN(cudaStreamWaitEvent(main_, joined_, 0));
     side_pending_ = false;
+    gemm_.set_sm_target(0);
     return Status::ok();
   }
   void reset_profile() override { profiler_.reset(); }
@@ -529,6 +533,12 @@ class CudaBackend final : public Backend {
   cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, joined_ = nullptr;
   bool side_pending_ = false;  // side work enqueued since the last join_side()
+  // SMs the GEMMs are planned for while side work is pending (0: all). On one H200 (132 SMs) with
+  // the optimizer beside a 12-layer GLM-4-9B backward at seq 4096, 12 left to it gave +2.0% end to
+  // end against the optimizer after backward; 8 and 16 gave -0.4% and +0.1%, none +0.3%
+  // (benchmarks/RESULTS.md, session 8).
+  static constexpr int kSideSms = 12;
+  int side_sm_target_ = 0;
   cuda::Gemm gemm_;
   Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_, bias_scratch_;
   OpProfiler profiler_;
