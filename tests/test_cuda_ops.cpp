@@ -668,8 +668,10 @@ TEST_F(Ops, SumSquaresAndAdamW) {
   EXPECT_NEAR(gs.value(), cs.value(), 1e-5 * cs.value());
   // offset 0: every pointer aligned, vectors of 8 and a 3-element tail; offset 1: the bf16
   // gradient and working copy start one element in, so the whole update goes element by element.
-  for (int64_t offset : {0, 1}) {
-    SCOPED_TRACE("bf16 views at element " + std::to_string(offset));
+  // Beside: on the side stream (the optimizer inside backward), whose summing grid is short blocks
+  // of at most 8 vectors per thread instead of one resident wave.
+  for (const auto& [offset, beside] : {std::pair<int64_t, bool>{0, false}, {1, false}, {0, true}, {1, true}}) {
+    SCOPED_TRACE("bf16 views at element " + std::to_string(offset) + (beside ? ", beside" : ""));
     auto grad = dual(random_bf16(static_cast<size_t>(n + offset), 25 + static_cast<uint64_t>(offset)));
     auto master = dual(random_bf16(static_cast<size_t>(n), 26), DType::f32);
     auto param = output(n + offset);
@@ -689,9 +691,12 @@ TEST_F(Ops, SumSquaresAndAdamW) {
     Buffer acc = gpu_->allocate(1, DType::f64).take();
     const double start = 1.5;
     ASSERT_TRUE(gpu_->upload(acc.tensor(), &start).is_ok());
-    ASSERT_TRUE(gpu_->adamw(param.gpu.tensor().slice(offset, n), master.gpu.tensor(),
-                            grad.gpu.tensor().slice(offset, n), m.gpu.tensor(), v.gpu.tensor(), step, acc.tensor())
-                    .is_ok());
+    auto update = [&] {
+      return gpu_->adamw(param.gpu.tensor().slice(offset, n), master.gpu.tensor(), grad.gpu.tensor().slice(offset, n),
+                         m.gpu.tensor(), v.gpu.tensor(), step, acc.tensor());
+    };
+    ASSERT_TRUE((beside ? gpu_->on_side(update) : update()).is_ok());
+    ASSERT_TRUE(gpu_->join_side().is_ok());
     double fused = 0;
     ASSERT_TRUE(gpu_->download(&fused, acc.tensor()).is_ok());
     const double squares = cpu_->sum_squares(grad.cpu.tensor().slice(offset, n)).take();
