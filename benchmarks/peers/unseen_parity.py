@@ -27,7 +27,7 @@ from transformers import GlmForCausalLM  # noqa: E402
 torch.set_float32_matmul_precision("highest")
 torch.set_num_threads(8)
 
-RECIPE = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=5)
+RECIPE = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=5)
 
 
 def draw(seed):
