@@ -20,8 +20,8 @@
 # table and PASS/FAIL; logs go to $OUT.
 set -uo pipefail
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+B=$(realpath "${1:-$(dirname "$0")/../build-gpu}")
 cd "$(dirname "$0")/.."
-B=$(realpath "${1:-build-gpu}")
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 [ -x "$B/glm_hpc" ] || { echo "FAIL: $B/glm_hpc is missing"; exit 1; }
@@ -29,6 +29,7 @@ seed0=${GLM_UNSEEN_SEED:-$(date +%s)}
 models=${GLM_UNSEEN_MODELS:-3}
 echo "unseen parity: seeds $seed0 .. $((seed0 + models - 1))"
 W=$(mktemp -d /tmp/glm_unseen.XXXXXX)
+trap 'rm -rf "$W"' EXIT  # the logs worth keeping are copied to $OUT
 status=0
 for i in $(seq 0 $((models - 1))); do
   seed=$((seed0 + i))
@@ -36,7 +37,7 @@ for i in $(seq 0 $((models - 1))); do
   mkdir -p "$dir"
   python3 benchmarks/peers/unseen_parity.py "$seed" "$dir" >"$OUT/unseen_$seed.log" 2>&1 ||
     { echo "FAIL: transformers reference for seed $seed"; tail -5 "$OUT/unseen_$seed.log"; status=1; continue; }
-  head -1 "$OUT/unseen_$seed.log"
+  grep "^seed" "$OUT/unseen_$seed.log"
   # The rows and the recipe transformers ran: every row in each step's one micro-batch.
   read -r rows lr wd clip steps < <(python3 -c "import json; r = json.load(open('$dir/reference.json')); \
 print(len(r['rows']), r['recipe']['lr'], r['recipe']['weight_decay'], r['recipe']['max_grad_norm'], r['recipe']['steps'])")
@@ -49,7 +50,7 @@ print(len(r['rows']), r['recipe']['lr'], r['recipe']['weight_decay'], r['recipe'
       --warmup_ratio 0 --warmup_steps 0 --weight_decay "$wd" --max_grad_norm "$clip" --logging_steps 1 --save_strategy no \
       --output_dir "$dir/train_$dev" >"$dir/train_$dev.log" 2>&1 ||
       { echo "FAIL: glm_hpc train --device $dev"; tail -5 "$dir/train_$dev.log"; status=1; }
-    cp "$dir/eval_$dev.log" "$OUT/unseen_${seed}_eval_$dev.log" 2>/dev/null
+    for log in eval train; do cp "$dir/${log}_$dev.log" "$OUT/unseen_${seed}_${log}_$dev.log" 2>/dev/null; done
   done
   python3 - "$dir" <<'PY' || status=1
 import json, re, sys
@@ -63,7 +64,7 @@ def losses(dev):
         return [json.loads(l)["loss"] for l in open(f"{d}/train_{dev}/logging.jsonl") if '"loss"' in l]
     except OSError:
         return []
-rel = lambda a, b: abs(a - b) / abs(b)
+rel = lambda a, b: abs(a - b) / max(abs(b), 1e-12)
 ok = True
 def check(what, ours, theirs, tol):
     global ok

@@ -332,7 +332,8 @@ double worst_row_error(const std::vector<float>& ours, const std::vector<float>&
 }
 
 // GLM-4's head size on Hopper takes the wgmma kernels, GLM_FLASH=mma the mma.sync ones: both,
-// forward and backward (both dQ paths), against each other with GQA 4:1 on two packings: 2,053
+// forward and backward (both dQ paths, and the backward's blocks in chunks of 3 heads that do not
+// divide the 8), against each other with GQA 4:1 on two packings: 2,053
 // tokens (17 key blocks, the last partial) in four documents, one of a single token; and 1,024
 // tokens (a multiple of the tiles) with documents starting on 128- and 64-token boundaries, 128
 // single-token documents, and one starting inside the last tile. Each (token, head) row is checked
@@ -393,20 +394,25 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
   ::setenv("GLM_FLASH_DQ", "atomic", 1);  // the dQ accumulation's other path: per-thread atomics
   const auto atomic_grads = backward(nullptr);
   ::unsetenv("GLM_FLASH_DQ");
+  ::setenv("GLM_FLASH_BWD_HEAD_CHUNK", "3", 1);  // the blocks' order in chunks of 3, 3 and 2 heads
+  const auto chunked_grads = backward(nullptr);
+  ::unsetenv("GLM_FLASH_BWD_HEAD_CHUNK");
   const auto grads = backward(nullptr);
   const int64_t width = s.qkv_width(), kv_width = s.kv_heads * d;
   const char* names[3] = {"dQ", "dK", "dV"};
   const int64_t begin[4] = {0, qw, qw + kv_width, width};
   for (int part = 0; part < 3; ++part) {  // each of dQ, dK, dV on its own scale
-    std::vector<float> a, b, c;
+    std::vector<float> a, b, c, e;
     for (int64_t t = 0; t < n; ++t)
       for (int64_t col = begin[part]; col < begin[part + 1]; ++col) {
         a.push_back(grads[static_cast<size_t>(t * width + col)]);
         b.push_back(reference_grads[static_cast<size_t>(t * width + col)]);
         c.push_back(atomic_grads[static_cast<size_t>(t * width + col)]);
+        e.push_back(chunked_grads[static_cast<size_t>(t * width + col)]);
       }
     check((std::string(names[part]) + ": wgmma against mma.sync").c_str(), a, b, static_cast<size_t>(d));
     check((std::string(names[part]) + ": wgmma (dQ atomics) against mma.sync").c_str(), c, b, static_cast<size_t>(d));
+    check((std::string(names[part]) + ": wgmma (3-head chunks) against mma.sync").c_str(), e, b, static_cast<size_t>(d));
   }
 }
 

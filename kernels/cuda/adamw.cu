@@ -5,8 +5,8 @@
 // elements and misaligned views take the element-wise loop. Both apply the same per-element
 // arithmetic, so the two paths agree bit for bit. With kNorm each thread also sums the squares of
 // the gradients it read (fp32), each block adds its total to one fp64 accumulator; the grid is then
-// one resident wave so that the atomics stay few, or, beside other work, blocks of at most 8
-// vectors per thread (one atomic per 16K elements) that hand their SMs back as they finish.
+// one resident wave so that the atomics stay few, or, beside other work, blocks of at most 8 items
+// per thread (vectors of 8 or, misaligned, single elements) that hand their SMs back as they finish.
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/vec.cuh"
 

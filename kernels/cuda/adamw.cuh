@@ -13,7 +13,7 @@ struct AdamWArgs {
 // master, exp_avg, exp_avg_sq updated in place; param (may be null) gets the bf16 copy.
 // grad_sq_sum (may be null) gets the sum of squares of grad (before args.grad_scale) added.
 // beside_other_work: the update runs on a side stream next to compute (the optimizer inside
-// backward), so the summing grid is short-lived blocks (at most 8 vectors per thread) that hand
+// backward), so the summing grid is short-lived blocks (at most 8 items per thread) that hand
 // SMs back as they finish, instead of one resident wave that would hold every SM to the end.
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                   const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream, bool beside_other_work = false);

@@ -581,16 +581,15 @@ cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, c
   cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<BulkDq>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  // Heads per chunk of the block order: 8 (GLM_FLASH_BWD_HEAD_CHUNK overrides). On one H200 at
-  // GLM-4-9B's 32 heads: seq 8192 3.70 ms against 3.83 with all heads side by side (1, 2, 4, 8, 16
-  // heads: 3.86, 3.69, 3.70, 3.70, 3.76), seq 4096 1.04 against 1.05 (benchmarks/RESULTS.md).
-  static const int head_chunk_env = [] {
-    const char* env = std::getenv("GLM_FLASH_BWD_HEAD_CHUNK");
-    const int v = env != nullptr ? std::atoi(env) : 0;
-    return v > 0 ? v : 8;
-  }();
-  const int head_chunk = static_cast<int>(std::min<int64_t>(head_chunk_env, heads));
+  // Heads per chunk of the block order: 8 (GLM_FLASH_BWD_HEAD_CHUNK overrides, read per call as
+  // GLM_FLASH is). On one H200 at GLM-4-9B's 32 heads: seq 8192 3.70 ms against 3.83 with all heads
+  // side by side (1, 2, 4, 8, 16 heads: 3.86, 3.69, 3.70, 3.70, 3.76), seq 4096 1.04 against 1.05
+  // (benchmarks/RESULTS.md).
+  const char* env = std::getenv("GLM_FLASH_BWD_HEAD_CHUNK");
+  const int chosen = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 8;
+  const int head_chunk = static_cast<int>(std::min<int64_t>(chosen, heads));
   const int64_t blocks = heads * ((n + kKeys - 1) / kKeys);
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   flash_backward_wgmma_kernel<BulkDq><<<static_cast<unsigned int>(blocks), kThreads, smem, stream>>>(
       dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, 1.0f / sqrtf(static_cast<float>(kD)),
       head_chunk);

@@ -128,6 +128,7 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
   std::ostringstream shape;
   shape << (key.trans_a ? 'T' : 'N') << (key.trans_b ? 'T' : 'N') << ' ' << key.m << 'x' << key.n << 'x' << key.k
         << (key.c_f32 ? " f32-out" : "") << (key.accumulate ? " +C" : "") << (key.bias ? " +bias" : "");
+  if (key.sm_target > 0) shape << " on " << key.sm_target << " SMs";
   record.shape = shape.str();
   constexpr int kReps = 3;
   double best = 0;

@@ -82,7 +82,8 @@ class Backend {
   // Device memory in use by this process's device (everything is allocated up front, so after
   // the first step this is the peak); -1 where the backend cannot tell (host memory).
   virtual int64_t device_memory_used() const { return -1; }
-  // The stream every op is enqueued on (cudaStream_t), for ordering collectives; null on the host.
+  // The main stream, where every op outside on_side() is enqueued (cudaStream_t), for ordering
+  // collectives; null on the host.
   virtual void* native_stream() { return nullptr; }
   // Where a backend profiles its ops (GLM_PROFILE=1 on CUDA): forget what was measured so far.
   virtual void reset_profile() {}

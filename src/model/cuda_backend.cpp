@@ -1,5 +1,6 @@
 // The CUDA backend: bf16 parameters, gradients and activations in device memory, fp32 statistics,
-// master weights and moments; kernels from kernels/cuda, GEMMs through cuBLASLt; one stream.
+// master weights and moments; kernels from kernels/cuda, GEMMs through cuBLASLt; one main stream, and
+// a side stream for work beside it (on_side: the optimizer inside backward).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -208,15 +209,18 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     stream_ = main_;
-    // While side work is pending, GEMMs are planned for all SMs but kSideSms (GLM_SIDE_SMS
-    // overrides; 0 plans them for every SM): cuBLASLt's kernels fill every SM they are planned for
-    // and stay resident until they finish, so without SMs of its own the side work (the memory-bound
-    // optimizer) would only run in the gaps between GEMMs.
+    // From the first on_side() until join_side() (enqueue order: the side stream may be idle
+    // already), GEMMs are planned for all SMs but kSideSms (GLM_SIDE_SMS overrides; 0 plans them
+    // for every SM): cuBLASLt's kernels fill every SM they are planned for and stay resident until
+    // they finish, so without SMs of its own the side work (the memory-bound optimizer) would only
+    // run in the gaps between GEMMs.
     int sms = 0;
     GLM_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
     int side_sms = kSideSms;
     if (const char* env = std::getenv("GLM_SIDE_SMS"); env != nullptr) side_sms = std::max(std::atoi(env), 0);
-    side_sm_target_ = side_sms > 0 && side_sms < sms ? sms - side_sms : 0;
+    // At most a quarter of the SMs: on a small GPU the GEMMs keep at least three quarters.
+    side_sms = std::min(side_sms, sms / 4);
+    side_sm_target_ = side_sms > 0 ? sms - side_sms : 0;
     const std::string err = gemm_.init();
     if (!err.empty()) return GLM_ERROR(ErrorKind::internal, err);
     return Status::ok();
@@ -232,11 +236,12 @@ class CudaBackend final : public Backend {
     if (stream_ != main_) return GLM_INTERNAL_ERROR("on_side() inside on_side()");
     GLM_CUDA_RETURN(cudaEventRecord(fork_, main_));
     GLM_CUDA_RETURN(cudaStreamWaitEvent(side_, fork_, 0));
+    // Pending from here: a synchronize() inside fn (an upload or download) joins the side stream.
+    side_pending_ = true;
+    if (side_sm_target_ > 0) gemm_.set_sm_target(side_sm_target_);
     stream_ = side_;
     const Status st = fn();
     stream_ = main_;
-    side_pending_ = true;
-    if (side_sm_target_ > 0) gemm_.set_sm_target(side_sm_target_);
     return st;
   }
   Status join_side() override {

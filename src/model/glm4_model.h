@@ -35,7 +35,10 @@ class ParameterProvider {
   // Where the model accumulates this unit's gradient (same layout as the parameters); empty when
   // the parameters are frozen (LoRA): no parameter gradient of the unit is computed then.
   virtual Tensor unit_grads(int unit) = 0;
-  // The unit's gradient contribution of this micro-batch is complete (bucketed reduction hooks here).
+  // The unit's gradient contribution of this micro-batch is complete (bucketed reduction hooks here,
+  // and in the last micro-batch of a step the optimizer may update the unit right away, beside the
+  // rest of backward): after this call the model neither reads the unit's parameters nor touches
+  // its gradient again until the next micro-batch.
   virtual Status grads_ready(int unit) { return Status::ok(); }
   // True when no gradient slot handed out for this micro-batch holds a contribution of the current
   // optimizer step yet: the model then writes the ParamKind::weight gradients (one GEMM each, with

@@ -235,6 +235,9 @@ Result<double> TrainingEngine::local_loss_sum(int64_t n) {
 
 Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, double lr) {
   if (!has_optimizer_) return GLM_INTERNAL_ERROR("step() on an engine created without an optimizer");
+  // Side work a failed step left behind finishes before this step zeroes what it reads.
+  GLM_RETURN_IF_ERROR(backend_.join_side());
+  const int64_t this_step = steps_taken() + 1;  // updates inside backward advance steps_taken() early
   // Loss normalisation needs the global target count of the whole window before any backward.
   int64_t counts[2] = {0, 0};  // targets, tokens
   for (const auto& m : micro) {
@@ -303,7 +306,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   r.tokens = counts[1];
   auto non_finite = [&](const char* when) {
     return GLM_ERROR(ErrorKind::internal, "non-finite loss (", r.loss, ") or gradient norm (", r.grad_norm,
-                     ") at optimizer step ", steps_taken() + 1, when, "; lower --learning_rate or check the data");
+                     ") at optimizer step ", this_step, when, "; lower --learning_rate or check the data");
   };
   if (in_backward) {
     zero_->set_on_grads_final({});

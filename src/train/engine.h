@@ -121,8 +121,9 @@ class TrainingEngine {
   // Without clipping, on one rank at ZeRO stage 0 (no LoRA), each unit is updated as soon as the
   // last micro-batch's backward finished its gradient, on the backend's side queue beside the rest
   // of backward; the loss is then checked after the update too. set_optimizer_in_backward(false)
-  // (or GLM_OPTIMIZER_IN_BACKWARD=0) updates after backward instead: the same arithmetic, the same
-  // results.
+  // (or GLM_OPTIMIZER_IN_BACKWARD=0) updates after backward instead: the same arithmetic per
+  // element (bit for bit on the CPU; on CUDA the GEMMs beside it are planned for fewer SMs, and the
+  // norm's atomic sums and attention's run in another order).
   Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr);
   void set_optimizer_in_backward(bool on) { optimizer_in_backward_ = on; }
   // Loss of this rank's batch summed over all ranks (every rank must call it).
