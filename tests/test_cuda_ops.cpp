@@ -873,29 +873,15 @@ TEST(CudaModel, OptimizerBesideBackwardMatchesAfter) {
   LocalCommunicator comm;
   std::vector<HostMicroBatch> window = {random_batch(c, 7), random_batch(c, 8)};
   std::vector<float> initial;
-  struct Outcome {
-    std::vector<double> losses, norms;
-    std::vector<float> moved;
-  };
   auto run = [&](bool beside) {
     auto e = TrainingEngine::create(c, *gpu, comm, 512, AdamWOptions{0.9, 0.999, 1e-8, 0.1}, 0.0).take();
-    e->set_optimizer_in_backward(beside);
     EXPECT_TRUE(e->initialize_parameters(11).is_ok());
     if (initial.empty()) initial = e->parameters().take();
-    Outcome o;
-    for (int s = 0; s < 3; ++s) {
-      auto r = e->step(window, 2e-3);
-      EXPECT_TRUE(r.is_ok()) << r.status().message();
-      if (!r.is_ok()) return o;
-      EXPECT_EQ(r.value().updated_in_backward, beside);
-      o.losses.push_back(r.value().loss);
-      o.norms.push_back(r.value().grad_norm);
-    }
-    o.moved = e->parameters().take();
-    for (size_t i = 0; i < o.moved.size(); ++i) o.moved[i] -= initial[i];
-    return o;
+    StepTrace t = trace_steps(*e, window, 2e-3, 3, beside);
+    for (size_t i = 0; i < t.params.size(); ++i) t.params[i] -= initial[i];  // how far each moved
+    return t;
   };
-  const Outcome after = run(false), beside = run(true);
+  const StepTrace after = run(false), beside = run(true);
   ASSERT_EQ(beside.losses.size(), 3u);
   ASSERT_EQ(after.losses.size(), 3u);
   EXPECT_NEAR(beside.losses[0], after.losses[0], 1e-6 * after.losses[0]);
@@ -903,8 +889,8 @@ TEST(CudaModel, OptimizerBesideBackwardMatchesAfter) {
     EXPECT_NEAR(beside.losses[s], after.losses[s], kBf16TrajectoryTolerance * after.losses[s]) << "step " << s + 1;
     EXPECT_NEAR(beside.norms[s], after.norms[s], kBf16GradTolerance * after.norms[s]) << "step " << s + 1;
   }
-  EXPECT_LT(relative_error(beside.moved, after.moved), 5e-2);
-  EXPECT_GT(*std::max_element(after.moved.begin(), after.moved.end()), 1e-3f);
+  EXPECT_LT(relative_error(beside.params, after.params), 5e-2);
+  EXPECT_GT(*std::max_element(after.params.begin(), after.params.end()), 1e-3f);
 }
 
 // LoRA with dropout on both backends: the same masks (counter_keep on each), so the first step's

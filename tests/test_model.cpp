@@ -10,7 +10,6 @@
 
 #include "model/glm4_model.h"
 #include "mpi/local_communicator.h"
-#include "train/engine.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -164,28 +163,13 @@ TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
   LocalCommunicator comm;
   const std::vector<HostMicroBatch> window = {random_documents(config.vocab_size, 21, {40, 17}, 3),
                                               random_documents(config.vocab_size, 22, {9, 50, 6}, 2)};
-  struct Outcome {
-    std::vector<double> losses, norms;
-    std::vector<float> params;
-  };
   auto run = [&](bool in_backward) {
     auto backend = make_cpu_backend(DType::f32);
     auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 0.0).take();
-    e->set_optimizer_in_backward(in_backward);
     EXPECT_TRUE(e->initialize_parameters(13).is_ok());
-    Outcome o;
-    for (int s = 0; s < 4; ++s) {
-      auto r = e->step(window, 3e-3);
-      EXPECT_TRUE(r.is_ok()) << r.status().message();
-      if (!r.is_ok()) return o;
-      EXPECT_EQ(r.value().updated_in_backward, in_backward);
-      o.losses.push_back(r.value().loss);
-      o.norms.push_back(r.value().grad_norm);
-    }
-    o.params = e->parameters().take();
-    return o;
+    return trace_steps(*e, window, 3e-3, 4, in_backward);
   };
-  const Outcome after = run(false), beside = run(true);
+  const StepTrace after = run(false), beside = run(true);
   ASSERT_EQ(beside.losses.size(), 4u);
   ASSERT_EQ(after.losses.size(), 4u);
   EXPECT_EQ(beside.losses, after.losses);

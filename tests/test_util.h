@@ -12,6 +12,7 @@
 #include "data/sharded_loader.h"
 #include "model/config.h"
 #include "model/glm4_model.h"
+#include "train/engine.h"
 
 namespace glm::test {
 
@@ -115,6 +116,29 @@ inline HostMicroBatch random_documents(int64_t vocab, uint64_t seed, std::initia
     append_document(b, s);
   }
   return b;
+}
+
+// `steps` optimizer steps of `window` with the optimizer updating each unit inside backward or
+// after it (TrainingEngine::set_optimizer_in_backward), each step checked to have taken that path:
+// the losses, the gradient norms and the parameters after the last step (as far as the steps got).
+struct StepTrace {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+};
+inline StepTrace trace_steps(TrainingEngine& e, std::span<const HostMicroBatch> window, double lr, int steps,
+                             bool in_backward) {
+  e.set_optimizer_in_backward(in_backward);
+  StepTrace t;
+  for (int s = 0; s < steps; ++s) {
+    auto r = e.step(window, lr);
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    if (!r.is_ok()) return t;
+    EXPECT_EQ(r.value().updated_in_backward, in_backward);
+    t.losses.push_back(r.value().loss);
+    t.norms.push_back(r.value().grad_norm);
+  }
+  t.params = e.parameters().take();
+  return t;
 }
 
 }  // namespace glm::test

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "train/trainer.h"
 
@@ -17,6 +19,9 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                                const LoraConfig* lora) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
+  if (const char* env = std::getenv("GLM_OPTIMIZER_IN_BACKWARD"); env != nullptr) {
+    e->optimizer_in_backward_ = std::string(env) != "0";
+  }
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
@@ -309,7 +314,6 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
                      ") at optimizer step ", this_step, when, "; lower --learning_rate or check the data");
   };
   if (in_backward) {
-    zero_->set_on_grads_final({});
     GLM_RETURN_IF_ERROR(backend_.join_side());
     for (size_t u = 0; u < updated.size(); ++u)
       if (!updated[u]) return GLM_INTERNAL_ERROR("unit ", u, " was not updated in backward");

@@ -3,11 +3,9 @@
 #pragma once
 
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "data/sharded_loader.h"
@@ -142,10 +140,7 @@ class TrainingEngine {
   std::unique_ptr<ZeroParameters> zero_;
   Buffer tokens_, targets_, positions_, doc_start_, correct_, logits_;
   Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
-  bool optimizer_in_backward_ = [] {
-    const char* env = std::getenv("GLM_OPTIMIZER_IN_BACKWARD");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  bool optimizer_in_backward_ = true;  // create(): false under GLM_OPTIMIZER_IN_BACKWARD=0
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;
   DType grad_reduce_dtype_ = DType::f32;
