@@ -31,7 +31,7 @@ double g_copy_gbs = 0, g_gemm_tflops = 0;  // ceilings, measured first
 
 Buffer filled(int64_t n, DType dtype, double value_std = 0.5, uint64_t key = 1) {
   Buffer b = gpu()->allocate(n, dtype).take();
-  if (dtype == DType::i32) return b;
+  if (dtype == DType::i32 || dtype == DType::i16) return b;  // zeros
   if (!gpu()->fill_normal(b.tensor(), key, 0, value_std).is_ok()) std::abort();
   return b;
 }
@@ -203,6 +203,19 @@ void BM_AdamW(benchmark::State& state) {
   report_bytes(state, 28.0 * n);  // read grad 2, master 4, m 4, v 4; write master, m, v 12, param 2
 }
 
+// The master split into the bf16 parameters and 16-bit low halves (kernels/master_split.h).
+void BM_AdamWSplitMaster(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = int64_t{1} << 28;
+  Buffer p = filled(n, DType::bf16), g = filled(n, DType::bf16), lo = filled(n, DType::i16, 0.0),
+         m = filled(n, DType::f32, 0.0), v = filled(n, DType::f32, 0.0);
+  glm::AdamWStep step;
+  step.lr = 1e-5;
+  step.step = 10;
+  time_loop(state, [&] { return gpu()->adamw(p.tensor(), lo.tensor(), g.tensor(), m.tensor(), v.tensor(), step, glm::Tensor{}); });
+  report_bytes(state, 26.0 * n);  // read grad, param, low halves 6, m, v 8; write param, low halves 4, m, v 8
+}
+
 // The ceilings must be known before the rest: run them first and keep their rates.
 class CeilingReporter : public benchmark::ConsoleReporter {
  public:
@@ -228,6 +241,7 @@ BENCHMARK(BM_AttentionForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benc
 BENCHMARK(BM_AttentionBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamWSplitMaster)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -37,7 +37,7 @@ for variant in ${GLM_E2E_VARIANTS:-"default;;"}; do
   grep -A30 "^GLM_PROFILE" "$OUT/e2e_$label.log" | head -32
   python3 -c "
 import json; r=[json.loads(l) for l in open('$dir/logging.jsonl') if '\"loss\"' in l][3:]
-print('e2e %-28s %8.0f tokens/s over %d steps, loss %.5f, grad_norm %.4f' % ('$label', sum(x['tokens_per_second'] for x in r)/len(r), len(r), r[-1]['loss'], r[-1]['grad_norm']))"
+print('e2e %-28s %8.0f tokens/s over %d steps, loss %.5f, grad_norm %.4f, %.1f GiB' % ('$label', sum(x['tokens_per_second'] for x in r)/len(r), len(r), r[-1]['loss'], r[-1]['grad_norm'], max(x.get('device_memory_gib', 0) for x in r)))"
   # SM clock and power while it ran (samples over 300 W: the training steps, not start-up).
   python3 -c "
 rows=[l.split(',') for l in open('$OUT/smi_$label.csv') if l.count(',')==2]

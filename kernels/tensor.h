@@ -6,11 +6,14 @@
 
 namespace glm {
 
-enum class DType : uint8_t { f32, f64, bf16, i32 };
+// i16: the low halves of split fp32 master weights (kernels/master_split.h).
+enum class DType : uint8_t { f32, f64, bf16, i32, i16 };
 
-constexpr size_t dtype_size(DType d) { return d == DType::f64 ? 8 : (d == DType::bf16 ? 2 : 4); }
+constexpr size_t dtype_size(DType d) {
+  return d == DType::f64 ? 8 : ((d == DType::bf16 || d == DType::i16) ? 2 : 4);
+}
 constexpr const char* dtype_name(DType d) {
-  return d == DType::f32 ? "f32" : d == DType::f64 ? "f64" : d == DType::bf16 ? "bf16" : "i32";
+  return d == DType::f32 ? "f32" : d == DType::f64 ? "f64" : d == DType::bf16 ? "bf16" : d == DType::i32 ? "i32" : "i16";
 }
 
 struct Tensor {

@@ -7,6 +7,7 @@
 
 #include "kernels/counter_rng.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/master_split.h"
 #include "test_util.h"
 
 namespace glm::test {
@@ -346,6 +347,38 @@ TEST(CpuOps, FloatMatchesDouble) {
   cpu::attention_forward(out_f.data(), lse_f.data(), qkv_f.data(), doc.data(), n, shape);
   for (size_t i = 0; i < out_d.size(); ++i) EXPECT_NEAR(out_f[i], out_d[i], kFloatVsDoubleTolerance);
   for (size_t i = 0; i < lse_d.size(); ++i) EXPECT_NEAR(lse_f[i], lse_d[i], kFloatVsDoubleTolerance);
+}
+
+// Split fp32 masters (kernels/master_split.h) over every 1021st bit pattern and the first 2^17:
+// join(split(x)) is x bit for bit (NaN stays NaN), and the high half is a nearest bf16 of x, the
+// one away from zero on an exact tie (where round-to-nearest-even may take the other: the one
+// place they differ), unrounded for infinities.
+TEST(CpuOps, SplitMastersAreExactAndNearest) {
+  int64_t checked = 0, ties = 0;
+  for (uint64_t i = 0; i < (uint64_t{1} << 32); i += i < (uint64_t{1} << 17) ? 1 : 1021) {
+    const uint32_t b = static_cast<uint32_t>(i);
+    const float x = bits_float(b);
+    uint16_t hi = 0;
+    int16_t lo = 0;
+    split_master(x, hi, lo);
+    const float back = join_master(hi, lo);
+    ++checked;
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(back)) << std::hex << b;
+      ASSERT_TRUE(std::isnan(bits_float(static_cast<uint32_t>(hi) << 16))) << std::hex << b;
+      continue;
+    }
+    ASSERT_EQ(float_bits(back), b) << std::hex << b;
+    if (std::isinf(x)) {
+      ASSERT_EQ(hi, b >> 16) << std::hex << b;
+      continue;
+    }
+    const uint32_t low = b & 0xffffu, up = b >> 16;
+    ASSERT_EQ(hi, low >= 0x8000u ? up + 1 : up) << std::hex << b;  // nearest in magnitude, ties away
+    ties += low == 0x8000u;
+  }
+  EXPECT_GT(checked, 4000000);
+  EXPECT_GT(ties, 1);
 }
 
 }  // namespace

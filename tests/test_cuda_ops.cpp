@@ -2,11 +2,13 @@
 // outputs poisoned before the run; then the whole tiny model, and the transformers parity fixtures
 // in bf16. Skipped where no GPU is visible (compiled everywhere).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <fstream>
 #include <string>
@@ -15,13 +17,16 @@
 #include "io/hf_import.h"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "io/safetensors.h"
+#include "kernels/master_split.h"
 #include "model/backend.h"
 #include "mpi/local_communicator.h"
 #include "test_util.h"
+#include "train/checkpoint.h"
 #include "train/engine.h"
 
 namespace glm::test {
 namespace {
+namespace fs = std::filesystem;
 
 // Inputs are rounded to bf16 for both backends; the GPU computes in fp32 and rounds each output
 // to bf16 (2^-9 relative), so single ops agree to well under 1e-2 norm-wise.
@@ -716,6 +721,109 @@ TEST_F(Ops, SumSquaresAndAdamW) {
   }
 }
 
+// Split masters (kernels/master_split.h): split and join on the GPU against the host functions bit
+// for bit, on random values of every magnitude, exact ties, signed zeros, subnormals, infinities
+// and NaN; join(split(x)) == x exactly. Then AdamW on a split master against the same update on a
+// whole fp32 master: the same fp32 arithmetic on the same values, so the joined master and the
+// moments equal the whole path's bit for bit, and the bf16 parameters are the new masters' high
+// halves (offset 0: vectors of 8 and a tail; offset 1: every view misaligned, element by element).
+TEST_F(Ops, SplitMasters) {
+  const int64_t n = 100003;
+  std::vector<uint32_t> bits(static_cast<size_t>(n));
+  uint64_t state = 0x1234567u;
+  for (auto& b : bits) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    b = static_cast<uint32_t>(state >> 32);
+  }
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7f8000u, 0x00000000u, 0x80000000u,
+                              0x00000001u, 0x807fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u};
+  std::copy(std::begin(special), std::end(special), bits.begin());
+  std::vector<float> x(static_cast<size_t>(n));
+  std::memcpy(x.data(), bits.data(), x.size() * sizeof(float));
+  Buffer whole = gpu_->allocate(n, DType::f32).take(), joined = gpu_->allocate(n, DType::f32).take();
+  Buffer hi = gpu_->allocate(n, DType::bf16).take(), lo = gpu_->allocate(n, DType::i16).take();
+  ASSERT_TRUE(gpu_->upload(whole.tensor(), x.data()).is_ok());
+  ASSERT_TRUE(gpu_->fill(joined.tensor(), NAN).is_ok());
+  ASSERT_TRUE(gpu_->split_masters(hi.tensor(), lo.tensor(), whole.tensor()).is_ok());
+  ASSERT_TRUE(gpu_->join_masters(joined.tensor(), hi.tensor(), lo.tensor()).is_ok());
+  std::vector<uint16_t> got_hi(static_cast<size_t>(n));
+  std::vector<int16_t> got_lo(static_cast<size_t>(n));
+  std::vector<uint32_t> back(static_cast<size_t>(n));
+  ASSERT_TRUE(gpu_->download(got_hi.data(), hi.tensor()).is_ok());
+  ASSERT_TRUE(gpu_->download(got_lo.data(), lo.tensor()).is_ok());
+  ASSERT_TRUE(gpu_->download(back.data(), joined.tensor()).is_ok());
+  int64_t wrong = 0;
+  for (size_t i = 0; i < bits.size(); ++i) {
+    uint16_t h = 0;
+    int16_t l = 0;
+    split_master(x[i], h, l);
+    const bool nan = std::isnan(x[i]);
+    const bool ok = got_hi[i] == h && got_lo[i] == l &&
+                    (nan ? std::isnan(join_master(h, l)) && std::isnan(bits_float(back[i])) : back[i] == bits[i]);
+    if (!ok && ++wrong <= 5)
+      ADD_FAILURE() << std::hex << "x bits " << bits[i] << ": gpu " << got_hi[i] << "/" << got_lo[i] << " joined "
+                    << back[i] << ", host " << h << "/" << l;
+  }
+  EXPECT_EQ(wrong, 0);
+
+  const int64_t m = 1000003;
+  for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+    SCOPED_TRACE("views at element " + std::to_string(offset));
+    const std::vector<float> master0 = random_bf16(static_cast<size_t>(m), 31);
+    std::vector<float> master_host(static_cast<size_t>(m));
+    for (size_t i = 0; i < master_host.size(); ++i)  // full fp32 values, not bf16 ones
+      master_host[i] = master0[i] * (1.0f + 1e-3f * static_cast<float>(i % 977) / 977.0f);
+    const std::vector<float> g = random_bf16(static_cast<size_t>(m + offset), 32);
+    std::vector<float> v_host = random_bf16(static_cast<size_t>(m + offset), 34, 0.1);
+    for (auto& e : v_host) e = e * e;
+    auto upload_f32 = [&](const std::vector<float>& h) {
+      Buffer b = gpu_->allocate(static_cast<int64_t>(h.size()), DType::f32).take();
+      EXPECT_TRUE(gpu_->upload(b.tensor(), h.data()).is_ok());
+      return b;
+    };
+    Buffer grad = dual(g).gpu;
+    Buffer master_whole = upload_f32(master_host), param_whole = gpu_->allocate(m, DType::bf16).take();
+    Buffer m1 = upload_f32(random_bf16(static_cast<size_t>(m + offset), 33, 0.1)), v1 = upload_f32(v_host);
+    Buffer m2 = upload_f32(random_bf16(static_cast<size_t>(m + offset), 33, 0.1)), v2 = upload_f32(v_host);
+    Buffer param_split = gpu_->allocate(m + offset, DType::bf16).take();
+    Buffer low = gpu_->allocate(m + offset, DType::i16).take();
+    Tensor ps = param_split.slice(offset, m), ls = low.slice(offset, m);
+    ASSERT_TRUE(gpu_->split_masters(ps, ls, master_whole.tensor()).is_ok());
+    AdamWStep step;
+    step.lr = 1e-3;
+    step.weight_decay = 0.1;
+    step.grad_scale = 0.5;
+    step.step = 3;
+    ASSERT_TRUE(gpu_->adamw(param_whole.tensor(), master_whole.tensor(), grad.slice(offset, m), m1.slice(offset, m),
+                            v1.slice(offset, m), step, Tensor{})
+                    .is_ok());
+    ASSERT_TRUE(gpu_->adamw(ps, ls, grad.slice(offset, m), m2.slice(offset, m), v2.slice(offset, m), step, Tensor{})
+                    .is_ok());
+    Buffer rejoined = gpu_->allocate(m, DType::f32).take();
+    ASSERT_TRUE(gpu_->join_masters(rejoined.tensor(), ps, ls).is_ok());
+    auto download_bits = [&](Tensor t) {
+      std::vector<uint32_t> out(static_cast<size_t>(t.numel));
+      EXPECT_TRUE(gpu_->download(out.data(), t).is_ok());
+      return out;
+    };
+    const std::vector<uint32_t> expect_master = download_bits(master_whole.tensor());
+    EXPECT_EQ(download_bits(rejoined.tensor()), expect_master) << "masters";
+    EXPECT_EQ(download_bits(m2.tensor()), download_bits(m1.tensor())) << "exp_avg";
+    EXPECT_EQ(download_bits(v2.tensor()), download_bits(v1.tensor())) << "exp_avg_sq";
+    std::vector<uint16_t> params(static_cast<size_t>(m));
+    ASSERT_TRUE(gpu_->download(params.data(), ps).is_ok());
+    int64_t off_by = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      uint16_t h = 0;
+      int16_t l = 0;
+      split_master(bits_float(expect_master[i]), h, l);
+      off_by += params[i] != h;
+    }
+    EXPECT_EQ(off_by, 0) << "bf16 parameters: the updated masters' high halves";
+    EXPECT_NE(expect_master, download_bits(upload_f32(master_host).tensor())) << "the update moved the masters";
+  }
+}
+
 // LoRA dropout: the mask must be the CPU reference's bit for bit (both draw counter_keep), the kept
 // values its within one bf16 rounding. 1000003 elements take the 16-byte vector body and a tail; the
 // slice at element 3 is misaligned (element by element throughout); a nonzero offset shifts the
@@ -891,6 +999,74 @@ TEST(CudaModel, OptimizerBesideBackwardMatchesAfter) {
   }
   EXPECT_LT(relative_error(beside.params, after.params), 5e-2);
   EXPECT_GT(*std::max_element(after.params.begin(), after.params.end()), 1e-3f);
+}
+
+// The fp32 master split beside the bf16 parameters (the CUDA default) against a whole fp32 copy
+// (AdamWOptions::split_master = false): the same fp32 update, the working copy differing only where
+// a master lies exactly halfway between two bf16 values, so three steps follow the same trajectory
+// to bf16 tolerance. Then a checkpoint of the split engine, loaded into a fresh one: the f32
+// masters (joined from the halves), moments and bf16 parameters come back bit for bit, and the
+// next step's loss matches.
+TEST(CudaModel, SplitMasterMatchesWholeAndRoundTrips) {
+  REQUIRE_GPU();
+  const ModelConfig c = small_model();
+  auto gpu = make_cuda_backend(0).take();
+  LocalCommunicator comm;
+  std::vector<HostMicroBatch> window = {random_batch(c, 9), random_batch(c, 10)};
+  auto make = [&](bool split) {
+    AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
+    adam.split_master = split;
+    auto e = TrainingEngine::create(c, *gpu, comm, 512, adam, 1.0).take();
+    EXPECT_TRUE(e->initialize_parameters(12).is_ok());
+    EXPECT_EQ(e->optimizer_shard(0).master.dtype, split ? DType::i16 : DType::f32);
+    return e;
+  };
+  auto split = make(true), whole = make(false);
+  EXPECT_LT(split->optimizer_bytes(), whole->optimizer_bytes());
+  std::vector<float> initial = whole->parameters().take();
+  for (int s = 0; s < 3; ++s) {
+    auto a = split->step(window, 2e-3), b = whole->step(window, 2e-3);
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    EXPECT_NEAR(a.value().loss, b.value().loss, kBf16TrajectoryTolerance * b.value().loss) << "step " << s + 1;
+  }
+  std::vector<float> moved_split = split->parameters().take(), moved_whole = whole->parameters().take();
+  for (size_t i = 0; i < initial.size(); ++i) {
+    moved_split[i] -= initial[i];
+    moved_whole[i] -= initial[i];
+  }
+  EXPECT_LT(relative_error(moved_split, moved_whole), 5e-2);
+
+  // Everything the optimizer holds, as f32 values on the host.
+  auto state = [&](TrainingEngine& e) {
+    MasterTransfer masters(*gpu);
+    std::vector<std::vector<float>> out;
+    for (int u = 0; u < static_cast<int>(e.layout().units().size()); ++u) {
+      const TrainingEngine::OptimizerShard s = e.optimizer_shard(u);
+      std::vector<float> m(static_cast<size_t>(s.exp_avg.numel)), a(m.size()), v(m.size());
+      EXPECT_TRUE(masters.download(s, 0, m).is_ok());
+      EXPECT_TRUE(gpu->download(a.data(), s.exp_avg).is_ok());
+      EXPECT_TRUE(gpu->download(v.data(), s.exp_avg_sq).is_ok());
+      out.push_back(std::move(m));
+      out.push_back(std::move(a));
+      out.push_back(std::move(v));
+    }
+    return out;
+  };
+  const fs::path dir = fs::temp_directory_path() / ("glm_split_master_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  CheckpointState cs;
+  cs.step = 3;
+  auto saved = save_checkpoint(*split, comm, dir.string(), cs, 0);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().message();
+  auto fresh = make(true);
+  auto loaded = load_checkpoint(*fresh, comm, saved.value().dir);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(state(*fresh), state(*split));
+  EXPECT_EQ(fresh->parameters().take(), split->parameters().take());
+  auto a = split->step(window, 2e-3), b = fresh->step(window, 2e-3);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_NEAR(b.value().loss, a.value().loss, 1e-5 * a.value().loss);
+  fs::remove_all(dir);
 }
 
 // LoRA with dropout on both backends: the same masks (counter_keep on each), so the first step's

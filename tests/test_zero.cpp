@@ -465,7 +465,7 @@ TEST(ZeroMemory, PersistentTensorsAreWholeOnEveryRank) {
     const MemoryPlan plan = plan_cuda_memory(in);
     EXPECT_EQ(plan.rows[0].bytes, 2 * (partitioned + whole)) << threshold;
     EXPECT_EQ(plan.rows[1].bytes, 2 * shards) << threshold;
-    EXPECT_EQ(plan.rows[2].bytes, 12 * shards) << threshold;
+    EXPECT_EQ(plan.rows[2].bytes, 10 * shards) << threshold;  // moments + the master's low halves
     EXPECT_EQ(plan.rows[3].bytes, zero_buffer_sizes(layout, 3, zero, DType::bf16).bytes()) << threshold;
     // Below stage 3 the option changes nothing.
     in.zero_stage = 2;
@@ -519,12 +519,17 @@ double plan_gib(const MemoryPlanInput& in) {
 }
 
 TEST(MemoryPlan, PredictsTheMeasuredH200Peak) {
-  // benchmarks/RESULTS.md: GLM-4-9B shapes cut to 12 layers, seq 4096, ZeRO-0, one H200:
-  // 62.7 GiB peak by nvidia-smi. The issue asks for predictions within 10%.
+  // benchmarks/RESULTS.md (session 9): GLM-4-9B shapes cut to 12 layers, seq 4096, ZeRO-0, one
+  // H200, split fp32 masters: 58.9 GiB peak by nvidia-smi (65.7 with whole fp32 masters, which
+  // plan 2 bytes a parameter more). The issue asks for predictions within 10%.
   MemoryPlanInput in;
   in.model = glm4_9b_shapes(12);
   in.micro_batch_tokens = 4096;
-  EXPECT_NEAR(plan_gib(in), 62.7, 0.1 * 62.7);
+  EXPECT_NEAR(plan_gib(in), 58.9, 0.1 * 58.9);
+  MemoryPlanInput whole = in;
+  whole.split_master = false;
+  EXPECT_NEAR(plan_gib(whole), 65.7, 0.1 * 65.7);
+  EXPECT_EQ(plan_cuda_memory(whole).total - plan_cuda_memory(in).total, 2 * ParamLayout(in.model, 1).total_numel());
   // Sharding divides the model states: ZeRO-3 on 2 GPUs holds about half of ZeRO-0's 16 P bytes.
   in.world_size = 2;
   in.zero_stage = 3;
@@ -596,7 +601,7 @@ TEST(MemoryPlan, LoraTermsAreTheHandCountedBytes) {
     EXPECT_EQ(plan_row(lora, same), plan_row(plain, same)) << same;
   EXPECT_LT(lora.total, plain.total);
   EXPECT_EQ(plain.total - lora.total,
-            2 * layout.total_numel() + 12 * layout.total_numel() - 16 * kTinyRank4Adapters - 2 * kTinyRank4Activations);
+            2 * layout.total_numel() + 10 * layout.total_numel() - 16 * kTinyRank4Adapters - 2 * kTinyRank4Activations);
   in.lora->dropout = 0;  // no scratch: the adapters see x itself
   EXPECT_EQ(plan_row(plan_cuda_memory(in), "LoRA activations: rank-r intermediates"), 2 * (8 * 64 * 4 + 64 * 4));
 

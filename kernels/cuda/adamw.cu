@@ -9,6 +9,7 @@
 // per thread (vectors of 8 or, misaligned, single elements) that hand their SMs back as they finish.
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/vec.cuh"
+#include "kernels/master_split.h"
 
 namespace glm::cuda {
 namespace {
@@ -38,22 +39,42 @@ __device__ __forceinline__ void add_block_sum(double* grad_sq_sum, float squares
   }
 }
 
+// The fp32 master of element i: in master[i], or split (kSplit) into param[i] (the high half, the
+// bf16 working copy) and master_lo[i] (kernels/master_split.h).
+template <bool kSplit>
+__device__ __forceinline__ float load_master(const bf16* param, const float* master, const int16_t* master_lo,
+                                             int64_t i) {
+  if constexpr (kSplit) return join_master(__bfloat16_as_ushort(param[i]), master_lo[i]);
+  return master[i];
+}
+
+template <bool kSplit>
+__device__ __forceinline__ void store_master(bf16* param, float* master, int16_t* master_lo, int64_t i, float p) {
+  if constexpr (kSplit) {
+    uint16_t hi;
+    split_master(p, hi, master_lo[i]);
+    param[i] = __ushort_as_bfloat16(hi);
+  } else {
+    master[i] = p;
+    if (param != nullptr) param[i] = __float2bfloat16(p);
+  }
+}
+
 // Elements [begin, n) one by one.
-template <bool kNorm>
-__global__ void adamw_kernel(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq,
-                             int64_t begin, int64_t n, AdamWArgs a, double* grad_sq_sum) {
+template <bool kNorm, bool kSplit>
+__global__ void adamw_kernel(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                             float* exp_avg_sq, int64_t begin, int64_t n, AdamWArgs a, double* grad_sq_sum) {
   const AdamWScalars s = scalars(a);
   float squares = 0.0f;
   for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
+    float p = load_master<kSplit>(param, master, master_lo, i), m = exp_avg[i], v = exp_avg_sq[i];
     const float g = __bfloat162float(grad[i]);
     if constexpr (kNorm) squares += g * g;
     adamw_element(g, p, m, v, a, s);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    master[i] = p;
-    if (param != nullptr) param[i] = __float2bfloat16(p);
+    store_master<kSplit>(param, master, master_lo, i, p);
   }
   add_block_sum<kNorm>(grad_sq_sum, squares);
 }
@@ -71,17 +92,47 @@ __device__ __forceinline__ void store8(float* x, int64_t vec, const float f[8]) 
   __stcs(reinterpret_cast<float4*>(x) + 2 * vec + 1, make_float4(f[4], f[5], f[6], f[7]));
 }
 
+// Eight 16-bit halves in one 16-byte vector, as uint16_t (high halves) or int16_t (low halves).
+template <typename T>
+__device__ __forceinline__ void unpack16x8(const uint4& v, T h[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    h[2 * k] = static_cast<T>(w[k] & 0xffffu);
+    h[2 * k + 1] = static_cast<T>(w[k] >> 16);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack16x8(const T h[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    w[k] = static_cast<uint32_t>(static_cast<uint16_t>(h[2 * k])) |
+           (static_cast<uint32_t>(static_cast<uint16_t>(h[2 * k + 1])) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Vectors [0, vecs) of 8 elements; every pointer 16-byte aligned.
-template <bool kNorm>
-__global__ void adamw_vec_kernel(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq,
-                                 int64_t vecs, AdamWArgs a, double* grad_sq_sum) {
+template <bool kNorm, bool kSplit>
+__global__ void adamw_vec_kernel(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                                 float* exp_avg_sq, int64_t vecs, AdamWArgs a, double* grad_sq_sum) {
   const AdamWScalars s = scalars(a);
   float squares = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float g[8], p[8], m[8], v[8];
     unpack_bf16x8(__ldcs(reinterpret_cast<const uint4*>(grad) + i), g);
-    load8(master, i, p);
+    uint16_t hi[8];
+    int16_t lo[8];
+    if constexpr (kSplit) {
+      unpack16x8(__ldcs(reinterpret_cast<const uint4*>(param) + i), hi);
+      unpack16x8(__ldcs(reinterpret_cast<const uint4*>(master_lo) + i), lo);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) p[k] = join_master(hi[k], lo[k]);
+    } else {
+      load8(master, i, p);
+    }
     load8(exp_avg, i, m);
     load8(exp_avg_sq, i, v);
     if constexpr (kNorm) {
@@ -92,8 +143,15 @@ __global__ void adamw_vec_kernel(bf16* param, float* master, const bf16* grad, f
     for (int k = 0; k < 8; ++k) adamw_element(g[k], p[k], m[k], v[k], a, s);
     store8(exp_avg, i, m);
     store8(exp_avg_sq, i, v);
-    store8(master, i, p);
-    if (param != nullptr) __stcs(reinterpret_cast<uint4*>(param) + i, pack_bf16x8(p));
+    if constexpr (kSplit) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) split_master(p[k], hi[k], lo[k]);
+      __stcs(reinterpret_cast<uint4*>(param) + i, pack16x8(hi));
+      __stcs(reinterpret_cast<uint4*>(master_lo) + i, pack16x8(lo));
+    } else {
+      store8(master, i, p);
+      if (param != nullptr) __stcs(reinterpret_cast<uint4*>(param) + i, pack_bf16x8(p));
+    }
   }
   add_block_sum<kNorm>(grad_sq_sum, squares);
 }
@@ -115,39 +173,85 @@ unsigned int one_wave(Kernel kernel, int64_t items) {
 
 // The vector body, then the element-wise tail; with kNorm both grids are one resident wave, or
 // beside other work blocks of at most 8 items per thread.
-template <bool kNorm>
-cudaError_t launch(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                   int64_t vecs, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream, bool beside) {
+template <bool kNorm, bool kSplit>
+cudaError_t launch(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                   float* exp_avg_sq, int64_t n, int64_t vecs, const AdamWArgs& args, double* grad_sq_sum,
+                   cudaStream_t stream, bool beside) {
   auto grid = [beside](auto kernel, int64_t items) -> unsigned int {
     if constexpr (kNorm) return beside ? grid_for((items + 7) / 8, 256) : one_wave(kernel, items);
     return grid_for(items, 256);
   };
   if (vecs > 0) {
-    adamw_vec_kernel<kNorm><<<grid(adamw_vec_kernel<kNorm>, vecs), 256, 0, stream>>>(param, master, grad, exp_avg,
-                                                                                     exp_avg_sq, vecs, args,
-                                                                                     grad_sq_sum);
+    auto kernel = adamw_vec_kernel<kNorm, kSplit>;
+    kernel<<<grid(kernel, vecs), 256, 0, stream>>>(param, master, master_lo, grad, exp_avg, exp_avg_sq, vecs, args,
+                                                   grad_sq_sum);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const int64_t done = vecs * kBf16PerVec;
   if (done == n) return cudaSuccess;
-  adamw_kernel<kNorm><<<grid(adamw_kernel<kNorm>, n - done), 256, 0, stream>>>(param, master, grad, exp_avg,
-                                                                               exp_avg_sq, done, n, args, grad_sq_sum);
+  auto kernel = adamw_kernel<kNorm, kSplit>;
+  kernel<<<grid(kernel, n - done), 256, 0, stream>>>(param, master, master_lo, grad, exp_avg, exp_avg_sq, done, n,
+                                                     args, grad_sq_sum);
   return cudaGetLastError();
+}
+
+template <bool kSplit>
+cudaError_t dispatch(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                     float* exp_avg_sq, int64_t n, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream,
+                     bool beside) {
+  if (n == 0) return cudaSuccess;
+  const bool vectorized = aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
+                          (master == nullptr || aligned16(master)) && (master_lo == nullptr || aligned16(master_lo)) &&
+                          (param == nullptr || aligned16(param));
+  const int64_t vecs = vectorized ? n / kBf16PerVec : 0;
+  if (grad_sq_sum != nullptr)
+    return launch<true, kSplit>(param, master, master_lo, grad, exp_avg, exp_avg_sq, n, vecs, args, grad_sq_sum,
+                                stream, beside);
+  return launch<false, kSplit>(param, master, master_lo, grad, exp_avg, exp_avg_sq, n, vecs, args, nullptr, stream,
+                               beside);
+}
+
+__global__ void split_kernel(bf16* hi, int16_t* lo, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint16_t h;
+    split_master(x[i], h, lo[i]);
+    hi[i] = __ushort_as_bfloat16(h);
+  }
+}
+
+__global__ void join_kernel(float* x, const bf16* hi, const int16_t* lo, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = join_master(__bfloat16_as_ushort(hi[i]), lo[i]);
 }
 
 }  // namespace
 
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                   const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream, bool beside_other_work) {
-  if (n == 0) return cudaSuccess;
-  const bool vectorized = aligned16(master) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
-                          (param == nullptr || aligned16(param));
-  const int64_t vecs = vectorized ? n / kBf16PerVec : 0;
-  if (grad_sq_sum != nullptr)
-    return launch<true>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, grad_sq_sum, stream,
+  return dispatch<false>(param, master, nullptr, grad, exp_avg, exp_avg_sq, n, args, grad_sq_sum, stream,
+                         beside_other_work);
+}
+
+cudaError_t adamw_split(bf16* param, int16_t* master_lo, const bf16* grad, float* exp_avg, float* exp_avg_sq,
+                        int64_t n, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream,
+                        bool beside_other_work) {
+  return dispatch<true>(param, nullptr, master_lo, grad, exp_avg, exp_avg_sq, n, args, grad_sq_sum, stream,
                         beside_other_work);
-  return launch<false>(param, master, grad, exp_avg, exp_avg_sq, n, vecs, args, nullptr, stream, beside_other_work);
+}
+
+cudaError_t split_masters(bf16* hi, int16_t* lo, const float* x, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  split_kernel<<<grid_for(n, 256), 256, 0, stream>>>(hi, lo, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t join_masters(float* x, const bf16* hi, const int16_t* lo, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  join_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, hi, lo, n);
+  return cudaGetLastError();
 }
 
 }  // namespace glm::cuda

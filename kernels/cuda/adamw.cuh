@@ -1,4 +1,5 @@
-// Fused AdamW over flat buffers: fp32 master weights and moments, bf16 gradients and working copy.
+// Fused AdamW over flat buffers: fp32 master weights (whole, or split beside the bf16 working
+// copy) and moments, bf16 gradients and working copy.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -17,5 +18,15 @@ struct AdamWArgs {
 // SMs back as they finish, instead of one resident wave that would hold every SM to the end.
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                   const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream, bool beside_other_work = false);
+
+// The same update with the master split (kernels/master_split.h): param holds its high halves (the
+// bf16 working copy), master_lo its low halves; 26 bytes an element instead of 28.
+cudaError_t adamw_split(bf16* param, int16_t* master_lo, const bf16* grad, float* exp_avg, float* exp_avg_sq,
+                        int64_t n, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream,
+                        bool beside_other_work = false);
+
+// x <-> (hi, lo) of split masters, element-wise (kernels/master_split.h).
+cudaError_t split_masters(bf16* hi, int16_t* lo, const float* x, int64_t n, cudaStream_t stream);
+cudaError_t join_masters(float* x, const bf16* hi, const int16_t* lo, int64_t n, cudaStream_t stream);
 
 }  // namespace glm::cuda

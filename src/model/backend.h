@@ -154,8 +154,18 @@ class Backend {
   // grad_sq_sum, when not empty (one f64 element), gets the sum of squares of grad (as stored,
   // before step.grad_scale) added: the gradient norm without a pass of its own when nothing is
   // clipped.
+  // master may also be i16: the low halves of a split master whose high halves are param (bf16;
+  // kernels/master_split.h), both updated.
   virtual Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                        const AdamWStep& step, Tensor grad_sq_sum) = 0;
+  // Split fp32 masters, element-wise: hi (bf16) and lo (i16) from src (f32), and dst (f32) from
+  // them. Only backends with bf16 parameters and f32 optimizer state split (not the CPU's).
+  virtual Status split_masters(Tensor hi, Tensor lo, Tensor src) {
+    return GLM_INTERNAL_ERROR("split masters on the ", name(), " backend");
+  }
+  virtual Status join_masters(Tensor dst, Tensor hi, Tensor lo) {
+    return GLM_INTERNAL_ERROR("split masters on the ", name(), " backend");
+  }
 };
 
 // dtype: f32 (the CPU backend) or f64 (the gradient-check oracle).

@@ -202,6 +202,7 @@ class CpuBackend final : public Backend {
   }
   Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                const AdamWStep& step, Tensor grad_sq_sum) override {
+    if (master.dtype != dtype_of<T>()) return GLM_INTERNAL_ERROR("adamw: a ", dtype_name(master.dtype), " master on the CPU");
     if (!grad_sq_sum.empty()) *grad_sq_sum.as<double>() += cpu::sum_squares(p(grad), grad.numel);
     cpu::adamw(p(master), p(grad), p(exp_avg), p(exp_avg_sq), master.numel, step);
     if (param.data != master.data) return convert(param, master);

@@ -523,15 +523,41 @@ class CudaBackend final : public Backend {
     a.grad_scale = static_cast<float>(step.grad_scale);
     a.bias_correction1 = static_cast<float>(1.0 - std::pow(step.beta1, static_cast<double>(step.step)));
     a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(step.beta2, static_cast<double>(step.step))));
+    double* sq = grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>();
+    const bool beside = stream_ == side_;
+    if (master.dtype == DType::i16) {  // split: param holds the high halves
+      if (param.dtype != DType::bf16 || param.numel != master.numel)
+        return GLM_INTERNAL_ERROR("adamw: a split master needs its bf16 high halves, got ", dtype_name(param.dtype));
+      GLM_CUDA_RETURN(cuda::adamw_split(b(param), master.as<int16_t>(), b(grad), exp_avg.as<float>(),
+                                        exp_avg_sq.as<float>(), master.numel, a, sq, stream_, beside));
+      return Status::ok();
+    }
     GLM_CUDA_RETURN(cuda::adamw(param.data == master.data ? nullptr : b(param), master.as<float>(), b(grad),
-                                exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a,
-                                grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_,
-                                /*beside_other_work=*/stream_ == side_));
+                                exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a, sq, stream_, beside));
+    return Status::ok();
+  }
+  Status split_masters(Tensor hi, Tensor lo, Tensor src) override {
+    GLM_PROFILE_OP("split_masters");
+    GLM_RETURN_IF_ERROR(check_split("split_masters", hi, lo, src));
+    GLM_CUDA_RETURN(cuda::split_masters(b(hi), lo.as<int16_t>(), src.as<float>(), src.numel, stream_));
+    return Status::ok();
+  }
+  Status join_masters(Tensor dst, Tensor hi, Tensor lo) override {
+    GLM_PROFILE_OP("join_masters");
+    GLM_RETURN_IF_ERROR(check_split("join_masters", hi, lo, dst));
+    GLM_CUDA_RETURN(cuda::join_masters(dst.as<float>(), b(hi), lo.as<int16_t>(), dst.numel, stream_));
     return Status::ok();
   }
 
  private:
   static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
+  static Status check_split(const char* op, Tensor hi, Tensor lo, Tensor whole) {
+    if (hi.dtype != DType::bf16 || lo.dtype != DType::i16 || whole.dtype != DType::f32 || hi.numel != whole.numel ||
+        lo.numel != whole.numel)
+      return GLM_INTERNAL_ERROR(op, ": ", dtype_name(hi.dtype), "[", hi.numel, "] + ", dtype_name(lo.dtype), "[",
+                                lo.numel, "] against ", dtype_name(whole.dtype), "[", whole.numel, "]");
+    return Status::ok();
+  }
 
   int device_;
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().

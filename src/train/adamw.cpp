@@ -8,6 +8,10 @@ Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor param
   const DType odt = backend.optimizer_dtype();
   if (odt == params.dtype) {
     opt.master_ = params;
+  } else if (options.split_master && params.dtype == DType::bf16 && odt == DType::f32) {
+    // The master is the parameters exactly: low halves zero (allocate() zeroes).
+    GLM_ASSIGN_OR_RETURN(opt.master_buffer_, backend.allocate(params.numel, DType::i16));
+    opt.master_ = opt.master_buffer_.tensor();
   } else {
     GLM_ASSIGN_OR_RETURN(opt.master_buffer_, backend.allocate(params.numel, odt));
     opt.master_ = opt.master_buffer_.tensor();
@@ -42,7 +46,10 @@ Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayou
 
 Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
                                                       bool decay) {
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options));
+  // Adapters are few: their master stays whole (LoRA checkpoints and lora_adapters() read it as is).
+  AdamWOptions whole = options;
+  whole.split_master = false;
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, whole));
   opt.ranges_.push_back({0, params.numel, decay});
   return opt;
 }
@@ -68,12 +75,14 @@ Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale, Tensor g
 
 Status AdamWOptimizer::reset_master() {
   if (master_.data == params_.data) return Status::ok();
+  if (split()) return backend_->zero(master_);  // the master is the parameters exactly
   return backend_->convert(master_, params_);
 }
 
 Status AdamWOptimizer::restored(int64_t steps) {
   step_ = steps;
-  if (master_.data == params_.data) return Status::ok();
+  // A split master was written through both halves (write_master): the parameters are its high ones.
+  if (master_.data == params_.data || split()) return Status::ok();
   return backend_->convert(params_, master_);
 }
 

@@ -14,6 +14,10 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  // With bf16 parameters and fp32 optimizer state (CUDA), keep the fp32 master split into the bf16
+  // parameters (its high halves) and a 16-bit buffer of low halves (kernels/master_split.h): exact,
+  // 2 bytes a parameter less memory and update traffic. false: a whole fp32 copy (GLM_SPLIT_MASTER=0).
+  bool split_master = true;
 };
 
 class AdamWOptimizer {
@@ -28,8 +32,12 @@ class AdamWOptimizer {
   // grad_sq_sum (one f64 element, may be empty) gets the sum of squares of grads added.
   Status step(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum = {});
   int64_t steps_taken() const { return step_; }
-  // Optimizer state over the range (checkpoints): fp32 master weights and both moments.
+  // Optimizer state over the range (checkpoints): the master weights and both moments. master() is
+  // f32 (or the parameters themselves where they are f32), or i16 where split: the low halves, the
+  // high halves being params(); read_master / write_master move f32 values either way.
   Tensor master() const { return master_; }
+  Tensor params() const { return params_; }
+  bool split() const { return master_.dtype == DType::i16; }
   Tensor exp_avg() const { return exp_avg_.tensor(); }
   Tensor exp_avg_sq() const { return exp_avg_sq_.tensor(); }
   // After master() and the moments were written from outside (checkpoint load): the working copy

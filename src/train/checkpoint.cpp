@@ -148,10 +148,18 @@ struct Slice {
   int64_t begin = 0, count = 0;          // unit-relative
   TrainingEngine::OptimizerShard owner;  // the optimizer state of the layout unit holding it
   int64_t owned_offset = 0;              // where the run starts inside owner's tensors
-  Tensor dataset(int d) const {
-    const Tensor all[3] = {owner.master, owner.exp_avg, owner.exp_avg_sq};
-    return all[d].slice(owned_offset, count);
+  // n values of dataset d from `from` inside the run, to or from the host; the master (d = 0) goes
+  // through `masters` (it may be split into halves on the device).
+  Status download(MasterTransfer& masters, int d, int64_t from, float* dst, int64_t n) const {
+    if (d == 0) return masters.download(owner, owned_offset + from, std::span<float>(dst, static_cast<size_t>(n)));
+    return masters.backend().download(dst, moment(d).slice(owned_offset + from, n));
   }
+  Status upload(MasterTransfer& masters, int d, int64_t from, const float* src, int64_t n) const {
+    if (d == 0)
+      return masters.upload(owner, owned_offset + from, std::span<const float>(src, static_cast<size_t>(n)));
+    return masters.backend().upload(moment(d).slice(owned_offset + from, n), src);
+  }
+  Tensor moment(int d) const { return d == 1 ? owner.exp_avg : owner.exp_avg_sq; }
 };
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
@@ -225,9 +233,9 @@ bool test_kill_during_save(int rank, int64_t step) {
 Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, int rank, int world,
                        bool kill_midway) {
   for (size_t u = 0; u < engine.layout().units().size(); ++u)
-    if (engine.optimizer_shard(static_cast<int>(u)).master.dtype != DType::f32)
-      return GLM_INTERNAL_ERROR("checkpoints store fp32 optimizer state, the backend keeps ",
-                                dtype_name(engine.optimizer_shard(static_cast<int>(u)).master.dtype));
+    if (const DType d = engine.optimizer_shard(static_cast<int>(u)).master.dtype; d != DType::f32 && d != DType::i16)
+      return GLM_INTERNAL_ERROR("checkpoints store fp32 optimizer state, the backend keeps ", dtype_name(d));
+  MasterTransfer masters(backend);
   const bool ranges = engine.layout().persistent_unit() >= 0;
   const int units = engine.layout().home_units();
   std::vector<CheckpointFileGroup> groups(static_cast<size_t>(units));
@@ -259,7 +267,7 @@ Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs:
       if (done < dst.size() && pos < base + run.count) {
         const int64_t from = pos - base;
         const int64_t n = std::min(run.count - from, static_cast<int64_t>(dst.size() - done));
-        GLM_RETURN_IF_ERROR(backend.download(dst.data() + done, run.dataset(static_cast<int>(dataset)).slice(from, n)));
+        GLM_RETURN_IF_ERROR(run.download(masters, static_cast<int>(dataset), from, dst.data() + done, n));
         done += static_cast<size_t>(n);
         pos += n;
       }
@@ -423,6 +431,7 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
   std::vector<std::vector<Slice>> mine;
   for (int u = 0; u < units; ++u) mine.push_back(owned_slices(engine, u));
   std::vector<float> host;
+  MasterTransfer masters(backend);
   for (int r = 0; r < saved_world; ++r) {
     const fs::path path = dir / rank_file(r);
     if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", rank_file(r));
@@ -443,7 +452,7 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
           for (int d = 0; d < (weights_only ? 1 : 3); ++d) {
             GLM_RETURN_IF_ERROR(
                 read_range(group.get(), kDatasets[d], path, checksum_block, u, run.begin - run.stored, lo, hi, host));
-            GLM_RETURN_IF_ERROR(backend.upload(held.dataset(d).slice(lo - held.begin, hi - lo), host.data()));
+            GLM_RETURN_IF_ERROR(held.upload(masters, d, lo - held.begin, host.data(), hi - lo));
           }
           covered[static_cast<size_t>(u)] += hi - lo;
         }

@@ -19,6 +19,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                                const LoraConfig* lora) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
+  if (const char* env = std::getenv("GLM_SPLIT_MASTER"); adam && env != nullptr) adam->split_master = std::string(env) != "0";
   if (const char* env = std::getenv("GLM_OPTIMIZER_IN_BACKWARD"); env != nullptr) {
     e->optimizer_in_backward_ = std::string(env) != "0";
   }
@@ -138,13 +139,46 @@ Status TrainingEngine::reduce_lora_gradients() {
 TrainingEngine::OptimizerShard TrainingEngine::optimizer_shard(int unit) const {
   const AdamWOptimizer& opt = optimizers_[static_cast<size_t>(unit)];
   return {opt.master(), opt.exp_avg(), opt.exp_avg_sq(),
-          zero_->owned_offset(unit) - layout().units()[static_cast<size_t>(unit)].offset};
+          zero_->owned_offset(unit) - layout().units()[static_cast<size_t>(unit)].offset,
+          opt.split() ? opt.params() : Tensor{}};
+}
+
+Result<Tensor> MasterTransfer::staging(int64_t n) {
+  if (staging_.numel() < n) {
+    staging_ = Buffer{};
+    GLM_ASSIGN_OR_RETURN(staging_, backend_.allocate(n, DType::f32));
+  }
+  return staging_.slice(0, n);
+}
+
+Status MasterTransfer::download(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<float> dst) {
+  const int64_t n = static_cast<int64_t>(dst.size());
+  if (s.master.dtype != DType::i16) return backend_.download(dst.data(), s.master.slice(offset, n));
+  for (int64_t at = 0; at < n; at += kStagingElements) {
+    const int64_t k = std::min(kStagingElements, n - at);
+    GLM_ASSIGN_OR_RETURN(Tensor t, staging(k));
+    GLM_RETURN_IF_ERROR(backend_.join_masters(t, s.params.slice(offset + at, k), s.master.slice(offset + at, k)));
+    GLM_RETURN_IF_ERROR(backend_.download(dst.data() + at, t));
+  }
+  return Status::ok();
+}
+
+Status MasterTransfer::upload(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<const float> src) {
+  const int64_t n = static_cast<int64_t>(src.size());
+  if (s.master.dtype != DType::i16) return backend_.upload(s.master.slice(offset, n), src.data());
+  for (int64_t at = 0; at < n; at += kStagingElements) {
+    const int64_t k = std::min(kStagingElements, n - at);
+    GLM_ASSIGN_OR_RETURN(Tensor t, staging(k));
+    GLM_RETURN_IF_ERROR(backend_.upload(t, src.data() + at));
+    GLM_RETURN_IF_ERROR(backend_.split_masters(s.params.slice(offset + at, k), s.master.slice(offset + at, k), t));
+  }
+  return Status::ok();
 }
 
 TrainingEngine::OptimizerShard TrainingEngine::lora_optimizer_state() const {
   if (lora_optimizer_.empty()) return {};
   const AdamWOptimizer& opt = lora_optimizer_.front();
-  return {opt.master(), opt.exp_avg(), opt.exp_avg_sq(), 0};
+  return {opt.master(), opt.exp_avg(), opt.exp_avg_sq(), 0, Tensor{}};
 }
 
 Result<double> TrainingEngine::base_checksum() {

@@ -89,9 +89,12 @@ class TrainingEngine {
   // moments of the unit's elements [unit_begin, unit_begin + master.numel) counted from the unit's
   // start. With ZeRO-3 persistent tensors these are not the checkpoint's units (checkpoint.cpp
   // maps them through each tensor's home_unit and home_offset).
+  // A split master (master i16, kernels/master_split.h) has its high halves in params; read and
+  // write its f32 values through MasterTransfer.
   struct OptimizerShard {
     Tensor master, exp_avg, exp_avg_sq;
     int64_t unit_begin = 0;
+    Tensor params;  // the optimizer's bf16 parameters where master is split, else empty
   };
   OptimizerShard optimizer_shard(int unit) const;
   // LoRA: the adapters' optimizer state, replicated (all of lora_layout()'s elements, unit_begin 0).
@@ -153,6 +156,24 @@ class TrainingEngine {
   int64_t steps_taken() const;
   bool has_optimizer_ = false;
   double max_grad_norm_ = 0;
+};
+
+// Moves f32 master values of an optimizer shard between the host and the backend: directly, or
+// split into / joined from the halves of a split master through a device staging buffer of at
+// most kStagingElements (allocated on first use, kept).
+class MasterTransfer {
+ public:
+  explicit MasterTransfer(Backend& backend) : backend_(backend) {}
+  // Elements [offset, offset + dst.size()) of s.master.
+  Status download(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<float> dst);
+  Status upload(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<const float> src);
+  Backend& backend() { return backend_; }
+  static constexpr int64_t kStagingElements = int64_t{16} << 20;  // 64 MiB
+
+ private:
+  Result<Tensor> staging(int64_t n);
+  Backend& backend_;
+  Buffer staging_;
 };
 
 }  // namespace glm
