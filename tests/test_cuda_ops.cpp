@@ -551,12 +551,12 @@ TEST_P(LmHead, CrossEntropyMatchesCpu) {
   expect_close(dw, "dweight (overwritten)");
 }
 
-// GLM-4's vocabulary at more rows than one chunk of the 4 GiB logits budget holds: the weight
-// gradient is written by the first chunk's GEMM (beta = 0) and added to by the second, both when
-// accumulating onto an old gradient and when overwriting it. (About a minute, nearly all of it
-// the CPU reference's 4800 x 151552 logits.)
+// GLM-4's vocabulary at more rows than one chunk of the 2 GiB logits budget holds (2361 rows): the
+// weight gradient is written by the first chunk's GEMM (beta = 0) and added to by the second, both
+// when accumulating onto an old gradient and when overwriting it. (Half a minute, nearly all of it
+// the CPU reference's 2500 x 151552 logits.)
 TEST_F(Ops, LmHeadTwoChunksAccumulateAndOverwrite) {
-  const int64_t vocab = 151552, hidden = 32, n = 4800;
+  const int64_t vocab = 151552, hidden = 32, n = 2500;
   if (lm_head_chunk_rows(n, vocab) >= n) GTEST_SKIP() << "GLM_LM_HEAD_SCRATCH_MB gives one chunk";
   std::vector<int32_t> tgt;
   for (int t = 0; t < n; ++t) tgt.push_back(t % 7 == 0 ? -1 : static_cast<int32_t>((t * 7919) % vocab));
@@ -721,50 +721,62 @@ TEST_F(Ops, SumSquaresAndAdamW) {
   }
 }
 
-// Split masters (kernels/master_split.h): split and join on the GPU against the host functions bit
-// for bit, on random values of every magnitude, exact ties, signed zeros, subnormals, infinities
-// and NaN; join(split(x)) == x exactly. Then AdamW on a split master against the same update on a
-// whole fp32 master: the same fp32 arithmetic on the same values, so the joined master and the
-// moments equal the whole path's bit for bit, and the bf16 parameters are the new masters' high
-// halves (offset 0: vectors of 8 and a tail; offset 1: every view misaligned, element by element).
+// Split masters (kernels/master_split.h) in AdamW on the GPU. First the kernel's own split and
+// join against the host functions, bit for bit, on random bit patterns with exact ties, signed
+// zeros, subnormals, values near FLT_MAX, infinities and NaN: a step of lr 0 leaves each master
+// as it was (x * 1 - 0), so the halves written must be the host's split of the halves read. Then
+// a real step on a split master against the same step on a whole fp32 one: the same fp32
+// arithmetic on the same values, so the joined master and the moments equal the whole path's bit
+// for bit, the bf16 parameters are the new masters' high halves, some low halves are nonzero, and
+// the fused gradient norms agree (offset 0: vectors of 8 and a tail; offset 1: every view
+// misaligned, element by element).
 TEST_F(Ops, SplitMasters) {
-  const int64_t n = 100003;
-  std::vector<uint32_t> bits(static_cast<size_t>(n));
-  uint64_t state = 0x1234567u;
-  for (auto& b : bits) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    b = static_cast<uint32_t>(state >> 32);
+  auto upload_bits = [&](const auto& host, DType dtype) {
+    Buffer b = gpu_->allocate(static_cast<int64_t>(host.size()), dtype).take();
+    EXPECT_TRUE(gpu_->upload(b.tensor(), host.data()).is_ok());
+    return b;
+  };
+  auto download_u32 = [&](Tensor t) {
+    std::vector<uint32_t> out(static_cast<size_t>(t.numel));
+    EXPECT_TRUE(gpu_->download(out.data(), t).is_ok());
+    return out;
+  };
+  {
+    const int64_t n = 100003;
+    std::vector<uint32_t> bits(static_cast<size_t>(n));
+    uint64_t state = 0x1234567u;
+    for (auto& b : bits) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      b = static_cast<uint32_t>(state >> 32);
+    }
+    const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7f8000u, 0xff7fffffu, 0x00000000u,
+                                0x80000000u, 0x00000001u, 0x807fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u};
+    std::copy(std::begin(special), std::end(special), bits.begin());
+    std::vector<uint16_t> hi(bits.size());
+    std::vector<int16_t> lo(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) split_master(bits_float(bits[i]), hi[i], lo[i]);
+    Buffer h = upload_bits(hi, DType::bf16), l = upload_bits(lo, DType::i16);
+    Buffer g = upload_bits(std::vector<uint16_t>(bits.size(), 0), DType::bf16);
+    Buffer m = upload_bits(std::vector<float>(bits.size(), 0.0f), DType::f32);
+    Buffer v = upload_bits(std::vector<float>(bits.size(), 0.0f), DType::f32);
+    AdamWStep still;
+    still.lr = 0;
+    still.step = 1;
+    ASSERT_TRUE(gpu_->adamw(h.tensor(), l.tensor(), g.tensor(), m.tensor(), v.tensor(), still, Tensor{}).is_ok());
+    std::vector<uint16_t> got_hi(bits.size());
+    std::vector<int16_t> got_lo(bits.size());
+    ASSERT_TRUE(gpu_->download(got_hi.data(), h.tensor()).is_ok());
+    ASSERT_TRUE(gpu_->download(got_lo.data(), l.tensor()).is_ok());
+    int64_t wrong = 0;
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const float x = bits_float(bits[i]), back = join_master(got_hi[i], got_lo[i]);
+      const bool ok = std::isnan(x) ? std::isnan(back) : (got_hi[i] == hi[i] && got_lo[i] == lo[i]);
+      if (!ok && ++wrong <= 5)
+        ADD_FAILURE() << std::hex << "master bits " << bits[i] << ": gpu " << got_hi[i] << "/" << got_lo[i]
+                      << ", host " << hi[i] << "/" << lo[i];
+    }
+    EXPECT_EQ(wrong, 0);
   }
-  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7f8000u, 0x00000000u, 0x80000000u,
-                              0x00000001u, 0x807fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u};
-  std::copy(std::begin(special), std::end(special), bits.begin());
-  std::vector<float> x(static_cast<size_t>(n));
-  std::memcpy(x.data(), bits.data(), x.size() * sizeof(float));
-  Buffer whole = gpu_->allocate(n, DType::f32).take(), joined = gpu_->allocate(n, DType::f32).take();
-  Buffer hi = gpu_->allocate(n, DType::bf16).take(), lo = gpu_->allocate(n, DType::i16).take();
-  ASSERT_TRUE(gpu_->upload(whole.tensor(), x.data()).is_ok());
-  ASSERT_TRUE(gpu_->fill(joined.tensor(), NAN).is_ok());
-  ASSERT_TRUE(gpu_->split_masters(hi.tensor(), lo.tensor(), whole.tensor()).is_ok());
-  ASSERT_TRUE(gpu_->join_masters(joined.tensor(), hi.tensor(), lo.tensor()).is_ok());
-  std::vector<uint16_t> got_hi(static_cast<size_t>(n));
-  std::vector<int16_t> got_lo(static_cast<size_t>(n));
-  std::vector<uint32_t> back(static_cast<size_t>(n));
-  ASSERT_TRUE(gpu_->download(got_hi.data(), hi.tensor()).is_ok());
-  ASSERT_TRUE(gpu_->download(got_lo.data(), lo.tensor()).is_ok());
-  ASSERT_TRUE(gpu_->download(back.data(), joined.tensor()).is_ok());
-  int64_t wrong = 0;
-  for (size_t i = 0; i < bits.size(); ++i) {
-    uint16_t h = 0;
-    int16_t l = 0;
-    split_master(x[i], h, l);
-    const bool nan = std::isnan(x[i]);
-    const bool ok = got_hi[i] == h && got_lo[i] == l &&
-                    (nan ? std::isnan(join_master(h, l)) && std::isnan(bits_float(back[i])) : back[i] == bits[i]);
-    if (!ok && ++wrong <= 5)
-      ADD_FAILURE() << std::hex << "x bits " << bits[i] << ": gpu " << got_hi[i] << "/" << got_lo[i] << " joined "
-                    << back[i] << ", host " << h << "/" << l;
-  }
-  EXPECT_EQ(wrong, 0);
 
   const int64_t m = 1000003;
   for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
@@ -773,54 +785,56 @@ TEST_F(Ops, SplitMasters) {
     std::vector<float> master_host(static_cast<size_t>(m));
     for (size_t i = 0; i < master_host.size(); ++i)  // full fp32 values, not bf16 ones
       master_host[i] = master0[i] * (1.0f + 1e-3f * static_cast<float>(i % 977) / 977.0f);
-    const std::vector<float> g = random_bf16(static_cast<size_t>(m + offset), 32);
+    std::vector<uint16_t> hi(static_cast<size_t>(m + offset), 0);
+    std::vector<int16_t> lo(static_cast<size_t>(m + offset), 0);
+    for (size_t i = 0; i < master_host.size(); ++i)
+      split_master(master_host[i], hi[i + static_cast<size_t>(offset)], lo[i + static_cast<size_t>(offset)]);
     std::vector<float> v_host = random_bf16(static_cast<size_t>(m + offset), 34, 0.1);
     for (auto& e : v_host) e = e * e;
-    auto upload_f32 = [&](const std::vector<float>& h) {
-      Buffer b = gpu_->allocate(static_cast<int64_t>(h.size()), DType::f32).take();
-      EXPECT_TRUE(gpu_->upload(b.tensor(), h.data()).is_ok());
-      return b;
-    };
-    Buffer grad = dual(g).gpu;
-    Buffer master_whole = upload_f32(master_host), param_whole = gpu_->allocate(m, DType::bf16).take();
-    Buffer m1 = upload_f32(random_bf16(static_cast<size_t>(m + offset), 33, 0.1)), v1 = upload_f32(v_host);
-    Buffer m2 = upload_f32(random_bf16(static_cast<size_t>(m + offset), 33, 0.1)), v2 = upload_f32(v_host);
-    Buffer param_split = gpu_->allocate(m + offset, DType::bf16).take();
-    Buffer low = gpu_->allocate(m + offset, DType::i16).take();
+    const std::vector<float> m_host = random_bf16(static_cast<size_t>(m + offset), 33, 0.1);
+    Buffer grad = dual(random_bf16(static_cast<size_t>(m + offset), 32)).gpu;
+    Buffer master_whole = upload_bits(master_host, DType::f32), param_whole = gpu_->allocate(m, DType::bf16).take();
+    Buffer m1 = upload_bits(m_host, DType::f32), v1 = upload_bits(v_host, DType::f32);
+    Buffer m2 = upload_bits(m_host, DType::f32), v2 = upload_bits(v_host, DType::f32);
+    Buffer param_split = upload_bits(hi, DType::bf16), low = upload_bits(lo, DType::i16);
     Tensor ps = param_split.slice(offset, m), ls = low.slice(offset, m);
-    ASSERT_TRUE(gpu_->split_masters(ps, ls, master_whole.tensor()).is_ok());
+    Buffer sums = upload_bits(std::vector<double>{0.0, 0.0}, DType::f64);
     AdamWStep step;
     step.lr = 1e-3;
     step.weight_decay = 0.1;
     step.grad_scale = 0.5;
     step.step = 3;
     ASSERT_TRUE(gpu_->adamw(param_whole.tensor(), master_whole.tensor(), grad.slice(offset, m), m1.slice(offset, m),
-                            v1.slice(offset, m), step, Tensor{})
+                            v1.slice(offset, m), step, sums.slice(0, 1))
                     .is_ok());
-    ASSERT_TRUE(gpu_->adamw(ps, ls, grad.slice(offset, m), m2.slice(offset, m), v2.slice(offset, m), step, Tensor{})
-                    .is_ok());
-    Buffer rejoined = gpu_->allocate(m, DType::f32).take();
-    ASSERT_TRUE(gpu_->join_masters(rejoined.tensor(), ps, ls).is_ok());
-    auto download_bits = [&](Tensor t) {
-      std::vector<uint32_t> out(static_cast<size_t>(t.numel));
-      EXPECT_TRUE(gpu_->download(out.data(), t).is_ok());
-      return out;
-    };
-    const std::vector<uint32_t> expect_master = download_bits(master_whole.tensor());
-    EXPECT_EQ(download_bits(rejoined.tensor()), expect_master) << "masters";
-    EXPECT_EQ(download_bits(m2.tensor()), download_bits(m1.tensor())) << "exp_avg";
-    EXPECT_EQ(download_bits(v2.tensor()), download_bits(v1.tensor())) << "exp_avg_sq";
-    std::vector<uint16_t> params(static_cast<size_t>(m));
-    ASSERT_TRUE(gpu_->download(params.data(), ps).is_ok());
-    int64_t off_by = 0;
-    for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(
+        gpu_->adamw(ps, ls, grad.slice(offset, m), m2.slice(offset, m), v2.slice(offset, m), step, sums.slice(1, 1))
+            .is_ok());
+    const std::vector<uint32_t> expect_master = download_u32(master_whole.tensor());
+    std::vector<uint16_t> got_hi(static_cast<size_t>(m));
+    std::vector<int16_t> got_lo(static_cast<size_t>(m));
+    ASSERT_TRUE(gpu_->download(got_hi.data(), ps).is_ok());
+    ASSERT_TRUE(gpu_->download(got_lo.data(), ls).is_ok());
+    int64_t master_off = 0, param_off = 0, nonzero_lo = 0, moved = 0;
+    for (size_t i = 0; i < got_hi.size(); ++i) {
+      master_off += float_bits(join_master(got_hi[i], got_lo[i])) != expect_master[i];
       uint16_t h = 0;
       int16_t l = 0;
       split_master(bits_float(expect_master[i]), h, l);
-      off_by += params[i] != h;
+      param_off += got_hi[i] != h;
+      nonzero_lo += got_lo[i] != 0;
+      moved += expect_master[i] != float_bits(master_host[i]);
     }
-    EXPECT_EQ(off_by, 0) << "bf16 parameters: the updated masters' high halves";
-    EXPECT_NE(expect_master, download_bits(upload_f32(master_host).tensor())) << "the update moved the masters";
+    EXPECT_EQ(master_off, 0) << "masters joined from the split update against the whole one";
+    EXPECT_EQ(param_off, 0) << "bf16 parameters: the updated masters' high halves";
+    EXPECT_GT(nonzero_lo, m / 2);
+    EXPECT_GT(moved, m / 2) << "the update moved the masters";
+    EXPECT_EQ(download_u32(m2.tensor()), download_u32(m1.tensor())) << "exp_avg";
+    EXPECT_EQ(download_u32(v2.tensor()), download_u32(v1.tensor())) << "exp_avg_sq";
+    double norms[2] = {0, 0};
+    ASSERT_TRUE(gpu_->download(norms, sums.tensor()).is_ok());
+    EXPECT_GT(norms[0], 0.0);
+    EXPECT_NEAR(norms[1], norms[0], 1e-6 * norms[0]) << "fused sums of squares";
   }
 }
 
@@ -1004,9 +1018,10 @@ TEST(CudaModel, OptimizerBesideBackwardMatchesAfter) {
 // The fp32 master split beside the bf16 parameters (the CUDA default) against a whole fp32 copy
 // (AdamWOptions::split_master = false): the same fp32 update, the working copy differing only where
 // a master lies exactly halfway between two bf16 values, so three steps follow the same trajectory
-// to bf16 tolerance. Then a checkpoint of the split engine, loaded into a fresh one: the f32
-// masters (joined from the halves), moments and bf16 parameters come back bit for bit, and the
-// next step's loss matches.
+// to bf16 tolerance. Then a checkpoint of the split engine: the masters in its file are the
+// engine's halves joined on the host (raw downloads, not through the code under test), some of
+// whose low halves are nonzero; loaded into a fresh split engine and into a whole one, every f32
+// master and moment comes back bit for bit, and into the split one every bf16 parameter.
 TEST(CudaModel, SplitMasterMatchesWholeAndRoundTrips) {
   REQUIRE_GPU();
   const ModelConfig c = small_model();
@@ -1036,14 +1051,24 @@ TEST(CudaModel, SplitMasterMatchesWholeAndRoundTrips) {
   }
   EXPECT_LT(relative_error(moved_split, moved_whole), 5e-2);
 
-  // Everything the optimizer holds, as f32 values on the host.
-  auto state = [&](TrainingEngine& e) {
-    MasterTransfer masters(*gpu);
+  // Per unit: f32 masters (a split one joined on the host from raw downloads of its halves), moments.
+  const int units = static_cast<int>(split->layout().units().size());
+  auto state = [&](TrainingEngine& e, int64_t* nonzero_lo = nullptr) {
     std::vector<std::vector<float>> out;
-    for (int u = 0; u < static_cast<int>(e.layout().units().size()); ++u) {
+    for (int u = 0; u < units; ++u) {
       const TrainingEngine::OptimizerShard s = e.optimizer_shard(u);
-      std::vector<float> m(static_cast<size_t>(s.exp_avg.numel)), a(m.size()), v(m.size());
-      EXPECT_TRUE(masters.download(s, 0, m).is_ok());
+      const size_t n = static_cast<size_t>(s.exp_avg.numel);
+      std::vector<float> m(n), a(n), v(n);
+      if (s.master.dtype == DType::i16) {
+        std::vector<uint16_t> hi(n);
+        std::vector<int16_t> lo(n);
+        EXPECT_TRUE(gpu->download(hi.data(), s.params).is_ok());
+        EXPECT_TRUE(gpu->download(lo.data(), s.master).is_ok());
+        for (size_t i = 0; i < n; ++i) m[i] = join_master(hi[i], lo[i]);
+        if (nonzero_lo != nullptr) *nonzero_lo += std::count_if(lo.begin(), lo.end(), [](int16_t x) { return x != 0; });
+      } else {
+        EXPECT_TRUE(gpu->download(m.data(), s.master).is_ok());
+      }
       EXPECT_TRUE(gpu->download(a.data(), s.exp_avg).is_ok());
       EXPECT_TRUE(gpu->download(v.data(), s.exp_avg_sq).is_ok());
       out.push_back(std::move(m));
@@ -1052,20 +1077,43 @@ TEST(CudaModel, SplitMasterMatchesWholeAndRoundTrips) {
     }
     return out;
   };
+  int64_t nonzero_lo = 0;
+  const auto saved_state = state(*split, &nonzero_lo);
+  EXPECT_GT(nonzero_lo, split->layout().total_numel() / 4) << "the low halves carry the masters' low bits";
   const fs::path dir = fs::temp_directory_path() / ("glm_split_master_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   CheckpointState cs;
   cs.step = 3;
   auto saved = save_checkpoint(*split, comm, dir.string(), cs, 0);
   ASSERT_TRUE(saved.is_ok()) << saved.status().message();
-  auto fresh = make(true);
-  auto loaded = load_checkpoint(*fresh, comm, saved.value().dir);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
-  EXPECT_EQ(state(*fresh), state(*split));
-  EXPECT_EQ(fresh->parameters().take(), split->parameters().take());
-  auto a = split->step(window, 2e-3), b = fresh->step(window, 2e-3);
-  ASSERT_TRUE(a.is_ok() && b.is_ok());
-  EXPECT_NEAR(b.value().loss, a.value().loss, 1e-5 * a.value().loss);
+  auto info = read_checkpoint_info(saved.value().dir);
+  ASSERT_TRUE(info.is_ok()) << info.status().message();
+  int64_t compared = 0;
+  ASSERT_TRUE(read_checkpoint_masters(info.value(), [&](int unit, std::span<const float> values) {
+                const std::vector<float>& held = saved_state[static_cast<size_t>(3 * unit)];
+                EXPECT_LE(values.size(), held.size()) << unit;
+                for (size_t i = 0; i < values.size() && i < held.size(); ++i) {
+                  if (values[i] != held[i]) {
+                    ADD_FAILURE() << "unit " << unit << " element " << i << ": file " << values[i] << ", engine "
+                                  << held[i];
+                    return Status::ok();
+                  }
+                }
+                compared += static_cast<int64_t>(values.size());
+                return Status::ok();
+              }).is_ok());
+  EXPECT_GE(compared, split->layout().parameter_count());
+  for (const bool into_split : {true, false}) {
+    SCOPED_TRACE(into_split ? "loaded into split masters" : "loaded into whole masters");
+    auto fresh = make(into_split);
+    auto loaded = load_checkpoint(*fresh, comm, saved.value().dir);
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+    EXPECT_EQ(state(*fresh), saved_state);
+    // A whole master's working copy rounds exact ties to even, a split one's away from zero.
+    if (into_split) {
+      EXPECT_EQ(fresh->parameters().take(), split->parameters().take());
+    }
+  }
   fs::remove_all(dir);
 }
 

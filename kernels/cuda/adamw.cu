@@ -1,8 +1,9 @@
 // Grid-stride update, torch.optim.AdamW arithmetic in fp32. The update moves 28 bytes per element
-// (fp32 master and moments read and written, bf16 gradient read and working copy written), so it is
-// memory-bound: where every pointer is 16-byte aligned each thread moves 8 elements per iteration
-// in 16-byte vectors (two float4 per fp32 array, one uint4 per bf16 array); the last n % 8
-// elements and misaligned views take the element-wise loop. Both apply the same per-element
+// (fp32 master and moments read and written, bf16 gradient read and working copy written), or 26
+// with the master split (kernels/master_split.h: the bf16 working copy and a 16-bit low half read
+// and written in its place), so it is memory-bound: where every pointer is 16-byte aligned each
+// thread moves 8 elements per iteration in 16-byte vectors (two float4 per fp32 array, one uint4
+// per 16-bit array); the last n % 8 elements and misaligned views take the element-wise loop. Both apply the same per-element
 // arithmetic, so the two paths agree bit for bit. With kNorm each thread also sums the squares of
 // the gradients it read (fp32), each block adds its total to one fp64 accumulator; the grid is then
 // one resident wave so that the atomics stay few, or, beside other work, blocks of at most 8 items
@@ -157,11 +158,12 @@ __global__ void adamw_vec_kernel(bf16* param, float* master, int16_t* master_lo,
 }
 
 // The fused norm's grid: at most one resident wave of 256-thread blocks (no partial second wave,
-// few atomics), each striding over its share.
-template <typename Kernel>
-unsigned int one_wave(Kernel kernel, int64_t items) {
+// few atomics), each striding over its share. One cached wave per kernel (not per signature: the
+// split and whole kernels share theirs).
+template <auto kernel>
+unsigned int one_wave(int64_t items) {
   const unsigned int g = grid_for(items, 256);
-  static const unsigned int wave = [&] {
+  static const unsigned int wave = [] {
     int sms = 0, per_sm = 0;
     if (multiprocessor_count(&sms) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0) != cudaSuccess || per_sm < 1)
@@ -177,22 +179,22 @@ template <bool kNorm, bool kSplit>
 cudaError_t launch(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
                    float* exp_avg_sq, int64_t n, int64_t vecs, const AdamWArgs& args, double* grad_sq_sum,
                    cudaStream_t stream, bool beside) {
-  auto grid = [beside](auto kernel, int64_t items) -> unsigned int {
-    if constexpr (kNorm) return beside ? grid_for((items + 7) / 8, 256) : one_wave(kernel, items);
+  constexpr auto vec_kernel = adamw_vec_kernel<kNorm, kSplit>;
+  constexpr auto tail_kernel = adamw_kernel<kNorm, kSplit>;
+  auto grid = [beside](auto wave, int64_t items) -> unsigned int {
+    if constexpr (kNorm) return beside ? grid_for((items + 7) / 8, 256) : wave(items);
     return grid_for(items, 256);
   };
   if (vecs > 0) {
-    auto kernel = adamw_vec_kernel<kNorm, kSplit>;
-    kernel<<<grid(kernel, vecs), 256, 0, stream>>>(param, master, master_lo, grad, exp_avg, exp_avg_sq, vecs, args,
-                                                   grad_sq_sum);
+    vec_kernel<<<grid(one_wave<vec_kernel>, vecs), 256, 0, stream>>>(param, master, master_lo, grad, exp_avg,
+                                                                     exp_avg_sq, vecs, args, grad_sq_sum);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const int64_t done = vecs * kBf16PerVec;
   if (done == n) return cudaSuccess;
-  auto kernel = adamw_kernel<kNorm, kSplit>;
-  kernel<<<grid(kernel, n - done), 256, 0, stream>>>(param, master, master_lo, grad, exp_avg, exp_avg_sq, done, n,
-                                                     args, grad_sq_sum);
+  tail_kernel<<<grid(one_wave<tail_kernel>, n - done), 256, 0, stream>>>(param, master, master_lo, grad, exp_avg,
+                                                                         exp_avg_sq, done, n, args, grad_sq_sum);
   return cudaGetLastError();
 }
 
@@ -212,21 +214,6 @@ cudaError_t dispatch(bf16* param, float* master, int16_t* master_lo, const bf16*
                                beside);
 }
 
-__global__ void split_kernel(bf16* hi, int16_t* lo, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint16_t h;
-    split_master(x[i], h, lo[i]);
-    hi[i] = __ushort_as_bfloat16(h);
-  }
-}
-
-__global__ void join_kernel(float* x, const bf16* hi, const int16_t* lo, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[i] = join_master(__bfloat16_as_ushort(hi[i]), lo[i]);
-}
-
 }  // namespace
 
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
@@ -240,18 +227,6 @@ cudaError_t adamw_split(bf16* param, int16_t* master_lo, const bf16* grad, float
                         bool beside_other_work) {
   return dispatch<true>(param, nullptr, master_lo, grad, exp_avg, exp_avg_sq, n, args, grad_sq_sum, stream,
                         beside_other_work);
-}
-
-cudaError_t split_masters(bf16* hi, int16_t* lo, const float* x, int64_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  split_kernel<<<grid_for(n, 256), 256, 0, stream>>>(hi, lo, x, n);
-  return cudaGetLastError();
-}
-
-cudaError_t join_masters(float* x, const bf16* hi, const int16_t* lo, int64_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  join_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, hi, lo, n);
-  return cudaGetLastError();
 }
 
 }  // namespace glm::cuda

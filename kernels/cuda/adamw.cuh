@@ -25,8 +25,4 @@ cudaError_t adamw_split(bf16* param, int16_t* master_lo, const bf16* grad, float
                         int64_t n, const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream,
                         bool beside_other_work = false);
 
-// x <-> (hi, lo) of split masters, element-wise (kernels/master_split.h).
-cudaError_t split_masters(bf16* hi, int16_t* lo, const float* x, int64_t n, cudaStream_t stream);
-cudaError_t join_masters(float* x, const bf16* hi, const int16_t* lo, int64_t n, cudaStream_t stream);
-
 }  // namespace glm::cuda

@@ -48,6 +48,12 @@ using cuda::bf16;
 
 int dtype_code(DType d) { return d == DType::f32 ? 0 : (d == DType::f64 ? 1 : (d == DType::bf16 ? 2 : -1)); }
 
+// The element-wise kernels (convert, scale, fill) take floating types only.
+Status check_float(const char* op, DType d) {
+  if (dtype_code(d) < 0) return GLM_INTERNAL_ERROR(op, " of ", dtype_name(d), " on CUDA (f32, f64 or bf16 only)");
+  return Status::ok();
+}
+
 // GLM_PROFILE=1: every op's device time, from CUDA events around it on the backend's stream, summed
 // per op name and printed to stderr when the backend is destroyed (event pairs are resolved in
 // batches, so the cost is two event records per op). Off by default: no events are recorded.
@@ -297,6 +303,8 @@ class CudaBackend final : public Backend {
         GLM_CUDA_RETURN(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
       return Status::ok();
     }
+    GLM_RETURN_IF_ERROR(check_float("convert", dst.dtype));
+    GLM_RETURN_IF_ERROR(check_float("convert", src.dtype));
     GLM_CUDA_RETURN(
         cuda::convert(dst.data, dtype_code(dst.dtype), src.data, dtype_code(src.dtype), dst.numel, stream_));
     return Status::ok();
@@ -436,6 +444,7 @@ class CudaBackend final : public Backend {
   }
   Status scale(Tensor x, double factor) override {
     GLM_PROFILE_OP("scale");
+    GLM_RETURN_IF_ERROR(check_float("scale", x.dtype));
     GLM_CUDA_RETURN(cuda::scale(x.data, dtype_code(x.dtype), x.numel, factor, stream_));
     return Status::ok();
   }
@@ -501,11 +510,13 @@ class CudaBackend final : public Backend {
   }
   Status fill(Tensor dst, double value) override {
     GLM_PROFILE_OP("fill");
+    GLM_RETURN_IF_ERROR(check_float("fill", dst.dtype));
     GLM_CUDA_RETURN(cuda::fill(dst.data, dtype_code(dst.dtype), dst.numel, value, stream_));
     return Status::ok();
   }
   Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) override {
     GLM_PROFILE_OP("fill_normal");
+    GLM_RETURN_IF_ERROR(check_float("fill_normal", dst.dtype));
     GLM_CUDA_RETURN(cuda::fill_normal(dst.data, dtype_code(dst.dtype), dst.numel, key, offset, std, stream_));
     return Status::ok();
   }
@@ -536,28 +547,11 @@ class CudaBackend final : public Backend {
                                 exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a, sq, stream_, beside));
     return Status::ok();
   }
-  Status split_masters(Tensor hi, Tensor lo, Tensor src) override {
-    GLM_PROFILE_OP("split_masters");
-    GLM_RETURN_IF_ERROR(check_split("split_masters", hi, lo, src));
-    GLM_CUDA_RETURN(cuda::split_masters(b(hi), lo.as<int16_t>(), src.as<float>(), src.numel, stream_));
-    return Status::ok();
-  }
-  Status join_masters(Tensor dst, Tensor hi, Tensor lo) override {
-    GLM_PROFILE_OP("join_masters");
-    GLM_RETURN_IF_ERROR(check_split("join_masters", hi, lo, dst));
-    GLM_CUDA_RETURN(cuda::join_masters(dst.as<float>(), b(hi), lo.as<int16_t>(), dst.numel, stream_));
-    return Status::ok();
-  }
+
 
  private:
   static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
-  static Status check_split(const char* op, Tensor hi, Tensor lo, Tensor whole) {
-    if (hi.dtype != DType::bf16 || lo.dtype != DType::i16 || whole.dtype != DType::f32 || hi.numel != whole.numel ||
-        lo.numel != whole.numel)
-      return GLM_INTERNAL_ERROR(op, ": ", dtype_name(hi.dtype), "[", hi.numel, "] + ", dtype_name(lo.dtype), "[",
-                                lo.numel, "] against ", dtype_name(whole.dtype), "[", whole.numel, "]");
-    return Status::ok();
-  }
+
 
   int device_;
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().

@@ -81,7 +81,7 @@ Status AdamWOptimizer::reset_master() {
 
 Status AdamWOptimizer::restored(int64_t steps) {
   step_ = steps;
-  // A split master was written through both halves (write_master): the parameters are its high ones.
+  // A split master was written through both halves (MasterTransfer): the parameters are its high ones.
   if (master_.data == params_.data || split()) return Status::ok();
   return backend_->convert(params_, master_);
 }

@@ -34,16 +34,18 @@ class AdamWOptimizer {
   int64_t steps_taken() const { return step_; }
   // Optimizer state over the range (checkpoints): the master weights and both moments. master() is
   // f32 (or the parameters themselves where they are f32), or i16 where split: the low halves, the
-  // high halves being params(); read_master / write_master move f32 values either way.
+  // high halves being params(); MasterTransfer (train/engine.h) moves f32 values either way.
   Tensor master() const { return master_; }
   Tensor params() const { return params_; }
   bool split() const { return master_.dtype == DType::i16; }
   Tensor exp_avg() const { return exp_avg_.tensor(); }
   Tensor exp_avg_sq() const { return exp_avg_sq_.tensor(); }
   // After master() and the moments were written from outside (checkpoint load): the working copy
-  // follows the master and bias correction continues from `steps`.
+  // follows a whole master (a split one was written through both halves) and bias correction
+  // continues from `steps`.
   Status restored(int64_t steps);
-  // Copies the parameters into the fp32 master after they were written from outside (import).
+  // After the parameters were written from outside (import): the master becomes them exactly (a
+  // copy, or a split master's low halves zeroed).
   Status reset_master();
   int64_t state_bytes() const;
 
@@ -54,7 +56,8 @@ class AdamWOptimizer {
   };
   AdamWOptimizer(Backend& backend, Tensor params, AdamWOptions options)
       : backend_(&backend), params_(params), options_(options) {}
-  // The fp32 master copy (or the params themselves) and zeroed moments; no decay ranges yet.
+  // The master (an fp32 copy, the low halves of a split one, or the params themselves) and zeroed
+  // moments; no decay ranges yet.
   static Result<AdamWOptimizer> with_state(Backend& backend, Tensor params, const AdamWOptions& options);
 
   Backend* backend_;

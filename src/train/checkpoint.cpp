@@ -422,6 +422,10 @@ Status read_range(hid_t group, const char* dataset, const fs::path& file, std::o
   return read_checked_range(group, unit_group(unit), dataset, file.string(), checksum_block, lo - file_begin, host);
 }
 
+// Writes straight into the optimizer state and, where masters are split, into the live bf16
+// parameters (their high halves): a load that fails partway leaves the engine unusable, which is
+// fine while every caller gives up on a load error (a fallback to an older checkpoint would first
+// need a fresh engine or a full reload).
 Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_world,
                         const std::vector<int64_t>& unpadded, bool weights_only) {
   quiet_hdf5();

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/master_split.h"
 #include "train/trainer.h"
 
 namespace glm {
@@ -19,7 +20,6 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                                const LoraConfig* lora) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
-  if (const char* env = std::getenv("GLM_SPLIT_MASTER"); adam && env != nullptr) adam->split_master = std::string(env) != "0";
   if (const char* env = std::getenv("GLM_OPTIMIZER_IN_BACKWARD"); env != nullptr) {
     e->optimizer_in_backward_ = std::string(env) != "0";
   }
@@ -143,22 +143,19 @@ TrainingEngine::OptimizerShard TrainingEngine::optimizer_shard(int unit) const {
           opt.split() ? opt.params() : Tensor{}};
 }
 
-Result<Tensor> MasterTransfer::staging(int64_t n) {
-  if (staging_.numel() < n) {
-    staging_ = Buffer{};
-    GLM_ASSIGN_OR_RETURN(staging_, backend_.allocate(n, DType::f32));
-  }
-  return staging_.slice(0, n);
-}
-
+// Split masters move as their two halves (bf16 and i16 bits), joined or split on the host: exact,
+// and no device memory beyond what the run planned.
 Status MasterTransfer::download(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<float> dst) {
   const int64_t n = static_cast<int64_t>(dst.size());
   if (s.master.dtype != DType::i16) return backend_.download(dst.data(), s.master.slice(offset, n));
-  for (int64_t at = 0; at < n; at += kStagingElements) {
-    const int64_t k = std::min(kStagingElements, n - at);
-    GLM_ASSIGN_OR_RETURN(Tensor t, staging(k));
-    GLM_RETURN_IF_ERROR(backend_.join_masters(t, s.params.slice(offset + at, k), s.master.slice(offset + at, k)));
-    GLM_RETURN_IF_ERROR(backend_.download(dst.data() + at, t));
+  for (int64_t at = 0; at < n; at += kChunkElements) {
+    const int64_t k = std::min(kChunkElements, n - at);
+    hi_.resize(static_cast<size_t>(k));
+    lo_.resize(static_cast<size_t>(k));
+    GLM_RETURN_IF_ERROR(backend_.download(hi_.data(), s.params.slice(offset + at, k)));
+    GLM_RETURN_IF_ERROR(backend_.download(lo_.data(), s.master.slice(offset + at, k)));
+    for (int64_t i = 0; i < k; ++i)
+      dst[static_cast<size_t>(at + i)] = join_master(hi_[static_cast<size_t>(i)], lo_[static_cast<size_t>(i)]);
   }
   return Status::ok();
 }
@@ -166,11 +163,14 @@ Status MasterTransfer::download(const TrainingEngine::OptimizerShard& s, int64_t
 Status MasterTransfer::upload(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<const float> src) {
   const int64_t n = static_cast<int64_t>(src.size());
   if (s.master.dtype != DType::i16) return backend_.upload(s.master.slice(offset, n), src.data());
-  for (int64_t at = 0; at < n; at += kStagingElements) {
-    const int64_t k = std::min(kStagingElements, n - at);
-    GLM_ASSIGN_OR_RETURN(Tensor t, staging(k));
-    GLM_RETURN_IF_ERROR(backend_.upload(t, src.data() + at));
-    GLM_RETURN_IF_ERROR(backend_.split_masters(s.params.slice(offset + at, k), s.master.slice(offset + at, k), t));
+  for (int64_t at = 0; at < n; at += kChunkElements) {
+    const int64_t k = std::min(kChunkElements, n - at);
+    hi_.resize(static_cast<size_t>(k));
+    lo_.resize(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i)
+      split_master(src[static_cast<size_t>(at + i)], hi_[static_cast<size_t>(i)], lo_[static_cast<size_t>(i)]);
+    GLM_RETURN_IF_ERROR(backend_.upload(s.params.slice(offset + at, k), hi_.data()));
+    GLM_RETURN_IF_ERROR(backend_.upload(s.master.slice(offset + at, k), lo_.data()));
   }
   return Status::ok();
 }

@@ -108,7 +108,7 @@ class TrainingEngine {
   Status optimizer_restored(int64_t steps);
   // Writes one layout entry from f32 host values (weight import); call parameters_updated() after.
   Status set_parameter(int entry, std::span<const float> values);
-  // Call after writing parameters() directly (weight import) so the fp32 master copy follows.
+  // Call after writing parameters() directly (weight import) so that the fp32 masters become them.
   Status parameters_updated();
 
   // comm (host scalars) and data_comm (parameter and gradient buffers; NCCL on GPUs, else comm)
@@ -159,8 +159,8 @@ class TrainingEngine {
 };
 
 // Moves f32 master values of an optimizer shard between the host and the backend: directly, or
-// split into / joined from the halves of a split master through a device staging buffer of at
-// most kStagingElements (allocated on first use, kept).
+// as the two halves of a split master (kernels/master_split.h), joined and split on the host in
+// chunks of at most kChunkElements (no device memory of its own).
 class MasterTransfer {
  public:
   explicit MasterTransfer(Backend& backend) : backend_(backend) {}
@@ -168,12 +168,12 @@ class MasterTransfer {
   Status download(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<float> dst);
   Status upload(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<const float> src);
   Backend& backend() { return backend_; }
-  static constexpr int64_t kStagingElements = int64_t{16} << 20;  // 64 MiB
+  static constexpr int64_t kChunkElements = int64_t{16} << 20;
 
  private:
-  Result<Tensor> staging(int64_t n);
   Backend& backend_;
-  Buffer staging_;
+  std::vector<uint16_t> hi_;
+  std::vector<int16_t> lo_;
 };
 
 }  // namespace glm

@@ -47,7 +47,11 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     if (in.world_size > 1 && reduce != DType::bf16) buffers += static_cast<int64_t>(dtype_size(reduce)) * adapters;
   } else {
     add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
-    add("optimizer: fp32 master + Adam moments", (in.split_master ? 10 : 12) * (stage == 0 ? total : shard_total));
+    const int64_t owned = stage == 0 ? total : shard_total;
+    if (in.split_master)  // the masters' high halves are the bf16 parameters
+      add("optimizer: fp32 masters' low halves + Adam moments", 10 * owned);
+    else
+      add("optimizer: fp32 master + Adam moments", 12 * owned);
   }
   add("communication buffers", buffers);
   // + the engine's five i32 micro-batch buffers (tokens, targets, positions, document starts, correct).

@@ -17,8 +17,9 @@ CommType comm_type(DType d) {
     case DType::i32:
       return CommType::i32;
     case DType::f32:
-    case DType::i16:  // master low halves: never a reduce dtype
       break;
+    case DType::i16:  // split masters' low halves: never communicated (options allow f32 or bf16)
+      GLM_FATAL("no collective type for i16");
   }
   return CommType::f32;
 }
