@@ -520,15 +520,16 @@ double plan_gib(const MemoryPlanInput& in) {
 
 TEST(MemoryPlan, PredictsTheMeasuredH200Peak) {
   // benchmarks/RESULTS.md (session 9): GLM-4-9B shapes cut to 12 layers, seq 4096, ZeRO-0, one
-  // H200, split fp32 masters: 58.9 GiB peak by nvidia-smi (65.7 with whole fp32 masters, which
-  // plan 2 bytes a parameter more). The issue asks for predictions within 10%.
+  // H200, split fp32 masters and the 2 GiB lm_head scratch: 57.1 GiB peak by nvidia-smi (58.9 with
+  // a 4 GiB scratch; 65.7 with that and whole fp32 masters, which plan 2 bytes a parameter more).
+  // The issue asks for predictions within 10%.
   MemoryPlanInput in;
   in.model = glm4_9b_shapes(12);
   in.micro_batch_tokens = 4096;
-  EXPECT_NEAR(plan_gib(in), 58.9, 0.1 * 58.9);
+  EXPECT_NEAR(plan_gib(in), 57.1, 0.1 * 57.1);
   MemoryPlanInput whole = in;
   whole.split_master = false;
-  EXPECT_NEAR(plan_gib(whole), 65.7, 0.1 * 65.7);
+  EXPECT_NEAR(plan_gib(whole), 63.9, 0.1 * 63.9);  // 65.7 measured - 1.8 of scratch
   EXPECT_EQ(plan_cuda_memory(whole).total - plan_cuda_memory(in).total, 2 * ParamLayout(in.model, 1).total_numel());
   // Sharding divides the model states: ZeRO-3 on 2 GPUs holds about half of ZeRO-0's 16 P bytes.
   in.world_size = 2;
@@ -539,14 +540,15 @@ TEST(MemoryPlan, PredictsTheMeasuredH200Peak) {
 }
 
 TEST(MemoryPlan, PredictsTheMeasuredH200LoraPeaks) {
-  // benchmarks/RESULTS.md (session 4 acceptance, lora_bench.sh): GLM-4-9B-Chat, seq 8192,
-  // micro-batch 1, LoRA rank 8 / alpha 32 on all-linear with dropout 0.05, one H200, nvidia-smi
-  // peaks 63.7 GiB (--recompute none) and 26.7 GiB (full). Within 10%, as for full training.
+  // benchmarks/RESULTS.md (session 9, lora_bench.sh): GLM-4-9B-Chat, seq 8192, micro-batch 1,
+  // LoRA rank 8 / alpha 32 on all-linear with dropout 0.05, one H200, nvidia-smi peaks 62.0 GiB
+  // (--recompute none) and 25.0 GiB (full) with the 2 GiB lm_head scratch (63.7 and 26.7 with
+  // session 4's 4 GiB). Within 10%, as for full training.
   MemoryPlanInput in;
   in.model = glm4_9b_shapes(40);
   in.micro_batch_tokens = 8192;
   in.lora = LoraConfig{};  // rank 8, alpha 32, dropout 0.05, every linear: the bench's options
-  for (const auto& [policy, measured] : {std::pair{Recompute::none, 63.7}, std::pair{Recompute::full, 26.7}}) {
+  for (const auto& [policy, measured] : {std::pair{Recompute::none, 62.0}, std::pair{Recompute::full, 25.0}}) {
     in.recompute = policy;
     EXPECT_NEAR(plan_gib(in), measured, 0.1 * measured) << recompute_name(policy);
   }

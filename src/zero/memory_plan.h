@@ -40,7 +40,7 @@ struct MemoryPlan {
 };
 
 // The CUDA context, cuBLASLt handles and allocator slack, not allocated by us. Calibrated on an
-// H200 (12-layer GLM-4-9B shapes at seq 4096: 58.9 GiB measured by nvidia-smi, 58.8 planned).
+// H200 (12-layer GLM-4-9B shapes at seq 4096: 57.1 GiB measured by nvidia-smi and planned).
 constexpr int64_t kCudaRuntimeReserveBytes = int64_t{600} << 20;
 
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in);
