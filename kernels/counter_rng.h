@@ -6,11 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define GLM_HOST_DEVICE __host__ __device__
-#else
-#define GLM_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace glm {
 

@@ -13,11 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define GLM_HOST_DEVICE __host__ __device__
-#else
-#define GLM_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace glm {
 
