@@ -4,10 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
-#include <string>
 
 #include "cli/export.h"
 #include "cli/options.h"
@@ -201,7 +199,7 @@ int main(int argc, char** argv) {
       in.recompute = options.train.recompute;
       in.zero_options = options.train.zero_options;
       if (options.train.train_type == "lora") in.lora = options.train.lora;
-      if (const char* env = std::getenv("GLM_SPLIT_MASTER"); env != nullptr) in.split_master = std::string(env) != "0";
+      in.split_master = glm::split_master_from_env();
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }
     return 0;

@@ -3,8 +3,8 @@
 // with the master split (kernels/master_split.h: the bf16 working copy and a 16-bit low half read
 // and written in its place), so it is memory-bound: where every pointer is 16-byte aligned each
 // thread moves 8 elements per iteration in 16-byte vectors (two float4 per fp32 array, one uint4
-// per 16-bit array); the last n % 8 elements and misaligned views take the element-wise loop. Both apply the same per-element
-// arithmetic, so the two paths agree bit for bit. With kNorm each thread also sums the squares of
+// per 16-bit array); the last n % 8 elements and misaligned views take the element-wise loop.
+// Both apply the same per-element arithmetic, so the two paths agree bit for bit. With kNorm each thread also sums the squares of
 // the gradients it read (fp32), each block adds its total to one fp64 accumulator; the grid is then
 // one resident wave so that the atomics stay few, or, beside other work, blocks of at most 8 items
 // per thread (vectors of 8 or, misaligned, single elements) that hand their SMs back as they finish.

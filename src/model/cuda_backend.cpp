@@ -548,10 +548,8 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
-
  private:
   static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
-
 
   int device_;
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().

@@ -1,7 +1,15 @@
 // AdamW: decay ranges come from the layout, updates run per range on the backend.
 #include "train/adamw.h"
 
+#include <cstdlib>
+#include <string>
+
 namespace glm {
+
+bool split_master_from_env() {
+  const char* env = std::getenv("GLM_SPLIT_MASTER");
+  return env == nullptr || std::string(env) != "0";
+}
 
 Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options) {
   AdamWOptimizer opt(backend, params, options);

@@ -20,6 +20,10 @@ struct AdamWOptions {
   bool split_master = true;
 };
 
+// AdamWOptions::split_master for a run: true unless GLM_SPLIT_MASTER=0 (for measuring). The trainer
+// and `glm_hpc plan` both ask here, so that the plan counts what the run allocates.
+bool split_master_from_env();
+
 class AdamWOptimizer {
  public:
   // params/grads cover layout range [offset, offset + params.numel).

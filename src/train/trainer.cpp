@@ -4,10 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
-#include <string>
 
 #include "data/sharded_loader.h"
 #include "train/checkpoint.h"
@@ -126,8 +124,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   const int64_t max_tokens = std::max(config.per_device_train_batch_size * config.max_length, eval_tokens);
 
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
-  // GLM_SPLIT_MASTER=0: a whole fp32 master copy instead of the split one (for measuring).
-  if (const char* env = std::getenv("GLM_SPLIT_MASTER"); env != nullptr) adam.split_master = std::string(env) != "0";
+  adam.split_master = split_master_from_env();
   GLM_ASSIGN_OR_RETURN(const ZeroOptions zero_options,
                        resolve_zero_options(config, comm, data_comm != nullptr ? *data_comm : comm, backend));
   if (config.train_type != "full" && config.train_type != "lora")
