@@ -117,27 +117,88 @@ class Ops : public ::testing::Test {
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 
-// hidden 70 takes the scalar forward, 64 the 16-byte vector copy.
+// hidden 70 takes the scalar kernels, 64 the 16-byte vector ones. Few tokens over many rows, then
+// 2,000 positions over 5 tokens (runs of ~400: bf16 atomic adds lost their small terms there, 3%
+// off), each against the CPU's fp32 sums and run twice for bit-identical results.
 TEST_F(Ops, Embedding) {
   for (const int64_t hidden : {int64_t{70}, int64_t{64}}) {
-    SCOPED_TRACE("hidden " + std::to_string(hidden));
-    const int64_t vocab = 37, n = 45;
-    std::vector<int32_t> tok;
-    for (int i = 0; i < n; ++i) tok.push_back((i * 7 + 3) % vocab);
-    auto tokens = ints(tok);
-    auto table = dual(random_bf16(vocab * hidden, 1));
-    auto out = output(n * hidden);
-    ASSERT_TRUE(cpu_->embedding_forward(out.cpu.tensor(), table.cpu.tensor(), tokens.cpu.tensor(), n, hidden).is_ok());
-    ASSERT_TRUE(gpu_->embedding_forward(out.gpu.tensor(), table.gpu.tensor(), tokens.gpu.tensor(), n, hidden).is_ok());
-    expect_close(out, "embedding forward", 1e-6);
-    auto dout = dual(random_bf16(n * hidden, 2));
-    auto dtable = dual(random_bf16(vocab * hidden, 3));
-    ASSERT_TRUE(
-        cpu_->embedding_backward(dtable.cpu.tensor(), dout.cpu.tensor(), tokens.cpu.tensor(), n, hidden).is_ok());
-    ASSERT_TRUE(
-        gpu_->embedding_backward(dtable.gpu.tensor(), dout.gpu.tensor(), tokens.gpu.tensor(), n, hidden).is_ok());
-    expect_close(dtable, "embedding backward");
+    for (const auto& [vocab, n] : {std::pair<int64_t, int64_t>{37, 45}, {5, 2000}}) {
+      SCOPED_TRACE("hidden " + std::to_string(hidden) + ", vocab " + std::to_string(vocab) + ", n " +
+                   std::to_string(n));
+      std::vector<int32_t> tok;
+      for (int64_t i = 0; i < n; ++i) tok.push_back(static_cast<int32_t>((i * 7 + 3 + i / 11) % vocab));
+      const std::vector<int32_t> no_targets(tok.size(), -1);
+      const MicroBatchIndex ix = index_micro_batch(tok, no_targets);
+      auto tokens = ints(tok);
+      auto order = ints(ix.token_order);
+      auto runs = ints(ix.token_runs);
+      auto table = dual(random_bf16(vocab * hidden, 1));
+      auto out = output(n * hidden);
+      ASSERT_TRUE(
+          cpu_->embedding_forward(out.cpu.tensor(), table.cpu.tensor(), tokens.cpu.tensor(), n, hidden).is_ok());
+      ASSERT_TRUE(
+          gpu_->embedding_forward(out.gpu.tensor(), table.gpu.tensor(), tokens.gpu.tensor(), n, hidden).is_ok());
+      expect_close(out, "embedding forward", 1e-6);
+      auto dout = dual(random_bf16(n * hidden, 2));
+      const std::vector<float> dtable0 = random_bf16(vocab * hidden, 3);
+      auto dtable = dual(dtable0);
+      auto again = dual(dtable0);
+      ASSERT_TRUE(cpu_->embedding_backward(dtable.cpu.tensor(), dout.cpu.tensor(), tokens.cpu.tensor(),
+                                           order.cpu.tensor(), runs.cpu.tensor(), n, hidden)
+                      .is_ok());
+      for (Buffer* b : {&dtable.gpu, &again.gpu})
+        ASSERT_TRUE(gpu_->embedding_backward(b->tensor(), dout.gpu.tensor(), tokens.gpu.tensor(), order.gpu.tensor(),
+                                             runs.gpu.tensor(), n, hidden)
+                        .is_ok());
+      expect_close(dtable, "embedding backward", 4e-3);
+      EXPECT_EQ(from_gpu(dtable.gpu), from_gpu(again.gpu)) << "embedding backward is not deterministic";
+    }
   }
+  // Without the index a device backend refuses (rather than guessing).
+  auto tokens = ints({1, 2});
+  auto dtable = dual(random_bf16(3 * 8, 4));
+  auto dout = dual(random_bf16(2 * 8, 5));
+  EXPECT_FALSE(
+      gpu_->embedding_backward(dtable.gpu.tensor(), dout.gpu.tensor(), tokens.gpu.tensor(), Tensor{}, Tensor{}, 2, 8)
+          .is_ok());
+}
+
+// Row gathers and scatters (the lm_head's labelled rows): bf16 rows of 70 (4-byte units), 4096 (16-byte)
+// and 3 elements (2-byte), single f32 and i32 elements, against the CPU bit for bit; a scatter
+// leaves the other rows as they were.
+TEST_F(Ops, GatherScatterRows) {
+  const int64_t total = 301;
+  std::vector<int32_t> picked;
+  for (int32_t r = 0; r < total; ++r)
+    if ((r * 37) % 5 != 0) picked.push_back((r * 113) % static_cast<int32_t>(total));  // a permuted subset
+  const auto count = static_cast<int64_t>(picked.size());
+  auto rows = ints(picked);
+  for (const auto& [width, dtype] : {std::pair<int64_t, DType>{70, DType::bf16}, {4096, DType::bf16},
+                                     {3, DType::bf16}, {1, DType::f32}}) {
+    SCOPED_TRACE("width " + std::to_string(width) + " " + dtype_name(dtype));
+    auto wide = dual(random_bf16(total * width, 6), dtype);
+    auto compact = output(count * width, dtype);
+    ASSERT_TRUE(cpu_->gather_rows(compact.cpu.tensor(), wide.cpu.tensor(), rows.cpu.tensor(), count, width).is_ok());
+    ASSERT_TRUE(gpu_->gather_rows(compact.gpu.tensor(), wide.gpu.tensor(), rows.gpu.tensor(), count, width).is_ok());
+    EXPECT_EQ(from_gpu(compact.gpu), from_cpu(compact.cpu));
+    auto src = dual(random_bf16(count * width, 7), dtype);
+    auto dst = dual(random_bf16(total * width, 8), dtype);
+    ASSERT_TRUE(cpu_->scatter_rows(dst.cpu.tensor(), src.cpu.tensor(), rows.cpu.tensor(), count, width).is_ok());
+    ASSERT_TRUE(gpu_->scatter_rows(dst.gpu.tensor(), src.gpu.tensor(), rows.gpu.tensor(), count, width).is_ok());
+    EXPECT_EQ(from_gpu(dst.gpu), from_cpu(dst.cpu));
+  }
+  std::vector<int32_t> values(static_cast<size_t>(total));
+  for (int32_t i = 0; i < static_cast<int32_t>(total); ++i) values[static_cast<size_t>(i)] = i * 7919 - 1000;
+  auto wide = ints(values);
+  Buffer compact = gpu_->allocate(count, DType::i32).take();
+  ASSERT_TRUE(gpu_->gather_rows(compact.tensor(), wide.gpu.tensor(), rows.gpu.tensor(), count, 1).is_ok());
+  std::vector<int32_t> got(static_cast<size_t>(count));
+  ASSERT_TRUE(gpu_->download(got.data(), compact.tensor()).is_ok());
+  for (int64_t i = 0; i < count; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], values[static_cast<size_t>(picked[i])]);
+  // Shapes are checked: a compact side of the wrong size, or dtypes that differ.
+  EXPECT_FALSE(gpu_->gather_rows(compact.tensor(), wide.gpu.tensor(), rows.gpu.tensor(), count - 1, 1).is_ok());
+  auto floats = dual(random_bf16(total, 9), DType::f32);
+  EXPECT_FALSE(gpu_->gather_rows(compact.tensor(), floats.gpu.tensor(), rows.gpu.tensor(), count, 1).is_ok());
 }
 
 // Sizes for both RMSNorm paths: odd hidden sizes take the scalar kernels; multiples of 8 the

@@ -113,6 +113,50 @@ TEST(Glm4Model, GradientsAccumulateAcrossMicroBatches) {
   EXPECT_GT(max_abs, 1e-6);
 }
 
+// With the batch's index the lm_head runs over the labelled rows only (gathered, the results
+// scattered back): the same losses, argmax flags and gradients as over every row, in fp64, for the
+// FFN narrower than the hidden size (own scratch) and wider (d_gate_up_'s), and for a batch without
+// a single target (the head's weight gradient written as zeros where it is overwritten).
+TEST(Glm4Model, LabelledRowsOnlyMatchEveryRow) {
+  for (const int64_t ffn : {int64_t{10}, int64_t{30}}) {
+    SCOPED_TRACE("ffn " + std::to_string(ffn));
+    ModelConfig config = tiny_config();
+    config.intermediate_size = ffn;
+    ASSERT_TRUE(config.finalize_and_validate().is_ok());
+    auto backend = make_cpu_backend(DType::f64);
+    auto model = Glm4Model::create(config, *backend, 16).take();
+    std::vector<double> params(static_cast<size_t>(model->layout().total_numel()));
+    ASSERT_TRUE(initialize_parameters(config, 7, *backend,
+                                      Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
+                    .is_ok());
+    HostBatch labelled = two_document_batch(), unlabelled = two_document_batch();
+    std::fill(unlabelled.targets.begin(), unlabelled.targets.end(), -1);
+    for (HostBatch* hb : {&labelled, &unlabelled}) {
+      std::vector<double> losses[2], grads[2];
+      std::vector<int32_t> correct[2];
+      for (int indexed = 0; indexed < 2; ++indexed) {
+        grads[indexed].assign(params.size(), 0.5);  // stale values the batch must add to
+        VectorParameters provider(model->layout(), params, grads[indexed]);
+        ASSERT_TRUE(model->forward_backward(hb->view(indexed == 1), 0.25, provider).is_ok());
+        const double* l = model->losses().as<double>();
+        losses[indexed].assign(l, l + hb->tokens.size());
+        correct[indexed].assign(hb->tokens.size(), 7);
+        Tensor flags{correct[indexed].data(), static_cast<int64_t>(hb->tokens.size()), DType::i32};
+        ASSERT_TRUE(model->forward(hb->view(indexed == 1), provider, flags).is_ok());
+      }
+      for (size_t t = 0; t < losses[0].size(); ++t) {
+        EXPECT_NEAR(losses[1][t], losses[0][t], 1e-13 * (1 + std::fabs(losses[0][t]))) << "token " << t;
+        if (hb->targets[t] < 0) {
+          EXPECT_EQ(losses[1][t], 0.0);
+        }
+      }
+      EXPECT_EQ(correct[1], correct[0]);
+      for (size_t i = 0; i < params.size(); ++i)
+        ASSERT_NEAR(grads[1][i], grads[0][i], 1e-13 * (1 + std::fabs(grads[0][i]))) << "parameter " << i;
+    }
+  }
+}
+
 // Recomputation must change memory only: losses and gradients bit-identical to keeping everything
 // (the recomputed ops are the same deterministic calls on the same inputs), over two micro-batches
 // so state left in the shared buffers by one layer or batch cannot leak into the next.

@@ -17,11 +17,27 @@
 namespace glm::test {
 
 // A micro-batch held in host vectors (CPU backend tests): view() points the model's MicroBatch at them.
+// With its index (index_micro_batch, as the engine uploads it) unless indexed is false: the lm_head
+// then runs over every row.
 struct HostBatch {
   std::vector<int32_t> tokens, targets, positions, doc_start;
-  MicroBatch view() {
+  MicroBatchIndex index;
+  MicroBatch view(bool indexed = true) {
     auto t = [](std::vector<int32_t>& v) { return Tensor{v.data(), static_cast<int64_t>(v.size()), DType::i32}; };
-    return {t(tokens), t(targets), t(positions), t(doc_start), static_cast<int64_t>(tokens.size())};
+    MicroBatch b;
+    b.tokens = t(tokens);
+    b.targets = t(targets);
+    b.positions = t(positions);
+    b.doc_start = t(doc_start);
+    b.n = static_cast<int64_t>(tokens.size());
+    if (!indexed) return b;
+    index = index_micro_batch(tokens, targets);
+    b.label_rows = t(index.label_rows);
+    b.label_targets = t(index.label_targets);
+    b.token_order = t(index.token_order);
+    b.token_runs = t(index.token_runs);
+    b.n_labelled = static_cast<int64_t>(index.label_rows.size());
+    return b;
   }
 };
 

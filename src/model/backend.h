@@ -69,6 +69,19 @@ inline int64_t lm_head_chunk_rows(int64_t n, int64_t vocab) {
   return chunks > 0 ? (n + chunks - 1) / chunks : rows;
 }
 
+// Shapes of a gather_rows (gather) or scatter_rows: dst and src of one dtype, count i32 rows, and
+// the compact side (dst of a gather, src of a scatter) of count x width elements.
+inline Status check_rows_op(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width,
+                            bool gather) {
+  if (dst.dtype != src.dtype) return GLM_INTERNAL_ERROR(op, ": ", dtype_name(src.dtype), " into ", dtype_name(dst.dtype));
+  if (rows.dtype != DType::i32 || rows.numel < count || count < 0 || width <= 0)
+    return GLM_INTERNAL_ERROR(op, ": ", count, " rows of width ", width, " from ", rows.numel, " indices");
+  const Tensor compact = gather ? dst : src;
+  if (compact.numel != count * width)
+    return GLM_INTERNAL_ERROR(op, ": ", compact.numel, " elements for ", count, " rows of ", width);
+  return Status::ok();
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -105,8 +118,17 @@ class Backend {
   virtual Status convert(Tensor dst, Tensor src) = 0;
   virtual Status synchronize() = 0;
 
+  // Rows of width elements (any dtype, dst and src alike): gather dst[i] = src[rows[i]], scatter
+  // dst[rows[i]] = src[i] (other rows of dst untouched), for i < count; rows is i32.
+  virtual Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
+  virtual Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
   virtual Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) = 0;
-  virtual Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, int64_t n, int64_t hidden) = 0;
+  // dtable[tokens[t]] += dout[t]. token_order and token_runs are the batch's (MicroBatchIndex in
+  // model/glm4_model.h): a device backend sums each token's rows in fp32 in that order and adds the
+  // sum once (deterministic; a token seen hundreds of times keeps its small terms); the CPU
+  // backend, whose dtype is the accumulator, may ignore them.
+  virtual Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Tensor token_order, Tensor token_runs,
+                                    int64_t n, int64_t hidden) = 0;
   virtual Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
                                  double eps) = 0;
   virtual Status rmsnorm_backward(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight, Tensor rstd,

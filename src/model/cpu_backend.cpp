@@ -86,9 +86,16 @@ class CpuBackend final : public Backend {
     cpu::embedding_forward(p(out), p(table), tokens.as<int32_t>(), n, hidden);
     return Status::ok();
   }
-  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, int64_t n, int64_t hidden) override {
+  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Tensor, Tensor, int64_t n,
+                            int64_t hidden) override {
     cpu::embedding_backward(p(dtable), p(dout), tokens.as<int32_t>(), n, hidden);
     return Status::ok();
+  }
+  Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
+    return move_rows("gather_rows", dst, src, rows, count, width, true);
+  }
+  Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
+    return move_rows("scatter_rows", dst, src, rows, count, width, false);
   }
   Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
                          double eps) override {
@@ -211,6 +218,22 @@ class CpuBackend final : public Backend {
 
  private:
   static T* p(const Tensor& t) { return t.as<T>(); }
+  static Status move_rows(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width,
+                          bool gather) {
+    GLM_RETURN_IF_ERROR(check_rows_op(op, dst, src, rows, count, width, gather));
+    const size_t row_bytes = static_cast<size_t>(width) * dtype_size(dst.dtype);
+    const Tensor wide = gather ? src : dst;  // the side the indices point into
+    auto* d = static_cast<char*>(dst.data);
+    const auto* s = static_cast<const char*>(src.data);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = rows.as<int32_t>()[i];
+      if (r < 0 || (r + 1) * width > wide.numel)
+        return GLM_INTERNAL_ERROR(op, ": row ", r, " outside ", wide.numel / width, " rows");
+      const size_t at = static_cast<size_t>(r) * row_bytes, compact = static_cast<size_t>(i) * row_bytes;
+      std::memcpy(d + (gather ? compact : at), s + (gather ? at : compact), row_bytes);
+    }
+    return Status::ok();
+  }
   std::vector<T> logits_, dlogits_;
 };
 

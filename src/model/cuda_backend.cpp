@@ -252,8 +252,12 @@ class CudaBackend final : public Backend {
   }
   Status join_side() override {
     if (!side_pending_) return Status::ok();
-    GLM_CUDA_RETURN(cudaEventRecord(joined_, side_));
-    GLM_CUDA_RETURN(cudaStreamWaitEvent(main_, joined_, 0));
+    {
+      // Profiled: how long the main stream, done with its own work, waits for the side work.
+      OpProfiler::Scope wait(&profiler_, "main_waits_for_side", main_);
+      GLM_CUDA_RETURN(cudaEventRecord(joined_, side_));
+      GLM_CUDA_RETURN(cudaStreamWaitEvent(main_, joined_, 0));
+    }
     side_pending_ = false;
     gemm_.set_sm_target(0);
     return Status::ok();
@@ -320,9 +324,30 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::embedding_forward(b(out), b(table), tokens.as<int32_t>(), n, hidden, stream_));
     return Status::ok();
   }
-  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, int64_t n, int64_t hidden) override {
+  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Tensor token_order, Tensor token_runs,
+                            int64_t n, int64_t hidden) override {
     GLM_PROFILE_OP("embedding_backward");
-    GLM_CUDA_RETURN(cuda::embedding_backward(b(dtable), b(dout), tokens.as<int32_t>(), n, hidden, stream_));
+    if (token_order.numel != n || token_order.dtype != DType::i32 || token_runs.dtype != DType::i32 ||
+        token_runs.numel < (n > 0 ? 2 : 1))
+      return GLM_INTERNAL_ERROR("embedding_backward needs the micro-batch's token index (index_micro_batch), got ",
+                                token_order.numel, " positions and ", token_runs.numel, " run bounds for ", n,
+                                " tokens");
+    GLM_CUDA_RETURN(cuda::embedding_backward(b(dtable), b(dout), tokens.as<int32_t>(), token_order.as<int32_t>(),
+                                             token_runs.as<int32_t>(), token_runs.numel - 1, hidden, stream_));
+    return Status::ok();
+  }
+  Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
+    GLM_PROFILE_OP("gather_rows");
+    GLM_RETURN_IF_ERROR(check_rows_op("gather_rows", dst, src, rows, count, width, true));
+    GLM_CUDA_RETURN(cuda::move_rows(dst.data, src.data, rows.as<int32_t>(), count,
+                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), true, stream_));
+    return Status::ok();
+  }
+  Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
+    GLM_PROFILE_OP("scatter_rows");
+    GLM_RETURN_IF_ERROR(check_rows_op("scatter_rows", dst, src, rows, count, width, false));
+    GLM_CUDA_RETURN(cuda::move_rows(dst.data, src.data, rows.as<int32_t>(), count,
+                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), false, stream_));
     return Status::ok();
   }
   Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,

@@ -37,6 +37,29 @@ std::array<ActivationField, kFields> activation_fields(const ModelConfig& c, int
 
 }  // namespace
 
+MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
+  MicroBatchIndex ix;
+  const auto n = static_cast<int32_t>(tokens.size());
+  for (int32_t t = 0; t < static_cast<int32_t>(targets.size()); ++t)
+    if (targets[static_cast<size_t>(t)] >= 0) {
+      ix.label_rows.push_back(t);
+      ix.label_targets.push_back(targets[static_cast<size_t>(t)]);
+    }
+  // (token, position) pairs in one 64-bit key: sorted, they give both orders at once.
+  std::vector<uint64_t> keys(tokens.size());
+  for (int32_t t = 0; t < n; ++t)
+    keys[static_cast<size_t>(t)] =
+        (static_cast<uint64_t>(static_cast<uint32_t>(tokens[static_cast<size_t>(t)])) << 32) | static_cast<uint32_t>(t);
+  std::sort(keys.begin(), keys.end());
+  ix.token_order.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ix.token_order[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
+    if (i == 0 || (keys[i] >> 32) != (keys[i - 1] >> 32)) ix.token_runs.push_back(static_cast<int32_t>(i));
+  }
+  ix.token_runs.push_back(n);
+  return ix;
+}
+
 Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute,
                      const PersistencePolicy& persistence)
     : config_(config),
@@ -92,6 +115,8 @@ Status Glm4Model::allocate() {
   GLM_RETURN_IF_ERROR(alloc(final_norm_, n * h, act));
   GLM_RETURN_IF_ERROR(alloc(final_rstd_, n, stats));
   GLM_RETURN_IF_ERROR(alloc(losses_, n, stats));
+  GLM_RETURN_IF_ERROR(alloc(compact_losses_, n, stats));
+  GLM_RETURN_IF_ERROR(alloc(compact_correct_, n, DType::i32));
   GLM_RETURN_IF_ERROR(alloc(d_residual_, n * h, act));
   GLM_RETURN_IF_ERROR(alloc(d_norm_, n * h, act));
   GLM_RETURN_IF_ERROR(alloc(d_attn_, n * config_.q_width(), act));
@@ -99,7 +124,16 @@ Status Glm4Model::allocate() {
   GLM_RETURN_IF_ERROR(alloc(d_act_, n * f, act));
   GLM_RETURN_IF_ERROR(alloc(d_gate_up_, n * 2 * f, act));
   GLM_RETURN_IF_ERROR(alloc(norm_grad_scratch_, h, act));
+  if (d_gate_up_.numel() < 2 * n * h) GLM_RETURN_IF_ERROR(alloc(head_rows_, 2 * n * h, act));
   return Status::ok();
+}
+
+Tensor Glm4Model::head_rows(int k, int64_t m) const {
+  // Two [max_tokens, hidden] halves of d_gate_up_ (free at the head: only layers use it), or of
+  // head_rows_ where the FFN is narrower than the hidden size.
+  const Buffer& buf = head_rows_.numel() > 0 ? head_rows_ : d_gate_up_;
+  const int64_t h = config_.hidden_size;
+  return buf.slice(static_cast<int64_t>(k) * max_tokens_ * h, m * h);
 }
 
 LoraActivationSizes lora_activation_sizes(const LoraLayout& layout, int64_t max_tokens) {
@@ -199,8 +233,10 @@ int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int
   for (const ActivationField& a : activation_fields(c, n, recompute))
     fields += (a.shared ? 1 : layers) * a.numel * (a.statistics ? stats : act);
   const int64_t residual = act * n * h * (layers + 1);
-  const int64_t head = act * n * h + stats * n * 2;
-  const int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f) + act * h;  // + norm_grad_scratch_
+  // final_norm_, final_rstd_, losses_, compact_losses_, compact_correct_ (i32).
+  const int64_t head = act * n * h + stats * n * 3 + 4 * n;
+  int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f) + act * h;  // + norm_grad_scratch_
+  if (f < h) scratch += act * 2 * n * h;  // head_rows_: d_gate_up_ cannot lend the lm_head's rows
   return fields + residual + head + scratch;
 }
 
@@ -403,10 +439,33 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(), last, view(hw, layout_.final_norm()), n, h,
                                                config_.rms_norm_eps));
   Tensor losses = losses_.slice(0, n);
+  // Rows without a target (prompts, each document's last token) add nothing to the loss or to any
+  // gradient: with the batch's index the lm_head and cross-entropy run over the labelled rows only,
+  // gathered, and their losses, argmax flags and input gradients are scattered back.
+  const bool compact = b.n_labelled >= 0 && b.n_labelled < n;
+  const int64_t m = compact ? b.n_labelled : n;
+  Tensor head_in = normed, head_targets = b.targets, head_losses = losses, head_correct = correct;
+  if (compact) {
+    head_in = head_rows(0, m);
+    head_targets = b.label_targets;
+    head_losses = compact_losses_.slice(0, m);
+    if (!correct.empty()) head_correct = compact_correct_.slice(0, m);
+    if (m > 0) GLM_RETURN_IF_ERROR(backend_.gather_rows(head_in, normed, b.label_rows, m, h));
+  }
+  // Zeros, then the labelled rows' values.
+  auto scatter = [&](Tensor dst, Tensor src, int64_t width) -> Status {
+    GLM_RETURN_IF_ERROR(backend_.zero(dst));
+    return m > 0 ? backend_.scatter_rows(dst, src, b.label_rows, m, width) : Status::ok();
+  };
   if (!with_grad) {
-    GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, correct, Tensor{}, Tensor{}, normed,
-                                                       view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
-                                                       0.0, true));
+    if (m > 0)
+      GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(head_losses, head_correct, Tensor{}, Tensor{}, head_in,
+                                                         view(hw, layout_.output()), head_targets, m, h,
+                                                         config_.vocab_size, 0.0, true));
+    if (compact) {
+      GLM_RETURN_IF_ERROR(scatter(losses, head_losses, 1));
+      if (!correct.empty()) GLM_RETURN_IF_ERROR(scatter(correct, head_correct, 1));
+    }
     GLM_RETURN_IF_ERROR(params.release_params(head));
     return release_persistent(params);
   }
@@ -419,9 +478,19 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   overwrite_grads_ = params.overwrite_grads();
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
   const bool accumulate_head = !(overwrite_grads_ && layout_.entry(layout_.output()).kind == ParamKind::weight);
-  GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(losses, Tensor{}, dnorm, grad_view(hg, layout_.output()), normed,
-                                                     view(hw, layout_.output()), b.targets, n, h, config_.vocab_size,
-                                                     grad_scale, accumulate_head));
+  Tensor head_grad = grad_view(hg, layout_.output());
+  Tensor head_dnorm = compact ? head_rows(1, m) : dnorm;
+  if (m > 0) {
+    GLM_RETURN_IF_ERROR(backend_.lm_head_cross_entropy(head_losses, Tensor{}, head_dnorm, head_grad, head_in,
+                                                       view(hw, layout_.output()), head_targets, m, h,
+                                                       config_.vocab_size, grad_scale, accumulate_head));
+  } else if (!accumulate_head && !head_grad.empty()) {
+    GLM_RETURN_IF_ERROR(backend_.zero(head_grad));  // no labelled row: a gradient of zeros, written
+  }
+  if (compact) {
+    GLM_RETURN_IF_ERROR(scatter(losses, head_losses, 1));
+    GLM_RETURN_IF_ERROR(scatter(dnorm, head_dnorm, h));
+  }
   GLM_RETURN_IF_ERROR(backend_.zero(dres));
   GLM_ASSIGN_OR_RETURN(Tensor final_norm_grad, norm_grad(hg, layout_.final_norm()));
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, final_norm_grad, dnorm, last,
@@ -438,7 +507,8 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     GLM_RETURN_IF_ERROR(params.grads_ready(unit));
   }
   Tensor eg = grad_view(params.unit_grads(layout_.embedding_unit()), layout_.embedding());
-  if (!eg.empty()) GLM_RETURN_IF_ERROR(backend_.embedding_backward(eg, dres, b.tokens, n, h));
+  if (!eg.empty())
+    GLM_RETURN_IF_ERROR(backend_.embedding_backward(eg, dres, b.tokens, b.token_order, b.token_runs, n, h));
   GLM_RETURN_IF_ERROR(params.grads_ready(layout_.embedding_unit()));
   GLM_RETURN_IF_ERROR(release_persistent(params));
   if (persistent < 0) return Status::ok();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model/backend.h"
@@ -21,7 +22,22 @@ struct MicroBatch {
   Tensor positions;  // i32 [n]: RoPE position within its document
   Tensor doc_start;  // i32 [n]: index of the first token of the document holding token t
   int64_t n = 0;
+  // The batch's index (index_micro_batch(), uploaded beside it; n_labelled < 0: none). With it the
+  // lm_head and cross-entropy run over the labelled rows only; a device backend's embedding
+  // backward needs token_order and token_runs.
+  Tensor label_rows, label_targets;  // i32 [n_labelled]
+  Tensor token_order;                // i32 [n]
+  Tensor token_runs;                 // i32 [runs + 1]
+  int64_t n_labelled = -1;
 };
+
+// The host's index of a micro-batch: the positions with a target (ascending) and their targets;
+// the positions ordered by token, then position, and where each token's run starts in that order
+// (then n): the embedding backward sums each token's rows once, in a fixed order.
+struct MicroBatchIndex {
+  std::vector<int32_t> label_rows, label_targets, token_order, token_runs;
+};
+MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<const int32_t> targets);
 
 class ParameterProvider {
  public:
@@ -153,6 +169,11 @@ class Glm4Model {
   std::vector<Buffer> residual_;  // L + 1 residual-stream tensors: layer inputs and the last output
   std::vector<LayerActivations> layers_;
   Buffer final_norm_, final_rstd_, losses_;
+  // The lm_head over the labelled rows only: their losses and argmax flags before they are
+  // scattered back, and (head_rows_, only where d_gate_up_ is too small to lend them) their
+  // gathered hidden states and those states' gradient.
+  Buffer compact_losses_, compact_correct_, head_rows_;
+  Tensor head_rows(int k, int64_t m) const;
   // Backward scratch, reused by every layer.
   Buffer d_residual_, d_norm_, d_attn_, d_qkv_, d_act_, d_gate_up_;
   Buffer norm_grad_scratch_;  // hidden_size elements, written and never read (frozen norms)

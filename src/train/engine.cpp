@@ -30,9 +30,9 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                     persistence_policy(zero_options, zero_stage)));
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
                                                               zero_options, /*frozen=*/lora != nullptr));
-  for (Buffer* b : {&e->tokens_, &e->targets_, &e->positions_, &e->doc_start_, &e->correct_}) {
-    GLM_ASSIGN_OR_RETURN(*b, backend.allocate(max_tokens, DType::i32));
-  }
+  // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs.
+  GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(8 * max_tokens + 1, DType::i32));
+  GLM_ASSIGN_OR_RETURN(e->correct_, backend.allocate(max_tokens, DType::i32));
   GLM_ASSIGN_OR_RETURN(e->grad_sq_sum_, backend.allocate(1, DType::f64));
   if (lora != nullptr) {
     e->lora_layout_ = std::make_unique<LoraLayout>(config, *lora);
@@ -248,11 +248,33 @@ Result<MicroBatch> TrainingEngine::upload(const HostMicroBatch& hb) {
   const int64_t n = hb.size();
   if (n <= 0 || n > model_->max_tokens())
     return GLM_INTERNAL_ERROR("micro-batch of ", n, " tokens outside (0, ", model_->max_tokens(), "]");
-  MicroBatch b{tokens_.slice(0, n), targets_.slice(0, n), positions_.slice(0, n), doc_start_.slice(0, n), n};
-  GLM_RETURN_IF_ERROR(backend_.upload(b.tokens, hb.tokens.data()));
-  GLM_RETURN_IF_ERROR(backend_.upload(b.targets, hb.targets.data()));
-  GLM_RETURN_IF_ERROR(backend_.upload(b.positions, hb.positions.data()));
-  GLM_RETURN_IF_ERROR(backend_.upload(b.doc_start, hb.doc_start.data()));
+  if (hb.targets.size() != hb.tokens.size() || hb.positions.size() != hb.tokens.size() ||
+      hb.doc_start.size() != hb.tokens.size())
+    return GLM_INTERNAL_ERROR("micro-batch of ", n, " tokens with ", hb.targets.size(), " targets, ",
+                              hb.positions.size(), " positions and ", hb.doc_start.size(), " document starts");
+  // Everything the device needs, index included, in one upload.
+  const MicroBatchIndex ix = index_micro_batch(hb.tokens, hb.targets);
+  staging_.clear();
+  std::vector<Tensor> parts;
+  int64_t at = 0;
+  for (const std::vector<int32_t>* v : {&hb.tokens, &hb.targets, &hb.positions, &hb.doc_start, &ix.label_rows,
+                                        &ix.label_targets, &ix.token_order, &ix.token_runs}) {
+    staging_.insert(staging_.end(), v->begin(), v->end());
+    parts.push_back(batch_ints_.slice(at, static_cast<int64_t>(v->size())));
+    at += static_cast<int64_t>(v->size());
+  }
+  GLM_RETURN_IF_ERROR(backend_.upload(batch_ints_.slice(0, at), staging_.data()));
+  MicroBatch b;
+  b.tokens = parts[0];
+  b.targets = parts[1];
+  b.positions = parts[2];
+  b.doc_start = parts[3];
+  b.n = n;
+  b.label_rows = parts[4];
+  b.label_targets = parts[5];
+  b.token_order = parts[6];
+  b.token_runs = parts[7];
+  b.n_labelled = static_cast<int64_t>(ix.label_rows.size());
   return b;
 }
 

@@ -141,7 +141,9 @@ class TrainingEngine {
   Communicator& comm_;
   std::unique_ptr<Glm4Model> model_;
   std::unique_ptr<ZeroParameters> zero_;
-  Buffer tokens_, targets_, positions_, doc_start_, correct_, logits_;
+  Buffer batch_ints_;                // a micro-batch's i32 arrays and index (upload())
+  std::vector<int32_t> staging_;     // their host copy
+  Buffer correct_, logits_;
   Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
   bool optimizer_in_backward_ = true;  // create(): false under GLM_OPTIMIZER_IN_BACKWARD=0
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
