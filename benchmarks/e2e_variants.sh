@@ -10,12 +10,21 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-[ -f /tmp/bench4096.jsonl ] || python3 - <<'PY'
-import json, random
+# GLM_E2E_PROMPT_FRACTION (default 0): the first fraction of every row is prompt (labels -100,
+# no loss), as in SFT data; the peer's --prompt_fraction does the same.
+fraction=${GLM_E2E_PROMPT_FRACTION:-0}
+data=/tmp/bench4096_p$fraction.jsonl
+[ -f "$data" ] || python3 - "$data" "$fraction" <<'PY'
+import json, random, sys
 random.seed(0)
-with open("/tmp/bench4096.jsonl", "w") as f:
+prompt = int(float(sys.argv[2]) * 4096)
+with open(sys.argv[1], "w") as f:
     for _ in range(16):
-        f.write(json.dumps({"input_ids": [random.randrange(151552) for _ in range(4096)]}) + "\n")
+        ids = [random.randrange(151552) for _ in range(4096)]
+        row = {"input_ids": ids}
+        if prompt > 0:
+            row["labels"] = [-100] * prompt + ids[prompt:]
+        f.write(json.dumps(row) + "\n")
 PY
 steps=${GLM_E2E_STEPS:-8}
 IFS=$'\n'
@@ -29,7 +38,7 @@ for variant in ${GLM_E2E_VARIANTS:-"default;;"}; do
     -lms 250 >"$OUT/smi_$label.csv" 2>/dev/null &
   smi=$!
   env "${env_list[@]}" CUDA_VISIBLE_DEVICES=0 mpirun -np 1 --bind-to none build-gpu/glm_hpc --device cuda \
-    --config configs/glm4-9b-chat.cfg --num_hidden_layers 12 --dataset /tmp/bench4096.jsonl --max_length 4096 \
+    --config configs/glm4-9b-chat.cfg --num_hidden_layers 12 --dataset "$data" --max_length 4096 \
     --gradient_accumulation_steps 1 --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --save_strategy no \
     --output_dir "$dir" "${arg_list[@]}" >"$OUT/e2e_$label.log" 2>&1 || { echo "$label failed"; tail -6 "$OUT/e2e_$label.log"; }
   kill $smi 2>/dev/null
