@@ -4,11 +4,14 @@
 // achieved rate and the fraction of the matching ceiling. Skips when no GPU is visible.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include "model/backend.h"
+#include "model/glm4_model.h"
 
 namespace {
 
@@ -16,6 +19,7 @@ using glm::AttentionShape;
 using glm::Backend;
 using glm::Buffer;
 using glm::DType;
+using glm::MicroBatchIndex;
 using glm::Tensor;
 
 Backend* gpu() {
@@ -149,6 +153,43 @@ void BM_Rope(benchmark::State& state) {
   report_bytes(state, 2.0 * 2 * n * (kHeads + kKv) * 64);  // the rotated half of q and k, read and written
 }
 
+// The embedding backward over n tokens drawn as text draws them (Zipf, exponent 1, over the
+// vocabulary: the commonest token ~8% of positions) or, with skew > 0, one token at skew percent of
+// the positions and the rest uniform: its runs of equal tokens decide the time.
+void BM_EmbeddingBackward(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0), skew = state.range(1);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  std::vector<double> cdf;
+  double total = 0;
+  for (int64_t r = 1; r <= kVocab; ++r) cdf.push_back(total += 1.0 / static_cast<double>(r));
+  uint64_t x = 88172645463325252ull;  // xorshift64
+  auto uniform = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return static_cast<double>(x >> 11) / 9007199254740992.0;
+  };
+  for (auto& t : tokens) {
+    if (skew > 0)
+      t = uniform() * 100 < static_cast<double>(skew) ? 7 : static_cast<int32_t>(uniform() * kVocab);
+    else
+      t = static_cast<int32_t>(std::lower_bound(cdf.begin(), cdf.end(), uniform() * total) - cdf.begin());
+  }
+  const MicroBatchIndex ix = glm::index_micro_batch(tokens, std::vector<int32_t>(tokens.size(), -1));
+  auto ints = [](const std::vector<int32_t>& v) {
+    Buffer b = gpu()->allocate(static_cast<int64_t>(v.size()), DType::i32).take();
+    if (!gpu()->upload(b.tensor(), v.data()).is_ok()) std::abort();
+    return b;
+  };
+  Buffer tok = ints(tokens), order = ints(ix.token_order), runs = ints(ix.token_runs);
+  Buffer dout = filled(n * kHidden, DType::bf16), dtable = filled(kVocab * kHidden, DType::bf16, 0.0);
+  time_loop(state, [&] {
+    return gpu()->embedding_backward(dtable.tensor(), dout.tensor(), tok.tensor(), order.tensor(), runs.tensor(), n,
+                                     kHidden);
+  });
+  const double touched = static_cast<double>(ix.token_runs.size() - 1);
+  report_bytes(state, 2.0 * n * kHidden + 2.0 * 2 * touched * kHidden);  // read dout; read and write the rows
+}
+
 Buffer doc_starts(int64_t n) { return gpu()->allocate(n, DType::i32).take(); }  // zeros: one document
 
 void BM_AttentionForward(benchmark::State& state) {
@@ -236,6 +277,7 @@ BENCHMARK(BM_RmsNormForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchm
 BENCHMARK(BM_RmsNormBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SwigluForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SwigluBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EmbeddingBackward)->Args({4096, 0})->Args({4096, 30})->Args({65536, 0})->Args({65536, 30})->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Rope)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AttentionForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);

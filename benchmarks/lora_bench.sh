@@ -10,13 +10,20 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 SEQ=${GLM_LORA_SEQ:-8192}
-python3 - "$SEQ" <<'PY'
+# GLM_LORA_PROMPT_FRACTION (default 0): the first fraction of each row is prompt (labels -100), for
+# ours and the peer alike.
+FRACTION=${GLM_LORA_PROMPT_FRACTION:-0}
+python3 - "$SEQ" "$FRACTION" <<'PY'
 import json, random, sys
-seq = int(sys.argv[1])
+seq, prompt = int(sys.argv[1]), int(float(sys.argv[2]) * int(sys.argv[1]))
 random.seed(0)
 with open(f"/tmp/bench{seq}.jsonl", "w") as f:
     for _ in range(16):
-        f.write(json.dumps({"input_ids": [random.randrange(151552) for _ in range(seq)]}) + "\n")
+        ids = [random.randrange(151552) for _ in range(seq)]
+        row = {"input_ids": ids}
+        if prompt > 0:
+            row["labels"] = [-100] * prompt + ids[prompt:]
+        f.write(json.dumps(row) + "\n")
 PY
 for policy in ${GLM_LORA_RECOMPUTE:-none full}; do
   nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$OUT/lora_mem_$policy.csv" 2>/dev/null &
@@ -43,5 +50,5 @@ print(f"ours lora recompute {policy}: {tps:.0f} tokens/s, {tps * flops / 1e12:.1
       f"MFU {100 * tps * flops / 989e12:.1f}%, peak {peak:.1f} GiB (nvidia-smi), loss {recs[0]['loss']:.4f} -> {recs[-1]['loss']:.4f}")
 PY
 done
-[ "${GLM_SKIP_PEERS:-0}" = 1 ] || timeout 480 python3 benchmarks/peers/hf_glm_lora_peer.py --seq "$SEQ" 2>"$OUT/lora_peer.err" ||
+[ "${GLM_SKIP_PEERS:-0}" = 1 ] || timeout 480 python3 benchmarks/peers/hf_glm_lora_peer.py --seq "$SEQ" --prompt_fraction "$FRACTION" ${GLM_LORA_PEER_ARGS:-} 2>"$OUT/lora_peer.err" ||
   tail -5 "$OUT/lora_peer.err"

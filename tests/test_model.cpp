@@ -54,6 +54,18 @@ class VectorParameters final : public ParameterProvider {
   std::vector<double>& grads_;
 };
 
+// A provider whose weight-gradient slots the model may overwrite (the first micro-batch of a step).
+class OverwritingParameters final : public ParameterProvider {
+ public:
+  explicit OverwritingParameters(VectorParameters& inner) : inner_(inner) {}
+  Result<Tensor> acquire_params(int unit) override { return inner_.acquire_params(unit); }
+  Tensor unit_grads(int unit) override { return inner_.unit_grads(unit); }
+  bool overwrite_grads() const override { return true; }
+
+ private:
+  VectorParameters& inner_;
+};
+
 TEST(Glm4Model, EveryParameterGradientMatchesFiniteDifferences) {
   ModelConfig config = tiny_config();
   auto backend = make_cpu_backend(DType::f64);
@@ -153,6 +165,25 @@ TEST(Glm4Model, LabelledRowsOnlyMatchEveryRow) {
       EXPECT_EQ(correct[1], correct[0]);
       for (size_t i = 0; i < params.size(); ++i)
         ASSERT_NEAR(grads[1][i], grads[0][i], 1e-13 * (1 + std::fabs(grads[0][i]))) << "parameter " << i;
+    }
+    // Overwriting: weight gradients start as junk the batch must replace; without a labelled row
+    // the lm_head's is zeros either way.
+    for (HostBatch* hb : {&labelled, &unlabelled}) {
+      std::vector<double> grads[2];
+      for (int indexed = 0; indexed < 2; ++indexed) {
+        grads[indexed] = random_vector(params.size(), 41, 3.0);
+        for (const auto& e : model->layout().entries())  // slots that are added to start at zero
+          if (e.kind != ParamKind::weight) std::fill_n(grads[indexed].begin() + e.offset, e.numel, 0.0);
+        VectorParameters inner(model->layout(), params, grads[indexed]);
+        OverwritingParameters provider(inner);
+        ASSERT_TRUE(model->forward_backward(hb->view(indexed == 1), 0.25, provider).is_ok());
+      }
+      for (size_t i = 0; i < params.size(); ++i)
+        ASSERT_NEAR(grads[1][i], grads[0][i], 1e-13 * (1 + std::fabs(grads[0][i]))) << "parameter " << i;
+      if (hb == &unlabelled) {
+        const ParamEntry& out = model->layout().entry(model->layout().output());
+        for (int64_t i = 0; i < out.numel; ++i) ASSERT_EQ(grads[1][static_cast<size_t>(out.offset + i)], 0.0);
+      }
     }
   }
 }

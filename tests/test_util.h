@@ -18,7 +18,7 @@ namespace glm::test {
 
 // A micro-batch held in host vectors (CPU backend tests): view() points the model's MicroBatch at them.
 // With its index (index_micro_batch, as the engine uploads it) unless indexed is false: the lm_head
-// then runs over every row.
+// then runs over every row. Each view() rebuilds the index: use one view at a time.
 struct HostBatch {
   std::vector<int32_t> tokens, targets, positions, doc_start;
   MicroBatchIndex index;

@@ -16,9 +16,9 @@ from glm_shapes import flops_per_token, glm4_9b_config
 from transformers import GlmForCausalLM
 
 
-def run(model, opt, ids, steps, warmup):
+def run(model, opt, ids, labels, steps, warmup):
     def step():
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -40,10 +40,14 @@ def main():
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--modes", default="none,checkpointing")
+    # SFT-shaped rows: the first fraction is prompt (label -100), as lora_bench.sh's GLM_LORA_PROMPT_FRACTION.
+    p.add_argument("--prompt_fraction", type=float, default=0.0)
     a = p.parse_args()
     cfg = glm4_9b_config(a.layers)
     flops = flops_per_token(a.layers, a.seq, matmul_passes=4)
     ids = torch.randint(0, cfg.vocab_size, (1, a.seq), device="cuda")
+    labels = ids.clone()
+    labels[:, : int(a.prompt_fraction * a.seq)] = -100
     for mode in a.modes.split(","):
         torch.manual_seed(0)
         with torch.device("cuda"):
@@ -57,7 +61,7 @@ def main():
         trainable = [q for q in model.parameters() if q.requires_grad]
         opt = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
         model.train()
-        secs, peak = run(model, opt, ids, a.steps, warmup=2)
+        secs, peak = run(model, opt, ids, labels, a.steps, warmup=2)
         tps = a.seq / secs
         print(f"peer lora {mode}: {tps:.0f} tokens/s, {tps * flops / 1e12:.1f} TFLOP/s, "
               f"MFU {100 * tps * flops / 989e12:.1f}%, peak {peak / 2**30:.1f} GiB, "

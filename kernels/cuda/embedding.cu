@@ -19,35 +19,50 @@ __global__ void embedding_forward_vec_kernel(uint4* out, const uint4* table, con
   for (int64_t j = threadIdx.x; j < vecs; j += blockDim.x) out[t * vecs + j] = row[j];
 }
 
-// Block r: the run of one token; each thread sums its columns over the run's positions in order.
+// Block (r, c): the run of one token (blockIdx.x) over one slice of columns (blockIdx.y), so that a
+// token filling much of the batch is summed by many blocks at once. Each thread sums its column
+// over the run's positions in order.
 __global__ void embedding_backward_kernel(bf16* dtable, const bf16* dout, const int32_t* tokens,
                                           const int32_t* order, const int32_t* runs, int64_t hidden) {
+  const int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (j >= hidden) return;
   const int32_t begin = runs[blockIdx.x], end = runs[blockIdx.x + 1];
   bf16* row = dtable + static_cast<int64_t>(tokens[order[begin]]) * hidden;
-  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
-    float acc = 0.0f;
-    for (int32_t k = begin; k < end; ++k) acc += __bfloat162float(dout[static_cast<int64_t>(order[k]) * hidden + j]);
-    row[j] = __float2bfloat16(__bfloat162float(row[j]) + acc);
-  }
+  float acc = 0.0f;
+  for (int32_t k = begin; k < end; ++k) acc += __bfloat162float(dout[static_cast<int64_t>(order[k]) * hidden + j]);
+  row[j] = __float2bfloat16(__bfloat162float(row[j]) + acc);
 }
 
-// The same with 8 columns a thread in 16-byte vectors.
+// The same with 8 columns a thread in 16-byte vectors; positions four at a time (their loads in
+// flight together), added in order.
 __global__ void embedding_backward_vec_kernel(uint4* dtable, const uint4* dout, const int32_t* tokens,
                                               const int32_t* order, const int32_t* runs, int64_t vecs) {
+  const int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (j >= vecs) return;
   const int32_t begin = runs[blockIdx.x], end = runs[blockIdx.x + 1];
   uint4* row = dtable + static_cast<int64_t>(tokens[order[begin]]) * vecs;
-  for (int64_t j = threadIdx.x; j < vecs; j += blockDim.x) {
-    float acc[8] = {}, x[8];
-    for (int32_t k = begin; k < end; ++k) {
-      unpack_bf16x8(dout[static_cast<int64_t>(order[k]) * vecs + j], x);
+  float acc[8] = {}, x[8];
+  int32_t k = begin;
+  for (; k + 4 <= end; k += 4) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = dout[static_cast<int64_t>(order[k + u]) * vecs + j];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      unpack_bf16x8(v[u], x);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += x[i];
     }
-    unpack_bf16x8(row[j], x);
+  }
+  for (; k < end; ++k) {
+    unpack_bf16x8(dout[static_cast<int64_t>(order[k]) * vecs + j], x);
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] += x[i];
-    row[j] = pack_bf16x8(acc);
   }
+  unpack_bf16x8(row[j], x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] += x[i];
+  row[j] = pack_bf16x8(acc);
 }
 
 template <typename Unit>
@@ -88,14 +103,17 @@ cudaError_t embedding_forward(bf16* out, const bf16* table, const int32_t* token
 cudaError_t embedding_backward(bf16* dtable, const bf16* dout, const int32_t* tokens, const int32_t* token_order,
                                const int32_t* token_runs, int64_t runs, int64_t hidden, cudaStream_t stream) {
   if (runs == 0) return cudaSuccess;
-  if (hidden % kBf16PerVec == 0 && aligned16(dtable) && aligned16(dout)) {
-    const int64_t vecs = hidden / kBf16PerVec;
-    embedding_backward_vec_kernel<<<static_cast<unsigned int>(runs), vecs >= 128 ? 128 : 32, 0, stream>>>(
-        reinterpret_cast<uint4*>(dtable), reinterpret_cast<const uint4*>(dout), tokens, token_order, token_runs, vecs);
-    return cudaGetLastError();
+  const bool vec = hidden % kBf16PerVec == 0 && aligned16(dtable) && aligned16(dout);
+  const int64_t columns = vec ? hidden / kBf16PerVec : hidden;
+  const int threads = vec ? 64 : 256;
+  const dim3 grid(static_cast<unsigned int>(runs), static_cast<unsigned int>((columns + threads - 1) / threads));
+  if (vec) {
+    embedding_backward_vec_kernel<<<grid, threads, 0, stream>>>(reinterpret_cast<uint4*>(dtable),
+                                                                 reinterpret_cast<const uint4*>(dout), tokens,
+                                                                 token_order, token_runs, columns);
+  } else {
+    embedding_backward_kernel<<<grid, threads, 0, stream>>>(dtable, dout, tokens, token_order, token_runs, columns);
   }
-  embedding_backward_kernel<<<static_cast<unsigned int>(runs), 256, 0, stream>>>(dtable, dout, tokens, token_order,
-                                                                                 token_runs, hidden);
   return cudaGetLastError();
 }
 

@@ -76,9 +76,10 @@ inline Status check_rows_op(const char* op, Tensor dst, Tensor src, Tensor rows,
   if (dst.dtype != src.dtype) return GLM_INTERNAL_ERROR(op, ": ", dtype_name(src.dtype), " into ", dtype_name(dst.dtype));
   if (rows.dtype != DType::i32 || rows.numel < count || count < 0 || width <= 0)
     return GLM_INTERNAL_ERROR(op, ": ", count, " rows of width ", width, " from ", rows.numel, " indices");
-  const Tensor compact = gather ? dst : src;
-  if (compact.numel != count * width)
-    return GLM_INTERNAL_ERROR(op, ": ", compact.numel, " elements for ", count, " rows of ", width);
+  const Tensor compact = gather ? dst : src, wide = gather ? src : dst;
+  if (compact.numel != count * width || wide.numel % width != 0)
+    return GLM_INTERNAL_ERROR(op, ": ", compact.numel, " and ", wide.numel, " elements for ", count, " rows of ",
+                              width);
   return Status::ok();
 }
 
@@ -119,7 +120,8 @@ class Backend {
   virtual Status synchronize() = 0;
 
   // Rows of width elements (any dtype, dst and src alike): gather dst[i] = src[rows[i]], scatter
-  // dst[rows[i]] = src[i] (other rows of dst untouched), for i < count; rows is i32.
+  // dst[rows[i]] = src[i] (other rows of dst untouched), for i < count; rows is i32, each index
+  // below the wide side's row count (the CPU backend checks that; a device backend cannot cheaply).
   virtual Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
   virtual Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
   virtual Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) = 0;

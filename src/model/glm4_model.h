@@ -38,6 +38,9 @@ struct MicroBatchIndex {
   std::vector<int32_t> label_rows, label_targets, token_order, token_runs;
 };
 MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<const int32_t> targets);
+// i32 elements a micro-batch of up to n tokens takes with its index: tokens, targets, positions and
+// document starts (4n), labelled rows and their targets (at most 2n), token order (n), runs (n + 1).
+inline int64_t micro_batch_ints(int64_t n) { return 8 * n + 1; }
 
 class ParameterProvider {
  public:

@@ -31,7 +31,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
                                                               zero_options, /*frozen=*/lora != nullptr));
   // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs.
-  GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(8 * max_tokens + 1, DType::i32));
+  GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(micro_batch_ints(max_tokens), DType::i32));
   GLM_ASSIGN_OR_RETURN(e->correct_, backend.allocate(max_tokens, DType::i32));
   GLM_ASSIGN_OR_RETURN(e->grad_sq_sum_, backend.allocate(1, DType::f64));
   if (lora != nullptr) {

@@ -54,9 +54,9 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
       add("optimizer: fp32 master + Adam moments", 12 * owned);
   }
   add("communication buffers", buffers);
-  // + the engine's five i32 micro-batch buffers (tokens, targets, positions, document starts, correct).
+  // + the engine's i32 micro-batch with its index, and its argmax flags (correct).
   add("activations and backward scratch",
-      Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 20 * n);
+      Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 4 * (micro_batch_ints(n) + n));
   if (lora)
     add(in.lora->dropout > 0 ? "LoRA activations: rank-r intermediates, dropout scratch"
                              : "LoRA activations: rank-r intermediates",
