@@ -338,16 +338,16 @@ class CudaBackend final : public Backend {
   }
   Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
     GLM_PROFILE_OP("gather_rows");
-    GLM_RETURN_IF_ERROR(check_rows_op("gather_rows", dst, src, rows, count, width, true));
-    GLM_CUDA_RETURN(cuda::move_rows(dst.data, src.data, rows.as<int32_t>(), count,
-                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), true, stream_));
-    return Status::ok();
+    return move_rows("gather_rows", dst, src, rows, count, width, true);
   }
   Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
     GLM_PROFILE_OP("scatter_rows");
-    GLM_RETURN_IF_ERROR(check_rows_op("scatter_rows", dst, src, rows, count, width, false));
+    return move_rows("scatter_rows", dst, src, rows, count, width, false);
+  }
+  Status move_rows(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width, bool gather) {
+    GLM_RETURN_IF_ERROR(check_rows_op(op, dst, src, rows, count, width, gather));
     GLM_CUDA_RETURN(cuda::move_rows(dst.data, src.data, rows.as<int32_t>(), count,
-                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), false, stream_));
+                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), gather, stream_));
     return Status::ok();
   }
   Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
