@@ -344,12 +344,6 @@ class CudaBackend final : public Backend {
     GLM_PROFILE_OP("scatter_rows");
     return move_rows("scatter_rows", dst, src, rows, count, width, false);
   }
-  Status move_rows(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width, bool gather) {
-    GLM_RETURN_IF_ERROR(check_rows_op(op, dst, src, rows, count, width, gather));
-    GLM_CUDA_RETURN(cuda::move_rows(dst.data, src.data, rows.as<int32_t>(), count,
-                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), gather, stream_));
-    return Status::ok();
-  }
   Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
                          double eps) override {
     GLM_PROFILE_OP("rmsnorm_forward");
@@ -575,6 +569,13 @@ class CudaBackend final : public Backend {
 
  private:
   static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
+  // gather_rows (gather) or scatter_rows.
+  Status move_rows(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width, bool gather) {
+    GLM_RETURN_IF_ERROR(check_rows_op(op, dst, src, rows, count, width, gather));
+    GLM_CUDA_RETURN(cuda::move_rows(dst.data, src.data, rows.as<int32_t>(), count,
+                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), gather, stream_));
+    return Status::ok();
+  }
 
   int device_;
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().

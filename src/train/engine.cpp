@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "kernels/master_split.h"
 #include "train/trainer.h"
@@ -254,26 +255,21 @@ Result<MicroBatch> TrainingEngine::upload(const HostMicroBatch& hb) {
                               hb.positions.size(), " positions and ", hb.doc_start.size(), " document starts");
   // Everything the device needs, index included, in one upload.
   const MicroBatchIndex ix = index_micro_batch(hb.tokens, hb.targets);
+  MicroBatch b;
+  b.n = n;
+  const std::pair<const std::vector<int32_t>*, Tensor*> parts[] = {
+      {&hb.tokens, &b.tokens},           {&hb.targets, &b.targets},
+      {&hb.positions, &b.positions},     {&hb.doc_start, &b.doc_start},
+      {&ix.label_rows, &b.label_rows},   {&ix.label_targets, &b.label_targets},
+      {&ix.token_order, &b.token_order}, {&ix.token_runs, &b.token_runs}};
   staging_.clear();
-  std::vector<Tensor> parts;
   int64_t at = 0;
-  for (const std::vector<int32_t>* v : {&hb.tokens, &hb.targets, &hb.positions, &hb.doc_start, &ix.label_rows,
-                                        &ix.label_targets, &ix.token_order, &ix.token_runs}) {
-    staging_.insert(staging_.end(), v->begin(), v->end());
-    parts.push_back(batch_ints_.slice(at, static_cast<int64_t>(v->size())));
-    at += static_cast<int64_t>(v->size());
+  for (const auto& [host, device] : parts) {
+    staging_.insert(staging_.end(), host->begin(), host->end());
+    *device = batch_ints_.slice(at, static_cast<int64_t>(host->size()));
+    at += static_cast<int64_t>(host->size());
   }
   GLM_RETURN_IF_ERROR(backend_.upload(batch_ints_.slice(0, at), staging_.data()));
-  MicroBatch b;
-  b.tokens = parts[0];
-  b.targets = parts[1];
-  b.positions = parts[2];
-  b.doc_start = parts[3];
-  b.n = n;
-  b.label_rows = parts[4];
-  b.label_targets = parts[5];
-  b.token_order = parts[6];
-  b.token_runs = parts[7];
   b.n_labelled = static_cast<int64_t>(ix.label_rows.size());
   return b;
 }
