@@ -253,6 +253,79 @@ TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
   EXPECT_LT(after.losses.back(), after.losses.front());
 }
 
+// The embedding's deferred rows (one rank, stage 0): rows no token of a step reads get that step
+// later, in order, when a step, an evaluation or a read of the parameters needs them. Windows of
+// tokens from disjoint parts of the vocabulary leave most rows untouched for several steps; a lag
+// bound of 3 settles every row inside the steps too. Everything is bit-identical to updating every
+// row every step, with and without clipping, inside backward or after it: losses, evaluation,
+// parameters and the embedding's Adam moments; the fused norm sums fewer zeros (1e-12).
+TEST(TrainingEngine, DeferredEmbeddingRowsGiveTheSameBits) {
+  const ModelConfig config = tiny_glm4();
+  LocalCommunicator comm;
+  auto window = [&](uint64_t seed, int32_t first, int32_t span) {
+    std::vector<HostMicroBatch> w = {random_documents(span, seed, {30, 11}, 3), random_documents(span, seed + 1, {25}, 2)};
+    for (auto& b : w) {
+      for (auto& t : b.tokens) t += first;
+      for (auto& t : b.targets) t = t >= 0 ? t + first : t;
+    }
+    return w;
+  };
+  const std::vector<std::vector<HostMicroBatch>> windows = {window(31, 0, 40), window(32, 100, 50), window(33, 0, 40),
+                                                            window(34, 200, 60), window(35, 230, 42)};
+  const HostMicroBatch held_out = random_documents(config.vocab_size, 36, {20}, 1);
+  struct Trace {
+    std::vector<double> losses, norms, eval;
+    std::vector<float> params, exp_avg, exp_avg_sq;
+    bool deferred = false;
+  };
+  auto run = [&](const char* defer, double max_grad_norm, bool in_backward) {
+    setenv("GLM_DEFER_EMBEDDING", defer, 1);
+    auto backend = make_cpu_backend(DType::f32);
+    auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, max_grad_norm).take();
+    unsetenv("GLM_DEFER_EMBEDDING");
+    Trace t;
+    t.deferred = e->defers_embedding_rows();
+    EXPECT_TRUE(e->initialize_parameters(17).is_ok());
+    e->set_optimizer_in_backward(in_backward);
+    for (int s = 0; s < 9; ++s) {
+      auto r = e->step(windows[static_cast<size_t>(s) % windows.size()], 2e-3 * (1 + s % 3));
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      if (!r.is_ok()) return t;
+      t.losses.push_back(r.value().loss);
+      t.norms.push_back(r.value().grad_norm);
+      if (s == 4) t.eval.push_back(e->evaluate(held_out).value().loss_sum);
+    }
+    EXPECT_TRUE(e->settle_optimizer().is_ok());
+    EXPECT_TRUE(e->optimizer_settled());
+    const TrainingEngine::OptimizerShard emb = e->optimizer_shard(e->layout().embedding_unit());
+    t.exp_avg.assign(emb.exp_avg.as<float>(), emb.exp_avg.as<float>() + emb.exp_avg.numel);
+    t.exp_avg_sq.assign(emb.exp_avg_sq.as<float>(), emb.exp_avg_sq.as<float>() + emb.exp_avg_sq.numel);
+    t.eval.push_back(e->evaluate(held_out).value().loss_sum);
+    t.params = e->parameters().take();
+    return t;
+  };
+  for (const double clip : {0.0, 1.0}) {
+    for (const bool in_backward : {false, true}) {
+      const Trace dense = run("0", clip, in_backward);
+      ASSERT_FALSE(dense.deferred);
+      for (const char* lag : {"3", "64"}) {
+        const Trace deferred = run(lag, clip, in_backward);
+        const std::string where = std::string("lag ") + lag + (clip > 0 ? ", clipping" : "") +
+                                  (in_backward ? ", in backward" : ", after backward");
+        ASSERT_TRUE(deferred.deferred) << where;
+        ASSERT_EQ(deferred.losses.size(), dense.losses.size()) << where;
+        EXPECT_EQ(deferred.losses, dense.losses) << where;
+        for (size_t s = 0; s < dense.norms.size(); ++s)
+          EXPECT_NEAR(deferred.norms[s], dense.norms[s], 1e-12 * dense.norms[s]) << where << " step " << s;
+        EXPECT_EQ(deferred.eval, dense.eval) << where;
+        EXPECT_EQ(deferred.params, dense.params) << where;
+        EXPECT_EQ(deferred.exp_avg, dense.exp_avg) << where;
+        EXPECT_EQ(deferred.exp_avg_sq, dense.exp_avg_sq) << where;
+      }
+    }
+  }
+}
+
 // ZeRO-3 persistence moves tensors between units only: the same entries, values and arithmetic, so
 // losses and every tensor's gradient are bit-identical, over two micro-batches (gradients of the
 // persistent unit accumulate across every layer's backward and across micro-batches).

@@ -332,22 +332,64 @@ double sum_squares(const T* x, int64_t count) {
   return s;
 }
 
+namespace {
+
+// One step's constants in T, from the step's doubles (adamw and adamw_rows derive them alike).
+template <typename T>
+struct AdamWConstants {
+  explicit AdamWConstants(const AdamWStep& step) {
+    const double bc1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
+    const double bc2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
+    decay = static_cast<T>(1.0 - step.lr * step.weight_decay);
+    step_size = static_cast<T>(step.lr / bc1);
+    bc2_sqrt = static_cast<T>(std::sqrt(bc2));
+    b1 = static_cast<T>(step.beta1);
+    b2 = static_cast<T>(step.beta2);
+    eps = static_cast<T>(step.eps);
+    scale = static_cast<T>(step.grad_scale);
+  }
+  T decay, step_size, bc2_sqrt, b1, b2, eps, scale;
+};
+
+template <typename T>
+inline void adamw_element(T& param, T grad, T& exp_avg, T& exp_avg_sq, const AdamWConstants<T>& c) {
+  const T g = grad * c.scale;
+  exp_avg = c.b1 * exp_avg + (T(1) - c.b1) * g;
+  exp_avg_sq = c.b2 * exp_avg_sq + (T(1) - c.b2) * g * g;
+  const T denom = std::sqrt(exp_avg_sq) / c.bc2_sqrt + c.eps;
+  param = param * c.decay - c.step_size * exp_avg / denom;
+}
+
+}  // namespace
+
 template <typename T>
 void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, const AdamWStep& step) {
-  const double bc1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
-  const double bc2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
-  const T decay = static_cast<T>(1.0 - step.lr * step.weight_decay);
-  const T step_size = static_cast<T>(step.lr / bc1);
-  const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-  const T b1 = static_cast<T>(step.beta1), b2 = static_cast<T>(step.beta2);
-  const T eps = static_cast<T>(step.eps), scale = static_cast<T>(step.grad_scale);
+  const AdamWConstants<T> c(step);
+  for (int64_t i = 0; i < count; ++i) adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], c);
+}
+
+template <typename T>
+double adamw_rows(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, const int32_t* rows, int64_t count,
+                  int64_t width, const int32_t* row_step, int64_t floor, const AdamWStep* history, int64_t until,
+                  bool gradient) {
+  std::vector<AdamWConstants<T>> steps;
+  for (int64_t k = floor + 1; k <= until; ++k) steps.emplace_back(history[k - floor - 1]);
+  volatile T zero_source = T(0);  // a zero the compiler cannot fold: the same arithmetic as a stored zero
+  const T zero = zero_source;
+  double squares = 0;
   for (int64_t i = 0; i < count; ++i) {
-    const T g = grad[i] * scale;
-    exp_avg[i] = b1 * exp_avg[i] + (T(1) - b1) * g;
-    exp_avg_sq[i] = b2 * exp_avg_sq[i] + (T(1) - b2) * g * g;
-    const T denom = std::sqrt(exp_avg_sq[i]) / bc2_sqrt + eps;
-    param[i] = param[i] * decay - step_size * exp_avg[i] / denom;
+    const int64_t r = rows != nullptr ? rows[i] : i;
+    const int64_t first = std::max<int64_t>(row_step[r], floor) + 1;
+    if (first > until) continue;
+    for (int64_t j = r * width; j < (r + 1) * width; ++j) {
+      for (int64_t k = first; k <= until; ++k) {
+        const T g = gradient && k == until ? grad[j] : zero;
+        if (gradient && k == until) squares += static_cast<double>(g) * g;
+        adamw_element(param[j], g, exp_avg[j], exp_avg_sq[j], steps[static_cast<size_t>(k - floor - 1)]);
+      }
+    }
   }
+  return squares;
 }
 
 #define GLM_INSTANTIATE_CPU_OPS(T)                                                                             \
@@ -368,7 +410,9 @@ void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, co
   template void add<T>(T*, const T*, const T*, int64_t);                                                       \
   template void dropout<T>(T*, const T*, int64_t, double, uint64_t, int64_t, bool);                            \
   template double sum_squares<T>(const T*, int64_t);                                                           \
-  template void adamw<T>(T*, const T*, T*, T*, int64_t, const AdamWStep&);
+  template void adamw<T>(T*, const T*, T*, T*, int64_t, const AdamWStep&);                                     \
+  template double adamw_rows<T>(T*, const T*, T*, T*, const int32_t*, int64_t, int64_t, const int32_t*, int64_t, \
+                                const AdamWStep*, int64_t, bool);
 
 GLM_INSTANTIATE_CPU_OPS(float)
 GLM_INSTANTIATE_CPU_OPS(double)

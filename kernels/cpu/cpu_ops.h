@@ -100,4 +100,16 @@ struct AdamWStep {
 template <typename T>
 void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, const AdamWStep& step);
 
+// Deferred AdamW over rows of a table of `width`-element rows (the backend's adamw_rows): each
+// listed row r (rows[i] for i < count; every row r < count when rows is null) gets the steps
+// max(row_step[r], floor) + 1 .. until, history[k - floor - 1] being step k, each with a zero
+// gradient except the last (step until) when `gradient`, which reads grad's row. The same
+// arithmetic per element as adamw() over the whole table step by step, whose untouched rows have
+// zero gradients: the same bits. row_step is read only. Returns the sum of squares (in double) of
+// the gradient values used.
+template <typename T>
+double adamw_rows(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, const int32_t* rows, int64_t count,
+                  int64_t width, const int32_t* row_step, int64_t floor, const AdamWStep* history, int64_t until,
+                  bool gradient);
+
 }  // namespace glm::cpu

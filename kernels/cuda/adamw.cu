@@ -8,6 +8,8 @@
 // the gradients it read (fp32), each block adds its total to one fp64 accumulator; the grid is then
 // one resident wave so that the atomics stay few, or, beside other work, blocks of at most 8 items
 // per thread (vectors of 8 or, misaligned, single elements) that hand their SMs back as they finish.
+#include <type_traits>
+
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/vec.cuh"
 #include "kernels/master_split.h"
@@ -214,7 +216,168 @@ cudaError_t dispatch(bf16* param, float* master, int16_t* master_lo, const bf16*
                                beside);
 }
 
+// kN consecutive elements of the optimizer state from group `at` (element at * kN); kN = 8 moves
+// 16-byte vectors (every pointer aligned), kN = 1 single elements.
+template <int kN, bool kSplit>
+__device__ __forceinline__ void load_state(const bf16* param, const float* master, const int16_t* master_lo,
+                                           const float* exp_avg, const float* exp_avg_sq, int64_t at, float p[kN],
+                                           float m[kN], float v[kN]) {
+  if constexpr (kN == 8) {
+    if constexpr (kSplit) {
+      uint16_t hi[8];
+      int16_t lo[8];
+      unpack16x8(reinterpret_cast<const uint4*>(param)[at], hi);
+      unpack16x8(reinterpret_cast<const uint4*>(master_lo)[at], lo);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) p[k] = join_master(hi[k], lo[k]);
+    } else {
+      load8(master, at, p);
+    }
+    load8(exp_avg, at, m);
+    load8(exp_avg_sq, at, v);
+  } else {
+    p[0] = load_master<kSplit>(param, master, master_lo, at);
+    m[0] = exp_avg[at];
+    v[0] = exp_avg_sq[at];
+  }
+}
+
+template <int kN, bool kSplit>
+__device__ __forceinline__ void store_state(bf16* param, float* master, int16_t* master_lo, float* exp_avg,
+                                            float* exp_avg_sq, int64_t at, const float p[kN], const float m[kN],
+                                            const float v[kN]) {
+  if constexpr (kN == 8) {
+    store8(exp_avg, at, m);
+    store8(exp_avg_sq, at, v);
+    if constexpr (kSplit) {
+      uint16_t hi[8];
+      int16_t lo[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) split_master(p[k], hi[k], lo[k]);
+      reinterpret_cast<uint4*>(param)[at] = pack16x8(hi);
+      reinterpret_cast<uint4*>(master_lo)[at] = pack16x8(lo);
+    } else {
+      store8(master, at, p);
+      if (param != nullptr) reinterpret_cast<uint4*>(param)[at] = pack_bf16x8(p);
+    }
+  } else {
+    exp_avg[at] = m[0];
+    exp_avg_sq[at] = v[0];
+    store_master<kSplit>(param, master, master_lo, at, p[0]);
+  }
+}
+
+// One item is kN elements of one listed row; it applies that row's missing steps in registers.
+// `zero` is a zero the compiler cannot see (a kernel argument): a skipped step's gradient goes
+// through adamw_element exactly as a stored zero gradient does in adamw_kernel.
+template <int kN, bool kNorm, bool kSplit>
+__global__ void adamw_rows_kernel(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                                  float* exp_avg_sq, const int32_t* rows, int64_t count, int64_t groups_per_row,
+                                  const int32_t* row_step, int64_t floor, int64_t until, bool gradient,
+                                  const __grid_constant__ AdamWHistory h, float zero, double* grad_sq_sum) {
+  float squares = 0.0f;
+  const int64_t items = count * groups_per_row;
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < items;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = item / groups_per_row;
+    const int64_t row = rows != nullptr ? rows[i] : i;
+    const int64_t first = max(static_cast<int64_t>(row_step[row]), floor) + 1;
+    if (first > until) continue;
+    const int64_t at = row * groups_per_row + (item - i * groups_per_row);
+    float p[kN], m[kN], v[kN];
+    load_state<kN, kSplit>(param, master, master_lo, exp_avg, exp_avg_sq, at, p, m, v);
+    for (int64_t k = first; k <= until; ++k) {
+      const int s = static_cast<int>(k - floor - 1);
+      AdamWArgs a;
+      a.lr = h.lr[s];
+      a.beta1 = h.beta1;
+      a.beta2 = h.beta2;
+      a.eps = h.eps;
+      a.weight_decay = h.weight_decay;
+      a.grad_scale = h.grad_scale[s];
+      a.bias_correction1 = h.bias_correction1[s];
+      a.bias_correction2_sqrt = h.bias_correction2_sqrt[s];
+      const AdamWScalars sc = scalars(a);
+      float g[kN];
+      if (gradient && k == until) {
+        if constexpr (kN == 8) {
+          unpack_bf16x8(reinterpret_cast<const uint4*>(grad)[at], g);
+        } else {
+          g[0] = __bfloat162float(grad[at]);
+        }
+        if constexpr (kNorm) {
+#pragma unroll
+          for (int j = 0; j < kN; ++j) squares += g[j] * g[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) g[j] = zero;
+      }
+#pragma unroll
+      for (int j = 0; j < kN; ++j) adamw_element(g[j], p[j], m[j], v[j], a, sc);
+    }
+    store_state<kN, kSplit>(param, master, master_lo, exp_avg, exp_avg_sq, at, p, m, v);
+  }
+  add_block_sum<kNorm>(grad_sq_sum, squares);
+}
+
+__global__ void set_row_steps_kernel(int32_t* row_step, const int32_t* rows, int64_t count, int32_t until) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    row_step[rows[i]] = until;
+}
+
+template <int kN, bool kNorm, bool kSplit>
+cudaError_t launch_rows(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                        float* exp_avg_sq, const int32_t* rows, int64_t count, int64_t width, int32_t* row_step,
+                        int64_t floor, int64_t until, bool gradient, const AdamWHistory& h, double* grad_sq_sum,
+                        cudaStream_t stream, bool beside) {
+  constexpr auto kernel = adamw_rows_kernel<kN, kNorm, kSplit>;
+  const int64_t items = count * (width / kN);
+  // With the norm's atomics: one resident wave, or beside other work blocks of at most 8 items per thread.
+  const unsigned int grid =
+      kNorm ? (beside ? grid_for((items + 7) / 8, 256) : one_wave<kernel>(items)) : grid_for(items, 256);
+  kernel<<<grid, 256, 0, stream>>>(param, master, master_lo, grad, exp_avg, exp_avg_sq, rows, count, width / kN,
+                                   row_step, floor, until, gradient, h, 0.0f, grad_sq_sum);
+  return cudaGetLastError();
+}
+
+template <int kN, bool kSplit>
+cudaError_t dispatch_rows(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                          float* exp_avg_sq, const int32_t* rows, int64_t count, int64_t width, int32_t* row_step,
+                          int64_t floor, int64_t until, bool gradient, const AdamWHistory& h, double* grad_sq_sum,
+                          cudaStream_t stream, bool beside) {
+  if (gradient && grad_sq_sum != nullptr)
+    return launch_rows<kN, true, kSplit>(param, master, master_lo, grad, exp_avg, exp_avg_sq, rows, count, width,
+                                         row_step, floor, until, gradient, h, grad_sq_sum, stream, beside);
+  return launch_rows<kN, false, kSplit>(param, master, master_lo, grad, exp_avg, exp_avg_sq, rows, count, width,
+                                        row_step, floor, until, gradient, h, nullptr, stream, beside);
+}
+
 }  // namespace
+
+cudaError_t adamw_rows(bf16* param, float* master, int16_t* master_lo, const bf16* grad, float* exp_avg,
+                       float* exp_avg_sq, const int32_t* rows, int64_t count, int64_t width, int32_t* row_step,
+                       int64_t floor, int64_t until, bool gradient, const AdamWHistory& history,
+                       double* grad_sq_sum, cudaStream_t stream, bool beside_other_work) {
+  if (count == 0 || until <= floor) return cudaSuccess;
+  const bool split = master_lo != nullptr;
+  const bool vectorized = width % kBf16PerVec == 0 && aligned16(grad) && aligned16(exp_avg) &&
+                          aligned16(exp_avg_sq) && (master == nullptr || aligned16(master)) &&
+                          (master_lo == nullptr || aligned16(master_lo)) && (param == nullptr || aligned16(param));
+  auto go = [&](auto vec, auto split_master) {
+    return dispatch_rows<decltype(vec)::value ? kBf16PerVec : 1, decltype(split_master)::value>(
+        param, master, master_lo, grad, exp_avg, exp_avg_sq, rows, count, width, row_step, floor, until, gradient,
+        history, grad_sq_sum, stream, beside_other_work);
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  const cudaError_t err =
+      vectorized ? (split ? go(yes{}, yes{}) : go(yes{}, no{})) : (split ? go(no{}, yes{}) : go(no{}, no{}));
+  if (err != cudaSuccess || rows == nullptr) return err;
+  set_row_steps_kernel<<<grid_for(count, 256), 256, 0, stream>>>(row_step, rows, count, static_cast<int32_t>(until));
+  return cudaGetLastError();
+}
 
 cudaError_t adamw(bf16* param, float* master, const bf16* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                   const AdamWArgs& args, double* grad_sq_sum, cudaStream_t stream, bool beside_other_work) {

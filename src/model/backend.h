@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -82,6 +83,21 @@ inline Status check_rows_op(const char* op, Tensor dst, Tensor src, Tensor rows,
                               width);
   return Status::ok();
 }
+
+// A deferred AdamW over the rows of a table (Backend::adamw_rows): the embedding, whose rows without
+// a token in a step have a zero gradient there, so their update is a fixed function of their state
+// and the step's scalars, applied later, in order, when something reads them.
+struct AdamWRows {
+  static constexpr int kMaxHistory = 64;  // steps a row may fall behind
+  Tensor rows;        // i32: count distinct row indices; empty: every row r < count
+  int64_t count = 0;
+  int64_t width = 0;  // elements of a row
+  Tensor row_step;    // i32, one per row of the table: the last step applied to the row, where above floor
+  int64_t floor = 0;  // every row has had the steps up to floor
+  std::span<const AdamWStep> history;  // steps floor + 1, floor + 2, ...: until - floor of them at most kMaxHistory
+  int64_t until = 0;  // each row gets its missing steps up to this one,
+  bool gradient = false;  // the last of them with grad's row (the others with zero gradients)
+};
 
 class Backend {
  public:
@@ -183,7 +199,19 @@ class Backend {
   // kernels/master_split.h), both updated.
   virtual Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                        const AdamWStep& step, Tensor grad_sq_sum) = 0;
+  // adamw over the rows r.rows of a table (param, master, grad and moments its rows' elements from
+  // row 0): row r gets the steps max(r.row_step[r], r.floor) + 1 .. r.until with the arithmetic
+  // per element of adamw over the whole table step by step with zero gradients on that row, the
+  // last step reading grad's row when r.gradient: the same bits. Listed rows' row_step becomes
+  // r.until; with every row (r.rows empty) row_step is left alone (the caller raises its floor).
+  // grad_sq_sum as adamw's, over the gradient rows read; grad may be empty without r.gradient.
+  virtual Status adamw_rows(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
+                            const AdamWRows& r, Tensor grad_sq_sum) = 0;
 };
+
+// adamw_rows' checks every backend makes: shapes, history, one set of constants over the history.
+Status check_adamw_rows(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                        const Tensor& exp_avg_sq, const AdamWRows& r);
 
 // dtype: f32 (the CPU backend) or f64 (the gradient-check oracle).
 std::unique_ptr<Backend> make_cpu_backend(DType dtype);

@@ -215,6 +215,23 @@ class CpuBackend final : public Backend {
     if (param.data != master.data) return convert(param, master);
     return Status::ok();
   }
+  Status adamw_rows(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq, const AdamWRows& r,
+                    Tensor grad_sq_sum) override {
+    GLM_RETURN_IF_ERROR(check_adamw_rows(param, master, grad, exp_avg, exp_avg_sq, r));
+    if (master.dtype != dtype_of<T>() || param.data != master.data)
+      return GLM_INTERNAL_ERROR("adamw_rows: the CPU's master is its ", dtype_name(dtype_of<T>()), " parameters");
+    const int64_t table_rows = r.row_step.numel;
+    const int32_t* rows = r.rows.empty() ? nullptr : r.rows.as<int32_t>();
+    int32_t* row_step = r.row_step.as<int32_t>();
+    for (int64_t i = 0; rows != nullptr && i < r.count; ++i)
+      if (rows[i] < 0 || rows[i] >= table_rows)
+        return GLM_INTERNAL_ERROR("adamw_rows: row ", rows[i], " outside ", table_rows, " rows");
+    const double sq = cpu::adamw_rows(p(master), p(grad), p(exp_avg), p(exp_avg_sq), rows, r.count, r.width, row_step,
+                                      r.floor, r.history.data(), r.until, r.gradient);
+    if (!grad_sq_sum.empty()) *grad_sq_sum.as<double>() += sq;
+    for (int64_t i = 0; rows != nullptr && i < r.count; ++i) row_step[rows[i]] = static_cast<int32_t>(r.until);
+    return Status::ok();
+  }
 
  private:
   static T* p(const Tensor& t) { return t.as<T>(); }
@@ -238,6 +255,30 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+Status check_adamw_rows(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                        const Tensor& exp_avg_sq, const AdamWRows& r) {
+  const int64_t table_rows = r.row_step.numel;
+  if (r.row_step.dtype != DType::i32 || (!r.rows.empty() && (r.rows.dtype != DType::i32 || r.rows.numel < r.count)))
+    return GLM_INTERNAL_ERROR("adamw_rows: row indices and row steps are i32");
+  if (r.width <= 0 || r.count < 0 || (r.rows.empty() && r.count != table_rows) || r.count > table_rows)
+    return GLM_INTERNAL_ERROR("adamw_rows: ", r.count, " rows of ", r.width, " of a table of ", table_rows);
+  const int64_t n = table_rows * r.width;
+  for (const Tensor* t : {&param, &master, &grad, &exp_avg, &exp_avg_sq})
+    if (t->numel != n && !(t == &grad && !r.gradient && grad.empty())) return GLM_INTERNAL_ERROR("adamw_rows: ", t->numel, " elements for ", table_rows, " rows of ", r.width);
+  const int64_t steps = r.until - r.floor;
+  if (steps < 0 || steps > AdamWRows::kMaxHistory || static_cast<int64_t>(r.history.size()) < steps || r.until > INT32_MAX)
+    return GLM_INTERNAL_ERROR("adamw_rows: steps ", r.floor, " .. ", r.until, " from a history of ", r.history.size());
+  for (int64_t k = 0; k < steps; ++k) {
+    const AdamWStep& a = r.history[static_cast<size_t>(k)];
+    const AdamWStep& first = r.history.front();
+    if (a.step != r.floor + 1 + k || a.beta1 != first.beta1 || a.beta2 != first.beta2 || a.eps != first.eps ||
+        a.weight_decay != first.weight_decay)
+      return GLM_INTERNAL_ERROR("adamw_rows: history entry ", k, " is step ", a.step, " of other constants; expected step ",
+                                r.floor + 1 + k);
+  }
+  return Status::ok();
+}
 
 std::unique_ptr<Backend> make_cpu_backend(DType dtype) {
   if (dtype == DType::f64) return std::make_unique<CpuBackend<double>>();

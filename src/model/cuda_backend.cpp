@@ -542,8 +542,50 @@ class CudaBackend final : public Backend {
   Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                const AdamWStep& step, Tensor grad_sq_sum) override {
     GLM_PROFILE_OP("adamw");
-    if (!grad_sq_sum.empty() && grad_sq_sum.dtype != DType::f64)
-      return GLM_INTERNAL_ERROR("adamw: the sum of squares accumulates in f64, not ", dtype_name(grad_sq_sum.dtype));
+    GLM_RETURN_IF_ERROR(check_sum_dtype("adamw", grad_sq_sum));
+    const cuda::AdamWArgs a = adamw_args(step);
+    double* sq = grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>();
+    const bool beside = stream_ == side_;
+    if (master.dtype == DType::i16) {  // split: param holds the high halves
+      GLM_RETURN_IF_ERROR(check_split("adamw", param, master));
+      GLM_CUDA_RETURN(cuda::adamw_split(b(param), master.as<int16_t>(), b(grad), exp_avg.as<float>(),
+                                        exp_avg_sq.as<float>(), master.numel, a, sq, stream_, beside));
+      return Status::ok();
+    }
+    GLM_CUDA_RETURN(cuda::adamw(param.data == master.data ? nullptr : b(param), master.as<float>(), b(grad),
+                                exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a, sq, stream_, beside));
+    return Status::ok();
+  }
+  Status adamw_rows(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq, const AdamWRows& r,
+                    Tensor grad_sq_sum) override {
+    GLM_PROFILE_OP("adamw_rows");
+    GLM_RETURN_IF_ERROR(check_sum_dtype("adamw_rows", grad_sq_sum));
+    GLM_RETURN_IF_ERROR(check_adamw_rows(param, master, grad, exp_avg, exp_avg_sq, r));
+    const bool split = master.dtype == DType::i16;
+    if (split) GLM_RETURN_IF_ERROR(check_split("adamw_rows", param, master));
+    cuda::AdamWHistory h{};
+    for (int64_t k = 0; k < r.until - r.floor; ++k) {
+      const cuda::AdamWArgs a = adamw_args(r.history[static_cast<size_t>(k)]);
+      h.beta1 = a.beta1, h.beta2 = a.beta2, h.eps = a.eps, h.weight_decay = a.weight_decay;
+      h.lr[k] = a.lr;
+      h.grad_scale[k] = a.grad_scale;
+      h.bias_correction1[k] = a.bias_correction1;
+      h.bias_correction2_sqrt[k] = a.bias_correction2_sqrt;
+    }
+    GLM_CUDA_RETURN(cuda::adamw_rows(!split && param.data == master.data ? nullptr : b(param),
+                                     split ? nullptr : master.as<float>(), split ? master.as<int16_t>() : nullptr,
+                                     b(grad), exp_avg.as<float>(), exp_avg_sq.as<float>(),
+                                     r.rows.empty() ? nullptr : r.rows.as<int32_t>(), r.count, r.width,
+                                     r.row_step.as<int32_t>(), r.floor, r.until, r.gradient, h,
+                                     grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_,
+                                     stream_ == side_));
+    return Status::ok();
+  }
+
+ private:
+  static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
+  // One step's scalars as the kernels take them (adamw and adamw_rows alike: the same floats).
+  static cuda::AdamWArgs adamw_args(const AdamWStep& step) {
     cuda::AdamWArgs a;
     a.lr = static_cast<float>(step.lr);
     a.beta1 = static_cast<float>(step.beta1);
@@ -553,22 +595,18 @@ class CudaBackend final : public Backend {
     a.grad_scale = static_cast<float>(step.grad_scale);
     a.bias_correction1 = static_cast<float>(1.0 - std::pow(step.beta1, static_cast<double>(step.step)));
     a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(step.beta2, static_cast<double>(step.step))));
-    double* sq = grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>();
-    const bool beside = stream_ == side_;
-    if (master.dtype == DType::i16) {  // split: param holds the high halves
-      if (param.dtype != DType::bf16 || param.numel != master.numel)
-        return GLM_INTERNAL_ERROR("adamw: a split master needs its bf16 high halves, got ", dtype_name(param.dtype));
-      GLM_CUDA_RETURN(cuda::adamw_split(b(param), master.as<int16_t>(), b(grad), exp_avg.as<float>(),
-                                        exp_avg_sq.as<float>(), master.numel, a, sq, stream_, beside));
-      return Status::ok();
-    }
-    GLM_CUDA_RETURN(cuda::adamw(param.data == master.data ? nullptr : b(param), master.as<float>(), b(grad),
-                                exp_avg.as<float>(), exp_avg_sq.as<float>(), master.numel, a, sq, stream_, beside));
+    return a;
+  }
+  static Status check_sum_dtype(const char* op, const Tensor& grad_sq_sum) {
+    if (!grad_sq_sum.empty() && grad_sq_sum.dtype != DType::f64)
+      return GLM_INTERNAL_ERROR(op, ": the sum of squares accumulates in f64, not ", dtype_name(grad_sq_sum.dtype));
     return Status::ok();
   }
-
- private:
-  static bf16* b(const Tensor& t) { return static_cast<bf16*>(t.data); }
+  static Status check_split(const char* op, const Tensor& param, const Tensor& master) {
+    if (param.dtype != DType::bf16 || param.numel != master.numel)
+      return GLM_INTERNAL_ERROR(op, ": a split master needs its bf16 high halves, got ", dtype_name(param.dtype));
+    return Status::ok();
+  }
   // gather_rows (gather) or scatter_rows.
   Status move_rows(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width, bool gather) {
     GLM_RETURN_IF_ERROR(check_rows_op(op, dst, src, rows, count, width, gather));

@@ -1,6 +1,7 @@
 // AdamW: decay ranges come from the layout, updates run per range on the backend.
 #include "train/adamw.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -62,26 +63,86 @@ Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor p
   return opt;
 }
 
+AdamWStep AdamWOptimizer::step_scalars(int64_t step, double lr, double grad_scale, bool decay) const {
+  AdamWStep s;
+  s.lr = lr;
+  s.beta1 = options_.beta1;
+  s.beta2 = options_.beta2;
+  s.eps = options_.eps;
+  s.weight_decay = decay ? options_.weight_decay : 0.0;
+  s.grad_scale = grad_scale;
+  s.step = step;
+  return s;
+}
+
 Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum) {
   ++step_;
+  if (deferred()) {
+    if (step_rows_count_ < 0) return GLM_INTERNAL_ERROR("optimizer step ", step_, " with deferred rows but no step rows");
+    history_.push_back(step_scalars(step_, lr, grad_scale, ranges_.front().decay));
+    Status st = apply_rows(step_rows_, step_rows_count_, /*gradient=*/true, grads, grad_sq_sum);
+    step_rows_count_ = -1;
+    GLM_RETURN_IF_ERROR(st);
+    return step_ - floor_ >= max_history_ ? settle() : Status::ok();
+  }
   for (const Range& r : ranges_) {
-    AdamWStep s;
-    s.lr = lr;
-    s.beta1 = options_.beta1;
-    s.beta2 = options_.beta2;
-    s.eps = options_.eps;
-    s.weight_decay = r.decay ? options_.weight_decay : 0.0;
-    s.grad_scale = grad_scale;
-    s.step = step_;
     const int64_t n = r.end - r.begin;
     GLM_RETURN_IF_ERROR(backend_->adamw(params_.slice(r.begin, n), master_.slice(r.begin, n), grads.slice(r.begin, n),
-                                        exp_avg_.slice(r.begin, n), exp_avg_sq_.slice(r.begin, n), s,
-                                        grad_sq_sum));
+                                        exp_avg_.slice(r.begin, n), exp_avg_sq_.slice(r.begin, n),
+                                        step_scalars(step_, lr, grad_scale, r.decay), grad_sq_sum));
   }
   return Status::ok();
 }
 
+Status AdamWOptimizer::defer_rows(int64_t table_rows, int64_t width, int history) {
+  if (table_rows <= 0 || width <= 0 || table_rows * width > params_.numel || table_rows > INT32_MAX ||
+      history < 1 || history > AdamWRows::kMaxHistory || ranges_.empty() || ranges_.front().end < table_rows * width)
+    return GLM_INTERNAL_ERROR("defer_rows: a table of ", table_rows, " x ", width, " in ", params_.numel,
+                              " elements, history ", history);
+  GLM_ASSIGN_OR_RETURN(row_step_, backend_->allocate(table_rows, DType::i32));  // zeroed: every row at floor_
+  table_rows_ = table_rows;
+  width_ = width;
+  max_history_ = history;
+  floor_ = step_;
+  history_.clear();
+  return Status::ok();
+}
+
+Status AdamWOptimizer::apply_rows(Tensor rows, int64_t count, bool gradient, Tensor grads, Tensor grad_sq_sum) {
+  const int64_t n = table_rows_ * width_;
+  AdamWRows r;
+  r.rows = rows;
+  r.count = count;
+  r.width = width_;
+  r.row_step = row_step_.tensor();
+  r.floor = floor_;
+  r.history = history_;
+  r.until = step_;
+  r.gradient = gradient;
+  return backend_->adamw_rows(params_.slice(0, n), master_.slice(0, n), grads.empty() ? Tensor{} : grads.slice(0, n),
+                              exp_avg_.slice(0, n), exp_avg_sq_.slice(0, n), r, grad_sq_sum);
+}
+
+Status AdamWOptimizer::catch_up(Tensor rows, int64_t count) {
+  if (!deferred() || settled() || count == 0) return Status::ok();
+  return apply_rows(rows, count, /*gradient=*/false, {}, {});
+}
+
+Status AdamWOptimizer::settle() {
+  if (!deferred() || settled()) return Status::ok();
+  GLM_RETURN_IF_ERROR(apply_rows({}, table_rows_, /*gradient=*/false, {}, {}));
+  floor_ = step_;
+  history_.clear();
+  return Status::ok();
+}
+
 Status AdamWOptimizer::reset_master() {
+  // The parameters were written whole: every row is current (catch up before writing, not after).
+  if (deferred()) {
+    floor_ = step_;
+    history_.clear();
+    GLM_RETURN_IF_ERROR(backend_->zero(row_step_.tensor()));
+  }
   if (master_.data == params_.data) return Status::ok();
   if (split()) return backend_->zero(master_);  // the master is the parameters exactly
   return backend_->convert(master_, params_);
@@ -89,6 +150,11 @@ Status AdamWOptimizer::reset_master() {
 
 Status AdamWOptimizer::restored(int64_t steps) {
   step_ = steps;
+  if (deferred()) {  // the whole state was written: every row at `steps`
+    floor_ = steps;
+    history_.clear();
+    GLM_RETURN_IF_ERROR(backend_->zero(row_step_.tensor()));
+  }
   // A split master was written through both halves (MasterTransfer): the parameters are its high ones.
   if (master_.data == params_.data || split()) return Status::ok();
   return backend_->convert(params_, master_);

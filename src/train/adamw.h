@@ -53,6 +53,28 @@ class AdamWOptimizer {
   Status reset_master();
   int64_t state_bytes() const;
 
+  // Deferred rows: the range's first table_rows x width elements are a table (the embedding, on one
+  // rank) whose rows without a token in a step have a zero gradient there. step() then updates only
+  // the rows set_step_rows() named for it; the others fall behind by at most `history` steps
+  // (<= AdamWRows::kMaxHistory; step() then settles every row) and get their missed steps, in
+  // order, from catch_up() before a forward reads them or from settle() before anything reads the
+  // whole state: the same bits as updating every row every step. The rest of the range (alignment
+  // padding, zero) is not updated: zero stays zero there.
+  Status defer_rows(int64_t table_rows, int64_t width, int history);
+  bool deferred() const { return table_rows_ > 0; }
+  // Every row has had every step (nothing deferred is pending).
+  bool settled() const { return !deferred() || floor_ == step_; }
+  // rows (i32, count distinct indices below table_rows) are the rows the next step()'s gradient may
+  // be nonzero in; the tensor must stay valid until that step.
+  void set_step_rows(Tensor rows, int64_t count) {
+    step_rows_ = rows;
+    step_rows_count_ = count;
+  }
+  // The named rows brought to steps_taken().
+  Status catch_up(Tensor rows, int64_t count);
+  // Every row brought to steps_taken().
+  Status settle();
+
  private:
   struct Range {
     int64_t begin, end;  // relative to the optimizer's range
@@ -72,6 +94,15 @@ class AdamWOptimizer {
   Buffer exp_avg_, exp_avg_sq_;
   std::vector<Range> ranges_;
   int64_t step_ = 0;
+  // Deferred rows (defer_rows): the table's shape, each row's last step where above floor_, the
+  // steps floor_ + 1 .. step_ (history_), the bound on their number, and the next step's rows.
+  Status apply_rows(Tensor rows, int64_t count, bool gradient, Tensor grads, Tensor grad_sq_sum);
+  AdamWStep step_scalars(int64_t step, double lr, double grad_scale, bool decay) const;
+  int64_t table_rows_ = 0, width_ = 0, floor_ = 0, step_rows_count_ = -1;
+  int max_history_ = 0;
+  Buffer row_step_;
+  std::vector<AdamWStep> history_;
+  Tensor step_rows_;
 };
 
 }  // namespace glm

@@ -232,6 +232,7 @@ bool test_kill_during_save(int rank, int64_t step) {
 
 Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, int rank, int world,
                        bool kill_midway) {
+  if (!engine.optimizer_settled()) return GLM_INTERNAL_ERROR("checkpoint of an optimizer with deferred updates pending");
   for (size_t u = 0; u < engine.layout().units().size(); ++u)
     if (const DType d = engine.optimizer_shard(static_cast<int>(u)).master.dtype; d != DType::f32 && d != DType::i16)
       return GLM_INTERNAL_ERROR("checkpoints store fp32 optimizer state, the backend keeps ", dtype_name(d));
@@ -502,6 +503,7 @@ Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, c
   if (lora != nullptr) {
     GLM_ASSIGN_OR_RETURN(base_sum_squares, engine.base_checksum());  // collective
   }
+  GLM_RETURN_IF_ERROR(engine.settle_optimizer());  // deferred embedding rows: every row at this step
   GLM_RETURN_IF_ERROR(engine.backend().synchronize());
   // LoRA: the replicated adapters' state, written once (by rank 0); else every rank's slices.
   const bool writes = lora == nullptr || rank == 0;

@@ -1,6 +1,7 @@
 // One optimizer step, replicated data parallelism (ZeRO stage 0): every rank holds everything.
 #include "train/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -60,8 +61,52 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
       e->optimizers_.push_back(std::move(opt));
     }
     e->has_optimizer_ = true;
+    // Deferred embedding rows: one rank (the step's tokens are the gradient's rows), stage 0 (the
+    // whole table held), the table at the start of its own unit.
+    int history = AdamWRows::kMaxHistory;
+    if (const char* env = std::getenv("GLM_DEFER_EMBEDDING"); env != nullptr && *env != '\0')
+      history = std::clamp(std::atoi(env), 0, AdamWRows::kMaxHistory);
+    const ParamEntry& table = e->layout().entry(e->layout().embedding());
+    const int unit = e->layout().embedding_unit();
+    if (history > 0 && comm.size() == 1 && zero_stage == 0 && table.unit == unit &&
+        table.offset == e->layout().units()[static_cast<size_t>(unit)].offset) {
+      GLM_RETURN_IF_ERROR(e->optimizers_[static_cast<size_t>(unit)].defer_rows(config.vocab_size, config.hidden_size,
+                                                                              history));
+      e->deferred_unit_ = unit;
+      GLM_ASSIGN_OR_RETURN(e->step_rows_, backend.allocate(config.vocab_size, DType::i32));
+      e->row_seen_.assign(static_cast<size_t>(config.vocab_size), 0);
+    }
   }
   return e;
+}
+
+Status TrainingEngine::settle_optimizer() {
+  for (auto& opt : optimizers_) GLM_RETURN_IF_ERROR(opt.settle());
+  return Status::ok();
+}
+
+bool TrainingEngine::optimizer_settled() const {
+  for (const auto& opt : optimizers_)
+    if (!opt.settled()) return false;
+  return true;
+}
+
+Result<int64_t> TrainingEngine::upload_token_rows(std::span<const HostMicroBatch> batches) {
+  const int64_t vocab = config().vocab_size;
+  rows_host_.clear();
+  for (const HostMicroBatch& b : batches) {
+    for (const int32_t t : b.tokens) {
+      if (t < 0 || t >= vocab) return GLM_INTERNAL_ERROR("token ", t, " outside the vocabulary of ", vocab);
+      if (row_seen_[static_cast<size_t>(t)] == 0) {
+        row_seen_[static_cast<size_t>(t)] = 1;
+        rows_host_.push_back(t);
+      }
+    }
+  }
+  for (const int32_t t : rows_host_) row_seen_[static_cast<size_t>(t)] = 0;
+  const int64_t n = static_cast<int64_t>(rows_host_.size());
+  if (n > 0) GLM_RETURN_IF_ERROR(backend_.upload(step_rows_.slice(0, n), rows_host_.data()));
+  return n;
 }
 
 Status TrainingEngine::initialize_parameters(uint64_t seed) {
@@ -109,6 +154,7 @@ Result<std::vector<float>> TrainingEngine::lora_adapters() {
 
 Result<std::vector<float>> TrainingEngine::parameters() {
   if (zero_->stage() == 3) return GLM_INTERNAL_ERROR("parameters(): ZeRO-3 stores shards only");
+  GLM_RETURN_IF_ERROR(settle_optimizer());
   std::vector<float> out(static_cast<size_t>(layout().total_numel()));
   for (size_t u = 0; u < layout().units().size(); ++u) {
     GLM_ASSIGN_OR_RETURN(Tensor t, zero_->acquire_params(static_cast<int>(u)));
@@ -183,6 +229,7 @@ TrainingEngine::OptimizerShard TrainingEngine::lora_optimizer_state() const {
 }
 
 Result<double> TrainingEngine::base_checksum() {
+  GLM_RETURN_IF_ERROR(settle_optimizer());
   // This rank's shards sit inside the previous step's in-place all-gathers (stages 1-2).
   GLM_RETURN_IF_ERROR(zero_->settle_gathers());
   double sum = 0;
@@ -211,6 +258,7 @@ Status TrainingEngine::set_parameter(int entry, std::span<const float> values) {
   const ParamEntry& e = layout().entry(entry);
   if (static_cast<int64_t>(values.size()) != e.numel)
     return GLM_INTERNAL_ERROR("set_parameter(", e.name, "): ", values.size(), " values for ", e.numel, " elements");
+  GLM_RETURN_IF_ERROR(settle_optimizer());  // deferred steps land before the new values, not on them
   return zero_->set_range(e.offset, values);
 }
 
@@ -315,6 +363,13 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   };
   GLM_RETURN_IF_ERROR(zero_->zero_grads());
   if (lora_layout_) GLM_RETURN_IF_ERROR(backend_.zero(lora_grads_.tensor()));
+  if (deferred_unit_ >= 0) {
+    // The rows this step reads get their deferred steps first; its update is theirs alone.
+    GLM_ASSIGN_OR_RETURN(const int64_t rows, upload_token_rows(micro));
+    AdamWOptimizer& opt = optimizers_[static_cast<size_t>(deferred_unit_)];
+    GLM_RETURN_IF_ERROR(opt.catch_up(step_rows_.tensor(), rows));
+    opt.set_step_rows(step_rows_.tensor(), rows);
+  }
   // Clipping needs the norm before the update: a pass of its own over the gradients. Without
   // clipping the update sums it on the way, and where a unit's gradient is final as soon as
   // backward finished it (one rank, stage 0), the unit is updated right there, on the backend's
@@ -422,6 +477,7 @@ Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {
   idle.positions = {0};
   idle.doc_start = {0};
   const HostMicroBatch& batch = hb.size() > 0 ? hb : idle;
+  GLM_RETURN_IF_ERROR(settle_optimizer());
   GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(batch));
   Tensor correct = correct_.slice(0, b.n);
   GLM_RETURN_IF_ERROR(model_->forward(b, *zero_, correct));
@@ -438,6 +494,7 @@ Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {
 }
 
 Status TrainingEngine::logits(const HostMicroBatch& hb, std::vector<float>& out) {
+  GLM_RETURN_IF_ERROR(settle_optimizer());
   GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
   const int64_t numel = b.n * config().vocab_size;
   if (logits_.numel() < numel) {

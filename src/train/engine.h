@@ -99,6 +99,14 @@ class TrainingEngine {
   OptimizerShard optimizer_shard(int unit) const;
   // LoRA: the adapters' optimizer state, replicated (all of lora_layout()'s elements, unit_begin 0).
   OptimizerShard lora_optimizer_state() const;
+  // On one rank at ZeRO stage 0 (no LoRA) the embedding rows that no token of a step reads have a
+  // zero gradient, and their update is deferred (AdamWOptimizer::defer_rows: the same bits, at most
+  // 64 steps late; GLM_DEFER_EMBEDDING=0 turns it off, =N bounds the lag to N steps). Before
+  // reading optimizer_shard() or the parameters' memory directly (checkpoints), settle the
+  // deferred updates; parameters(), base_checksum(), evaluate() and logits() do it themselves.
+  Status settle_optimizer();
+  bool optimizer_settled() const;
+  bool defers_embedding_rows() const { return deferred_unit_ >= 0; }
   // Sum of squares of the base parameters, frozen under LoRA (collective at ZeRO stages > 0): a cheap
   // fingerprint of the base that LoRA checkpoints record.
   Result<double> base_checksum();
@@ -135,6 +143,8 @@ class TrainingEngine {
  private:
   TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
   Result<MicroBatch> upload(const HostMicroBatch& batch);
+  // The distinct tokens of the batches' (the embedding rows they read) into step_rows_; their count.
+  Result<int64_t> upload_token_rows(std::span<const HostMicroBatch> batches);
   Result<double> local_loss_sum(int64_t n);
 
   Backend& backend_;
@@ -158,6 +168,10 @@ class TrainingEngine {
   int64_t steps_taken() const;
   bool has_optimizer_ = false;
   double max_grad_norm_ = 0;
+  int deferred_unit_ = -1;        // the unit whose optimizer defers rows (the embedding's), or -1
+  Buffer step_rows_;              // i32: a step's distinct tokens (upload_token_rows)
+  std::vector<int32_t> rows_host_;
+  std::vector<uint8_t> row_seen_;
 };
 
 // Moves f32 master values of an optimizer shard between the host and the backend: directly, or
