@@ -21,17 +21,20 @@ struct AdamWScalars {
   float step_size, decay;
 };
 
+// Every rounding spelled out (intrinsics the compiler neither contracts nor reorders), so that the
+// whole-table kernels and the deferred rows' kernel, compiled apart, give the same bits.
 __device__ __forceinline__ float adamw_element(float g, float& master, float& m, float& v, const AdamWArgs& a,
                                                const AdamWScalars& s) {
-  g *= a.grad_scale;
-  m = a.beta1 * m + (1.0f - a.beta1) * g;
-  v = a.beta2 * v + (1.0f - a.beta2) * g * g;
-  master = master * s.decay - s.step_size * m / (sqrtf(v) / a.bias_correction2_sqrt + a.eps);
+  g = __fmul_rn(g, a.grad_scale);
+  m = __fmaf_rn(a.beta1, m, __fmul_rn(1.0f - a.beta1, g));
+  v = __fmaf_rn(a.beta2, v, __fmul_rn(__fmul_rn(1.0f - a.beta2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), a.bias_correction2_sqrt), a.eps);
+  master = __fmaf_rn(master, s.decay, -__fdiv_rn(__fmul_rn(s.step_size, m), denom));
   return master;
 }
 
 __device__ __forceinline__ AdamWScalars scalars(const AdamWArgs& a) {
-  return {a.lr / a.bias_correction1, 1.0f - a.lr * a.weight_decay};
+  return {__fdiv_rn(a.lr, a.bias_correction1), __fsub_rn(1.0f, __fmul_rn(a.lr, a.weight_decay))};
 }
 
 template <bool kNorm>
