@@ -257,6 +257,54 @@ void BM_AdamWSplitMaster(benchmark::State& state) {
   report_bytes(state, 26.0 * n);  // read grad, param, low halves 6, m, v 8; write param, low halves 4, m, v 8
 }
 
+// The embedding's deferred rows (GLM-4's 151,552 x 4,096 table, split masters, weight decay 0.1):
+// the catch-up of a step's rows (args: row count, missed steps each, moments) or, with 0 rows,
+// every row (a settle). A missed step costs the update's arithmetic (two divisions and a square
+// root an element) without its traffic, or one multiply where the moments are zero (rows no token
+// has reached: third arg 0); rows' bytes counted once (2 + 2 + 8 read, the same written).
+// Gelem-steps/s is rows x 4096 x steps a second.
+void BM_AdamWRows(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t listed = state.range(0), steps = state.range(1);
+  const bool moments = state.range(2) != 0;
+  const int64_t rows = listed > 0 ? listed : kVocab, n = kVocab * kHidden;
+  Buffer p = filled(n, DType::bf16), lo = filled(n, DType::i16, 0.0), m = filled(n, DType::f32, 0.01),
+         v = filled(n, DType::f32, 0.0), row_step = filled(kVocab, DType::i32), list = filled(rows, DType::i32);
+  if (moments) {  // v: the square of m's scale
+    if (!gpu()->fill(v.tensor(), 1e-4).is_ok()) std::abort();
+  } else if (!gpu()->zero(m.tensor()).is_ok() || !gpu()->zero(v.tensor()).is_ok()) {
+    std::abort();
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(kVocab));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  uint64_t state_bits = 7;
+  for (size_t i = ids.size(); i > 1; --i) {  // a random distinct subset, in random order
+    state_bits = state_bits * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(ids[i - 1], ids[(state_bits >> 33) % i]);
+  }
+  if (!gpu()->upload(list.tensor(), ids.data()).is_ok()) std::abort();
+  std::vector<glm::AdamWStep> history(static_cast<size_t>(steps));
+  for (int64_t k = 0; k < steps; ++k) {
+    history[static_cast<size_t>(k)].lr = 1e-5;
+    history[static_cast<size_t>(k)].weight_decay = 0.1;
+    history[static_cast<size_t>(k)].step = k + 1;
+  }
+  glm::AdamWRows r;
+  r.rows = listed > 0 ? list.tensor() : glm::Tensor{};
+  r.count = rows;
+  r.width = kHidden;
+  r.row_step = row_step.tensor();
+  r.history = history;
+  r.until = steps;
+  time_loop(state, [&] {
+    if (listed > 0) GLM_RETURN_IF_ERROR(gpu()->zero(row_step.tensor()));  // every listed row behind again
+    return gpu()->adamw_rows(p.tensor(), lo.tensor(), glm::Tensor{}, m.tensor(), v.tensor(), r, glm::Tensor{});
+  });
+  report_bytes(state, 24.0 * rows * kHidden);
+  state.counters["Gelem-steps/s"] = benchmark::Counter(static_cast<double>(rows * kHidden * steps) / 1e9,
+                                                       benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The ceilings must be known before the rest: run them first and keep their rates.
 class CeilingReporter : public benchmark::ConsoleReporter {
  public:
@@ -284,6 +332,7 @@ BENCHMARK(BM_AttentionBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(ben
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamWSplitMaster)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamWRows)->Args({4040, 1, 1})->Args({4040, 32, 1})->Args({4040, 64, 1})->Args({0, 64, 1})->Args({4040, 32, 0})->Args({0, 64, 0})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -903,7 +903,8 @@ TEST_F(Ops, SplitMasters) {
 // whole table every step, bit for bit: masters (split and whole), moments and bf16 parameters. Each
 // step's gradient has a random subset of rows (in shuffled order), the others zero; the deferred
 // side brings a step's rows up to date, updates them with their gradient and, every 3 steps,
-// settles every row, as AdamWOptimizer does with a lag bound of 3. Width 64 takes the 16-byte
+// settles every row, as AdamWOptimizer does with a lag bound of 3; a quarter of the rows start with
+// zero moments (some -0), which the kernel steps with one multiply. Width 64 takes the 16-byte
 // vectors, 37 single elements; beside: on the side stream. Learning rate and gradient scale vary
 // per step; the fused sums of squares agree with the whole table's.
 TEST_F(Ops, AdamWRowsMatchDenseSteps) {
@@ -932,9 +933,16 @@ TEST_F(Ops, AdamWRowsMatchDenseSteps) {
     std::vector<uint16_t> hi(master0.size());
     std::vector<int16_t> lo(master0.size());
     for (size_t i = 0; i < master0.size(); ++i) split_master(master0[i], hi[i], lo[i]);
-    const std::vector<float> m0 = random_bf16(static_cast<size_t>(n), 52, 0.1);
+    std::vector<float> m0 = random_bf16(static_cast<size_t>(n), 52, 0.1);
     std::vector<float> v0 = random_bf16(static_cast<size_t>(n), 53, 0.1);
     for (auto& x : v0) x = x * x;
+    // Rows 1, 5, 9, ... start with zero moments (rows no token reached yet: the kernel's shortcut),
+    // some exp_avg -0; row 1 never gets a gradient.
+    for (int64_t r = 1; r < c.rows; r += 4)
+      for (int64_t j = r * c.width; j < (r + 1) * c.width; ++j) {
+        m0[static_cast<size_t>(j)] = j % 3 == 0 ? -0.0f : 0.0f;
+        v0[static_cast<size_t>(j)] = 0.0f;
+      }
     struct State {
       Buffer param, master, m, v;
     };

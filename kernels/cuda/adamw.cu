@@ -284,11 +284,31 @@ __global__ void adamw_rows_kernel(bf16* param, float* master, int16_t* master_lo
        item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = item / groups_per_row;
     const int64_t row = rows != nullptr ? rows[i] : i;
-    const int64_t first = max(static_cast<int64_t>(row_step[row]), floor) + 1;
+    int64_t first = max(static_cast<int64_t>(row_step[row]), floor) + 1;
     if (first > until) continue;
     const int64_t at = row * groups_per_row + (item - i * groups_per_row);
     float p[kN], m[kN], v[kN];
     load_state<kN, kSplit>(param, master, master_lo, exp_avg, exp_avg_sq, at, p, m, v);
+    // Moments that are zero (a row no token has reached yet) stay +0 through zero-gradient steps:
+    // g = +0, m = fma(b1, m, +0) = +0, v likewise, the update +0 / eps = +0, and the master
+    // fma(p, decay, -0) = p * decay rounded (sign of zero included). One multiply a step then gives
+    // the same bits as the whole arithmetic (lr and the gradient scale finite and not negative; with
+    // eps = 0 or beta2 = 1 the whole arithmetic makes NaNs of zero moments: not taken then).
+    bool zero_moments = h.eps > 0.0f && h.beta2 < 1.0f;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) zero_moments = zero_moments && m[j] == 0.0f && v[j] == 0.0f;
+    const int64_t zero_steps_until = gradient ? until - 1 : until;
+    if (zero_moments && first <= zero_steps_until) {
+      for (int64_t k = first; k <= zero_steps_until; ++k) {
+        const int s = static_cast<int>(k - floor - 1);
+        const float decay = __fsub_rn(1.0f, __fmul_rn(h.lr[s], h.weight_decay));
+#pragma unroll
+        for (int j = 0; j < kN; ++j) p[j] = __fmul_rn(p[j], decay);
+      }
+#pragma unroll
+      for (int j = 0; j < kN; ++j) m[j] = v[j] = 0.0f;
+      first = zero_steps_until + 1;
+    }
     for (int64_t k = first; k <= until; ++k) {
       const int s = static_cast<int>(k - floor - 1);
       AdamWArgs a;
