@@ -200,6 +200,7 @@ int main(int argc, char** argv) {
       in.zero_options = options.train.zero_options;
       if (options.train.train_type == "lora") in.lora = options.train.lora;
       in.split_master = glm::split_master_from_env();
+      in.defer_embedding = glm::deferred_rows_history_from_env() > 0;
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }
     return 0;

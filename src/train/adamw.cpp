@@ -1,6 +1,7 @@
 // AdamW: decay ranges come from the layout, updates run per range on the backend.
 #include "train/adamw.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -10,6 +11,12 @@ namespace glm {
 bool split_master_from_env() {
   const char* env = std::getenv("GLM_SPLIT_MASTER");
   return env == nullptr || std::string(env) != "0";
+}
+
+int deferred_rows_history_from_env() {
+  const char* env = std::getenv("GLM_DEFER_EMBEDDING");
+  if (env == nullptr || *env == '\0') return AdamWRows::kMaxHistory;
+  return std::clamp(std::atoi(env), 0, AdamWRows::kMaxHistory);
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options) {

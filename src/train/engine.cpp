@@ -63,9 +63,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
     e->has_optimizer_ = true;
     // Deferred embedding rows: one rank (the step's tokens are the gradient's rows), stage 0 (the
     // whole table held), the table at the start of its own unit.
-    int history = AdamWRows::kMaxHistory;
-    if (const char* env = std::getenv("GLM_DEFER_EMBEDDING"); env != nullptr && *env != '\0')
-      history = std::clamp(std::atoi(env), 0, AdamWRows::kMaxHistory);
+    const int history = deferred_rows_history_from_env();
     const ParamEntry& table = e->layout().entry(e->layout().embedding());
     const int unit = e->layout().embedding_unit();
     if (history > 0 && comm.size() == 1 && zero_stage == 0 && table.unit == unit &&
