@@ -2,7 +2,8 @@
 # One single-H200 call for the headline ratio of issue 4: build glm_hpc and bench_kernels, the
 # kernel table (attention, lm_head, AdamW, ceilings), PyTorch SDPA (flash and cuDNN backends), then
 # ours (no clipping, as the peer: with the optimizer beside backward, the default there, after it,
-# and with whole fp32 masters instead of split ones; and with clipping) and the transformers peer
+# and with every embedding row updated every step instead of deferred; and with clipping) and the
+# transformers peer
 # (eager, compiled)
 # side by side, each with the SM clock it ran at. Prints a short table last.
 set -uo pipefail
@@ -15,7 +16,8 @@ build-gpu/benchmarks/bench_kernels --benchmark_filter="${GLM_FINAL_KERNELS:-Ceil
   --benchmark_min_time=0.2s --benchmark_counters_tabular=true 2>&1 | sed 's/\x1b\[[0-9;]*m//g' | grep -E "^BM_" |
   tee "$OUT/kernels.log"
 timeout 120 python3 benchmarks/peers/sdpa_bench.py flash cudnn 2>&1 | grep sdpa | tee "$OUT/sdpa.log"
-GLM_E2E_VARIANTS=$'noclip;;--max_grad_norm 0\nnoclip_after;GLM_OPTIMIZER_IN_BACKWARD=0;--max_grad_norm 0\nnoclip_whole_master;GLM_SPLIT_MASTER=0;--max_grad_norm 0\nclip;;--max_grad_norm 1' \
+# 70 steps (GLM_E2E_STEPS): the deferred embedding rows settle every row once inside them (lag 64).
+GLM_E2E_STEPS=${GLM_E2E_STEPS:-70} GLM_E2E_VARIANTS=$'noclip;;--max_grad_norm 0\nnoclip_dense;GLM_DEFER_EMBEDDING=0;--max_grad_norm 0\nnoclip_after;GLM_OPTIMIZER_IN_BACKWARD=0;--max_grad_norm 0\nclip;;--max_grad_norm 1' \
   bash benchmarks/e2e_variants.sh 2>&1 |
   tee "$OUT/ours.log" | grep -E "^e2e|busy samples"
 nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 250 >"$OUT/smi_peer.csv" 2>/dev/null &
