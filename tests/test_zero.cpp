@@ -397,6 +397,57 @@ TEST(Checkpoint, ResumesAtAnyStageAndWorldSize) {
 
 // Model-state bytes per rank (fp32 CPU backend: parameters are the master weights):
 // stage 0: 4P parameters, 4P gradients, 8P moments; 1: moments /N; 2: gradients /N too; 3: all /N.
+// Deferred embedding rows at stage 0 over several ranks: each rank's batches draw their tokens from
+// its own part of the vocabulary (and a part shared by every rank), so rows only another rank's
+// tokens reach have a gradient here after the all-reduce: the step's rows must be the union over
+// the ranks. Losses, evaluation and parameters bit-identical to updating every row every step.
+TEST(DeferredEmbedding, StageZeroUnitesTheRanksTokens) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(60));
+  const ModelConfig model = zero_config().model;
+  const int rank = comm.rank();
+  auto window = [&](int step) {
+    const int32_t first = step % 2 == 0 ? 20 + 40 * rank : 0, span = step % 2 == 0 ? 30 : 15;
+    std::vector<HostMicroBatch> w = {random_documents(span, 100 + static_cast<uint64_t>(10 * step + rank), {20, 9}, 2)};
+    for (auto& b : w) {
+      for (auto& t : b.tokens) t += first;
+      for (auto& t : b.targets) t = t >= 0 ? t + first : t;
+    }
+    return w;
+  };
+  const HostMicroBatch held_out = random_documents(model.vocab_size, 200 + static_cast<uint64_t>(rank), {16}, 1);
+  struct Trace {
+    std::vector<double> losses, eval;
+    std::vector<float> params;
+    bool deferred = false;
+  };
+  auto run = [&](const char* defer) {
+    setenv("GLM_DEFER_EMBEDDING", defer, 1);
+    auto backend = make_cpu_backend(DType::f32);
+    auto e = TrainingEngine::create(model, *backend, comm, 64, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 1.0, 0).take();
+    unsetenv("GLM_DEFER_EMBEDDING");
+    Trace t;
+    t.deferred = e->defers_embedding_rows();
+    EXPECT_TRUE(e->initialize_parameters(5).is_ok());
+    for (int s = 0; s < 7; ++s) {
+      auto r = e->step(window(s), 3e-3);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      if (!r.is_ok()) return t;
+      t.losses.push_back(r.value().loss);
+      if (s == 3) t.eval.push_back(e->evaluate(held_out).value().loss_sum);  // collective
+    }
+    t.params = e->parameters().take();
+    return t;
+  };
+  const Trace dense = run("0"), deferred = run("2");
+  EXPECT_FALSE(dense.deferred);
+  ASSERT_TRUE(deferred.deferred);
+  ASSERT_EQ(deferred.losses.size(), 7u);
+  EXPECT_EQ(deferred.losses, dense.losses);
+  EXPECT_EQ(deferred.eval, dense.eval);
+  EXPECT_EQ(deferred.params, dense.params);
+  EXPECT_LT(dense.losses.back(), dense.losses.front());
+}
+
 TEST(ZeroMemory, FollowsTheFormulas) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(60));
   const int n = comm.size();

@@ -61,12 +61,13 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
       e->optimizers_.push_back(std::move(opt));
     }
     e->has_optimizer_ = true;
-    // Deferred embedding rows: one rank (the step's tokens are the gradient's rows), stage 0 (the
-    // whole table held), the table at the start of its own unit.
+    // Deferred embedding rows at stage 0 (every rank holds and updates the whole table; the rows a
+    // step's gradient can reach are the tokens of every rank's batches), the table at the start of
+    // its own unit.
     const int history = deferred_rows_history_from_env();
     const ParamEntry& table = e->layout().entry(e->layout().embedding());
     const int unit = e->layout().embedding_unit();
-    if (history > 0 && comm.size() == 1 && zero_stage == 0 && table.unit == unit &&
+    if (history > 0 && zero_stage == 0 && table.unit == unit &&
         table.offset == e->layout().units()[static_cast<size_t>(unit)].offset) {
       GLM_RETURN_IF_ERROR(e->optimizers_[static_cast<size_t>(unit)].defer_rows(config.vocab_size, config.hidden_size,
                                                                               history));
@@ -91,17 +92,20 @@ bool TrainingEngine::optimizer_settled() const {
 
 Result<int64_t> TrainingEngine::upload_token_rows(std::span<const HostMicroBatch> batches) {
   const int64_t vocab = config().vocab_size;
-  rows_host_.clear();
   for (const HostMicroBatch& b : batches) {
     for (const int32_t t : b.tokens) {
       if (t < 0 || t >= vocab) return GLM_INTERNAL_ERROR("token ", t, " outside the vocabulary of ", vocab);
-      if (row_seen_[static_cast<size_t>(t)] == 0) {
-        row_seen_[static_cast<size_t>(t)] = 1;
-        rows_host_.push_back(t);
-      }
+      row_seen_[static_cast<size_t>(t)] = 1;
     }
   }
-  for (const int32_t t : rows_host_) row_seen_[static_cast<size_t>(t)] = 0;
+  // The gradient all-reduced over the ranks reaches the rows of every rank's tokens (a byte each).
+  if (comm_.size() > 1)
+    GLM_RETURN_IF_ERROR(comm_.all_reduce(row_seen_.data(), row_seen_.data(), row_seen_.size(), CommType::u8,
+                                         ReduceOp::max));
+  rows_host_.clear();
+  for (size_t t = 0; t < row_seen_.size(); ++t)
+    if (row_seen_[t] != 0) rows_host_.push_back(static_cast<int32_t>(t));
+  std::fill(row_seen_.begin(), row_seen_.end(), uint8_t{0});
   const int64_t n = static_cast<int64_t>(rows_host_.size());
   if (n > 0) GLM_RETURN_IF_ERROR(backend_.upload(step_rows_.slice(0, n), rows_host_.data()));
   return n;

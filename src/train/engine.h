@@ -99,9 +99,9 @@ class TrainingEngine {
   OptimizerShard optimizer_shard(int unit) const;
   // LoRA: the adapters' optimizer state, replicated (all of lora_layout()'s elements, unit_begin 0).
   OptimizerShard lora_optimizer_state() const;
-  // On one rank at ZeRO stage 0 (no LoRA) the embedding rows that no token of a step reads have a
-  // zero gradient, and their update is deferred (AdamWOptimizer::defer_rows: the same bits, at most
-  // 64 steps late; GLM_DEFER_EMBEDDING=0 turns it off, =N bounds the lag to N steps). Before
+  // At ZeRO stage 0 (no LoRA) the embedding rows that no token of a step's batches on any rank reads
+  // have a zero gradient, and their update is deferred (AdamWOptimizer::defer_rows: the same bits,
+  // at most 64 steps late; GLM_DEFER_EMBEDDING=0 turns it off, =N bounds the lag to N steps). Before
   // reading optimizer_shard() or the parameters' memory directly (checkpoints), settle the
   // deferred updates; parameters(), base_checksum(), evaluate() and logits() do it themselves.
   Status settle_optimizer();
@@ -143,7 +143,8 @@ class TrainingEngine {
  private:
   TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
   Result<MicroBatch> upload(const HostMicroBatch& batch);
-  // The distinct tokens of the batches' (the embedding rows they read) into step_rows_; their count.
+  // The distinct tokens of the batches of every rank (the embedding rows the step's gradient can
+  // reach), in increasing order, into step_rows_; their count. Collective above one rank.
   Result<int64_t> upload_token_rows(std::span<const HostMicroBatch> batches);
   Result<double> local_loss_sum(int64_t n);
 

@@ -52,7 +52,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
       add("optimizer: fp32 masters' low halves + Adam moments", 10 * owned);
     else
       add("optimizer: fp32 master + Adam moments", 12 * owned);
-    if (in.defer_embedding && in.world_size == 1 && stage == 0)
+    if (in.defer_embedding && stage == 0)
       add("optimizer: the embedding's deferred rows (a step each, the step's rows)", 8 * in.model.vocab_size);
   }
   add("communication buffers", buffers);

@@ -27,8 +27,8 @@ struct MemoryPlanInput {
   // AdamWOptions::split_master: the fp32 master's low halves beside the bf16 parameters (2 bytes a
   // parameter) instead of a whole fp32 copy (4).
   bool split_master = true;
-  // The embedding's deferred rows (one rank, stage 0, full training): a step per row and the step's
-  // rows, i32 each.
+  // The embedding's deferred rows (stage 0, full training): a step per row and the step's rows, i32
+  // each.
   bool defer_embedding = true;
 };
 
