@@ -654,7 +654,7 @@ TEST(MemoryPlan, LoraTermsAreTheHandCountedBytes) {
     EXPECT_EQ(plan_row(lora, same), plan_row(plain, same)) << same;
   EXPECT_LT(lora.total, plain.total);
   // Full training on one GPU also keeps the embedding's deferred rows: a step per row and the step's rows.
-  EXPECT_EQ(plan_row(plain, "optimizer: the embedding's deferred rows (a step each, the step's rows)"),
+  EXPECT_EQ(plan_row(plain, "optimizer: deferred embedding rows (row steps, step rows)"),
             8 * in.model.vocab_size);
   EXPECT_EQ(plain.total - lora.total, 2 * layout.total_numel() + 10 * layout.total_numel() + 8 * in.model.vocab_size -
                                           16 * kTinyRank4Adapters - 2 * kTinyRank4Activations);

@@ -53,7 +53,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     else
       add("optimizer: fp32 master + Adam moments", 12 * owned);
     if (in.defer_embedding && stage == 0)
-      add("optimizer: the embedding's deferred rows (a step each, the step's rows)", 8 * in.model.vocab_size);
+      add("optimizer: deferred embedding rows (row steps, step rows)", 8 * in.model.vocab_size);
   }
   add("communication buffers", buffers);
   // + the engine's i32 micro-batch with its index, and its argmax flags (correct).
