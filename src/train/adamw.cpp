@@ -103,7 +103,7 @@ Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale, Tensor g
 
 Status AdamWOptimizer::defer_rows(int64_t table_rows, int64_t width, int history) {
   if (table_rows <= 0 || width <= 0 || table_rows * width > params_.numel || table_rows > INT32_MAX ||
-      history < 1 || history > AdamWRows::kMaxHistory || ranges_.empty() || ranges_.front().end < table_rows * width)
+      history < 1 || history > AdamWRows::kMaxHistory || ranges_.size() != 1)
     return GLM_INTERNAL_ERROR("defer_rows: a table of ", table_rows, " x ", width, " in ", params_.numel,
                               " elements, history ", history);
   GLM_ASSIGN_OR_RETURN(row_step_, backend_->allocate(table_rows, DType::i32));  // zeroed: every row at floor_

@@ -58,8 +58,9 @@ class AdamWOptimizer {
   Status reset_master();
   int64_t state_bytes() const;
 
-  // Deferred rows: the range's first table_rows x width elements are a table (the embedding, on one
-  // rank) whose rows without a token in a step have a zero gradient there. step() then updates only
+  // Deferred rows: the range's first table_rows x width elements are a table (the embedding at ZeRO
+  // stage 0, alone in its unit: one decay range) whose rows without a token in a step have a zero
+  // gradient there. step() then updates only
   // the rows set_step_rows() named for it; the others fall behind by at most `history` steps
   // (<= AdamWRows::kMaxHistory; step() then settles every row) and get their missed steps, in
   // order, from catch_up() before a forward reads them or from settle() before anything reads the
