@@ -94,7 +94,10 @@ Result<int64_t> TrainingEngine::upload_token_rows(std::span<const HostMicroBatch
   const int64_t vocab = config().vocab_size;
   for (const HostMicroBatch& b : batches) {
     for (const int32_t t : b.tokens) {
-      if (t < 0 || t >= vocab) return GLM_INTERNAL_ERROR("token ", t, " outside the vocabulary of ", vocab);
+      if (t < 0 || t >= vocab) {
+        std::fill(row_seen_.begin(), row_seen_.end(), uint8_t{0});  // the next step starts from no rows
+        return GLM_INTERNAL_ERROR("token ", t, " outside the vocabulary of ", vocab);
+      }
       row_seen_[static_cast<size_t>(t)] = 1;
     }
   }
