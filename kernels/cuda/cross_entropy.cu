@@ -2,6 +2,7 @@
 #include <climits>
 
 #include "kernels/cuda/cross_entropy.cuh"
+#include "kernels/cuda/vec.cuh"
 
 namespace glm::cuda {
 namespace {
@@ -68,14 +69,17 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v) {
 }
 
 // Two passes over the row: the online max and sum of exponentials (with the first argmax), then
-// the gradient. Rows are read as float4 when vocab is a multiple of 4 (every row then 16-byte
-// aligned), element by element otherwise.
+// the gradient. The logits are bf16 (the lm_head GEMM rounds its fp32 sums once, as PyTorch's bf16
+// matmul does) and the gradient may overwrite them in place: each thread rewrites exactly the
+// elements it reads in the second pass, and the target's logit is read before the block's first
+// barrier, ahead of any write. Rows are read as 16-byte vectors of 8 when vocab is a multiple of 8
+// (every row then 16-byte aligned), element by element otherwise.
 template <bool Vec>
-__global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlogits, const float* logits,
+__global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlogits, const bf16* logits,
                                      const int32_t* targets, int64_t vocab, float grad_scale) {
   const int64_t r = blockIdx.x;
   const int32_t target = targets[r];
-  const float* z = logits + r * vocab;
+  const bf16* z = logits + r * vocab;
   bf16* dz = dlogits != nullptr ? dlogits + r * vocab : nullptr;
   if (target < 0) {
     if (threadIdx.x == 0) {
@@ -86,6 +90,7 @@ __global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlog
       for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) dz[v] = __float2bfloat16(0.0f);
     return;
   }
+  const float target_logit = threadIdx.x == 0 ? __bfloat162float(z[target]) : 0.0f;
   MaxSum ms{-INFINITY, 0.0f};
   float best = -INFINITY;
   int first_max = INT_MAX;  // vocab < 2^31: the lowest index holding the maximum
@@ -97,53 +102,48 @@ __global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlog
     }
   };
   if constexpr (Vec) {
-    const float4* z4 = reinterpret_cast<const float4*>(z);
-    for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
-      const float4 x = z4[i];
-      see(x.x, 4 * i);
-      see(x.y, 4 * i + 1);
-      see(x.z, 4 * i + 2);
-      see(x.w, 4 * i + 3);
+    const uint4* z8 = reinterpret_cast<const uint4*>(z);
+    for (int64_t i = threadIdx.x; i < vocab / 8; i += blockDim.x) {
+      float x[8];
+      unpack_bf16x8(z8[i], x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) see(x[k], 8 * i + k);
     }
   } else {
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) see(z[v], v);
+    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) see(__bfloat162float(z[v]), v);
   }
-  const MaxSum row = block_max_sum(ms);
+  const MaxSum row = block_max_sum(ms);  // its barriers: every read of the first pass is done
   if (correct != nullptr) {  // uniform across the block: every thread joins the reductions
     const float mx = block_max(best);
     first_max = block_min_int(best == mx ? first_max : INT_MAX);
     if (threadIdx.x == 0) correct[r] = first_max == target ? 1 : 0;
   }
   const float lse = row.m + __logf(row.s);
-  if (threadIdx.x == 0) losses[r] = lse - z[target];
+  if (threadIdx.x == 0) losses[r] = lse - target_logit;
   if (dz == nullptr) return;
+  auto grad = [&](float x, int64_t v) { return (__expf(x - lse) - (v == target ? 1.0f : 0.0f)) * grad_scale; };
   if constexpr (Vec) {
-    const float4* z4 = reinterpret_cast<const float4*>(z);
-    for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
-      const float4 x = z4[i];
-      const int64_t v = 4 * i;
-      __nv_bfloat162 lo = __floats2bfloat162_rn((__expf(x.x - lse) - (v == target ? 1.0f : 0.0f)) * grad_scale,
-                                                (__expf(x.y - lse) - (v + 1 == target ? 1.0f : 0.0f)) * grad_scale);
-      __nv_bfloat162 hi = __floats2bfloat162_rn((__expf(x.z - lse) - (v + 2 == target ? 1.0f : 0.0f)) * grad_scale,
-                                                (__expf(x.w - lse) - (v + 3 == target ? 1.0f : 0.0f)) * grad_scale);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(dz + v) = packed;
+    const uint4* z8 = reinterpret_cast<const uint4*>(z);
+    for (int64_t i = threadIdx.x; i < vocab / 8; i += blockDim.x) {
+      float x[8];
+      unpack_bf16x8(z8[i], x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) x[k] = grad(x[k], 8 * i + k);
+      reinterpret_cast<uint4*>(dz)[i] = pack_bf16x8(x);
     }
   } else {
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
-      dz[v] = __float2bfloat16((__expf(z[v] - lse) - (v == target ? 1.0f : 0.0f)) * grad_scale);
+    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) dz[v] = __float2bfloat16(grad(__bfloat162float(z[v]), v));
   }
 }
 
 }  // namespace
 
-cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const float* logits, const int32_t* targets,
+cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const bf16* logits, const int32_t* targets,
                           int64_t rows, int64_t vocab, float grad_scale, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  // float4 rows need 16-byte aligned rows: vocab a multiple of 4 (and dlogits rows 8-byte aligned).
-  if (vocab % 4 == 0)
+  // 16-byte vectors need 16-byte aligned rows: vocab a multiple of 8 and both bases aligned.
+  const bool aligned = reinterpret_cast<uintptr_t>(logits) % 16 == 0 && reinterpret_cast<uintptr_t>(dlogits) % 16 == 0;
+  if (vocab % 8 == 0 && aligned)
     cross_entropy_kernel<true><<<static_cast<unsigned int>(rows), 512, 0, stream>>>(losses, correct, dlogits, logits,
                                                                                    targets, vocab, grad_scale);
   else

@@ -1,5 +1,5 @@
-// Cross-entropy over a chunk of fp32 logits rows (the lm_head GEMM writes them chunk by chunk, so
-// the full [n, vocab] fp32 logits never exist at once).
+// Cross-entropy over a chunk of bf16 logits rows (the lm_head GEMM writes them chunk by chunk, so
+// the full [n, vocab] logits never exist at once), with fp32 softmax statistics.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -10,8 +10,9 @@ namespace glm::cuda {
 // is non-null: dlogits[r] = (softmax - onehot) * grad_scale in bf16 (0 on ignored rows). When
 // correct is non-null: correct[r] = 1 where the first index of the row's maximum is the target
 // (torch.argmax; found in the pass that sums the exponentials, so it costs no extra read), else 0.
-// Two reads of each row (online softmax statistics, then the gradient) and one bf16 write.
-cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const float* logits, const int32_t* targets,
+// Two reads of each row (online softmax statistics, then the gradient) and one bf16 write;
+// dlogits may be logits itself (the gradient then replaces the logits in place).
+cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const bf16* logits, const int32_t* targets,
                           int64_t rows, int64_t vocab, float grad_scale, cudaStream_t stream);
 
 }  // namespace glm::cuda

@@ -51,20 +51,19 @@ class Buffer {
 using AttentionShape = cpu::AttentionShape;
 using AdamWStep = cpu::AdamWStep;
 
-// Rows of the fused lm_head + cross-entropy per chunk on a device backend: fp32 logits and bf16
-// dlogits of `rows` x vocab live at once (6 bytes per logit). A trained lm_head accumulates its
-// weight gradient once per chunk (a full read and write of the vocab x hidden gradient, and a
-// K = rows GEMM), so chunks should not be small: the budget is 2 GiB, two chunks of 2048 rows at
-// seq 4096 for GLM-4's 151,552 words (on one H200 within 0.2% of one 4 GiB chunk end to end, 1.8
-// GiB less memory; 512 MiB cost 12% of the kernel's time); a frozen head (LoRA, evaluation) gets the
-// same. The planner counts it; GLM_LM_HEAD_SCRATCH_MB overrides the budget.
+// Rows of the fused lm_head + cross-entropy per chunk on a device backend: the chunk's bf16 logits
+// (rows x vocab, 2 bytes each; the gradient overwrites them in place) live at once. A trained
+// lm_head accumulates its weight gradient once per chunk (a full read and write of the vocab x
+// hidden gradient, and a K = rows GEMM), so chunks should not be small: the budget is 2 GiB, one
+// chunk at seq 4096 and two of 4096 rows at 8192 for GLM-4's 151,552 words (session 4 measured
+// 512 MiB of fp32 logits at 12% of the kernel's time against 2 GiB); a frozen head (LoRA,
+// evaluation) gets the same. The planner counts it; GLM_LM_HEAD_SCRATCH_MB overrides the budget
+// (read on every call, so a test can set it).
 inline int64_t lm_head_chunk_rows(int64_t n, int64_t vocab) {
-  static const int64_t override_mb = [] {
-    const char* env = std::getenv("GLM_LM_HEAD_SCRATCH_MB");
-    return env != nullptr ? std::max<int64_t>(std::atoll(env), 0) : int64_t{0};
-  }();
+  const char* env = std::getenv("GLM_LM_HEAD_SCRATCH_MB");
+  const int64_t override_mb = env != nullptr ? std::max<int64_t>(std::atoll(env), 0) : int64_t{0};
   const int64_t budget = override_mb > 0 ? override_mb << 20 : int64_t{2} << 30;
-  const int64_t rows = std::clamp<int64_t>(budget / (std::max<int64_t>(vocab, 1) * 6), 1, std::max<int64_t>(n, 1));
+  const int64_t rows = std::clamp<int64_t>(budget / (std::max<int64_t>(vocab, 1) * 2), 1, std::max<int64_t>(n, 1));
   // Equal chunks: 4096 rows under a 3,900-row budget split 2048 + 2048, not 3900 + 196.
   const int64_t chunks = (n + rows - 1) / rows;
   return chunks > 0 ? (n + chunks - 1) / chunks : rows;

@@ -472,32 +472,30 @@ class CudaBackend final : public Backend {
                                double grad_scale, bool accumulate_dweight) override {
     const bool grad = !dhidden.empty();
     const int64_t chunk = lm_head_chunk_rows(n, vocab);
-    GLM_ASSIGN_OR_RETURN(void* logits, logits_scratch_.get(sizeof(float) * static_cast<size_t>(chunk * vocab)));
-    void* dlogits = nullptr;
-    if (grad) {
-      GLM_ASSIGN_OR_RETURN(dlogits, dlogits_scratch_.get(sizeof(bf16) * static_cast<size_t>(chunk * vocab)));
-    }
+    // bf16 logits, as PyTorch's bf16 matmul gives them; the gradient overwrites them in place.
+    GLM_ASSIGN_OR_RETURN(void* logits, logits_scratch_.get(sizeof(bf16) * static_cast<size_t>(chunk * vocab)));
+    bf16* dlogits = grad ? static_cast<bf16*>(logits) : nullptr;
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       const bf16* h = b(hidden) + t0 * hidden_size;
       {
         GLM_PROFILE_OP("lm_head_forward");
-        GLM_CUBLAS_RETURN(gemm_.linear_forward(logits, true, h, b(weight), nullptr, m, hidden_size, vocab, stream_));
+        GLM_CUBLAS_RETURN(gemm_.linear_forward(logits, false, h, b(weight), nullptr, m, hidden_size, vocab, stream_));
       }
       {
         GLM_PROFILE_OP("cross_entropy");
         GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0,
                                             correct.empty() ? nullptr : correct.as<int32_t>() + t0,
-                                            static_cast<bf16*>(dlogits), static_cast<float*>(logits),
+                                            dlogits, static_cast<const bf16*>(logits),
                                             targets.as<int32_t>() + t0, m, vocab, static_cast<float>(grad_scale),
                                             stream_));
       }
       if (grad) {
         GLM_PROFILE_OP("lm_head_backward");
-        GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, static_cast<bf16*>(dlogits),
+        GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, dlogits,
                                                       b(weight), m, hidden_size, vocab, false, stream_));
         if (!dweight.empty())  // a frozen lm_head (LoRA) has no gradient
-          GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), static_cast<bf16*>(dlogits), h, m, hidden_size,
+          GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), dlogits, h, m, hidden_size,
                                                          vocab, accumulate_dweight || t0 > 0, stream_));
       }
     }
@@ -627,7 +625,7 @@ class CudaBackend final : public Backend {
   static constexpr int kSideSms = 12;
   int side_sm_target_ = 0;
   cuda::Gemm gemm_;
-  Scratch norm_scratch_, attention_scratch_, logits_scratch_, dlogits_scratch_, sum_scratch_, bias_scratch_;
+  Scratch norm_scratch_, attention_scratch_, logits_scratch_, sum_scratch_, bias_scratch_;
   OpProfiler profiler_;
 };
 

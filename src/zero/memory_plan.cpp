@@ -71,7 +71,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
       4 * (flash ? n * c.num_attention_heads * (c.head_dim + 1) + 2 * n * c.num_key_value_heads * c.head_dim
                  : n * c.num_attention_heads);
   add("kernel scratch: logits chunk, attention, GEMM workspace",
-      chunk * vocab * 6 + attention + 4 * c.hidden_size + (int64_t{32} << 20));
+      chunk * vocab * 2 + attention + 4 * c.hidden_size + (int64_t{32} << 20));
   add("CUDA context and libraries (calibrated)", kCudaRuntimeReserveBytes);
   return p;
 }
