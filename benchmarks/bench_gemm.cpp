@@ -102,8 +102,8 @@ int main() {
                                        {"square 8192", 8192, 8192}};
   glm::cuda::Gemm heuristic, tuned;
   if (!heuristic.init().empty() || !tuned.init().empty()) return 1;
-  heuristic.set_autotune(false);
-  tuned.set_autotune(true);
+  heuristic.set_autotune(glm::cuda::Gemm::Autotune::off);
+  tuned.set_autotune(glm::cuda::Gemm::Autotune::all);
   std::printf("%-16s %-18s %6s | %9s %9s | %7s\n", "linear", "pass", "n", "heur TF/s", "tuned TF/s", "gain");
   double total_heur = 0, total_tuned = 0;  // seconds over one layer + lm_head at each n
   for (int64_t n : {int64_t{4096}, int64_t{8192}}) {

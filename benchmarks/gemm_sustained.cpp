@@ -27,13 +27,13 @@ using glm::cuda::bf16;
       std::exit(1);                                                           \
     }                                                                         \
   } while (0)
-#define CHECK_LT(call)                                                                      \
-  do {                                                                                      \
-    cublasStatus_t s_ = (call);                                                             \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
-      std::fprintf(stderr, "%s failed: cuBLAS status %d\n", #call, static_cast<int>(s_));   \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+#define CHECK_LT(call)                                                                    \
+  do {                                                                                    \
+    cublasStatus_t s_ = (call);                                                           \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s failed: cuBLAS status %d\n", #call, static_cast<int>(s_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
   } while (0)
 
 // Column-major D[m, n] = op(A) op(B) (+ C), as kernels/cuda/gemm.cu issues them.
@@ -132,8 +132,8 @@ int main(int argc, char** argv) {
     CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     if (s.sm_target > 0)
-      CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &s.sm_target,
-                                              sizeof(s.sm_target)));
+      CHECK_LT(
+          cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &s.sm_target, sizeof(s.sm_target)));
     cublasLtMatrixLayout_t la, lb, lc;
     CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.ta ? s.k : s.m, s.ta ? s.m : s.k, s.ta ? s.k : s.m));
     CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.tb ? s.n : s.k, s.tb ? s.k : s.n, s.tb ? s.n : s.k));

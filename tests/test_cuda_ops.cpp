@@ -9,14 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <fstream>
-#include <string>
+#include <iostream>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "io/hf_import.h"
-#include "kernels/cuda/flash_attention_sm90.cuh"
 #include "io/safetensors.h"
+#include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/master_split.h"
 #include "model/backend.h"
 #include "mpi/local_communicator.h"
@@ -173,8 +173,8 @@ TEST_F(Ops, GatherScatterRows) {
     if ((r * 37) % 5 != 0) picked.push_back((r * 113) % static_cast<int32_t>(total));  // a permuted subset
   const auto count = static_cast<int64_t>(picked.size());
   auto rows = ints(picked);
-  for (const auto& [width, dtype] : {std::pair<int64_t, DType>{70, DType::bf16}, {4096, DType::bf16},
-                                     {3, DType::bf16}, {1, DType::f32}}) {
+  for (const auto& [width, dtype] :
+       {std::pair<int64_t, DType>{70, DType::bf16}, {4096, DType::bf16}, {3, DType::bf16}, {1, DType::f32}}) {
     SCOPED_TRACE("width " + std::to_string(width) + " " + dtype_name(dtype));
     auto wide = dual(random_bf16(total * width, 6), dtype);
     auto compact = output(count * width, dtype);
@@ -279,45 +279,79 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearBias,
                          ::testing::Values(std::make_tuple(23, 96, 72), std::make_tuple(1000, 32, 131),
                                            std::make_tuple(4099, 16, 70), std::make_tuple(300, 64, 4608)));
 
-TEST_F(Ops, Linear) {
-  const int64_t n = 23, in_f = 96, out_f = 72;
-  auto x = dual(random_bf16(n * in_f, 9));
-  auto w = dual(random_bf16(out_f * in_f, 10, 0.2));
-  auto bias = dual(random_bf16(out_f, 11));
-  auto y = output(n * out_f);
-  ASSERT_TRUE(
-      cpu_->linear_forward(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), bias.cpu.tensor(), n, in_f, out_f).is_ok());
-  ASSERT_TRUE(
-      gpu_->linear_forward(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), bias.gpu.tensor(), n, in_f, out_f).is_ok());
-  expect_close(y, "linear forward with bias");
-  auto dy = dual(random_bf16(n * out_f, 12));
-  auto dx = output(n * in_f);
-  auto dw = dual(random_bf16(out_f * in_f, 13));
-  auto db = dual(random_bf16(out_f, 14));
-  ASSERT_TRUE(cpu_->linear_backward(dx.cpu.tensor(), dw.cpu.tensor(), db.cpu.tensor(), dy.cpu.tensor(), x.cpu.tensor(),
-                                    w.cpu.tensor(), n, in_f, out_f, false, true)
-                  .is_ok());
-  ASSERT_TRUE(gpu_->linear_backward(dx.gpu.tensor(), dw.gpu.tensor(), db.gpu.tensor(), dy.gpu.tensor(), x.gpu.tensor(),
-                                    w.gpu.tensor(), n, in_f, out_f, false, true)
-                  .is_ok());
-  expect_close(dx, "linear din");
-  expect_close(dw, "linear dweight (accumulated)");
-  expect_close(db, "linear dbias (accumulated)");
-  // Overwritten (the first micro-batch of a step): what dweight held must not leak in.
-  ASSERT_TRUE(cpu_->linear_backward(Tensor{}, dw.cpu.tensor(), Tensor{}, dy.cpu.tensor(), x.cpu.tensor(),
-                                    w.cpu.tensor(), n, in_f, out_f, false, false)
-                  .is_ok());
-  ASSERT_TRUE(gpu_->linear_backward(Tensor{}, dw.gpu.tensor(), Tensor{}, dy.gpu.tensor(), x.gpu.tensor(),
-                                    w.gpu.tensor(), n, in_f, out_f, false, false)
-                  .is_ok());
-  expect_close(dw, "linear dweight (overwritten)");
-  ASSERT_TRUE(cpu_->linear_backward(dx.cpu.tensor(), Tensor{}, Tensor{}, dy.cpu.tensor(), x.cpu.tensor(),
-                                    w.cpu.tensor(), n, in_f, out_f, true, true)
-                  .is_ok());
-  ASSERT_TRUE(gpu_->linear_backward(dx.gpu.tensor(), Tensor{}, Tensor{}, dy.gpu.tensor(), x.gpu.tensor(),
-                                    w.gpu.tensor(), n, in_f, out_f, true, true)
-                  .is_ok());
-  expect_close(dx, "linear din accumulated");
+class Linear : public Ops {
+ protected:
+  // The linear ops against the CPU on odd sizes: forward with bias and with an addend (a separate
+  // one and out itself), backward writing, overwriting and accumulating.
+  void check() {
+    const int64_t n = 23, in_f = 96, out_f = 72;
+    auto x = dual(random_bf16(n * in_f, 9));
+    auto w = dual(random_bf16(out_f * in_f, 10, 0.2));
+    auto bias = dual(random_bf16(out_f, 11));
+    auto y = output(n * out_f);
+    ASSERT_TRUE(cpu_->linear_forward(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), bias.cpu.tensor(), n, in_f, out_f)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->linear_forward(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), bias.gpu.tensor(), n, in_f, out_f)
+                    .is_ok());
+    expect_close(y, "linear forward with bias");
+    auto dy = dual(random_bf16(n * out_f, 12));
+    auto dx = output(n * in_f);
+    auto dw = dual(random_bf16(out_f * in_f, 13));
+    auto db = dual(random_bf16(out_f, 14));
+    ASSERT_TRUE(cpu_->linear_backward(dx.cpu.tensor(), dw.cpu.tensor(), db.cpu.tensor(), dy.cpu.tensor(),
+                                      x.cpu.tensor(), w.cpu.tensor(), n, in_f, out_f, false, true)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->linear_backward(dx.gpu.tensor(), dw.gpu.tensor(), db.gpu.tensor(), dy.gpu.tensor(),
+                                      x.gpu.tensor(), w.gpu.tensor(), n, in_f, out_f, false, true)
+                    .is_ok());
+    expect_close(dx, "linear din");
+    expect_close(dw, "linear dweight (accumulated)");
+    expect_close(db, "linear dbias (accumulated)");
+    // Overwritten (the first micro-batch of a step): what dweight held must not leak in.
+    ASSERT_TRUE(cpu_->linear_backward(Tensor{}, dw.cpu.tensor(), Tensor{}, dy.cpu.tensor(), x.cpu.tensor(),
+                                      w.cpu.tensor(), n, in_f, out_f, false, false)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->linear_backward(Tensor{}, dw.gpu.tensor(), Tensor{}, dy.gpu.tensor(), x.gpu.tensor(),
+                                      w.gpu.tensor(), n, in_f, out_f, false, false)
+                    .is_ok());
+    expect_close(dw, "linear dweight (overwritten)");
+    ASSERT_TRUE(cpu_->linear_backward(dx.cpu.tensor(), Tensor{}, Tensor{}, dy.cpu.tensor(), x.cpu.tensor(),
+                                      w.cpu.tensor(), n, in_f, out_f, true, true)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->linear_backward(dx.gpu.tensor(), Tensor{}, Tensor{}, dy.gpu.tensor(), x.gpu.tensor(),
+                                      w.gpu.tensor(), n, in_f, out_f, true, true)
+                    .is_ok());
+    expect_close(dx, "linear din accumulated");
+    auto addend = dual(random_bf16(n * out_f, 15));
+    ASSERT_TRUE(cpu_->linear_forward_add(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), Tensor{}, addend.cpu.tensor(),
+                                         n, in_f, out_f)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->linear_forward_add(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), Tensor{}, addend.gpu.tensor(),
+                                         n, in_f, out_f)
+                    .is_ok());
+    expect_close(y, "linear forward + addend");
+    ASSERT_TRUE(cpu_->linear_forward_add(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), bias.cpu.tensor(),
+                                         y.cpu.tensor(), n, in_f, out_f)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->linear_forward_add(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), bias.gpu.tensor(),
+                                         y.gpu.tensor(), n, in_f, out_f)
+                    .is_ok());
+    expect_close(y, "linear forward + bias, added to out");
+  }
+};
+
+TEST_F(Linear, MatchesCpu) { check(); }
+
+// Every shape's cuBLASLt candidates timed first (GLM_GEMM_AUTOTUNE=1; by default only large
+// shapes are): the trials must leave no trace, so an output accumulated into (C = D) is added to
+// once, not once per trial.
+TEST_F(Linear, MatchesCpuWithTunedAlgorithms) {
+  ::setenv("GLM_GEMM_AUTOTUNE", "1", 1);
+  auto g = make_cuda_backend(0);
+  ::unsetenv("GLM_GEMM_AUTOTUNE");
+  ASSERT_TRUE(g.is_ok()) << g.status().message();
+  gpu_ = g.take();
+  check();
 }
 
 // head_dim 40 takes the warp-per-row kernel; 32, 64 and 128 the tensor-core flash kernels (128 on
@@ -393,7 +427,8 @@ double worst_row_error(const std::vector<float>& ours, const std::vector<float>&
     mean_norm += std::sqrt(norm[r]) / static_cast<double>(rows);
   }
   double worst = 0;
-  for (size_t r = 0; r < rows; ++r) worst = std::max(worst, std::sqrt(diff[r]) / std::max(std::sqrt(norm[r]), 1e-3 * mean_norm));
+  for (size_t r = 0; r < rows; ++r)
+    worst = std::max(worst, std::sqrt(diff[r]) / std::max(std::sqrt(norm[r]), 1e-3 * mean_norm));
   return worst;
 }
 
@@ -437,9 +472,9 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
   auto forward = [&](const char* kernel) {
     choose(kernel);
     Forward f{output(n * qw), output(n * s.heads, DType::f32)};
-    EXPECT_TRUE(gpu_->attention_forward(f.out.gpu.tensor(), f.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(),
-                                        n, s)
-                    .is_ok());
+    EXPECT_TRUE(
+        gpu_->attention_forward(f.out.gpu.tensor(), f.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+            .is_ok());
     choose(nullptr);
     return f;
   };
@@ -478,7 +513,8 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
       }
     check((std::string(names[part]) + ": wgmma against mma.sync").c_str(), a, b, static_cast<size_t>(d));
     check((std::string(names[part]) + ": wgmma (dQ atomics) against mma.sync").c_str(), c, b, static_cast<size_t>(d));
-    check((std::string(names[part]) + ": wgmma (3-head chunks) against mma.sync").c_str(), e, b, static_cast<size_t>(d));
+    check((std::string(names[part]) + ": wgmma (3-head chunks) against mma.sync").c_str(), e, b,
+          static_cast<size_t>(d));
   }
 }
 
@@ -507,12 +543,12 @@ TEST_P(Swiglu, ForwardAndBackwardMatchCpu) {
   }
   auto dout = dual(random_bf16(off + n * ffn, 19));
   auto dgu = output(off + n * 2 * ffn);
-  ASSERT_TRUE(cpu_->swiglu_backward(view(dgu.cpu, n * 2 * ffn), view(dout.cpu, n * ffn), view(gu.cpu, n * 2 * ffn), n,
-                                    ffn)
-                  .is_ok());
-  ASSERT_TRUE(gpu_->swiglu_backward(view(dgu.gpu, n * 2 * ffn), view(dout.gpu, n * ffn), view(gu.gpu, n * 2 * ffn), n,
-                                    ffn)
-                  .is_ok());
+  ASSERT_TRUE(
+      cpu_->swiglu_backward(view(dgu.cpu, n * 2 * ffn), view(dout.cpu, n * ffn), view(gu.cpu, n * 2 * ffn), n, ffn)
+          .is_ok());
+  ASSERT_TRUE(
+      gpu_->swiglu_backward(view(dgu.gpu, n * 2 * ffn), view(dout.gpu, n * ffn), view(gu.gpu, n * 2 * ffn), n, ffn)
+          .is_ok());
   auto ours = from_gpu(dgu.gpu), ref = from_cpu(dgu.cpu);
   ours.erase(ours.begin(), ours.begin() + off);
   ref.erase(ref.begin(), ref.begin() + off);
@@ -684,11 +720,11 @@ TEST_F(Ops, LmHeadCrossEntropyTokenAccuracy) {
   auto targets = ints(tgt);
   auto losses = output(n, DType::f32);
   auto correct = ints(std::vector<int32_t>(static_cast<size_t>(n), 7));  // poisoned: must be overwritten
-  ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), correct.cpu.tensor(), Tensor{}, Tensor{},
-                                          h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, 0.0, true)
+  ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), correct.cpu.tensor(), Tensor{}, Tensor{}, h.cpu.tensor(),
+                                          w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, 0.0, true)
                   .is_ok());
-  ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), correct.gpu.tensor(), Tensor{}, Tensor{},
-                                          h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, 0.0, true)
+  ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), correct.gpu.tensor(), Tensor{}, Tensor{}, h.gpu.tensor(),
+                                          w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, 0.0, true)
                   .is_ok());
   std::vector<int32_t> on_cpu(static_cast<size_t>(n)), on_gpu(static_cast<size_t>(n));
   ASSERT_TRUE(cpu_->download(on_cpu.data(), correct.cpu.tensor()).is_ok());
@@ -838,8 +874,8 @@ TEST_F(Ops, SplitMasters) {
       const float x = bits_float(bits[i]), back = join_master(got_hi[i], got_lo[i]);
       const bool ok = std::isnan(x) ? std::isnan(back) : (got_hi[i] == hi[i] && got_lo[i] == lo[i]);
       if (!ok && ++wrong <= 5)
-        ADD_FAILURE() << std::hex << "master bits " << bits[i] << ": gpu " << got_hi[i] << "/" << got_lo[i]
-                      << ", host " << hi[i] << "/" << lo[i];
+        ADD_FAILURE() << std::hex << "master bits " << bits[i] << ": gpu " << got_hi[i] << "/" << got_lo[i] << ", host "
+                      << hi[i] << "/" << lo[i];
     }
     EXPECT_EQ(wrong, 0);
   }
@@ -919,8 +955,8 @@ TEST_F(Ops, AdamWRowsMatchDenseSteps) {
   };
   for (const Case c : {Case{513, 64, true, false}, Case{129, 37, false, false}, Case{257, 64, false, true},
                        Case{65, 37, true, true}}) {
-    SCOPED_TRACE("rows " + std::to_string(c.rows) + " x " + std::to_string(c.width) + (c.split ? ", split" : ", whole") +
-                 (c.beside ? ", beside" : ""));
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + " x " + std::to_string(c.width) +
+                 (c.split ? ", split" : ", whole") + (c.beside ? ", beside" : ""));
     const int64_t n = c.rows * c.width;
     auto up = [&](const auto& host, DType dtype) {
       Buffer b = gpu_->allocate(static_cast<int64_t>(host.size()), dtype).take();
@@ -1048,7 +1084,8 @@ TEST_P(Dropout, MaskBitIdenticalToCpu) {
     ASSERT_TRUE(gpu_->dropout(out.gpu.slice(start, m), in.gpu.slice(start, m), p, key, offset, false).is_ok());
     const std::vector<float> g = from_gpu(out.gpu), c = from_cpu(out.cpu);
     int64_t mask_differs = 0;
-    for (int64_t i = start; i < n; ++i) mask_differs += (g[static_cast<size_t>(i)] == 0.0f) != (c[static_cast<size_t>(i)] == 0.0f);
+    for (int64_t i = start; i < n; ++i)
+      mask_differs += (g[static_cast<size_t>(i)] == 0.0f) != (c[static_cast<size_t>(i)] == 0.0f);
     EXPECT_EQ(mask_differs, 0);
     std::vector<float> gs(g.begin() + start, g.end()), cs(c.begin() + start, c.end());
     EXPECT_LT(relative_error(gs, cs), kBf16OpTolerance) << "dropout";
@@ -1323,13 +1360,14 @@ TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
     lora.rank = 4;
     lora.alpha = 8;
     lora.dropout = dropout;
-    auto e = TrainingEngine::create(c, backend, comm, 512, AdamWOptions{}, 1.0, 0, policy, nullptr, ZeroOptions{},
-                                    &lora)
-                 .take();
+    auto e =
+        TrainingEngine::create(c, backend, comm, 512, AdamWOptions{}, 1.0, 0, policy, nullptr, ZeroOptions{}, &lora)
+            .take();
     EXPECT_TRUE(e->initialize_parameters(7).is_ok());
     EXPECT_TRUE(e->initialize_lora(8).is_ok());
     // B != 0, so that the masks reach the loss and every gradient.
-    EXPECT_TRUE(e->set_lora_adapters(random_bf16(static_cast<size_t>(e->lora_layout()->total_numel()), 9, 0.2)).is_ok());
+    EXPECT_TRUE(
+        e->set_lora_adapters(random_bf16(static_cast<size_t>(e->lora_layout()->total_numel()), 9, 0.2)).is_ok());
     Outcome o;
     auto r = e->step(window, 1e-3);
     EXPECT_TRUE(r.is_ok()) << r.status().message();
@@ -1350,9 +1388,10 @@ TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
   // of the same model and batch, with room for the conditioning above.
   const double plain_gap = relative_error(gpu_plain.grads, cpu_plain.grads);
   const double dropout_gap = relative_error(on_gpu.grads, cpu_ref.grads);
-  std::printf("LoRA adapter gradients, GPU (bf16) against CPU (fp32), relative: dropout 0 %.4f, dropout %.2f %.4f; "
-              "losses GPU/CPU %.6f/%.6f (0), %.6f/%.6f (p)\n",
-              plain_gap, kP, dropout_gap, gpu_plain.loss, cpu_plain.loss, on_gpu.loss, cpu_ref.loss);
+  std::printf(
+      "LoRA adapter gradients, GPU (bf16) against CPU (fp32), relative: dropout 0 %.4f, dropout %.2f %.4f; "
+      "losses GPU/CPU %.6f/%.6f (0), %.6f/%.6f (p)\n",
+      plain_gap, kP, dropout_gap, gpu_plain.loss, cpu_plain.loss, on_gpu.loss, cpu_ref.loss);
   EXPECT_LT(dropout_gap, std::max(kBf16GradTolerance, 2.5 * plain_gap)) << "dropout 0 gap " << plain_gap;
   if (HasFailure()) {  // where the gap sits: per adapter matrix
     LoraConfig lora;

@@ -113,7 +113,7 @@ __global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlog
     for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) see(__bfloat162float(z[v]), v);
   }
   const MaxSum row = block_max_sum(ms);  // its barriers: every read of the first pass is done
-  if (correct != nullptr) {  // uniform across the block: every thread joins the reductions
+  if (correct != nullptr) {              // uniform across the block: every thread joins the reductions
     const float mx = block_max(best);
     first_max = block_min_int(best == mx ? first_max : INT_MAX);
     if (threadIdx.x == 0) correct[r] = first_max == target ? 1 : 0;
@@ -145,10 +145,10 @@ cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const 
   const bool aligned = reinterpret_cast<uintptr_t>(logits) % 16 == 0 && reinterpret_cast<uintptr_t>(dlogits) % 16 == 0;
   if (vocab % 8 == 0 && aligned)
     cross_entropy_kernel<true><<<static_cast<unsigned int>(rows), 512, 0, stream>>>(losses, correct, dlogits, logits,
-                                                                                   targets, vocab, grad_scale);
+                                                                                    targets, vocab, grad_scale);
   else
     cross_entropy_kernel<false><<<static_cast<unsigned int>(rows), 512, 0, stream>>>(losses, correct, dlogits, logits,
-                                                                                    targets, vocab, grad_scale);
+                                                                                     targets, vocab, grad_scale);
   return cudaGetLastError();
 }
 

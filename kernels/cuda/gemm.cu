@@ -1,10 +1,10 @@
 // cuBLASLt calls with per-shape cached descriptors and (optionally) autotuned algorithms.
-#include "kernels/cuda/gemm.cuh"
-
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
+
+#include "kernels/cuda/gemm.cuh"
 
 namespace glm::cuda {
 namespace {
@@ -15,8 +15,8 @@ namespace {
     if (glm_lt_status_ != CUBLAS_STATUS_SUCCESS) return glm_lt_status_; \
   } while (0)
 
-#define GLM_LT_CUDA(call)                                            \
-  do {                                                               \
+#define GLM_LT_CUDA(call)                                             \
+  do {                                                                \
     if ((call) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED; \
   } while (0)
 
@@ -59,7 +59,10 @@ std::string Gemm::init(size_t workspace_bytes) {
   if (cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return "cublasLtCreate failed";
   if (cudaMalloc(&workspace_, workspace_bytes) != cudaSuccess) return "cannot allocate the cuBLASLt workspace";
   workspace_bytes_ = workspace_bytes;
-  if (const char* env = std::getenv("GLM_GEMM_AUTOTUNE"); env != nullptr) autotune_ = std::string(env) == "1";
+  if (const char* env = std::getenv("GLM_GEMM_AUTOTUNE"); env != nullptr) {
+    const std::string mode(env);
+    autotune_ = mode == "0" ? Autotune::off : (mode == "1" ? Autotune::all : Autotune::large);
+  }
   return {};
 }
 
@@ -94,8 +97,10 @@ cublasStatus_t Gemm::run(const Plan& plan, const cublasLtMatmulAlgo_t& algo, con
                         workspace_, workspace_bytes_, stream);
 }
 
-cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, const bf16* b, void* c,
-                                 const void* c_in, float beta, cudaStream_t stream) {
+cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, const bf16* b, void* c, const void* c_in,
+                                 float beta, cudaStream_t stream) {
+  const double flops = 2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k);
+  const bool tune = autotune_ == Autotune::all || (autotune_ == Autotune::large && flops >= kTuneMinFlops);
   cublasLtMatmulPreference_t pref = nullptr;
   GLM_LT(cublasLtMatmulPreferenceCreate(&pref));
   cublasLtMatmulHeuristicResult_t found_algos[kTuneCandidates] = {};
@@ -104,12 +109,12 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
                                                            &workspace_bytes_, sizeof(workspace_bytes_));
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.a, plan.b, plan.c, plan.c, pref,
-                                        autotune_ ? kTuneCandidates : 1, found_algos, &found);
+                                        tune ? kTuneCandidates : 1, found_algos, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   GLM_LT(st);
   if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   plan.algo = found_algos[0].algo;
-  if (!autotune_ || found == 1) return CUBLAS_STATUS_SUCCESS;
+  if (!tune || found == 1) return CUBLAS_STATUS_SUCCESS;
 
   TuneScratch scratch;
   const size_t c_bytes = static_cast<size_t>(key.ldc) * static_cast<size_t>(key.n) * (key.c_f32 ? 4 : 2);
@@ -130,31 +135,46 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
         << (key.c_f32 ? " f32-out" : "") << (key.accumulate ? " +C" : "") << (key.bias ? " +bias" : "");
   if (key.sm_target > 0) shape << " on " << key.sm_target << " SMs";
   record.shape = shape.str();
-  constexpr int kReps = 3;
-  double best = 0;
-  for (int i = 0; i < found; ++i) {
-    double seconds = -1;
-    if (found_algos[i].state == CUBLAS_STATUS_SUCCESS && run(plan, found_algos[i].algo, a, b, c, c_in, beta, stream) ==
-                                                            CUBLAS_STATUS_SUCCESS) {
-      GLM_LT_CUDA(cudaEventRecord(scratch.start, stream));
-      for (int r = 0; r < kReps; ++r) GLM_LT(run(plan, found_algos[i].algo, a, b, c, c_in, beta, stream));
-      GLM_LT_CUDA(cudaEventRecord(scratch.stop, stream));
-      GLM_LT_CUDA(cudaEventSynchronize(scratch.stop));
-      float ms = 0;
-      GLM_LT_CUDA(cudaEventElapsedTime(&ms, scratch.start, scratch.stop));
-      seconds = ms / 1e3 / kReps;
-    }
-    record.seconds.push_back(seconds);
-    if (seconds < 0) continue;
-    if (i == 0 || best <= 0) {
-      best = seconds;
-      record.chosen = i;
-    } else if (seconds < best * (record.chosen == 0 ? 1.0 - kTuneMargin : 1.0)) {
-      best = seconds;
+  // Seconds per call of `reps` calls in a row (the stream is synchronised around them).
+  auto timed = [&](const cublasLtMatmulAlgo_t& algo, int reps, double& seconds) -> cublasStatus_t {
+    GLM_LT_CUDA(cudaEventRecord(scratch.start, stream));
+    for (int r = 0; r < reps; ++r) GLM_LT(run(plan, algo, a, b, c, c_in, beta, stream));
+    GLM_LT_CUDA(cudaEventRecord(scratch.stop, stream));
+    GLM_LT_CUDA(cudaEventSynchronize(scratch.stop));
+    float ms = 0;
+    GLM_LT_CUDA(cudaEventElapsedTime(&ms, scratch.start, scratch.stop));
+    seconds = ms / 1e3 / reps;
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  // A candidate's time under load: one call (which must succeed, and gives the count), then as
+  // many back to back as fill the window (at least 3). Negative: the candidate failed.
+  auto under_load = [&](int i) -> double {
+    double once = -1, seconds = -1;
+    if (found_algos[i].state != CUBLAS_STATUS_SUCCESS || timed(found_algos[i].algo, 1, once) != CUBLAS_STATUS_SUCCESS)
+      return -1;
+    const int reps = static_cast<int>(std::clamp(kTuneWindowSeconds / std::max(once, 1e-7), 3.0, 1000.0));
+    if (timed(found_algos[i].algo, reps, seconds) != CUBLAS_STATUS_SUCCESS) return -1;
+    return seconds;
+  };
+  // The first heuristic before and after the others (their mean: the clock drifts as the GPU
+  // heats), the others in between.
+  record.seconds.assign(static_cast<size_t>(found), -1.0);
+  const double first_before = under_load(0);
+  for (int i = 1; i < found; ++i) record.seconds[static_cast<size_t>(i)] = under_load(i);
+  const double first_after = first_before > 0 ? under_load(0) : -1;
+  (void)cudaGetLastError();  // a failed candidate leaves nothing the next call should see
+  record.seconds[0] = first_before > 0 && first_after > 0 ? 0.5 * (first_before + first_after) : -1;
+  double best = record.seconds[0];
+  record.chosen = 0;
+  for (int i = 1; i < found; ++i) {
+    const double t = record.seconds[static_cast<size_t>(i)];
+    if (t <= 0) continue;
+    if (best <= 0 || t < best * (record.chosen == 0 ? 1.0 - kTuneMargin : 1.0)) {
+      best = t;
       record.chosen = i;
     }
   }
-  if (record.seconds[0] < 0 && best <= 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (best <= 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   plan.algo = found_algos[record.chosen].algo;
   if (scratch.saved_c != nullptr)
     GLM_LT_CUDA(cudaMemcpyAsync(c, scratch.saved_c, c_bytes, cudaMemcpyDeviceToDevice, stream));

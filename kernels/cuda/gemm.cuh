@@ -1,14 +1,21 @@
 // Row-major bf16 GEMMs of the linear layers through cuBLASLt (fp32 accumulation).
 //
 // Every distinct call shape (transposes, m, n, k, leading dimensions, output type, bias, whether C
-// is accumulated) gets its cuBLASLt descriptors built once and cached with the algorithm to run:
-// cuBLASLt's first heuristic. GLM_GEMM_AUTOTUNE=1 in the environment (or set_autotune) times up to
-// kTuneCandidates heuristic candidates on the call's own operands the first time a shape is seen
-// and keeps the fastest when it beats the first heuristic by more than kTuneMargin (C is saved and
-// restored around the trials when the call accumulates into it). It is off by default: on one H200
-// with GLM-4-9B's shapes it moved the 12-layer end-to-end run by +0.35% (benchmarks/RESULTS.md),
-// inside the run-to-run noise, and a timing-driven choice can differ between runs, which would
-// break bitwise reproducibility across a resume.
+// is accumulated) gets its cuBLASLt descriptors built once and cached with the algorithm to run.
+//
+// Which algorithm: the first time a large shape (at least kTuneMinFlops) is seen, up to
+// kTuneCandidates of cuBLASLt's heuristic candidates are timed on the call's own operands and the
+// fastest is kept when it beats the first heuristic by more than kTuneMargin (C is saved and
+// restored around the trials when the call accumulates into it). Each candidate runs back to back
+// for at least kTuneWindowSeconds, with the first heuristic timed before and after the others, so
+// that they are compared at the clock the GPU's power cap allows under sustained load, as inside a
+// training step: on one H200 the heuristic's first choice was 4-7% slower there than another
+// candidate for four of GLM-4-9B's fifteen step GEMMs (benchmarks/gemm_sustained.cpp), while short
+// bursts at the boost clock (session 4's tuner) ranked them within noise. Small shapes keep the
+// first heuristic. GLM_GEMM_AUTOTUNE=0 in the environment (or set_autotune(Autotune::off)) keeps it
+// for every shape, =1 tunes every shape. A timing-driven choice can differ between runs (and so
+// can the last bits of a large GEMM's result); the tuning costs a few seconds at the start of a
+// 9B-shaped run.
 #pragma once
 
 #include <cublasLt.h>
@@ -26,6 +33,9 @@ class Gemm {
  public:
   static constexpr int kTuneCandidates = 8;
   static constexpr double kTuneMargin = 0.03;
+  static constexpr double kTuneMinFlops = 1e10;
+  static constexpr double kTuneWindowSeconds = 0.02;
+  enum class Autotune { off, large, all };
 
   Gemm() = default;
   ~Gemm();
@@ -33,12 +43,12 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
   // Creates the handle and a workspace; returns a message on failure, empty on success.
   std::string init(size_t workspace_bytes = 32u << 20);
-  void set_autotune(bool on) { autotune_ = on; }
+  void set_autotune(Autotune mode) { autotune_ = mode; }
   // GEMMs planned from now on target this many SMs (cuBLASLt's SM_COUNT_TARGET: the rest are left
   // to work on another stream); 0 targets all of them. Plans are cached per target.
   void set_sm_target(int sms) { sm_target_ = sms; }
   int sm_target() const { return sm_target_; }
-  bool autotune() const { return autotune_; }
+  Autotune autotune() const { return autotune_; }
 
   // out[n, O] = in[n, I] W[O, I]^T (+ bias[O]) (+ addend[n, O]); out is bf16, or fp32 when out_f32.
   // addend (same type and shape as out, may be out itself) is read in the GEMM's epilogue.
@@ -94,7 +104,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  bool autotune_ = false;
+  Autotune autotune_ = Autotune::large;
   int sm_target_ = 0;
   std::unordered_map<Key, Plan, KeyHash> plans_;
   std::vector<TuneRecord> tune_log_;

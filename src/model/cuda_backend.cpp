@@ -72,6 +72,7 @@ class OpProfiler {
     const char* env = std::getenv("GLM_PROFILE");
     enabled_ = env != nullptr && std::string(env) == "1";
   }
+  bool enabled() const { return enabled_; }
   ~OpProfiler() {
     report();
     for (auto& e : free_) cudaEventDestroy(e);
@@ -199,7 +200,15 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {}
   ~CudaBackend() override {
-    profiler_.report();
+    if (profiler_.enabled()) {
+      profiler_.report();
+      // Which cuBLASLt candidate each tuned GEMM shape kept, and its time against the first heuristic.
+      for (const auto& r : gemm_.tune_log()) {
+        const double first = r.seconds.empty() ? 0 : r.seconds[0], kept = r.seconds[static_cast<size_t>(r.chosen)];
+        std::fprintf(stderr, "  gemm tuned %-40s candidate %d of %zu, %+.1f%% against the first\n", r.shape.c_str(),
+                     r.chosen, r.seconds.size(), first > 0 && kept > 0 ? 100.0 * (first / kept - 1.0) : 0.0);
+      }
+    }
     if (main_ != nullptr) cudaStreamSynchronize(main_);
     if (side_ != nullptr) cudaStreamSynchronize(side_);
     for (cudaEvent_t e : {fork_, joined_})
