@@ -229,7 +229,9 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
 }
 
 // Without clipping on one rank the optimizer updates each unit as backward finishes it (on the
-// CPU in place, at that point of backward). The update reads only the unit's final gradient, so
+// CPU in place, at that point of backward), a layer's MLP half first, when the layer's backward
+// has passed it (a mutation that leaves part of the other half out fails here). The update reads
+// only the unit's final gradient, so
 // the trajectory is the one of updating after backward, bit for bit, over steps of two
 // micro-batches (units must be updated in the last one only); the fused norm sums the units in
 // another order (1e-12).

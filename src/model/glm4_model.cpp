@@ -96,8 +96,8 @@ Status Glm4Model::allocate() {
 
   // Per-layer activations: a kept field gets storage per layer, a shared one a single copy.
   constexpr Tensor LayerActivations::*kMembers[kFields] = {
-      &LayerActivations::ln1, &LayerActivations::rstd1, &LayerActivations::qkv,  &LayerActivations::attn,
-      &LayerActivations::lse, &LayerActivations::mid,   &LayerActivations::ln2,  &LayerActivations::rstd2,
+      &LayerActivations::ln1,     &LayerActivations::rstd1, &LayerActivations::qkv, &LayerActivations::attn,
+      &LayerActivations::lse,     &LayerActivations::mid,   &LayerActivations::ln2, &LayerActivations::rstd2,
       &LayerActivations::gate_up, &LayerActivations::act};
   const auto fields = activation_fields(config_, n, recompute_);
   layers_.assign(static_cast<size_t>(config_.num_hidden_layers), LayerActivations{});
@@ -282,15 +282,13 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   Tensor ln1 = rows(a.ln1, n, h), qkv = rows(a.qkv, n, config_.qkv_width());
   Tensor attn = rows(a.attn, n, config_.q_width()), mid = rows(a.mid, n, h), ln2 = rows(a.ln2, n, h);
   Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
-  GLM_RETURN_IF_ERROR(
-      backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
                                      view(w, e.qkv_bias), n, h, config_.qkv_width()));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(residual_linear(l, LoraTarget::dense, mid, attn, view(w, e.dense), x, n, config_.q_width(), h));
-  GLM_RETURN_IF_ERROR(
-      backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
       adapted_linear(l, LoraTarget::dense_h_to_4h, gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
   GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
@@ -344,18 +342,30 @@ Status Glm4Model::recompute_layer(int64_t l, const MicroBatch& b, Tensor w) {
       // The element-wise producers of the GEMM inputs; the GEMMs and attention are not redone.
       const LayerEntries& e = layout_.layer(l);
       const LayerActivations& a = layers_[static_cast<size_t>(l)];
-      GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln1, n, h), a.rstd1, rows(residual_[static_cast<size_t>(l)], n, h),
-                                                   view(w, e.input_norm), n, h, config_.rms_norm_eps));
-      GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln2, n, h), a.rstd2, rows(a.mid, n, h), view(w, e.post_norm), n,
-                                                   h, config_.rms_norm_eps));
+      GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln1, n, h), a.rstd1,
+                                                   rows(residual_[static_cast<size_t>(l)], n, h), view(w, e.input_norm),
+                                                   n, h, config_.rms_norm_eps));
+      GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln2, n, h), a.rstd2, rows(a.mid, n, h), view(w, e.post_norm),
+                                                   n, h, config_.rms_norm_eps));
       return backend_.swiglu_forward(rows(a.act, n, f), rows(a.gate_up, n, 2 * f), n, f);
     }
   }
   return GLM_INTERNAL_ERROR("unknown recompute policy");
 }
 
+int64_t Glm4Model::mlp_tail_from(int64_t l) const {
+  const LayerEntries& e = layout_.layer(l);
+  const ParamEntry& first = layout_.entry(e.post_norm);
+  const ParamUnit& unit = layout_.units()[static_cast<size_t>(first.unit)];
+  for (int i : {e.post_norm, e.h_to_4h, e.four_h_to_h})
+    if (layout_.entry(i).unit != first.unit || layout_.entry(i).offset < first.offset) return -1;
+  for (int i : unit.entries)
+    if (i != e.post_norm && i != e.h_to_4h && i != e.four_h_to_h && layout_.entry(i).offset >= first.offset) return -1;
+  return first.offset - unit.offset;
+}
+
 // On entry d_residual_ holds dL/d(layer output); on exit dL/d(layer input).
-Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tensor g) {
+Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tensor g, ParameterProvider& params) {
   GLM_RETURN_IF_ERROR(recompute_layer(l, b, w));
   const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
   const int64_t qkv_w = config_.qkv_width(), q_w = config_.q_width();
@@ -373,13 +383,16 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::dense_h_to_4h, dnorm, grad_view(g, e.h_to_4h), Tensor{}, dgu,
                                        rows(a.ln2, n, h), view(w, e.h_to_4h), n, h, 2 * f));
   GLM_ASSIGN_OR_RETURN(Tensor post_norm_grad, norm_grad(g, e.post_norm));
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, post_norm_grad, dnorm, rows(a.mid, n, h),
-                                                view(w, e.post_norm), a.rstd2, n, h));
+  GLM_RETURN_IF_ERROR(
+      backend_.rmsnorm_backward(dres, post_norm_grad, dnorm, rows(a.mid, n, h), view(w, e.post_norm), a.rstd2, n, h));
+  // The MLP half's gradients are final: its update may start beside the attention half's backward.
+  if (const int64_t from = mlp_tail_from(l); from > 0 && !g.empty())
+    GLM_RETURN_IF_ERROR(params.grads_ready_from(layout_.layer_unit(l), from));
   // Attention branch: mid = x + W_dense attn(rope(W_qkv ln1(x) + b)).
   GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::dense, dattn, grad_view(g, e.dense), Tensor{}, dres,
                                        rows(a.attn, n, q_w), view(w, e.dense), n, q_w, h));
-  GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse,
-                                                  rows(a.qkv, n, qkv_w), b.doc_start, n, shape_));
+  GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse, rows(a.qkv, n, qkv_w),
+                                                  b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(backend_.rope_backward(dqkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::query_key_value, dnorm, grad_view(g, e.qkv_weight),
                                        grad_view(g, e.qkv_bias), dqkv, rows(a.ln1, n, h), view(w, e.qkv_weight), n, h,
@@ -423,8 +436,8 @@ Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params,
   return release_persistent(params);
 }
 
-Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params,
-                      Tensor correct, uint64_t dropout_key) {
+Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params, Tensor correct,
+                      uint64_t dropout_key) {
   // LoRA dropout only in training steps; p = 0 takes the dropout-free path.
   lora_dropout_active_ = with_grad && lora_ != nullptr && lora_->config().dropout > 0;
   lora_dropout_key_ = dropout_key;
@@ -493,8 +506,8 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   }
   GLM_RETURN_IF_ERROR(backend_.zero(dres));
   GLM_ASSIGN_OR_RETURN(Tensor final_norm_grad, norm_grad(hg, layout_.final_norm()));
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, final_norm_grad, dnorm, last,
-                                                view(hw, layout_.final_norm()), final_rstd_.tensor(), n, h));
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_backward(dres, final_norm_grad, dnorm, last, view(hw, layout_.final_norm()),
+                                                final_rstd_.tensor(), n, h));
   GLM_RETURN_IF_ERROR(params.release_params(head));
   GLM_RETURN_IF_ERROR(params.grads_ready(head));
 
@@ -502,7 +515,7 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     const int unit = layout_.layer_unit(l);
     GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(unit));
     if (l > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(l - 1)));
-    GLM_RETURN_IF_ERROR(layer_backward(l, b, w, params.unit_grads(unit)));
+    GLM_RETURN_IF_ERROR(layer_backward(l, b, w, params.unit_grads(unit), params));
     GLM_RETURN_IF_ERROR(params.release_params(unit));
     GLM_RETURN_IF_ERROR(params.grads_ready(unit));
   }

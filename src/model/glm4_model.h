@@ -59,6 +59,11 @@ class ParameterProvider {
   // rest of backward): after this call the model neither reads the unit's parameters nor touches
   // its gradient again until the next micro-batch.
   virtual Status grads_ready(int unit) { return Status::ok(); }
+  // Part of a unit's gradient is complete early: the elements from `from` (relative to the unit's
+  // first element) to the unit's end (a layer's MLP half, once its backward is done). Until
+  // grads_ready(unit) the model neither reads those parameters nor touches those gradients again
+  // in this micro-batch. grads_ready(unit) follows for the whole unit.
+  virtual Status grads_ready_from(int unit, int64_t from) { return Status::ok(); }
   // True when no gradient slot handed out for this micro-batch holds a contribution of the current
   // optimizer step yet: the model then writes the ParamKind::weight gradients (one GEMM each, with
   // beta = 0) instead of adding to them, and the provider need not have zeroed those. Every other
@@ -131,7 +136,11 @@ class Glm4Model {
   Status layer_forward(int64_t l, const MicroBatch& b, Tensor unit_params, bool to_output = true);
   // Restores what the policy dropped from layer l's activations (backward calls it first).
   Status recompute_layer(int64_t l, const MicroBatch& b, Tensor unit_params);
-  Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads);
+  Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads,
+                        ParameterProvider& params);
+  // Where layer l's MLP half (post-attention norm and both MLP weights) starts in its unit when that
+  // half is the unit's tail (no tensor of it moved to the persistent unit); -1 otherwise.
+  int64_t mlp_tail_from(int64_t l) const;
   // The entry's parameters inside its unit's acquired tensor (or the persistent unit's).
   Tensor view(Tensor unit_params, int entry) const;
   // The entry's gradient slot; empty when the provider keeps no gradients (frozen base).
@@ -146,8 +155,8 @@ class Glm4Model {
   bool adapted(int64_t l, LoraTarget target) const;
   Status adapted_linear(int64_t l, LoraTarget target, Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n,
                         int64_t in_features, int64_t out_features);
-  Status residual_linear(int64_t l, LoraTarget target, Tensor out, Tensor in, Tensor weight, Tensor residual,
-                         int64_t n, int64_t in_features, int64_t out_features);
+  Status residual_linear(int64_t l, LoraTarget target, Tensor out, Tensor in, Tensor weight, Tensor residual, int64_t n,
+                         int64_t in_features, int64_t out_features);
   Status adapted_backward(int64_t l, LoraTarget target, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
                           Tensor in, Tensor weight, int64_t n, int64_t in_features, int64_t out_features);
   Status lora_forward(int64_t l, LoraTarget target, Tensor out, Tensor in, int64_t n);
@@ -179,7 +188,7 @@ class Glm4Model {
   Tensor head_rows(int k, int64_t m) const;
   // Backward scratch, reused by every layer.
   Buffer d_residual_, d_norm_, d_attn_, d_qkv_, d_act_, d_gate_up_;
-  Buffer norm_grad_scratch_;  // hidden_size elements, written and never read (frozen norms)
+  Buffer norm_grad_scratch_;                     // hidden_size elements, written and never read (frozen norms)
   Tensor persistent_params_, persistent_grads_;  // the persistent unit's, while a micro-batch runs
   bool overwrite_grads_ = false;                 // this backward's ParameterProvider::overwrite_grads()
 

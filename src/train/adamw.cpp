@@ -83,27 +83,35 @@ AdamWStep AdamWOptimizer::step_scalars(int64_t step, double lr, double grad_scal
 }
 
 Status AdamWOptimizer::step(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum) {
+  if (!deferred()) return step_part(grads, lr, grad_scale, grad_sq_sum, 0, params_.numel, /*first=*/true);
   ++step_;
-  if (deferred()) {
-    if (step_rows_count_ < 0) return GLM_INTERNAL_ERROR("optimizer step ", step_, " with deferred rows but no step rows");
-    history_.push_back(step_scalars(step_, lr, grad_scale, ranges_.front().decay));
-    Status st = apply_rows(step_rows_, step_rows_count_, /*gradient=*/true, grads, grad_sq_sum);
-    step_rows_count_ = -1;
-    GLM_RETURN_IF_ERROR(st);
-    return step_ - floor_ >= max_history_ ? settle() : Status::ok();
-  }
+  if (step_rows_count_ < 0) return GLM_INTERNAL_ERROR("optimizer step ", step_, " with deferred rows but no step rows");
+  history_.push_back(step_scalars(step_, lr, grad_scale, ranges_.front().decay));
+  Status st = apply_rows(step_rows_, step_rows_count_, /*gradient=*/true, grads, grad_sq_sum);
+  step_rows_count_ = -1;
+  GLM_RETURN_IF_ERROR(st);
+  return step_ - floor_ >= max_history_ ? settle() : Status::ok();
+}
+
+Status AdamWOptimizer::step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin,
+                                 int64_t end, bool first) {
+  if (deferred() || begin < 0 || end > params_.numel || begin > end || (!first && step_ == 0))
+    return GLM_INTERNAL_ERROR("optimizer step over [", begin, ", ", end, ") of ", params_.numel,
+                              deferred() ? " elements with deferred rows" : " elements");
+  if (first) ++step_;
   for (const Range& r : ranges_) {
-    const int64_t n = r.end - r.begin;
-    GLM_RETURN_IF_ERROR(backend_->adamw(params_.slice(r.begin, n), master_.slice(r.begin, n), grads.slice(r.begin, n),
-                                        exp_avg_.slice(r.begin, n), exp_avg_sq_.slice(r.begin, n),
+    const int64_t b = std::max(r.begin, begin), n = std::min(r.end, end) - b;
+    if (n <= 0) continue;
+    GLM_RETURN_IF_ERROR(backend_->adamw(params_.slice(b, n), master_.slice(b, n), grads.slice(b, n),
+                                        exp_avg_.slice(b, n), exp_avg_sq_.slice(b, n),
                                         step_scalars(step_, lr, grad_scale, r.decay), grad_sq_sum));
   }
   return Status::ok();
 }
 
 Status AdamWOptimizer::defer_rows(int64_t table_rows, int64_t width, int history) {
-  if (table_rows <= 0 || width <= 0 || table_rows * width > params_.numel || table_rows > INT32_MAX ||
-      history < 1 || history > AdamWRows::kMaxHistory || ranges_.size() != 1)
+  if (table_rows <= 0 || width <= 0 || table_rows * width > params_.numel || table_rows > INT32_MAX || history < 1 ||
+      history > AdamWRows::kMaxHistory || ranges_.size() != 1)
     return GLM_INTERNAL_ERROR("defer_rows: a table of ", table_rows, " x ", width, " in ", params_.numel,
                               " elements, history ", history);
   GLM_ASSIGN_OR_RETURN(row_step_, backend_->allocate(table_rows, DType::i32));  // zeroed: every row at floor_

@@ -40,6 +40,11 @@ class AdamWOptimizer {
   // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
   // grad_sq_sum (one f64 element, may be empty) gets the sum of squares of grads added.
   Status step(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum = {});
+  // One update in parts: step_part(..., begin, end, true) starts the step with the elements
+  // [begin, end) of the range, later calls with first = false update further elements of the same
+  // step; together the parts must cover the range once (the caller's to keep). Not with deferred rows.
+  Status step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin, int64_t end,
+                   bool first);
   int64_t steps_taken() const { return step_; }
   // Optimizer state over the range (checkpoints): the master weights and both moments. master() is
   // f32 (or the parameters themselves where they are f32), or i16 where split: the low halves, the

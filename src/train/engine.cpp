@@ -17,8 +17,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                                Communicator& comm, int64_t max_tokens,
                                                                std::optional<AdamWOptions> adam, double max_grad_norm,
                                                                int zero_stage, Recompute recompute,
-                                                               Communicator* data_comm,
-                                                               const ZeroOptions& zero_options,
+                                                               Communicator* data_comm, const ZeroOptions& zero_options,
                                                                const LoraConfig* lora) {
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = max_grad_norm;
@@ -31,7 +30,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
   GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute,
                                                     persistence_policy(zero_options, zero_stage)));
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
-                                                              zero_options, /*frozen=*/lora != nullptr));
+                                                        zero_options, /*frozen=*/lora != nullptr));
   // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs.
   GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(micro_batch_ints(max_tokens), DType::i32));
   GLM_ASSIGN_OR_RETURN(e->correct_, backend.allocate(max_tokens, DType::i32));
@@ -69,8 +68,8 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
     const int unit = e->layout().embedding_unit();
     if (history > 0 && zero_stage == 0 && table.unit == unit &&
         table.offset == e->layout().units()[static_cast<size_t>(unit)].offset) {
-      GLM_RETURN_IF_ERROR(e->optimizers_[static_cast<size_t>(unit)].defer_rows(config.vocab_size, config.hidden_size,
-                                                                              history));
+      GLM_RETURN_IF_ERROR(
+          e->optimizers_[static_cast<size_t>(unit)].defer_rows(config.vocab_size, config.hidden_size, history));
       e->deferred_unit_ = unit;
       GLM_ASSIGN_OR_RETURN(e->step_rows_, backend.allocate(config.vocab_size, DType::i32));
       e->row_seen_.assign(static_cast<size_t>(config.vocab_size), 0);
@@ -103,8 +102,8 @@ Result<int64_t> TrainingEngine::upload_token_rows(std::span<const HostMicroBatch
   }
   // The gradient all-reduced over the ranks reaches the rows of every rank's tokens (a byte each).
   if (comm_.size() > 1)
-    GLM_RETURN_IF_ERROR(comm_.all_reduce(row_seen_.data(), row_seen_.data(), row_seen_.size(), CommType::u8,
-                                         ReduceOp::max));
+    GLM_RETURN_IF_ERROR(
+        comm_.all_reduce(row_seen_.data(), row_seen_.data(), row_seen_.size(), CommType::u8, ReduceOp::max));
   rows_host_.clear();
   for (size_t t = 0; t < row_seen_.size(); ++t)
     if (row_seen_[t] != 0) rows_host_.push_back(static_cast<int32_t>(t));
@@ -182,8 +181,10 @@ Status TrainingEngine::reduce_lora_gradients() {
   Tensor g = lora_grads_.tensor(), wire = lora_reduce_.numel() > 0 ? lora_reduce_.tensor() : g;
   if (wire.data != g.data) GLM_RETURN_IF_ERROR(backend_.convert(wire, g));
   if (!data.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
-  const CommType type = wire.dtype == DType::f64 ? CommType::f64 : (wire.dtype == DType::bf16 ? CommType::bf16 : CommType::f32);
-  GLM_RETURN_IF_ERROR(data.start_all_reduce(wire.data, wire.data, static_cast<size_t>(wire.numel), type, ReduceOp::sum)->wait());
+  const CommType type =
+      wire.dtype == DType::f64 ? CommType::f64 : (wire.dtype == DType::bf16 ? CommType::bf16 : CommType::f32);
+  GLM_RETURN_IF_ERROR(
+      data.start_all_reduce(wire.data, wire.data, static_cast<size_t>(wire.numel), type, ReduceOp::sum)->wait());
   if (wire.data != g.data) GLM_RETURN_IF_ERROR(backend_.convert(g, wire));
   return Status::ok();
 }
@@ -311,9 +312,8 @@ Result<MicroBatch> TrainingEngine::upload(const HostMicroBatch& hb) {
   MicroBatch b;
   b.n = n;
   const std::pair<const std::vector<int32_t>*, Tensor*> parts[] = {
-      {&hb.tokens, &b.tokens},           {&hb.targets, &b.targets},
-      {&hb.positions, &b.positions},     {&hb.doc_start, &b.doc_start},
-      {&ix.label_rows, &b.label_rows},   {&ix.label_targets, &b.label_targets},
+      {&hb.tokens, &b.tokens},           {&hb.targets, &b.targets},       {&hb.positions, &b.positions},
+      {&hb.doc_start, &b.doc_start},     {&ix.label_rows, &b.label_rows}, {&ix.label_targets, &b.label_targets},
       {&ix.token_order, &b.token_order}, {&ix.token_runs, &b.token_runs}};
   staging_.clear();
   int64_t at = 0;
@@ -378,7 +378,9 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   // Clipping needs the norm before the update: a pass of its own over the gradients. Without
   // clipping the update sums it on the way, and where a unit's gradient is final as soon as
   // backward finished it (one rank, stage 0), the unit is updated right there, on the backend's
-  // side queue beside the rest of backward (the last unit, the embedding, after it).
+  // side queue beside the rest of backward (the last unit, the embedding, after it); a layer's MLP
+  // half is updated as soon as its own backward is done, beside the layer's attention backward, so
+  // that little of the first layer's update is left when backward ends.
   const bool clipping = max_grad_norm_ > 0;
   const bool in_backward = !clipping && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
   Tensor fused_sq;
@@ -387,13 +389,24 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     GLM_RETURN_IF_ERROR(backend_.zero(fused_sq));
   }
   std::vector<char> updated(optimizers_.size(), 0);
-  auto update = [&](int u) -> Status {
-    if (updated[static_cast<size_t>(u)]) return GLM_INTERNAL_ERROR("unit ", u, " updated twice in one step");
-    updated[static_cast<size_t>(u)] = 1;
-    return optimizers_[static_cast<size_t>(u)].step(zero_->owned_grads(u), lr, 1.0, fused_sq);
+  // Where a unit's update began early, with its tail from there (a layer's MLP half); -1: not yet.
+  std::vector<int64_t> tail_from(optimizers_.size(), -1);
+  auto update = [&](int u, int64_t from) -> Status {
+    const auto i = static_cast<size_t>(u);
+    if (updated[i]) return GLM_INTERNAL_ERROR("unit ", u, " updated twice in one step");
+    AdamWOptimizer& opt = optimizers_[i];
+    const Tensor grads = zero_->owned_grads(u);
+    if (from > 0) {  // the tail first, the rest when the whole unit is final
+      if (tail_from[i] >= 0 || opt.deferred() || from >= grads.numel) return Status::ok();
+      tail_from[i] = from;
+      return opt.step_part(grads, lr, 1.0, fused_sq, from, grads.numel, /*first=*/true);
+    }
+    updated[i] = 1;
+    if (tail_from[i] >= 0) return opt.step_part(grads, lr, 1.0, fused_sq, 0, tail_from[i], /*first=*/false);
+    return opt.step(grads, lr, 1.0, fused_sq);
   };
   if (in_backward)
-    zero_->set_on_grads_final([&](int u) { return backend_.on_side([&] { return update(u); }); });
+    zero_->set_on_grads_final([&](int u, int64_t from) { return backend_.on_side([&] { return update(u, from); }); });
   struct ClearHook {
     ZeroParameters& z;
     ~ClearHook() { z.set_on_grads_final({}); }

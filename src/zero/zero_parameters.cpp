@@ -96,7 +96,8 @@ Result<std::unique_ptr<ZeroParameters>> ZeroParameters::create(const ParamLayout
   if (sz.persistent_grad_numel > 0) GLM_RETURN_IF_ERROR(alloc(z->persistent_grads_, sz.persistent_grad_numel, dt));
   if (stage <= 1) GLM_RETURN_IF_ERROR(alloc(z->grads_, layout.total_numel(), dt));
   if (stage >= 1) GLM_RETURN_IF_ERROR(alloc(z->grad_shards_, shard_total, dt));
-  for (int i = 0; i < sz.grad_bucket_count; ++i) GLM_RETURN_IF_ERROR(alloc(z->grad_buckets_[i], sz.grad_bucket_numel, dt));
+  for (int i = 0; i < sz.grad_bucket_count; ++i)
+    GLM_RETURN_IF_ERROR(alloc(z->grad_buckets_[i], sz.grad_bucket_numel, dt));
   for (auto& slot : z->reduce_slots_) {
     if (sz.reduce_send_numel > 0) GLM_RETURN_IF_ERROR(alloc(slot.send, sz.reduce_send_numel, rt));
     if (sz.reduce_recv_numel > 0) GLM_RETURN_IF_ERROR(alloc(slot.recv, sz.reduce_recv_numel, rt));
@@ -316,9 +317,16 @@ Status ZeroParameters::drain(ReduceSlot& slot) {
   return backend_.add(shards, shards, part, shard_numel);
 }
 
+Status ZeroParameters::grads_ready_from(int unit, int64_t from) {
+  if (frozen_ || !on_grads_final_ || !last_micro_batch_ || !grads_final_in_backward()) return Status::ok();
+  if (from <= 0 || from >= layout_.units()[static_cast<size_t>(unit)].numel)
+    return GLM_INTERNAL_ERROR("gradients of unit ", unit, " final from element ", from);
+  return on_grads_final_(unit, from);
+}
+
 Status ZeroParameters::grads_ready(int unit) {
   if (frozen_) return Status::ok();
-  if (on_grads_final_ && last_micro_batch_ && grads_final_in_backward()) return on_grads_final_(unit);
+  if (on_grads_final_ && last_micro_batch_ && grads_final_in_backward()) return on_grads_final_(unit, 0);
   const int index = bucket_of_unit_[static_cast<size_t>(unit)];
   const CommBucket& b = reduce_buckets_[static_cast<size_t>(index)];
   if (unit != b.first) return Status::ok();  // backward completes a bucket with its first unit

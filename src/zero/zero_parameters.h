@@ -63,6 +63,7 @@ class ZeroParameters final : public ParameterProvider {
   Status prefetch_params(int unit) override;
   Tensor unit_grads(int unit) override;
   Status grads_ready(int unit) override;
+  Status grads_ready_from(int unit, int64_t from) override;
   bool overwrite_grads() const override;
 
   int stage() const { return stage_; }
@@ -79,9 +80,10 @@ class ZeroParameters final : public ParameterProvider {
   // it (one rank at stage 0: nothing reduces it afterwards), so that its update can start there.
   bool grads_final_in_backward() const { return stage_ == 0 && comm_.size() == 1 && !frozen_; }
   // Where grads_final_in_backward(): called from grads_ready() of the last micro-batch with each
-  // unit as backward finishes it (the optimizer then updates it beside the rest of backward).
-  // Empty: nothing is called.
-  void set_on_grads_final(std::function<Status(int unit)> fn) { on_grads_final_ = std::move(fn); }
+  // unit as backward finishes it, from = 0 (the optimizer then updates it beside the rest of
+  // backward), and from grads_ready_from() with the unit's elements from `from` on when backward
+  // finishes those first (a layer's MLP half). Empty: nothing is called.
+  void set_on_grads_final(std::function<Status(int unit, int64_t from)> fn) { on_grads_final_ = std::move(fn); }
 
   Status zero_grads();
   // Before each micro-batch's backward: whether it is the last of the optimizer step (stages 0-1
@@ -154,7 +156,7 @@ class ZeroParameters final : public ParameterProvider {
   Status settle_slot(Gathered& g);
   Status forget_gathered();
   Status wait_timed(std::unique_ptr<CommRequest>& request);
-  std::function<Status(int unit)> on_grads_final_;
+  std::function<Status(int unit, int64_t from)> on_grads_final_;
   bool last_micro_batch_ = true;
   bool first_micro_batch_ = false;
   // Per unit, the ranges (relative to the unit) that backward adds to: all but the weight tensors.
@@ -164,13 +166,13 @@ class ZeroParameters final : public ParameterProvider {
   std::vector<std::vector<ZeroRange>> zero_ranges_;
   void plan_zeroing();
   Status zero_added_parts(int unit, Tensor unit_grads);
-  Buffer grads_;                     // stages 0-1: the full gradients
-  Buffer grad_shards_;               // stages 1-3: this rank's gradient shards
+  Buffer grads_;        // stages 0-1: the full gradients
+  Buffer grad_shards_;  // stages 1-3: this rank's gradient shards
 
   // Gradient reduction. Buckets in backward order; bucket_of_unit_ maps a unit to its bucket.
   std::vector<CommBucket> reduce_buckets_;
   std::vector<int> bucket_of_unit_;
-  bool pack_ = false;                // collectives read a packed / converted copy of the bucket
+  bool pack_ = false;  // collectives read a packed / converted copy of the bucket
   // Stages 2-3: where backward writes the open bucket (two when collectives read them directly).
   Buffer grad_buckets_[2];
   // Two reductions in flight at most; a slot is drained (waited, its result stored) before reuse.
@@ -181,8 +183,8 @@ class ZeroParameters final : public ParameterProvider {
   };
   ReduceSlot reduce_slots_[2];
   int next_slot_ = 0;
-  Buffer reduce_convert_;            // stages 2-3 with another reduce dtype: recv in compute dtype
-  int buckets_reduced_ = 0;          // this step, to check every bucket was reduced exactly once
+  Buffer reduce_convert_;                           // stages 2-3 with another reduce dtype: recv in compute dtype
+  int buckets_reduced_ = 0;                         // this step, to check every bucket was reduced exactly once
   Tensor bucket_source(const CommBucket& b) const;  // the bucket's gradient in flat-layout order
   Status reduce_bucket(int bucket);
   Status drain(ReduceSlot& slot);
@@ -198,7 +200,7 @@ class ZeroParameters final : public ParameterProvider {
   Status gather_bucket(int bucket);
   Status finish_gather(GatherInFlight& g);
   Status finish_gather_of(int unit);  // the in-flight gather of unit's bucket, if any
-  double exposed_comm_seconds_ = 0;  // time spent waiting for collectives (not overlapped)
+  double exposed_comm_seconds_ = 0;   // time spent waiting for collectives (not overlapped)
 };
 
 }  // namespace glm
