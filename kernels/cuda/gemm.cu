@@ -156,16 +156,20 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
     if (timed(found_algos[i].algo, reps, seconds) != CUBLAS_STATUS_SUCCESS) return -1;
     return seconds;
   };
-  // The first heuristic before and after the others (their mean: the clock drifts as the GPU
-  // heats), the others in between.
+  // Alone on the GPU (work on other streams, an optimizer beside backward, would time with them),
+  // each candidate twice, in order and then in reverse, and the mean of both: the clock drifts
+  // as the GPU heats.
+  GLM_LT_CUDA(cudaDeviceSynchronize());
   record.seconds.assign(static_cast<size_t>(found), -1.0);
-  const double first_before = under_load(0);
-  for (int i = 1; i < found; ++i) record.seconds[static_cast<size_t>(i)] = under_load(i);
-  const double first_after = first_before > 0 ? under_load(0) : -1;
+  std::vector<double> forward(static_cast<size_t>(found), -1.0);
+  for (int i = 0; i < found; ++i) forward[static_cast<size_t>(i)] = under_load(i);
+  for (int i = found - 1; i >= 0; --i) {
+    const double again = forward[static_cast<size_t>(i)] > 0 ? under_load(i) : -1;
+    if (again > 0) record.seconds[static_cast<size_t>(i)] = 0.5 * (forward[static_cast<size_t>(i)] + again);
+  }
   (void)cudaGetLastError();  // a failed candidate leaves nothing the next call should see
-  record.seconds[0] = first_before > 0 && first_after > 0 ? 0.5 * (first_before + first_after) : -1;
   double best = record.seconds[0];
-  record.chosen = 0;
+  record.chosen = 0;  // the first heuristic unless another beats it by the margin
   for (int i = 1; i < found; ++i) {
     const double t = record.seconds[static_cast<size_t>(i)];
     if (t <= 0) continue;

@@ -6,10 +6,10 @@
 // Which algorithm: the first time a large shape (at least kTuneMinFlops) is seen, up to
 // kTuneCandidates of cuBLASLt's heuristic candidates are timed on the call's own operands and the
 // fastest is kept when it beats the first heuristic by more than kTuneMargin (C is saved and
-// restored around the trials when the call accumulates into it). Each candidate runs back to back
-// for at least kTuneWindowSeconds, with the first heuristic timed before and after the others, so
-// that they are compared at the clock the GPU's power cap allows under sustained load, as inside a
-// training step: on one H200 the heuristic's first choice was 4-7% slower there than another
+// restored around the trials when the call accumulates into it). The trials run alone on the GPU
+// (after a device synchronisation), each candidate back to back for at least kTuneWindowSeconds,
+// twice (in order, then in reverse, against the drift), so that they are compared at the clock
+// the GPU's power cap allows under sustained load, as inside a training step: on one H200 the heuristic's first choice was 4-7% slower there than another
 // candidate for four of GLM-4-9B's fifteen step GEMMs (benchmarks/gemm_sustained.cpp), while short
 // bursts at the boost clock (session 4's tuner) ranked them within noise. Small shapes keep the
 // first heuristic. GLM_GEMM_AUTOTUNE=0 in the environment (or set_autotune(Autotune::off)) keeps it
