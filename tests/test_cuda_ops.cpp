@@ -342,11 +342,11 @@ class Linear : public Ops {
 
 TEST_F(Linear, MatchesCpu) { check(); }
 
-// Every shape's cuBLASLt candidates timed first (GLM_GEMM_AUTOTUNE=1; by default only large
-// shapes are): the trials must leave no trace, so an output accumulated into (C = D) is added to
-// once, not once per trial.
+// Every shape's cuBLASLt candidates timed first (GLM_GEMM_AUTOTUNE=all; =1 tunes large shapes
+// only): the trials must leave no trace, so an output accumulated into (C = D) is added to once,
+// not once per trial.
 TEST_F(Linear, MatchesCpuWithTunedAlgorithms) {
-  ::setenv("GLM_GEMM_AUTOTUNE", "1", 1);
+  ::setenv("GLM_GEMM_AUTOTUNE", "all", 1);
   auto g = make_cuda_backend(0);
   ::unsetenv("GLM_GEMM_AUTOTUNE");
   ASSERT_TRUE(g.is_ok()) << g.status().message();

@@ -61,7 +61,7 @@ std::string Gemm::init(size_t workspace_bytes) {
   workspace_bytes_ = workspace_bytes;
   if (const char* env = std::getenv("GLM_GEMM_AUTOTUNE"); env != nullptr) {
     const std::string mode(env);
-    autotune_ = mode == "0" ? Autotune::off : (mode == "1" ? Autotune::all : Autotune::large);
+    autotune_ = mode == "1" ? Autotune::large : (mode == "all" ? Autotune::all : Autotune::off);
   }
   return {};
 }

@@ -1,21 +1,23 @@
 // Row-major bf16 GEMMs of the linear layers through cuBLASLt (fp32 accumulation).
 //
 // Every distinct call shape (transposes, m, n, k, leading dimensions, output type, bias, whether C
-// is accumulated) gets its cuBLASLt descriptors built once and cached with the algorithm to run.
+// is accumulated) gets its cuBLASLt descriptors built once and cached with the algorithm to run:
+// cuBLASLt's first heuristic.
 //
-// Which algorithm: the first time a large shape (at least kTuneMinFlops) is seen, up to
+// GLM_GEMM_AUTOTUNE=1 in the environment (or set_autotune(Autotune::large)) tunes large shapes (at
+// least kTuneMinFlops) instead, =all every shape: the first time such a shape is seen, up to
 // kTuneCandidates of cuBLASLt's heuristic candidates are timed on the call's own operands and the
 // fastest is kept when it beats the first heuristic by more than kTuneMargin (C is saved and
 // restored around the trials when the call accumulates into it). The trials run alone on the GPU
 // (after a device synchronisation), each candidate back to back for at least kTuneWindowSeconds,
 // twice (in order, then in reverse, against the drift), so that they are compared at the clock
-// the GPU's power cap allows under sustained load, as inside a training step: on one H200 the heuristic's first choice was 4-7% slower there than another
-// candidate for four of GLM-4-9B's fifteen step GEMMs (benchmarks/gemm_sustained.cpp), while short
-// bursts at the boost clock (session 4's tuner) ranked them within noise. Small shapes keep the
-// first heuristic. GLM_GEMM_AUTOTUNE=0 in the environment (or set_autotune(Autotune::off)) keeps it
-// for every shape, =1 tunes every shape. A timing-driven choice can differ between runs (and so
-// can the last bits of a large GEMM's result); the tuning costs a few seconds at the start of a
-// 9B-shaped run.
+// the GPU's power cap allows under sustained load, as inside a training step: on one H200 the
+// first heuristic was 4-7% slower there than another candidate for four of GLM-4-9B's fifteen step
+// GEMMs (benchmarks/gemm_sustained.cpp), while short bursts at the boost clock (session 4's tuner)
+// ranked them within noise. It stays off by default: end to end (12 layers, seq 4096) it gained
+// +0.0% to +1.0% in four paired runs on one H200 (benchmarks/RESULTS.md, session 12), inside the
+// run-to-run noise; a timing-driven choice can differ between runs (and with it the last bits of
+// a large GEMM), and the tuning costs a few seconds at the start of a 9B-shaped run.
 #pragma once
 
 #include <cublasLt.h>
@@ -104,7 +106,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  Autotune autotune_ = Autotune::large;
+  Autotune autotune_ = Autotune::off;
   int sm_target_ = 0;
   std::unordered_map<Key, Plan, KeyHash> plans_;
   std::vector<TuneRecord> tune_log_;
