@@ -17,6 +17,7 @@
 #include "io/hf_import.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/flash_attention_sm90.cuh"
+#include "kernels/cuda/gemm.cuh"
 #include "kernels/master_split.h"
 #include "model/backend.h"
 #include "mpi/local_communicator.h"
@@ -346,12 +347,31 @@ TEST_F(Linear, MatchesCpu) { check(); }
 // only): the trials must leave no trace, so an output accumulated into (C = D) is added to once,
 // not once per trial.
 TEST_F(Linear, MatchesCpuWithTunedAlgorithms) {
-  ::setenv("GLM_GEMM_AUTOTUNE", "all", 1);
-  auto g = make_cuda_backend(0);
-  ::unsetenv("GLM_GEMM_AUTOTUNE");
+  auto g = [] {
+    const ScopedEnv tune("GLM_GEMM_AUTOTUNE", "all");
+    return make_cuda_backend(0);
+  }();
   ASSERT_TRUE(g.is_ok()) << g.status().message();
   gpu_ = g.take();
   check();
+  // The knob's tuner ran on such a shape: more than one candidate was offered and timed.
+  glm::cuda::Gemm gemm;
+  ASSERT_EQ(gemm.init(), "");
+  gemm.set_autotune(glm::cuda::Gemm::Autotune::all);
+  const int64_t n = 23, in_f = 96, out_f = 72;
+  auto x = dual(random_bf16(n * in_f, 16));
+  auto w = dual(random_bf16(out_f * in_f, 17, 0.2));
+  auto y = output(n * out_f);
+  ASSERT_TRUE(gpu_->synchronize().is_ok());
+  ASSERT_EQ(
+      gemm.linear_forward(y.gpu.tensor().data, false, static_cast<const glm::cuda::bf16*>(x.gpu.tensor().data),
+                          static_cast<const glm::cuda::bf16*>(w.gpu.tensor().data), nullptr, n, in_f, out_f, nullptr),
+      CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(cpu_->linear_forward(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), Tensor{}, n, in_f, out_f).is_ok());
+  expect_close(y, "tuned linear forward");
+  ASSERT_EQ(gemm.tune_log().size(), 1u);
+  EXPECT_GE(gemm.tune_log()[0].seconds.size(), 2u) << "one candidate: nothing to choose between";
 }
 
 // head_dim 40 takes the warp-per-row kernel; 32, 64 and 128 the tensor-core flash kernels (128 on
@@ -654,10 +674,7 @@ TEST_P(LmHead, CrossEntropyMatchesCpu) {
 // the CPU reference's 2500 x 151552 logits.)
 TEST_F(Ops, LmHeadTwoChunksAccumulateAndOverwrite) {
   const int64_t vocab = 151552, hidden = 32, n = 2500;
-  ::setenv("GLM_LM_HEAD_SCRATCH_MB", "512", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("GLM_LM_HEAD_SCRATCH_MB"); }
-  } unset;
+  const ScopedEnv budget("GLM_LM_HEAD_SCRATCH_MB", "512");
   ASSERT_EQ(lm_head_chunk_rows(n, vocab), 1250);
   std::vector<int32_t> tgt;
   for (int t = 0; t < n; ++t) tgt.push_back(t % 7 == 0 ? -1 : static_cast<int32_t>((t * 7919) % vocab));
@@ -687,51 +704,57 @@ TEST_F(Ops, LmHeadTwoChunksAccumulateAndOverwrite) {
 // rows aim at their row's argmax (taken from the CPU's logits, where the runner-up is clearly below,
 // so fp32 summation order cannot flip it), the rest elsewhere; ignored rows must read 0.
 TEST_F(Ops, LmHeadCrossEntropyTokenAccuracy) {
-  const int64_t n = 61, hidden = 64, vocab = 1003;
-  // A clear winner: logits are O(2) and the GPU rounds them to bf16 (a step of 2^-7 between 1 and
-  // 2, 2^-6 between 2 and 4), so a runner-up within two steps could tie or pass it there.
-  constexpr double kArgmaxMargin = 2.0 / 64;
-  auto h = dual(random_bf16(n * hidden, 31));
-  auto w = dual(random_bf16(vocab * hidden, 32, 0.3));
-  Buffer logits = cpu_->allocate(n * vocab, DType::f32).take();
-  ASSERT_TRUE(
-      cpu_->linear_forward(logits.tensor(), h.cpu.tensor(), w.cpu.tensor(), Tensor{}, n, hidden, vocab).is_ok());
-  const float* z = logits.tensor().as<float>();
-  std::vector<int32_t> tgt, expected;
-  for (int64_t t = 0; t < n; ++t) {
-    const float* row = z + t * vocab;
-    const int64_t best = std::max_element(row, row + vocab) - row;
-    float second = -INFINITY;
-    for (int64_t v = 0; v < vocab; ++v)
-      if (v != best) second = std::max(second, row[v]);
-    const bool clear = row[best] - second > kArgmaxMargin;
-    if (t % 7 == 3) {
-      tgt.push_back(-1);
-      expected.push_back(0);
-    } else if (t % 2 == 0 && clear) {
-      tgt.push_back(static_cast<int32_t>(best));
-      expected.push_back(1);
-    } else {
-      tgt.push_back(static_cast<int32_t>((best + 1 + t) % vocab));
-      expected.push_back(0);
+  // vocab 1003 takes the element-wise kernel, 1008 the 16-byte rows (their argmax indices).
+  for (const int64_t vocab : {int64_t{1003}, int64_t{1008}}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    const int64_t n = 61, hidden = 64;
+    // A clear winner: logits are O(2) and the GPU rounds them to bf16 (a step of 2^-7 between 1 and
+    // 2, 2^-6 between 2 and 4), so a runner-up within two steps could tie or pass it there.
+    constexpr double kArgmaxMargin = 2.0 / 64;
+    auto h = dual(random_bf16(n * hidden, 31));
+    auto w = dual(random_bf16(vocab * hidden, 32, 0.3));
+    Buffer logits = cpu_->allocate(n * vocab, DType::f32).take();
+    ASSERT_TRUE(
+        cpu_->linear_forward(logits.tensor(), h.cpu.tensor(), w.cpu.tensor(), Tensor{}, n, hidden, vocab).is_ok());
+    const float* z = logits.tensor().as<float>();
+    std::vector<int32_t> tgt, expected;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* row = z + t * vocab;
+      const int64_t best = std::max_element(row, row + vocab) - row;
+      float second = -INFINITY;
+      for (int64_t v = 0; v < vocab; ++v)
+        if (v != best) second = std::max(second, row[v]);
+      const bool clear = row[best] - second > kArgmaxMargin;
+      if (t % 7 == 3) {
+        tgt.push_back(-1);
+        expected.push_back(0);
+      } else if (t % 2 == 0 && clear) {
+        tgt.push_back(static_cast<int32_t>(best));
+        expected.push_back(1);
+      } else {
+        tgt.push_back(static_cast<int32_t>((best + 1 + t) % vocab));
+        expected.push_back(0);
+      }
     }
+    ASSERT_GE(std::count(expected.begin(), expected.end(), 1), 12) << "too few clear argmax rows to test";
+    auto targets = ints(tgt);
+    auto losses = output(n, DType::f32);
+    auto correct = ints(std::vector<int32_t>(static_cast<size_t>(n), 7));  // poisoned: must be overwritten
+    ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), correct.cpu.tensor(), Tensor{}, Tensor{},
+                                            h.cpu.tensor(), w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, 0.0,
+                                            true)
+                    .is_ok());
+    ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), correct.gpu.tensor(), Tensor{}, Tensor{},
+                                            h.gpu.tensor(), w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, 0.0,
+                                            true)
+                    .is_ok());
+    std::vector<int32_t> on_cpu(static_cast<size_t>(n)), on_gpu(static_cast<size_t>(n));
+    ASSERT_TRUE(cpu_->download(on_cpu.data(), correct.cpu.tensor()).is_ok());
+    ASSERT_TRUE(gpu_->download(on_gpu.data(), correct.gpu.tensor()).is_ok());
+    EXPECT_EQ(on_cpu, expected) << "the CPU reference";
+    EXPECT_EQ(on_gpu, expected) << "the CUDA kernel";
+    expect_close(losses, "losses next to the argmax", 5e-3);
   }
-  ASSERT_GE(std::count(expected.begin(), expected.end(), 1), 12) << "too few clear argmax rows to test";
-  auto targets = ints(tgt);
-  auto losses = output(n, DType::f32);
-  auto correct = ints(std::vector<int32_t>(static_cast<size_t>(n), 7));  // poisoned: must be overwritten
-  ASSERT_TRUE(cpu_->lm_head_cross_entropy(losses.cpu.tensor(), correct.cpu.tensor(), Tensor{}, Tensor{}, h.cpu.tensor(),
-                                          w.cpu.tensor(), targets.cpu.tensor(), n, hidden, vocab, 0.0, true)
-                  .is_ok());
-  ASSERT_TRUE(gpu_->lm_head_cross_entropy(losses.gpu.tensor(), correct.gpu.tensor(), Tensor{}, Tensor{}, h.gpu.tensor(),
-                                          w.gpu.tensor(), targets.gpu.tensor(), n, hidden, vocab, 0.0, true)
-                  .is_ok());
-  std::vector<int32_t> on_cpu(static_cast<size_t>(n)), on_gpu(static_cast<size_t>(n));
-  ASSERT_TRUE(cpu_->download(on_cpu.data(), correct.cpu.tensor()).is_ok());
-  ASSERT_TRUE(gpu_->download(on_gpu.data(), correct.gpu.tensor()).is_ok());
-  EXPECT_EQ(on_cpu, expected) << "the CPU reference";
-  EXPECT_EQ(on_gpu, expected) << "the CUDA kernel";
-  expect_close(losses, "losses next to the argmax", 5e-3);
 }
 
 // bf16 <-> fp32 conversion and the sum of squares on the vector path (16-byte aligned views, 8

@@ -195,9 +195,9 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
   const ModelConfig config = tiny_config();
   auto backend = make_cpu_backend(DType::f64);
   std::vector<double> params(static_cast<size_t>(ParamLayout(config).total_numel()));
-  ASSERT_TRUE(
-      initialize_parameters(config, 11, *backend, Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
-          .is_ok());
+  ASSERT_TRUE(initialize_parameters(config, 11, *backend,
+                                    Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
+                  .is_ok());
   HostBatch first = two_document_batch(), second = two_document_batch();
   std::reverse(second.tokens.begin(), second.tokens.end());
   struct Outcome {
@@ -233,26 +233,36 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
 // has passed it (a mutation that leaves part of the other half out fails here). The update reads
 // only the unit's final gradient, so
 // the trajectory is the one of updating after backward, bit for bit, over steps of two
-// micro-batches (units must be updated in the last one only); the fused norm sums the units in
-// another order (1e-12).
+// micro-batches (units must be updated in the last one only), without recomputation and with the
+// layer recomputed at the start of its backward; the fused norm sums the units in another order
+// (1e-12).
 TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
   const ModelConfig config = tiny_glm4();
   LocalCommunicator comm;
   const std::vector<HostMicroBatch> window = {random_documents(config.vocab_size, 21, {40, 17}, 3),
                                               random_documents(config.vocab_size, 22, {9, 50, 6}, 2)};
-  auto run = [&](bool in_backward) {
+  {  // every layer's MLP half is its unit's tail: backward hands it over early
     auto backend = make_cpu_backend(DType::f32);
-    auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 0.0).take();
-    EXPECT_TRUE(e->initialize_parameters(13).is_ok());
-    return trace_steps(*e, window, 3e-3, 4, in_backward);
-  };
-  const StepTrace after = run(false), beside = run(true);
-  ASSERT_EQ(beside.losses.size(), 4u);
-  ASSERT_EQ(after.losses.size(), 4u);
-  EXPECT_EQ(beside.losses, after.losses);
-  for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(beside.norms[s], after.norms[s], 1e-12 * after.norms[s]) << s;
-  EXPECT_EQ(beside.params, after.params);
-  EXPECT_LT(after.losses.back(), after.losses.front());
+    auto model = Glm4Model::create(config, *backend, 16, 1).take();
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) EXPECT_GT(model->mlp_tail_from(l), 0) << l;
+  }
+  for (const Recompute policy : {Recompute::none, Recompute::full}) {
+    SCOPED_TRACE(recompute_name(policy));
+    auto run = [&](bool in_backward) {
+      auto backend = make_cpu_backend(DType::f32);
+      auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 0.0, 0, policy)
+                   .take();
+      EXPECT_TRUE(e->initialize_parameters(13).is_ok());
+      return trace_steps(*e, window, 3e-3, 4, in_backward);
+    };
+    const StepTrace after = run(false), beside = run(true);
+    ASSERT_EQ(beside.losses.size(), 4u);
+    ASSERT_EQ(after.losses.size(), 4u);
+    EXPECT_EQ(beside.losses, after.losses);
+    for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(beside.norms[s], after.norms[s], 1e-12 * after.norms[s]) << s;
+    EXPECT_EQ(beside.params, after.params);
+    EXPECT_LT(after.losses.back(), after.losses.front());
+  }
 }
 
 // The embedding's deferred rows (one rank, stage 0): rows no token of a step reads get that step
@@ -265,7 +275,8 @@ TEST(TrainingEngine, DeferredEmbeddingRowsGiveTheSameBits) {
   const ModelConfig config = tiny_glm4();
   LocalCommunicator comm;
   auto window = [&](uint64_t seed, int32_t first, int32_t span) {
-    std::vector<HostMicroBatch> w = {random_documents(span, seed, {30, 11}, 3), random_documents(span, seed + 1, {25}, 2)};
+    std::vector<HostMicroBatch> w = {random_documents(span, seed, {30, 11}, 3),
+                                     random_documents(span, seed + 1, {25}, 2)};
     for (auto& b : w) {
       for (auto& t : b.tokens) t += first;
       for (auto& t : b.targets) t = t >= 0 ? t + first : t;
@@ -283,7 +294,8 @@ TEST(TrainingEngine, DeferredEmbeddingRowsGiveTheSameBits) {
   auto run = [&](const char* defer, double max_grad_norm, bool in_backward) {
     setenv("GLM_DEFER_EMBEDDING", defer, 1);
     auto backend = make_cpu_backend(DType::f32);
-    auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, max_grad_norm).take();
+    auto e =
+        TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, max_grad_norm).take();
     unsetenv("GLM_DEFER_EMBEDDING");
     Trace t;
     t.deferred = e->defers_embedding_rows();

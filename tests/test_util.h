@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "data/sharded_loader.h"
@@ -19,6 +21,32 @@ namespace glm::test {
 // A micro-batch held in host vectors (CPU backend tests): view() points the model's MicroBatch at them.
 // With its index (index_micro_batch, as the engine uploads it) unless indexed is false: the lm_head
 // then runs over every row. Each view() rebuilds the index: use one view at a time.
+// Sets (or, with value nullptr, unsets) an environment variable for a scope and restores what it
+// was: a knob a test sets does not leak into later tests, nor does it lose the caller's setting.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    had_ = std::getenv(name) != nullptr;
+    if (value != nullptr)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 struct HostBatch {
   std::vector<int32_t> tokens, targets, positions, doc_start;
   MicroBatchIndex index;

@@ -1,5 +1,6 @@
 // cuBLASLt calls with per-shape cached descriptors and (optionally) autotuned algorithms.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
@@ -20,12 +21,21 @@ namespace {
     if ((call) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED; \
   } while (0)
 
-// Events and an optional copy of C that live only while one shape is tuned.
+// Events and an optional copy of C that live only while one shape is tuned. C is copied back
+// from saved_c on every way out (the trials added to it), before the copy is freed.
 struct TuneScratch {
   cudaEvent_t start = nullptr, stop = nullptr;
   void* saved_c = nullptr;
+  void* c = nullptr;
+  size_t c_bytes = 0;
+  cudaStream_t stream = nullptr;
   ~TuneScratch() {
-    if (saved_c) cudaFree(saved_c);
+    if (saved_c) {
+      if (cudaMemcpyAsync(c, saved_c, c_bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess)
+        std::fprintf(stderr, "glm_hpc: GEMM tuning could not restore an accumulated output\n");
+      cudaFree(saved_c);
+    }
     if (stop) cudaEventDestroy(stop);
     if (start) cudaEventDestroy(start);
   }
@@ -125,6 +135,9 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
       (void)cudaGetLastError();
       return CUBLAS_STATUS_SUCCESS;
     }
+    scratch.c = c;
+    scratch.c_bytes = c_bytes;
+    scratch.stream = stream;
     GLM_LT_CUDA(cudaMemcpyAsync(scratch.saved_c, c, c_bytes, cudaMemcpyDeviceToDevice, stream));
   }
   GLM_LT_CUDA(cudaEventCreate(&scratch.start));
@@ -178,11 +191,9 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
       record.chosen = i;
     }
   }
-  if (best <= 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-  plan.algo = found_algos[record.chosen].algo;
-  if (scratch.saved_c != nullptr)
-    GLM_LT_CUDA(cudaMemcpyAsync(c, scratch.saved_c, c_bytes, cudaMemcpyDeviceToDevice, stream));
-  GLM_LT_CUDA(cudaStreamSynchronize(stream));  // the copy of C is freed next
+  // Nothing timed twice: the first heuristic stays (the call itself reports it if it fails).
+  plan.algo = found_algos[best > 0 ? record.chosen : 0].algo;
+  if (best <= 0) record.chosen = 0;
   tune_log_.push_back(std::move(record));
   return CUBLAS_STATUS_SUCCESS;
 }

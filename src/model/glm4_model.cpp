@@ -356,6 +356,7 @@ Status Glm4Model::recompute_layer(int64_t l, const MicroBatch& b, Tensor w) {
 int64_t Glm4Model::mlp_tail_from(int64_t l) const {
   const LayerEntries& e = layout_.layer(l);
   const ParamEntry& first = layout_.entry(e.post_norm);
+  if (first.unit != layout_.layer_unit(l)) return -1;
   const ParamUnit& unit = layout_.units()[static_cast<size_t>(first.unit)];
   for (int i : {e.post_norm, e.h_to_4h, e.four_h_to_h})
     if (layout_.entry(i).unit != first.unit || layout_.entry(i).offset < first.offset) return -1;

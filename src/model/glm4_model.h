@@ -122,6 +122,10 @@ class Glm4Model {
   Tensor losses() const { return losses_.tensor(); }
   // Forward to the logits [n, vocab] in compute dtype (evaluation against other implementations).
   Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits);
+  // Where layer l's MLP half (post-attention norm and both MLP weights) starts in its unit when that
+  // half is the unit's tail (no tensor of it moved to the persistent unit): backward then hands it
+  // over with grads_ready_from() before the attention half's backward; -1 otherwise.
+  int64_t mlp_tail_from(int64_t l) const;
 
  private:
   Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute,
@@ -138,9 +142,6 @@ class Glm4Model {
   Status recompute_layer(int64_t l, const MicroBatch& b, Tensor unit_params);
   Status layer_backward(int64_t l, const MicroBatch& b, Tensor unit_params, Tensor unit_grads,
                         ParameterProvider& params);
-  // Where layer l's MLP half (post-attention norm and both MLP weights) starts in its unit when that
-  // half is the unit's tail (no tensor of it moved to the persistent unit); -1 otherwise.
-  int64_t mlp_tail_from(int64_t l) const;
   // The entry's parameters inside its unit's acquired tensor (or the persistent unit's).
   Tensor view(Tensor unit_params, int entry) const;
   // The entry's gradient slot; empty when the provider keeps no gradients (frozen base).

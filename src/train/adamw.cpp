@@ -98,7 +98,7 @@ Status AdamWOptimizer::step_part(Tensor grads, double lr, double grad_scale, Ten
   if (deferred() || begin < 0 || end > params_.numel || begin > end || (!first && step_ == 0))
     return GLM_INTERNAL_ERROR("optimizer step over [", begin, ", ", end, ") of ", params_.numel,
                               deferred() ? " elements with deferred rows" : " elements");
-  if (first) ++step_;
+  if (first) ++step_;  // a failed part leaves the step half done: the engine then stops the run
   for (const Range& r : ranges_) {
     const int64_t b = std::max(r.begin, begin), n = std::min(r.end, end) - b;
     if (n <= 0) continue;
