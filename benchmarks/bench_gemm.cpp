@@ -8,29 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/cuda_check.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemm.cuh"
 
 namespace {
 
 using glm::cuda::bf16;
-
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));         \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-#define CHECK_LT(call)                                                                \
-  do {                                                                                \
-    cublasStatus_t s_ = (call);                                                       \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-      std::fprintf(stderr, "%s failed: cuBLAS status %d\n", #call, static_cast<int>(s_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 bf16* random_bf16(int64_t n, double std, uint64_t key) {
   void* p = nullptr;
@@ -48,10 +32,14 @@ struct Linear {
 enum class Pass { forward, bias_epilogue, input_grad, weight_grad };
 const char* pass_name(Pass p) {
   switch (p) {
-    case Pass::forward: return "fwd";
-    case Pass::bias_epilogue: return "fwd+bias(epilogue)";
-    case Pass::input_grad: return "dgrad";
-    case Pass::weight_grad: return "wgrad";
+    case Pass::forward:
+      return "fwd";
+    case Pass::bias_epilogue:
+      return "fwd+bias(epilogue)";
+    case Pass::input_grad:
+      return "dgrad";
+    case Pass::weight_grad:
+      return "wgrad";
   }
   return "?";
 }
@@ -59,10 +47,14 @@ const char* pass_name(Pass p) {
 cublasStatus_t call(glm::cuda::Gemm& g, Pass p, const Linear& l, int64_t n, bf16* x, bf16* w, bf16* y, bf16* dy,
                     bf16* dx, bf16* dw) {
   switch (p) {
-    case Pass::forward: return g.linear_forward(y, false, x, w, nullptr, n, l.in, l.out, nullptr);
-    case Pass::bias_epilogue: return g.linear_forward(y, false, x, w, dw, n, l.in, l.out, nullptr);
-    case Pass::input_grad: return g.linear_backward_input(dx, dy, w, n, l.in, l.out, false, nullptr);
-    case Pass::weight_grad: return g.linear_backward_weight(dw, dy, x, n, l.in, l.out, true, nullptr);
+    case Pass::forward:
+      return g.linear_forward(y, false, x, w, nullptr, n, l.in, l.out, nullptr);
+    case Pass::bias_epilogue:
+      return g.linear_forward(y, false, x, w, dw, n, l.in, l.out, nullptr);
+    case Pass::input_grad:
+      return g.linear_backward_input(dx, dy, w, n, l.in, l.out, false, nullptr);
+    case Pass::weight_grad:
+      return g.linear_backward_weight(dw, dy, x, n, l.in, l.out, true, nullptr);
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -94,12 +86,9 @@ int main() {
     std::printf("bench_gemm: no CUDA device visible; nothing measured\n");
     return 0;
   }
-  const std::vector<Linear> linears = {{"query_key_value", 4096, 4608},
-                                       {"dense", 4096, 4096},
-                                       {"dense_h_to_4h", 4096, 27392},
-                                       {"dense_4h_to_h", 13696, 4096},
-                                       {"lm_head", 4096, 151552},
-                                       {"square 8192", 8192, 8192}};
+  const std::vector<Linear> linears = {{"query_key_value", 4096, 4608}, {"dense", 4096, 4096},
+                                       {"dense_h_to_4h", 4096, 27392},  {"dense_4h_to_h", 13696, 4096},
+                                       {"lm_head", 4096, 151552},       {"square 8192", 8192, 8192}};
   glm::cuda::Gemm heuristic, tuned;
   if (!heuristic.init().empty() || !tuned.init().empty()) return 1;
   heuristic.set_autotune(glm::cuda::Gemm::Autotune::off);

@@ -13,28 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/cuda_check.h"
 #include "kernels/cuda/elementwise.cuh"
 
 namespace {
 
 using glm::cuda::bf16;
-
-#define CHECK_CUDA(call)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (call);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-#define CHECK_LT(call)                                                                    \
-  do {                                                                                    \
-    cublasStatus_t s_ = (call);                                                           \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                    \
-      std::fprintf(stderr, "%s failed: cuBLAS status %d\n", #call, static_cast<int>(s_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 // Column-major D[m, n] = op(A) op(B) (+ C), as kernels/cuda/gemm.cu issues them.
 struct Shape {
