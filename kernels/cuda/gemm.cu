@@ -191,9 +191,8 @@ cublasStatus_t Gemm::choose_algo(const Key& key, Plan& plan, const bf16* a, cons
       record.chosen = i;
     }
   }
-  // Nothing timed twice: the first heuristic stays (the call itself reports it if it fails).
-  plan.algo = found_algos[best > 0 ? record.chosen : 0].algo;
-  if (best <= 0) record.chosen = 0;
+  // Nothing timed twice leaves chosen at 0: the first heuristic (the call reports it if it fails).
+  plan.algo = found_algos[record.chosen].algo;
   tune_log_.push_back(std::move(record));
   return CUBLAS_STATUS_SUCCESS;
 }

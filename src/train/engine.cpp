@@ -397,7 +397,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     AdamWOptimizer& opt = optimizers_[i];
     const Tensor grads = zero_->owned_grads(u);
     if (from > 0) {  // the tail first, the rest when the whole unit is final
-      if (tail_from[i] >= 0 || opt.deferred() || from >= grads.numel) return Status::ok();
+      if (tail_from[i] >= 0 || opt.deferred()) return Status::ok();  // ZeroParameters checked `from`
       tail_from[i] = from;
       return opt.step_part(grads, lr, 1.0, fused_sq, from, grads.numel, /*first=*/true);
     }
