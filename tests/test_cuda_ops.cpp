@@ -512,29 +512,35 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
     return from_gpu(dqkv.gpu);
   };
   const auto reference_grads = backward("mma");
-  ::setenv("GLM_FLASH_DQ", "atomic", 1);  // the dQ accumulation's other path: per-thread atomics
-  const auto atomic_grads = backward(nullptr);
-  ::unsetenv("GLM_FLASH_DQ");
-  ::setenv("GLM_FLASH_BWD_HEAD_CHUNK", "3", 1);  // the blocks' order in chunks of 3, 3 and 2 heads
-  const auto chunked_grads = backward(nullptr);
-  ::unsetenv("GLM_FLASH_BWD_HEAD_CHUNK");
-  const auto grads = backward(nullptr);
+  // The default wgmma backward (dQ by 16-byte atomics), dQ by paired atomics, and the blocks' order
+  // in chunks of 3, 3 and 2 heads.
+  struct Variant {
+    const char* name;
+    const char* dq;
+    const char* head_chunk;
+  };
+  const Variant variants[] = {
+      {"default", nullptr, nullptr}, {"dQ pair atomics", "atomic", nullptr}, {"3-head chunks", nullptr, "3"}};
+  std::vector<std::vector<float>> variant_grads;
+  for (const Variant& v : variants) {
+    ScopedEnv dq("GLM_FLASH_DQ", v.dq), chunk("GLM_FLASH_BWD_HEAD_CHUNK", v.head_chunk);
+    variant_grads.push_back(backward(nullptr));
+  }
   const int64_t width = s.qkv_width(), kv_width = s.kv_heads * d;
   const char* names[3] = {"dQ", "dK", "dV"};
   const int64_t begin[4] = {0, qw, qw + kv_width, width};
   for (int part = 0; part < 3; ++part) {  // each of dQ, dK, dV on its own scale
-    std::vector<float> a, b, c, e;
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t col = begin[part]; col < begin[part + 1]; ++col) {
-        a.push_back(grads[static_cast<size_t>(t * width + col)]);
-        b.push_back(reference_grads[static_cast<size_t>(t * width + col)]);
-        c.push_back(atomic_grads[static_cast<size_t>(t * width + col)]);
-        e.push_back(chunked_grads[static_cast<size_t>(t * width + col)]);
-      }
-    check((std::string(names[part]) + ": wgmma against mma.sync").c_str(), a, b, static_cast<size_t>(d));
-    check((std::string(names[part]) + ": wgmma (dQ atomics) against mma.sync").c_str(), c, b, static_cast<size_t>(d));
-    check((std::string(names[part]) + ": wgmma (3-head chunks) against mma.sync").c_str(), e, b,
-          static_cast<size_t>(d));
+    auto columns = [&](const std::vector<float>& all) {
+      std::vector<float> out;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t col = begin[part]; col < begin[part + 1]; ++col)
+          out.push_back(all[static_cast<size_t>(t * width + col)]);
+      return out;
+    };
+    const std::vector<float> ref = columns(reference_grads);
+    for (size_t i = 0; i < variant_grads.size(); ++i)
+      check((std::string(names[part]) + ": wgmma (" + variants[i].name + ") against mma.sync").c_str(),
+            columns(variant_grads[i]), ref, static_cast<size_t>(d));
   }
 }
 

@@ -13,21 +13,22 @@
 //   P^T and dS^T computed in the accumulator registers, the A operands of
 //   dV += P^T dO and dK += dS^T Q   (64 x 128 each, A from registers, dK/dV stay in registers),
 //   dS^T also to shared memory for dQ = dS K (warpgroup w: dims 64 w.., all 128 keys), whose fp32
-//   64 x 64 tile is staged in register order (conflict-free 16-byte stores, one buffer per
-//   warpgroup, freed before the next tile's dS^T barrier) and added to the dQ accumulators, laid
-//   out the same way (wgmma_dq_index), by one 16 KB bulk reduction per warpgroup and tile, after a
-//   barrier of that warpgroup only.
+//   64 x 64 tile goes straight from the accumulator registers to the dQ accumulators, laid out in
+//   register order (wgmma_dq_index): one 16-byte vector atomic per thread and 4 floats, a warp's
+//   512 contiguous bytes. Those atomics go out after the next tile's copies are fenced for wgmma:
+//   a proxy fence waits for the thread's outstanding memory operations, so right after the atomics
+//   it would wait for their round trip to L2 (about 10% of the kernel's time at seq 4096, where
+//   staging the tile in shared memory for one bulk reduction cost 12%).
 // dK += dS^T Q of a tile is still running when the next tile starts: its first wait (for S^T)
 // covers it, so the tensor cores stay busy across the block barrier between tiles.
 // The masks, statistics and accumulators are the same as the mma.sync kernels' in
 // flash_attention.cu, which the other head sizes and GPUs keep using.
-#include "kernels/cuda/flash_attention_sm90.cuh"
-
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/tensor_core.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -44,14 +45,10 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
 constexpr int kDqBlock = kRows * 64;  // floats of one warpgroup's dQ tile (16 KB)
 static_assert(kRows == kWgmmaDqTile && kD == 128, "wgmma_dq_index's layout: 64-query tiles, two 64-dim halves");
-constexpr int kStages = 3;            // query tiles (Q, dO, statistics) in shared memory
-// Backward: K, V, three stages of Q and dO, dS^T, (both warpgroups' staged dQ tiles,) three stages
-// of the row statistics, alignment slack.
-constexpr size_t backward_smem_bytes(bool bulk_dq) {
-  return 2 * tile_bytes(kKeys) + 2 * kStages * tile_bytes(kRows) + kKeys * kRows * 2 +
-         (bulk_dq ? 2 * kDqBlock * sizeof(float) : 0) + kStages * kRows * (2 * sizeof(float) + sizeof(int32_t)) +
-         1024;
-}
+constexpr int kStages = 3;  // query tiles (Q, dO, statistics) in shared memory
+// Backward: K, V, three stages of Q and dO, dS^T, three stages of the row statistics, alignment slack.
+constexpr size_t kBackwardSmemBytes = 2 * tile_bytes(kKeys) + 2 * kStages * tile_bytes(kRows) + kKeys * kRows * 2 +
+                                      kStages * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;
 
 #ifdef GLM_FLASH_WGMMA
 constexpr int kRowBytes = 128;           // one swizzle row: 64 bf16
@@ -100,26 +97,6 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Shared-memory writes of this thread (st.shared, cp.async) made visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Bulk reductions (TMA unit) of a shared-memory row into global fp32: dst += src, `bytes` a multiple
-// of 16, both 16-byte aligned; completion tracked per thread in bulk groups.
-__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// All but the newest N of this thread's bulk groups have read their shared-memory source (it may be
-// overwritten).
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// Barrier `id` (1..15) of `threads` threads (a multiple of 32), e.g. one warpgroup.
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// This thread's bulk groups have completed.
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // This thread's cp.async tiles landed and made visible to wgmma, then the block's barrier.
 __device__ __forceinline__ void tiles_arrived() {
   cp_async_wait_all();
@@ -149,25 +126,38 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b,
       ".reg .pred p;\n"
       "setp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 // D (64 x 128, fp32) = A B + (scale_d ? D : 0) with A (64 x 16 bf16) in registers, laid out as mma.sync's A fragment
 // per warp, and B read from shared memory (TB as above).
 template <int TB>
-__device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
-                                                 int scale_d) {
+__device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
       "setp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, "
+      "%67}, %68, p, 1, 1, %70;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TB));
 }
 
@@ -180,9 +170,19 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b,
       ".reg .pred p;\n"
       "setp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, "
+      "%67, %68;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
@@ -202,30 +202,27 @@ __device__ __forceinline__ void gemm_nt_dims(float (&d)[N / 2], uint32_t a_lo, u
 
 #endif  // GLM_FLASH_WGMMA
 
-// BulkDq: dQ staged in shared memory and added to the accumulators by one bulk reduction per
-// warpgroup and tile instead of 16 paired atomics per thread (4,096 per warpgroup and tile).
-template <bool BulkDq>
+// QuadDq: dQ by 16-byte vector atomics (4 floats per thread and instruction), else paired ones.
+template <bool QuadDq>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout,
-                                const float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
-                                int64_t kv_heads, float scale, int head_chunk) {
+    flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
+                                const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
+                                float scale, int head_chunk) {
 #ifdef GLM_FLASH_WGMMA
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Ks = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* Vs = Ks + tile_bytes(kKeys);
-  unsigned char* Qbuf = Vs + tile_bytes(kKeys);                 // [kStages] x [kRows][kD]
-  unsigned char* dObuf = Qbuf + kStages * tile_bytes(kRows);     // [kStages] x [kRows][kD]
-  unsigned char* dSt = dObuf + kStages * tile_bytes(kRows);      // dS^T [kKeys][kRows]
-  float* dQs = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);  // [2 wg][kDqBlock] if BulkDq
-  float* lse_buf = dQs + (BulkDq ? 2 * kDqBlock : 0);             // [kStages][kRows]
-  float* delta_buf = lse_buf + kStages * kRows;                   // [kStages][kRows]
+  unsigned char* Qbuf = Vs + tile_bytes(kKeys);                                // [kStages] x [kRows][kD]
+  unsigned char* dObuf = Qbuf + kStages * tile_bytes(kRows);                   // [kStages] x [kRows][kD]
+  unsigned char* dSt = dObuf + kStages * tile_bytes(kRows);                    // dS^T [kKeys][kRows]
+  float* lse_buf = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);          // [kStages][kRows]
+  float* delta_buf = lse_buf + kStages * kRows;                                // [kStages][kRows]
   int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + kStages * kRows);  // [kStages][kRows]
 
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
   const int key_row = wg * 64 + warp * 16 + grp;  // this thread's key rows in the block: key_row, key_row + 8
   const int wg_thread = threadIdx.x & 127;
-  const bool dq_issuer = BulkDq && wg_thread == 0;  // issues (and waits for) its warpgroup's dQ reductions
   // Blocks in order: heads in chunks of head_chunk, in each chunk the first key tiles (the most
   // query tiles) first, a chunk's heads side by side. Only the chunk's heads' dQ accumulators are
   // then being added to, a working set that stays in L2 (4 MiB per head at seq 8192).
@@ -247,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t q_end = queries_seeing_end(doc_start, n, k_last);
   const float scale_log2 = scale * kLog2e;
 
-  // Q, dO and the row statistics of the query tile at q0 into stage s.
+  // Q, dO and the row statistics of the query tile at q0 into stage s, as one commit group.
   auto load_queries = [&](int s, int64_t q0) {
     const int valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
     async_tile<kRows>(Qbuf + s * tile_bytes(kRows), qkv + q0 * width + h * kD, width, valid);
@@ -270,15 +267,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.0f;
   uint32_t sa[4][4] = {};  // dS^T, the A operand of dK: kept until the next tile's first wait
 
+  // This tile's dQ into its accumulator block, from the registers.
+  auto add_dq = [&](float* block, const float(&dq)[32]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float* at = block + (j * 128 + wg_thread) * 4;
+      if constexpr (QuadDq) {
+        add4(at, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      } else {
+        add2(at, dq[4 * j], dq[4 * j + 1]);
+        add2(at + 2, dq[4 * j + 2], dq[4 * j + 3]);
+      }
+    }
+  };
+  // K, V and the first query tile landed and made visible to wgmma (each later tile at the end of
+  // the one before it, before that tile's dQ atomics: see the top of the file).
+  cp_async_wait_all();
+  fence_async_shared();
   int stage = 0;
   for (int64_t q0 = k0; q0 < q_end; q0 += kRows, stage = stage == kStages - 1 ? 0 : stage + 1) {
     const int q_valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
     const float* q_lse = lse_buf + stage * kRows;
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
-    // This tile in shared memory; every wgmma but the previous tile's dK has completed, so the
-    // stage loaded next (two tiles ago) and dS^T are free.
-    tiles_arrived();
+    // This tile in shared memory (every thread's copies fenced); every wgmma but the previous tile's
+    // dK has completed, so the stage loaded next (two tiles ago) and dS^T are free.
+    __syncthreads();
     if (q0 + kRows < q_end) load_queries(stage == kStages - 1 ? 0 : stage + 1, q0 + kRows);
     const bool masked = q0 < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
 
@@ -336,8 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint32_t*>(at + 8 * kRowBytes) = sa[j >> 1][(j & 1) * 2 + 1];
     }
     fence_async_shared();
-    if (dq_issuer) bulk_wait_read<0>();  // the previous tile's dQ staging was read
-    __syncthreads();  // dS^T of both warpgroups in shared memory; the dQ staging buffers free
+    __syncthreads();  // dS^T of both warpgroups in shared memory
 
     // dQ = dS K for the 64 queries x this warpgroup's 64 dims (k = the 128 keys; dS^T and K read
     // MN-major), committed before dK += dS^T Q so that its accumulation overlaps dK.
@@ -356,30 +369,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     pin(dq);
     pin(dv);
     pin(pa);
+    cp_async_wait_all();  // the next tile (see the top of the file)
+    fence_async_shared();
     // Rows past q_valid hold zeros (their P and dS are masked), so whole tiles are added.
-    float* dq_block = dq_acc + ((h * dq_tiles + q0 / kRows) * 2 + wg) * kDqBlock;
-    if constexpr (BulkDq) {
-      float* staged = dQs + wg * kDqBlock;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        *reinterpret_cast<float4*>(staged + (j * 128 + wg_thread) * 4) =
-            make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-      fence_async_shared();
-      named_barrier(1 + wg, 128);  // this warpgroup's dQ tile staged
-      if (dq_issuer) bulk_reduce_add(dq_block, staged, kDqBlock * sizeof(float));
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          add2(dq_block + (j * 128 + wg_thread) * 4 + 2 * hf, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
-    }
+    add_dq(dq_acc + ((h * dq_tiles + q0 / kRows) * 2 + wg) * kDqBlock, dq);
   }
   wgmma_wait<0>();  // the last dK
   pin(dk);
   pin(sa);
-  cp_async_wait_all();  // nothing outstanding when the block exits
-  if (dq_issuer) bulk_wait_all();
   // This head's dK and dV into the KV group's fp32 accumulators.
   float* dk_acc = dkv_acc;
   float* dv_acc = dkv_acc + n * kv_heads * kD;
@@ -399,7 +396,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-
 // Forward: one block of two warpgroups per (128 queries, head), warpgroup w owning queries 64 w..;
 // key/value tiles of 128 double-buffered by cp.async. S = Q K^T (both from shared memory) lands in
 // registers, the online softmax runs there, and P (bf16, the accumulator layout is the A operand's)
@@ -413,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef GLM_FLASH_WGMMA
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  unsigned char* Kbuf = Qs + tile_bytes(kFwdRows);     // [2] x [kFwdKeys][kD]
+  unsigned char* Kbuf = Qs + tile_bytes(kFwdRows);        // [2] x [kFwdKeys][kD]
   unsigned char* Vbuf = Kbuf + 2 * tile_bytes(kFwdKeys);  // [2] x [kFwdKeys][kD]
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
@@ -437,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t >= tiles) return;
     const int k0 = k_first + t * kFwdKeys;
     async_tile<kFwdKeys>(buf + (t & 1) * tile_bytes(kFwdKeys), base + static_cast<int64_t>(k0) * width, width,
-                                   min(kFwdKeys, k_end - k0));
+                         min(kFwdKeys, k_end - k0));
   };
   // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
   const uint32_t q_lo = smem_addr(Qs) >> 4, kbuf_lo = q_lo + lo16(tile_bytes(kFwdRows));
@@ -573,13 +569,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <bool BulkDq>
+template <bool QuadDq>
 cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                             const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                             cudaStream_t stream) {
-  constexpr size_t smem = backward_smem_bytes(BulkDq);
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<BulkDq>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  constexpr size_t smem = kBackwardSmemBytes;
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<QuadDq>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   // Heads per chunk of the block order: 8 (GLM_FLASH_BWD_HEAD_CHUNK overrides, read per call as
   // GLM_FLASH is). On one H200 at GLM-4-9B's 32 heads: seq 8192 3.70 ms against 3.83 with all heads
@@ -590,7 +586,7 @@ cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, c
   const int head_chunk = static_cast<int>(std::min<int64_t>(chosen, heads));
   const int64_t blocks = heads * ((n + kKeys - 1) / kKeys);
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  flash_backward_wgmma_kernel<BulkDq><<<static_cast<unsigned int>(blocks), kThreads, smem, stream>>>(
+  flash_backward_wgmma_kernel<QuadDq><<<static_cast<unsigned int>(blocks), kThreads, smem, stream>>>(
       dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, 1.0f / sqrtf(static_cast<float>(kD)),
       head_chunk);
   return cudaGetLastError();
@@ -613,13 +609,12 @@ bool flash_wgmma_available(int64_t head_dim) {
 #endif
 }
 
-// GLM_FLASH_DQ=atomic: dQ by per-thread paired atomics instead of bulk tile reductions (comparisons;
+// GLM_FLASH_DQ=atomic (read per call): dQ by paired atomics instead of 16-byte ones (comparisons;
 // also taken when dq_acc is not 16-byte aligned).
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
                                  cudaStream_t stream) {
   const char* dq = std::getenv("GLM_FLASH_DQ");
-  // Bulk reductions need 16-byte aligned rows; paired atomics only 8 bytes.
   if ((dq != nullptr && std::strcmp(dq, "atomic") == 0) || reinterpret_cast<uintptr_t>(dq_acc) % 16 != 0)
     return launch_backward<false>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
   return launch_backward<true>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
@@ -631,8 +626,8 @@ cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const in
                                        static_cast<int>(kFwdSmemBytes));
   if (e != cudaSuccess) return e;
   dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kFwdRows - 1) / kFwdRows));
-  flash_forward_wgmma_kernel<<<grid, kThreads, kFwdSmemBytes, stream>>>(
-      out, lse, qkv, doc_start, n, heads, kv_heads, kLog2e / sqrtf(static_cast<float>(kD)));
+  flash_forward_wgmma_kernel<<<grid, kThreads, kFwdSmemBytes, stream>>>(out, lse, qkv, doc_start, n, heads, kv_heads,
+                                                                        kLog2e / sqrtf(static_cast<float>(kD)));
   return cudaGetLastError();
 }
 

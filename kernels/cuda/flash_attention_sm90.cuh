@@ -16,8 +16,8 @@ cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const in
 
 // The wgmma backward's dQ accumulator layout: per head, per 64-query tile and per 64-dim half, one
 // contiguous 16 KB block in the order of the warpgroup's accumulator registers (float4 chunk j of
-// thread t at (j * 128 + t) * 4), so that a tile goes out as one bulk reduction from a
-// conflict-free staging copy. Rows are padded to whole tiles.
+// thread t at (j * 128 + t) * 4), so that each thread adds a tile with 16-byte vector atomics and a
+// warp's atomics cover 512 contiguous bytes. Rows are padded to whole tiles.
 constexpr int64_t kWgmmaDqTile = 64;
 // Tokens of dQ accumulator rows: n padded to whole tiles (flash_attention_scratch uses the same).
 __host__ __device__ inline int64_t wgmma_dq_rows(int64_t n) { return (n + kWgmmaDqTile - 1) / kWgmmaDqTile * kWgmmaDqTile; }
