@@ -476,12 +476,6 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
   auto docs = ints(doc);
   auto qkv = dual(random_bf16(n * s.qkv_width(), 61 + GetParam(), 1.5));
   auto dout = dual(random_bf16(n * qw, 62 + GetParam()));
-  auto choose = [](const char* kernel) {  // nullptr: the default kernels
-    if (kernel != nullptr)
-      ::setenv("GLM_FLASH", kernel, 1);
-    else
-      ::unsetenv("GLM_FLASH");
-  };
   auto check = [&](const char* what, const std::vector<float>& ours, const std::vector<float>& ref, size_t row_len) {
     EXPECT_LT(relative_error(ours, ref), kBf16OpTolerance) << what;
     EXPECT_LT(worst_row_error(ours, ref, row_len), 3e-2) << what << ": worst (token, head) row";
@@ -489,13 +483,12 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
   struct Forward {
     Dual out, lse;
   };
-  auto forward = [&](const char* kernel) {
-    choose(kernel);
+  auto forward = [&](const char* kernel) {  // kernel nullptr: the default kernels
+    ScopedEnv flash("GLM_FLASH", kernel);
     Forward f{output(n * qw), output(n * s.heads, DType::f32)};
     EXPECT_TRUE(
         gpu_->attention_forward(f.out.gpu.tensor(), f.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
             .is_ok());
-    choose(nullptr);
     return f;
   };
   const Forward ours = forward(nullptr), reference = forward("mma");
@@ -503,12 +496,11 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
   EXPECT_LT(relative_error(from_gpu(ours.lse.gpu), from_gpu(reference.lse.gpu)), 1e-4) << "forward lse";
   // The backwards from the same forward results.
   auto backward = [&](const char* kernel) {
-    choose(kernel);
+    ScopedEnv flash("GLM_FLASH", kernel);
     auto dqkv = output(n * s.qkv_width());
     EXPECT_TRUE(gpu_->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), reference.out.gpu.tensor(),
                                          reference.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
                     .is_ok());
-    choose(nullptr);
     return from_gpu(dqkv.gpu);
   };
   const auto reference_grads = backward("mma");
