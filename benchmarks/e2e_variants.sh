@@ -43,10 +43,13 @@ for variant in ${GLM_E2E_VARIANTS:-"default;;"}; do
     --output_dir "$dir" "${arg_list[@]}" >"$OUT/e2e_$label.log" 2>&1 || { echo "$label failed"; tail -6 "$OUT/e2e_$label.log"; }
   kill $smi 2>/dev/null
   [ -f "$dir/logging.jsonl" ] || continue
-  grep -A30 "^GLM_PROFILE" "$OUT/e2e_$label.log" | head -32
+  grep -A40 "^GLM_PROFILE" "$OUT/e2e_$label.log" | head -42
   python3 -c "
 import json; r=[json.loads(l) for l in open('$dir/logging.jsonl') if '\"loss\"' in l][3:]
-print('e2e %-28s %8.0f tokens/s over %d steps, loss %.5f, grad_norm %.4f, %.1f GiB' % ('$label', sum(x['tokens_per_second'] for x in r)/len(r), len(r), r[-1]['loss'], r[-1]['grad_norm'], max(x.get('device_memory_gib', 0) for x in r)))"
+print('e2e %-28s %8.0f tokens/s over %d steps, loss %.5f, grad_norm %.4f, %.1f GiB' % ('$label', sum(x['tokens_per_second'] for x in r)/len(r), len(r), r[-1]['loss'], r[-1]['grad_norm'], max(x.get('device_memory_gib', 0) for x in r)))
+period = sum(x['tokens'] / x['tokens_per_second'] for x in r) / len(r)
+inside = sum(x['step_seconds'] for x in r) / len(r)
+print('   %.2f ms a step, %.2f ms of it in the engine step, %.2f ms outside it' % (period * 1e3, inside * 1e3, (period - inside) * 1e3))"
   # SM clock and power while it ran (samples over 300 W: the training steps, not start-up).
   python3 -c "
 rows=[l.split(',') for l in open('$OUT/smi_$label.csv') if l.count(',')==2]

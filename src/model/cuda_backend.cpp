@@ -55,16 +55,28 @@ Status check_float(const char* op, DType d) {
 }
 
 // GLM_PROFILE=1: every op's device time, from CUDA events around it on the backend's stream, summed
-// per op name and printed to stderr when the backend is destroyed (event pairs are resolved in
-// batches, so the cost is two event records per op). Off by default: no events are recorded.
+// per op name and printed to stderr when the backend is destroyed, with the time each stream and
+// the whole GPU sat idle between ops (event pairs are resolved in batches of 32,768 ops, about 30
+// steps of the 12-layer benchmark, each a synchronisation, so the cost is two event records per
+// op). Off by default: no events are recorded.
 class OpProfiler {
   struct Record {
     const char* name = nullptr;
+    cudaStream_t stream = nullptr;
     cudaEvent_t start = nullptr, stop = nullptr;
   };
   struct Total {
     double seconds = 0;
     int64_t calls = 0;
+  };
+  // Where a stream sat between one op's end and its next op's start: waiting for the host to
+  // enqueue (a synchronisation, host work between steps) or for another stream.
+  struct Idle {
+    int order = 0;  // 0: the first stream seen (the main one: the first op is the embedding's)
+    cudaEvent_t last_stop = nullptr;
+    double seconds = 0, largest = 0;
+    int64_t gaps = 0, long_gaps = 0;            // over 50 us
+    std::map<std::string, double> long_before;  // the long gaps' seconds by the op that ended them
   };
 
  public:
@@ -78,6 +90,8 @@ class OpProfiler {
     for (auto& e : free_) cudaEventDestroy(e);
     for (auto& e : {first_, last_})
       if (e != nullptr) cudaEventDestroy(e);
+    for (auto& [stream, idle] : idle_)
+      if (idle.last_stop != nullptr) cudaEventDestroy(idle.last_stop);
   }
   OpProfiler(const OpProfiler&) = delete;
   OpProfiler& operator=(const OpProfiler&) = delete;
@@ -86,6 +100,10 @@ class OpProfiler {
     if (!enabled_) return;
     resolve();
     totals_.clear();
+    for (auto& [stream, idle] : idle_)
+      if (idle.last_stop != nullptr) free_.push_back(idle.last_stop);
+    idle_.clear();
+    intervals_.clear();
     for (cudaEvent_t* e : {&first_, &last_})
       if (*e != nullptr) {
         cudaEventDestroy(*e);
@@ -102,12 +120,40 @@ class OpProfiler {
     float span_ms = 0;
     if (first_ != nullptr && last_ != nullptr) (void)cudaEventElapsedTime(&span_ms, first_, last_);
     std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
     std::fprintf(stderr, "GLM_PROFILE: %.3f s of device time in ops over %.3f s from the first op to the last\n", total,
                  span_ms / 1e3);
     for (const auto& [name, t] : rows)
       std::fprintf(stderr, "  %-24s %10.3f ms %6.1f%% %8lld calls\n", name.c_str(), t.seconds * 1e3,
                    total > 0 ? 100.0 * t.seconds / total : 0.0, static_cast<long long>(t.calls));
+    // Where no stream ran an op at all: the union of every op's interval against the span.
+    std::sort(intervals_.begin(), intervals_.end(), [](const auto& x, const auto& y) { return x.start < y.start; });
+    double covered_until = intervals_.empty() ? 0.0 : intervals_.front().start, idle_ms = 0;
+    std::map<std::string, double> idle_before;
+    for (const Interval& i : intervals_) {
+      if (i.start > covered_until) {
+        idle_ms += i.start - covered_until;
+        if (i.start - covered_until > 0.05) idle_before[i.name] += i.start - covered_until;
+      }
+      covered_until = std::max(covered_until, i.stop);
+    }
+    std::fprintf(stderr, "  no stream busy: %.3f ms of the span; gaps over 50 us by the op that ended them:\n",
+                 idle_ms);
+    for (const auto& [name, ms] : idle_before) std::fprintf(stderr, "    %-30s %10.3f ms\n", name.c_str(), ms);
+    std::vector<const Idle*> streams;
+    for (const auto& [stream, idle] : idle_) streams.push_back(&idle);
+    std::sort(streams.begin(), streams.end(), [](const Idle* x, const Idle* y) { return x->order < y->order; });
+    for (const Idle* idle : streams) {
+      std::fprintf(stderr,
+                   "  %s stream idle between its ops: %.3f ms in %lld gaps, %lld of them over 50 us, the largest "
+                   "%.3f ms\n",
+                   idle->order == 0 ? "main" : "side", idle->seconds * 1e3, static_cast<long long>(idle->gaps),
+                   static_cast<long long>(idle->long_gaps), idle->largest * 1e3);
+      for (const auto& [name, seconds] : idle->long_before)
+        std::fprintf(stderr, "    long gaps before %-24s %10.3f ms\n", name.c_str(), seconds * 1e3);
+    }
+    write_trace();
   }
   // Records the start of `name` on stream; the scope records its end.
   class Scope {
@@ -115,6 +161,7 @@ class OpProfiler {
     Scope(OpProfiler* p, const char* name, cudaStream_t stream) : p_(p), stream_(stream) {
       if (!p_->enabled_) return;
       rec_.name = name;
+      rec_.stream = stream;
       rec_.start = p_->event();
       cudaEventRecord(rec_.start, stream_);
       if (p_->first_ == nullptr) {
@@ -129,7 +176,7 @@ class OpProfiler {
       if (p_->last_ == nullptr) cudaEventCreate(&p_->last_);
       cudaEventRecord(p_->last_, stream_);
       p_->pending_.push_back(rec_);
-      if (p_->pending_.size() >= 4096) p_->resolve();
+      if (p_->pending_.size() >= (1u << 15)) p_->resolve();
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -141,6 +188,25 @@ class OpProfiler {
   };
 
  private:
+  // GLM_PROFILE_TRACE=path: every op of the profiled steps as a Chrome trace (chrome://tracing,
+  // Perfetto), one track per stream.
+  void write_trace() const {
+    const char* path = std::getenv("GLM_PROFILE_TRACE");
+    if (path == nullptr || *path == '\0') return;
+    std::FILE* f = std::fopen(path, "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "GLM_PROFILE_TRACE: cannot write '%s'\n", path);
+      return;
+    }
+    std::fprintf(f, "{\"traceEvents\":[");
+    for (size_t i = 0; i < intervals_.size(); ++i) {
+      const Interval& v = intervals_[i];
+      std::fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+                   i == 0 ? "" : ",", v.name, v.stream, v.start * 1e3, (v.stop - v.start) * 1e3);
+    }
+    std::fprintf(f, "\n]}\n");
+    if (std::fclose(f) != 0) std::fprintf(stderr, "GLM_PROFILE_TRACE: error writing '%s'\n", path);
+  }
   cudaEvent_t event() {
     if (!free_.empty()) {
       cudaEvent_t e = free_.back();
@@ -159,8 +225,27 @@ class OpProfiler {
         t.seconds += ms / 1e3;
         t.calls += 1;
       }
+      auto [at, added] = idle_.try_emplace(r.stream);
+      Idle& idle = at->second;
+      if (added) idle.order = static_cast<int>(idle_.size()) - 1;
+      float from_first = 0, to_first = 0;
+      if (cudaEventElapsedTime(&from_first, first_, r.start) == cudaSuccess &&
+          cudaEventElapsedTime(&to_first, first_, r.stop) == cudaSuccess)
+        intervals_.push_back({from_first, to_first, r.name, idle.order});
+      float gap_ms = 0;
+      if (idle.last_stop != nullptr && cudaEventElapsedTime(&gap_ms, idle.last_stop, r.start) == cudaSuccess &&
+          gap_ms > 0) {
+        idle.seconds += gap_ms / 1e3;
+        idle.largest = std::max(idle.largest, static_cast<double>(gap_ms) / 1e3);
+        idle.gaps += 1;
+        if (gap_ms > 0.05f) {
+          idle.long_gaps += 1;
+          idle.long_before[r.name] += gap_ms / 1e3;
+        }
+      }
+      if (idle.last_stop != nullptr) free_.push_back(idle.last_stop);
+      idle.last_stop = r.stop;
       free_.push_back(r.start);
-      free_.push_back(r.stop);
     }
     pending_.clear();
   }
@@ -168,6 +253,13 @@ class OpProfiler {
   std::vector<Record> pending_;
   std::vector<cudaEvent_t> free_;
   std::map<std::string, Total> totals_;
+  std::map<cudaStream_t, Idle> idle_;
+  struct Interval {
+    double start, stop;  // ms from first_
+    const char* name;
+    int stream;  // Idle::order
+  };
+  std::vector<Interval> intervals_;
   cudaEvent_t first_ = nullptr, last_ = nullptr;
 };
 
@@ -219,8 +311,19 @@ class CudaBackend final : public Backend {
 
   Status init() {
     GLM_CUDA_RETURN(cudaSetDevice(device_));
-    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
-    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    // The main stream has the highest priority and the side stream the lowest, so that the block
+    // scheduler hands SMs that free up to the main stream's pending blocks first. Without that, a
+    // side update that started just before a GEMM (a layer's MLP half, released after its
+    // backward) filled every SM with its short blocks and the GEMM waited for most of it: the
+    // attention projection's weight gradient took 1.35 ms instead of 0.27 at seq 4096, and the
+    // update ran alone rather than beside backward (+2.6% end to end with the priorities, session
+    // 14 in benchmarks/RESULTS.md). GLM_STREAM_PRIORITIES=0 creates both at the default priority.
+    int least = 0, greatest = 0;
+    GLM_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const char* prio = std::getenv("GLM_STREAM_PRIORITIES");
+    const bool prioritise = prio == nullptr || std::string(prio) != "0";
+    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&main_, cudaStreamNonBlocking, prioritise ? greatest : 0));
+    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, prioritise ? least : 0));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     stream_ = main_;
@@ -333,8 +436,8 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::embedding_forward(b(out), b(table), tokens.as<int32_t>(), n, hidden, stream_));
     return Status::ok();
   }
-  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Tensor token_order, Tensor token_runs,
-                            int64_t n, int64_t hidden) override {
+  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Tensor token_order, Tensor token_runs, int64_t n,
+                            int64_t hidden) override {
     GLM_PROFILE_OP("embedding_backward");
     if (token_order.numel != n || token_order.dtype != DType::i32 || token_runs.dtype != DType::i32 ||
         token_runs.numel < (n > 0 ? 2 : 1))
@@ -366,8 +469,8 @@ class CudaBackend final : public Backend {
     int64_t floats = 0;
     GLM_CUDA_RETURN(cuda::rmsnorm_backward_scratch(n, hidden, &floats));
     GLM_ASSIGN_OR_RETURN(void* partials, norm_scratch_.get(sizeof(float) * static_cast<size_t>(floats)));
-    GLM_CUDA_RETURN(cuda::rmsnorm_backward(b(din), b(dweight), static_cast<float*>(partials), b(dout), b(in),
-                                           b(weight), rstd.as<float>(), n, hidden, stream_));
+    GLM_CUDA_RETURN(cuda::rmsnorm_backward(b(din), b(dweight), static_cast<float*>(partials), b(dout), b(in), b(weight),
+                                           rstd.as<float>(), n, hidden, stream_));
     return Status::ok();
   }
   Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
@@ -396,9 +499,8 @@ class CudaBackend final : public Backend {
     }
     if (!dweight.empty()) {
       GLM_PROFILE_OP("linear_wgrad");
-      GLM_CUBLAS_RETURN(
-          gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features, accumulate_dweight,
-                                       stream_));
+      GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features,
+                                                     accumulate_dweight, stream_));
     }
     if (!dbias.empty()) {
       GLM_PROFILE_OP("bias_grad");
@@ -494,18 +596,17 @@ class CudaBackend final : public Backend {
       {
         GLM_PROFILE_OP("cross_entropy");
         GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0,
-                                            correct.empty() ? nullptr : correct.as<int32_t>() + t0,
-                                            dlogits, static_cast<const bf16*>(logits),
-                                            targets.as<int32_t>() + t0, m, vocab, static_cast<float>(grad_scale),
-                                            stream_));
+                                            correct.empty() ? nullptr : correct.as<int32_t>() + t0, dlogits,
+                                            static_cast<const bf16*>(logits), targets.as<int32_t>() + t0, m, vocab,
+                                            static_cast<float>(grad_scale), stream_));
       }
       if (grad) {
         GLM_PROFILE_OP("lm_head_backward");
-        GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, dlogits,
-                                                      b(weight), m, hidden_size, vocab, false, stream_));
+        GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, dlogits, b(weight), m, hidden_size,
+                                                      vocab, false, stream_));
         if (!dweight.empty())  // a frozen lm_head (LoRA) has no gradient
-          GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), dlogits, h, m, hidden_size,
-                                                         vocab, accumulate_dweight || t0 > 0, stream_));
+          GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), dlogits, h, m, hidden_size, vocab,
+                                                         accumulate_dweight || t0 > 0, stream_));
       }
     }
     return Status::ok();
@@ -546,8 +647,8 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::fill_normal(dst.data, dtype_code(dst.dtype), dst.numel, key, offset, std, stream_));
     return Status::ok();
   }
-  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
-               const AdamWStep& step, Tensor grad_sq_sum) override {
+  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq, const AdamWStep& step,
+               Tensor grad_sq_sum) override {
     GLM_PROFILE_OP("adamw");
     GLM_RETURN_IF_ERROR(check_sum_dtype("adamw", grad_sq_sum));
     const cuda::AdamWArgs a = adamw_args(step);
@@ -579,13 +680,11 @@ class CudaBackend final : public Backend {
       h.bias_correction1[k] = a.bias_correction1;
       h.bias_correction2_sqrt[k] = a.bias_correction2_sqrt;
     }
-    GLM_CUDA_RETURN(cuda::adamw_rows(!split && param.data == master.data ? nullptr : b(param),
-                                     split ? nullptr : master.as<float>(), split ? master.as<int16_t>() : nullptr,
-                                     b(grad), exp_avg.as<float>(), exp_avg_sq.as<float>(),
-                                     r.rows.empty() ? nullptr : r.rows.as<int32_t>(), r.count, r.width,
-                                     r.row_step.as<int32_t>(), r.floor, r.until, r.gradient, h,
-                                     grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_,
-                                     stream_ == side_));
+    GLM_CUDA_RETURN(cuda::adamw_rows(
+        !split && param.data == master.data ? nullptr : b(param), split ? nullptr : master.as<float>(),
+        split ? master.as<int16_t>() : nullptr, b(grad), exp_avg.as<float>(), exp_avg_sq.as<float>(),
+        r.rows.empty() ? nullptr : r.rows.as<int32_t>(), r.count, r.width, r.row_step.as<int32_t>(), r.floor, r.until,
+        r.gradient, h, grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_, stream_ == side_));
     return Status::ok();
   }
 
@@ -630,7 +729,8 @@ class CudaBackend final : public Backend {
   // SMs the GEMMs are planned for while side work is pending (0: all). On one H200 (132 SMs) with
   // the optimizer beside a 12-layer GLM-4-9B backward at seq 4096, 12 left to it gave +2.0% end to
   // end against the optimizer after backward; 8 and 16 gave -0.4% and +0.1%, none +0.3%
-  // (benchmarks/RESULTS.md, session 8).
+  // (benchmarks/RESULTS.md, session 8). With the streams' priorities (session 14) 12 stayed best:
+  // 0, 8, 16 and 24 gave -2.3%, -2.5%, -1.8% and -1.7%.
   static constexpr int kSideSms = 12;
   int side_sm_target_ = 0;
   cuda::Gemm gemm_;
