@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/glm4_model.h"
@@ -65,6 +67,36 @@ class OverwritingParameters final : public ParameterProvider {
  private:
   VectorParameters& inner_;
 };
+
+// The radix order against its definition (positions sorted by (token as unsigned, position)), with
+// repeats, tokens past 2^22 (three 11-bit passes) and negative ones (huge as unsigned), and the
+// index's runs against the distinct tokens.
+TEST(MicroBatchIndex, RadixOrderMatchesSortedKeys) {
+  std::mt19937 rng(20261201);
+  for (const auto& [n, range] : std::vector<std::pair<int, int64_t>>{
+           {0, 10}, {1, 10}, {7, 3}, {4097, 151552}, {1000, 37}, {513, INT32_MAX}, {300, -1}}) {
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (auto& t : tokens)
+      t = range > 0 ? static_cast<int32_t>(rng() % static_cast<uint64_t>(range)) : static_cast<int32_t>(rng());
+    std::vector<uint64_t> keys(tokens.size());
+    for (size_t p = 0; p < tokens.size(); ++p)
+      keys[p] = (static_cast<uint64_t>(static_cast<uint32_t>(tokens[p])) << 32) | static_cast<uint32_t>(p);
+    std::sort(keys.begin(), keys.end());
+    const std::vector<int32_t> order = order_by_token(tokens);
+    ASSERT_EQ(order.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(order[i], static_cast<int32_t>(keys[i] & 0xffffffffu)) << n;
+    const MicroBatchIndex ix = index_micro_batch(tokens, tokens);
+    EXPECT_EQ(ix.token_order, order);
+    std::vector<uint32_t> distinct(tokens.begin(), tokens.end());
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    ASSERT_EQ(ix.token_runs.size(), distinct.size() + 1) << n;
+    for (size_t r = 0; r < distinct.size(); ++r)
+      EXPECT_EQ(static_cast<uint32_t>(tokens[static_cast<size_t>(order[static_cast<size_t>(ix.token_runs[r])])]),
+                distinct[r]);
+    EXPECT_EQ(ix.token_runs.back(), n);
+  }
+}
 
 TEST(Glm4Model, EveryParameterGradientMatchesFiniteDifferences) {
   ModelConfig config = tiny_config();

@@ -37,6 +37,30 @@ std::array<ActivationField, kFields> activation_fields(const ModelConfig& c, int
 
 }  // namespace
 
+std::vector<int32_t> order_by_token(std::span<const int32_t> tokens) {
+  const size_t n = tokens.size();
+  std::vector<int32_t> order(n), next(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+  uint32_t largest = 0;
+  for (const int32_t t : tokens) largest = std::max(largest, static_cast<uint32_t>(t));
+  // Stable passes over 11-bit digits of the token (as unsigned), lowest first: positions start
+  // ascending, so equal tokens keep their positions' order. As many passes as the largest needs.
+  constexpr int kBits = 11;
+  constexpr size_t kBuckets = size_t{1} << kBits;
+  std::vector<int32_t> count(kBuckets + 1);
+  for (int shift = 0; shift < 32 && (shift == 0 || (largest >> shift) != 0); shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    auto digit = [&](int32_t p) {
+      return (static_cast<uint32_t>(tokens[static_cast<size_t>(p)]) >> shift) & (kBuckets - 1);
+    };
+    for (const int32_t p : order) ++count[digit(p) + 1];
+    for (size_t b = 1; b <= kBuckets; ++b) count[b] += count[b - 1];
+    for (const int32_t p : order) next[static_cast<size_t>(count[digit(p)]++)] = p;
+    order.swap(next);
+  }
+  return order;
+}
+
 MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
   MicroBatchIndex ix;
   const auto n = static_cast<int32_t>(tokens.size());
@@ -45,17 +69,10 @@ MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<con
       ix.label_rows.push_back(t);
       ix.label_targets.push_back(targets[static_cast<size_t>(t)]);
     }
-  // (token, position) pairs in one 64-bit key: sorted, they give both orders at once.
-  std::vector<uint64_t> keys(tokens.size());
-  for (int32_t t = 0; t < n; ++t)
-    keys[static_cast<size_t>(t)] =
-        (static_cast<uint64_t>(static_cast<uint32_t>(tokens[static_cast<size_t>(t)])) << 32) | static_cast<uint32_t>(t);
-  std::sort(keys.begin(), keys.end());
-  ix.token_order.resize(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ix.token_order[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
-    if (i == 0 || (keys[i] >> 32) != (keys[i - 1] >> 32)) ix.token_runs.push_back(static_cast<int32_t>(i));
-  }
+  ix.token_order = order_by_token(tokens);
+  for (size_t i = 0; i < ix.token_order.size(); ++i)
+    if (i == 0 || tokens[static_cast<size_t>(ix.token_order[i])] != tokens[static_cast<size_t>(ix.token_order[i - 1])])
+      ix.token_runs.push_back(static_cast<int32_t>(i));
   ix.token_runs.push_back(n);
   return ix;
 }

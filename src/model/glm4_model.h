@@ -38,6 +38,10 @@ struct MicroBatchIndex {
   std::vector<int32_t> label_rows, label_targets, token_order, token_runs;
 };
 MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<const int32_t> targets);
+// The positions 0 .. n - 1 ordered by (tokens[p] as unsigned, p): a stable radix sort, linear in n
+// (std::sort of (token, position) keys took ~140 us at 4,096 tokens, host time the GPU waits for
+// at the start of every step).
+std::vector<int32_t> order_by_token(std::span<const int32_t> tokens);
 // i32 elements a micro-batch of up to n tokens takes with its index: tokens, targets, positions and
 // document starts (4n), labelled rows and their targets (at most 2n), token order (n), runs (n + 1).
 inline int64_t micro_batch_ints(int64_t n) { return 8 * n + 1; }

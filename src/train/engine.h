@@ -172,7 +172,8 @@ class TrainingEngine {
   int deferred_unit_ = -1;        // the unit whose optimizer defers rows (the embedding's), or -1
   Buffer step_rows_;              // i32: a step's distinct tokens (upload_token_rows)
   std::vector<int32_t> rows_host_;
-  std::vector<uint8_t> row_seen_;
+  std::vector<int32_t> step_tokens_;  // one rank: the step's tokens, sorted for rows_host_
+  std::vector<uint8_t> row_seen_;     // several ranks: a byte per word, max-reduced
 };
 
 // Moves f32 master values of an optimizer shard between the host and the backend: directly, or
