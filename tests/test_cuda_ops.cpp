@@ -187,6 +187,26 @@ TEST_F(Ops, GatherScatterRows) {
     ASSERT_TRUE(cpu_->scatter_rows(dst.cpu.tensor(), src.cpu.tensor(), rows.cpu.tensor(), count, width).is_ok());
     ASSERT_TRUE(gpu_->scatter_rows(dst.gpu.tensor(), src.gpu.tensor(), rows.gpu.tensor(), count, width).is_ok());
     EXPECT_EQ(from_gpu(dst.gpu), from_cpu(dst.cpu));
+    // Zeroed rows (the embedding gradient's rows of the last step): the others as they were.
+    auto zeroed = dual(random_bf16(total * width, 9), dtype);
+    const std::vector<float> before = from_cpu(zeroed.cpu);
+    ASSERT_TRUE(cpu_->zero_rows(zeroed.cpu.tensor(), rows.cpu.tensor(), count, width).is_ok());
+    ASSERT_TRUE(gpu_->zero_rows(zeroed.gpu.tensor(), rows.gpu.tensor(), count, width).is_ok());
+    const std::vector<float> after = from_gpu(zeroed.gpu);
+    EXPECT_EQ(after, from_cpu(zeroed.cpu));
+    std::vector<char> is_picked(static_cast<size_t>(total), 0);
+    for (const int32_t r : picked) is_picked[static_cast<size_t>(r)] = 1;
+    int64_t kept = 0;
+    for (int64_t r = 0; r < total; ++r)
+      for (int64_t j = 0; j < width; ++j) {
+        const auto at = static_cast<size_t>(r * width + j);
+        if (is_picked[static_cast<size_t>(r)]) {
+          EXPECT_EQ(after[at], 0.0f);
+        } else {
+          kept += after[at] == before[at] && before[at] != 0.0f;
+        }
+      }
+    EXPECT_GT(kept, 0);
   }
   std::vector<int32_t> values(static_cast<size_t>(total));
   for (int32_t i = 0; i < static_cast<int32_t>(total); ++i) values[static_cast<size_t>(i)] = i * 7919 - 1000;
@@ -198,6 +218,7 @@ TEST_F(Ops, GatherScatterRows) {
   for (int64_t i = 0; i < count; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], values[static_cast<size_t>(picked[i])]);
   // Shapes are checked: a compact side of the wrong size, or dtypes that differ.
   EXPECT_FALSE(gpu_->gather_rows(compact.tensor(), wide.gpu.tensor(), rows.gpu.tensor(), count - 1, 1).is_ok());
+  EXPECT_FALSE(gpu_->zero_rows(wide.gpu.tensor(), rows.gpu.tensor(), count, 2).is_ok());  // 301 not a multiple of 2
   auto floats = dual(random_bf16(total, 9), DType::f32);
   EXPECT_FALSE(gpu_->gather_rows(compact.tensor(), floats.gpu.tensor(), rows.gpu.tensor(), count, 1).is_ok());
 }

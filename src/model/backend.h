@@ -139,6 +139,8 @@ class Backend {
   // below the wide side's row count (the CPU backend checks that; a device backend cannot cheaply).
   virtual Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
   virtual Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
+  // dst[rows[i]] = 0 for i < count (rows of width elements, any dtype; indices as scatter_rows').
+  virtual Status zero_rows(Tensor dst, Tensor rows, int64_t count, int64_t width) = 0;
   virtual Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) = 0;
   // dtable[tokens[t]] += dout[t]. token_order and token_runs are the batch's (MicroBatchIndex in
   // model/glm4_model.h): a device backend sums each token's rows in fp32 in that order and adds the

@@ -97,6 +97,18 @@ class CpuBackend final : public Backend {
   Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
     return move_rows("scatter_rows", dst, src, rows, count, width, false);
   }
+  Status zero_rows(Tensor dst, Tensor rows, int64_t count, int64_t width) override {
+    if (rows.dtype != DType::i32 || rows.numel < count || count < 0 || width <= 0 || dst.numel % width != 0)
+      return GLM_INTERNAL_ERROR("zero_rows: ", count, " rows of width ", width, " of ", dst.numel, " elements");
+    const size_t row_bytes = static_cast<size_t>(width) * dtype_size(dst.dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = rows.as<int32_t>()[i];
+      if (r < 0 || (r + 1) * width > dst.numel)
+        return GLM_INTERNAL_ERROR("zero_rows: row ", r, " outside ", dst.numel / width, " rows");
+      std::memset(static_cast<char*>(dst.data) + static_cast<size_t>(r) * row_bytes, 0, row_bytes);
+    }
+    return Status::ok();
+  }
   Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
                          double eps) override {
     cpu::rmsnorm_forward(p(out), p(rstd), p(in), p(weight), n, hidden, eps);

@@ -456,6 +456,14 @@ class CudaBackend final : public Backend {
     GLM_PROFILE_OP("scatter_rows");
     return move_rows("scatter_rows", dst, src, rows, count, width, false);
   }
+  Status zero_rows(Tensor dst, Tensor rows, int64_t count, int64_t width) override {
+    GLM_PROFILE_OP("zero_rows");
+    if (rows.dtype != DType::i32 || rows.numel < count || count < 0 || width <= 0 || dst.numel % width != 0)
+      return GLM_INTERNAL_ERROR("zero_rows: ", count, " rows of width ", width, " of ", dst.numel, " elements");
+    GLM_CUDA_RETURN(cuda::move_rows(dst.data, nullptr, rows.as<int32_t>(), count,
+                                    width * static_cast<int64_t>(dtype_size(dst.dtype)), false, stream_));
+    return Status::ok();
+  }
   Status rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor weight, int64_t n, int64_t hidden,
                          double eps) override {
     GLM_PROFILE_OP("rmsnorm_forward");

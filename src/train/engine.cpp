@@ -66,8 +66,9 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
     const int history = deferred_rows_history_from_env();
     const ParamEntry& table = e->layout().entry(e->layout().embedding());
     const int unit = e->layout().embedding_unit();
-    if (history > 0 && zero_stage == 0 && table.unit == unit &&
-        table.offset == e->layout().units()[static_cast<size_t>(unit)].offset) {
+    const ParamUnit& table_unit = e->layout().units()[static_cast<size_t>(unit)];
+    if (history > 0 && zero_stage == 0 && table.unit == unit && table.offset == table_unit.offset &&
+        table_unit.entries.size() == 1) {
       GLM_RETURN_IF_ERROR(
           e->optimizers_[static_cast<size_t>(unit)].defer_rows(config.vocab_size, config.hidden_size, history));
       e->deferred_unit_ = unit;
@@ -373,11 +374,22 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     blocking += std::chrono::duration<double>(clock::now() - t0).count();
     return st;
   };
+  // With deferred rows the table's gradient is zero but in the rows the last step's backward added
+  // to (its tokens, still in step_rows_): those rows are zeroed, a few MiB, instead of the whole
+  // table (1.2 GiB at GLM-4's 151,552 x 4,096, 0.3 ms a step on an H200).
+  const bool table_rows_only = deferred_unit_ >= 0 && dirty_table_rows_ >= 0;
+  if (deferred_unit_ >= 0) zero_->set_zeroed_by_caller(deferred_unit_, table_rows_only);
   GLM_RETURN_IF_ERROR(zero_->zero_grads());
+  if (table_rows_only && dirty_table_rows_ > 0)
+    GLM_RETURN_IF_ERROR(
+        backend_.zero_rows(zero_->owned_grads(deferred_unit_).slice(0, config().vocab_size * config().hidden_size),
+                           step_rows_.tensor(), dirty_table_rows_, config().hidden_size));
   if (lora_layout_) GLM_RETURN_IF_ERROR(backend_.zero(lora_grads_.tensor()));
   if (deferred_unit_ >= 0) {
+    dirty_table_rows_ = -1;  // unknown until this step's rows are in step_rows_
     // The rows this step reads get their deferred steps first; its update is theirs alone.
     GLM_ASSIGN_OR_RETURN(const int64_t rows, upload_token_rows(micro));
+    dirty_table_rows_ = rows;  // the only rows this step's backward adds to
     AdamWOptimizer& opt = optimizers_[static_cast<size_t>(deferred_unit_)];
     GLM_RETURN_IF_ERROR(opt.catch_up(step_rows_.tensor(), rows));
     opt.set_step_rows(step_rows_.tensor(), rows);

@@ -171,6 +171,9 @@ class TrainingEngine {
   double max_grad_norm_ = 0;
   int deferred_unit_ = -1;        // the unit whose optimizer defers rows (the embedding's), or -1
   Buffer step_rows_;              // i32: a step's distinct tokens (upload_token_rows)
+  // Rows of the table's gradient that may be nonzero, the first ones of step_rows_ (the last step's
+  // tokens); -1: unknown (before the first step, or a step failed before it knew its rows).
+  int64_t dirty_table_rows_ = -1;
   std::vector<int32_t> rows_host_;
   std::vector<int32_t> step_tokens_;  // one rank: the step's tokens, sorted for rows_host_
   std::vector<uint8_t> row_seen_;     // several ranks: a byte per word, max-reduced

@@ -377,6 +377,7 @@ Status ZeroParameters::zero_grads() {
   if (grads_.numel() > 0) {
     const int units = static_cast<int>(layout_.units().size());
     for (int u = 0; u < units; ++u) {
+      if (static_cast<size_t>(u) < zeroed_by_caller_.size() && zeroed_by_caller_[static_cast<size_t>(u)]) continue;
       const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
       GLM_RETURN_IF_ERROR(zero_added_parts(u, grads_.slice(unit.offset, unit.numel)));
     }

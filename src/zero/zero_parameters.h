@@ -86,6 +86,12 @@ class ZeroParameters final : public ParameterProvider {
   void set_on_grads_final(std::function<Status(int unit, int64_t from)> fn) { on_grads_final_ = std::move(fn); }
 
   Status zero_grads();
+  // While skip, zero_grads() leaves `unit`'s gradient alone: the caller zeroes what backward added
+  // to (the embedding's deferred rows: the last step's rows, not the whole table).
+  void set_zeroed_by_caller(int unit, bool skip) {
+    if (zeroed_by_caller_.size() < layout_.units().size()) zeroed_by_caller_.assign(layout_.units().size(), 0);
+    zeroed_by_caller_[static_cast<size_t>(unit)] = skip ? 1 : 0;
+  }
   // Before each micro-batch's backward: whether it is the last of the optimizer step (stages 0-1
   // then reduce each bucket as soon as backward completes its units).
   void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
@@ -164,6 +170,7 @@ class ZeroParameters final : public ParameterProvider {
     int64_t begin, numel;
   };
   std::vector<std::vector<ZeroRange>> zero_ranges_;
+  std::vector<char> zeroed_by_caller_;  // per unit: set_zeroed_by_caller()
   void plan_zeroing();
   Status zero_added_parts(int unit, Tensor unit_grads);
   Buffer grads_;        // stages 0-1: the full gradients
