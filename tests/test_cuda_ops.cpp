@@ -164,6 +164,35 @@ TEST_F(Ops, Embedding) {
           .is_ok());
 }
 
+// zero_all: 70 slices of one bf16 buffer (more than one launch's 64), at odd element offsets and of
+// odd lengths (2-byte alignment, heads and tails around 16-byte vectors), one over 1 MiB (its own
+// memset) and one empty; every element outside them keeps its value.
+TEST_F(Ops, ZeroAllClearsOnlyItsRanges) {
+  const int64_t total = 1 << 20;
+  auto buf = dual(random_bf16(total, 10));
+  std::vector<Tensor> parts;
+  std::vector<char> inside(static_cast<size_t>(total), 0);
+  int64_t at = 3;
+  for (int k = 0; k < 70; ++k) {
+    const int64_t n = k == 35 ? (int64_t{600} << 10) : k == 50 ? 0 : 1 + (k * 37) % 301;
+    parts.push_back(buf.gpu.tensor().slice(at, n));
+    for (int64_t i = at; i < at + n; ++i) inside[static_cast<size_t>(i)] = 1;
+    at += n + 1 + k % 5;
+  }
+  ASSERT_LT(at, total);
+  const std::vector<float> before = from_cpu(buf.cpu);
+  ASSERT_TRUE(gpu_->zero_all(parts).is_ok());
+  const std::vector<float> after = from_gpu(buf.gpu);
+  for (int64_t i = 0; i < total; ++i) {
+    const auto j = static_cast<size_t>(i);
+    if (inside[j]) {
+      ASSERT_EQ(after[j], 0.0f) << i;
+    } else {
+      ASSERT_EQ(after[j], before[j]) << i;
+    }
+  }
+}
+
 // Row gathers and scatters (the lm_head's labelled rows): bf16 rows of 70 (4-byte units), 4096 (16-byte)
 // and 3 elements (2-byte), single f32 and i32 elements, against the CPU bit for bit; a scatter
 // leaves the other rows as they were.

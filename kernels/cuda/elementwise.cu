@@ -195,7 +195,33 @@ __global__ void scale_kernel(D* x, int64_t n, float factor) {
     x[i] = cast<D, float>(cast<float, D>(x[i]) * factor);
 }
 
+// Range blockIdx.y: the bytes before its first 16-byte boundary and after its last one one at a
+// time, the 16-byte vectors between grid-strided.
+__global__ void zero_ranges_kernel(const __grid_constant__ ZeroRanges r) {
+  auto* p = static_cast<unsigned char*>(r.ptr[blockIdx.y]);
+  const int64_t n = r.bytes[blockIdx.y];
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t head = std::min<int64_t>(n, (16 - static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) % 16)) % 16);
+  const int64_t vecs = (n - head) / 16, tail = head + vecs * 16;
+  if (t < head) p[t] = 0;
+  auto* body = reinterpret_cast<uint4*>(p + head);
+  for (int64_t i = t; i < vecs; i += stride) body[i] = make_uint4(0, 0, 0, 0);
+  if (t < n - tail) p[tail + t] = 0;
+}
+
 }  // namespace
+
+cudaError_t zero_ranges(const ZeroRanges& ranges, cudaStream_t stream) {
+  if (ranges.count <= 0) return cudaSuccess;
+  if (ranges.count > kZeroRanges) return cudaErrorInvalidValue;
+  int64_t widest = 0;
+  for (int k = 0; k < ranges.count; ++k) widest = std::max(widest, ranges.bytes[k]);
+  // Enough 256-thread blocks for the widest range's vectors (at most 1024; they stride beyond).
+  const auto blocks = static_cast<unsigned int>(std::clamp<int64_t>((widest / 16 + 255) / 256, 1, 1024));
+  zero_ranges_kernel<<<dim3(blocks, static_cast<unsigned int>(ranges.count)), 256, 0, stream>>>(ranges);
+  return cudaGetLastError();
+}
 
 cudaError_t scale(void* x, int dtype, int64_t n, double factor, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;

@@ -17,6 +17,16 @@ cudaError_t sum_squares_f32(double* result, const float* x, int64_t n, cudaStrea
 cudaError_t fill(void* dst, int dst_dtype, int64_t n, double value, cudaStream_t stream);
 cudaError_t fill_normal(void* dst, int dst_dtype, int64_t n, uint64_t key, int64_t offset, double std,
                         cudaStream_t stream);
+// Byte ranges set to zero in one launch: the many small added-to parts of a step's gradients (norm
+// weights and biases, 37 of them at GLM-4's 12 layers), which one memset each left the GPU waiting
+// for the host's launches. At most kZeroRanges ranges per call.
+constexpr int kZeroRanges = 64;
+struct ZeroRanges {
+  int count = 0;
+  void* ptr[kZeroRanges];
+  int64_t bytes[kZeroRanges];
+};
+cudaError_t zero_ranges(const ZeroRanges& ranges, cudaStream_t stream);
 // dst[i] += src[i] (fp32 partial sums into a bf16 gradient).
 cudaError_t accumulate_into_bf16(bf16* dst, const float* src, int64_t n, cudaStream_t stream);
 // out[c] += sum over rows of in[r, c] (bf16 in, fp32 accumulation, bf16 out): bias gradients.

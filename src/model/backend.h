@@ -127,6 +127,11 @@ class Backend {
 
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
   virtual Status zero(Tensor t) = 0;
+  // Every tensor zeroed (a device backend may do it in one launch).
+  virtual Status zero_all(std::span<const Tensor> ts) {
+    for (const Tensor& t : ts) GLM_RETURN_IF_ERROR(zero(t));
+    return Status::ok();
+  }
   // Copies between host memory of the same dtype and backend memory.
   virtual Status upload(Tensor dst, const void* src) = 0;
   virtual Status download(void* dst, Tensor src) = 0;

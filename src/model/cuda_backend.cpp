@@ -403,6 +403,28 @@ class CudaBackend final : public Backend {
     if (!t.empty()) GLM_CUDA_RETURN(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
     return Status::ok();
   }
+  // Large tensors (over 1 MiB) by a memset each, the small ones in launches of up to kZeroRanges.
+  Status zero_all(std::span<const Tensor> ts) override {
+    cuda::ZeroRanges small;
+    auto flush = [&]() -> Status {
+      if (small.count == 0) return Status::ok();
+      GLM_PROFILE_OP("zero_all");
+      GLM_CUDA_RETURN(cuda::zero_ranges(small, stream_));
+      small.count = 0;
+      return Status::ok();
+    };
+    for (const Tensor& t : ts) {
+      if (t.empty()) continue;
+      if (t.bytes() > (size_t{1} << 20)) {
+        GLM_RETURN_IF_ERROR(zero(t));
+        continue;
+      }
+      small.ptr[small.count] = t.data;
+      small.bytes[small.count] = static_cast<int64_t>(t.bytes());
+      if (++small.count == cuda::kZeroRanges) GLM_RETURN_IF_ERROR(flush());
+    }
+    return flush();
+  }
   Status upload(Tensor dst, const void* src) override {
     GLM_CUDA_RETURN(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
     return synchronize();

@@ -376,11 +376,14 @@ Status ZeroParameters::zero_grads() {
   // the flat buffer, so zeroing their added-to parts leaves nothing stale.
   if (grads_.numel() > 0) {
     const int units = static_cast<int>(layout_.units().size());
+    std::vector<Tensor> parts;  // zeroed together: one launch for the many small ones on a device
     for (int u = 0; u < units; ++u) {
       if (static_cast<size_t>(u) < zeroed_by_caller_.size() && zeroed_by_caller_[static_cast<size_t>(u)]) continue;
       const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
-      GLM_RETURN_IF_ERROR(zero_added_parts(u, grads_.slice(unit.offset, unit.numel)));
+      for (const ZeroRange& r : zero_ranges_[static_cast<size_t>(u)])
+        parts.push_back(grads_.slice(unit.offset + r.begin, r.numel));
     }
+    GLM_RETURN_IF_ERROR(backend_.zero_all(parts));
   }
   if (grad_shards_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grad_shards_.tensor()));
   return Status::ok();
