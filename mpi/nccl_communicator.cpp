@@ -191,7 +191,11 @@ class NcclCommunicatorImpl final : public Communicator {
 
   Status init(MPI_Comm mpi_comm) {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
-    GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The highest priority, as the CUDA backend's main stream has (its optimizer's side stream has the
+    // lowest): the collectives' blocks get SMs no later than compute's when SMs free up.
+    int least = 0, greatest = 0;
+    GLM_NCCL_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     GLM_NCCL_CUDA_RETURN(cudaMalloc(&scratch_, sizeof(int32_t)));
     GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     ncclUniqueId id{};
