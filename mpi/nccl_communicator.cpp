@@ -8,8 +8,10 @@
 
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <list>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -193,9 +195,12 @@ class NcclCommunicatorImpl final : public Communicator {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
     // The highest priority, as the CUDA backend's main stream has (its optimizer's side stream has the
     // lowest): the collectives' blocks get SMs no later than compute's when SMs free up.
+    // GLM_STREAM_PRIORITIES=0 leaves every stream at the default, as the backend does.
     int least = 0, greatest = 0;
     GLM_NCCL_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    const char* prio = std::getenv("GLM_STREAM_PRIORITIES");
+    const bool prioritise = prio == nullptr || std::string(prio) != "0";
+    GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, prioritise ? greatest : 0));
     GLM_NCCL_CUDA_RETURN(cudaMalloc(&scratch_, sizeof(int32_t)));
     GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     ncclUniqueId id{};

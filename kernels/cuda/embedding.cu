@@ -69,11 +69,11 @@ template <typename Unit>
 __global__ void move_rows_kernel(Unit* dst, const Unit* src, const int32_t* rows, int64_t units, bool gather) {
   const int64_t i = blockIdx.x, r = rows[i];
   Unit* d = dst + (gather ? i : r) * units;
-  const Unit* s = src + (gather ? r : i) * units;
   if (src == nullptr) {  // a scatter of zeros
     for (int64_t j = threadIdx.x; j < units; j += blockDim.x) d[j] = Unit{};
     return;
   }
+  const Unit* s = src + (gather ? r : i) * units;
   for (int64_t j = threadIdx.x; j < units; j += blockDim.x) d[j] = s[j];
 }
 
