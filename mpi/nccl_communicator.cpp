@@ -8,13 +8,12 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <list>
 #include <mutex>
-#include <string>
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/common.cuh"
 #include "mpi/fatal.h"
 
 namespace glm {
@@ -195,12 +194,9 @@ class NcclCommunicatorImpl final : public Communicator {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
     // The highest priority, as the CUDA backend's main stream has (its optimizer's side stream has the
     // lowest): the collectives' blocks get SMs no later than compute's when SMs free up.
-    // GLM_STREAM_PRIORITIES=0 leaves every stream at the default, as the backend does.
-    int least = 0, greatest = 0;
-    GLM_NCCL_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    const char* prio = std::getenv("GLM_STREAM_PRIORITIES");
-    const bool prioritise = prio == nullptr || std::string(prio) != "0";
-    GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, prioritise ? greatest : 0));
+    int priority = 0;
+    GLM_NCCL_CUDA_RETURN(cuda::stream_priority(true, &priority));
+    GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
     GLM_NCCL_CUDA_RETURN(cudaMalloc(&scratch_, sizeof(int32_t)));
     GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     ncclUniqueId id{};

@@ -325,12 +325,11 @@ class CudaBackend final : public Backend {
     // attention projection's weight gradient took 1.35 ms instead of 0.27 at seq 4096, and the
     // update ran alone rather than beside backward (+2.6% end to end with the priorities, session
     // 14 in benchmarks/RESULTS.md). GLM_STREAM_PRIORITIES=0 creates both at the default priority.
-    int least = 0, greatest = 0;
-    GLM_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    const char* prio = std::getenv("GLM_STREAM_PRIORITIES");
-    const bool prioritise = prio == nullptr || std::string(prio) != "0";
-    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&main_, cudaStreamNonBlocking, prioritise ? greatest : 0));
-    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, prioritise ? least : 0));
+    int highest = 0, lowest = 0;
+    GLM_CUDA_RETURN(cuda::stream_priority(true, &highest));
+    GLM_CUDA_RETURN(cuda::stream_priority(false, &lowest));
+    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&main_, cudaStreamNonBlocking, highest));
+    GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, lowest));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     stream_ = main_;
