@@ -129,11 +129,14 @@ void ZeroParameters::plan_zeroing() {
   }
 }
 
-// Zeroes what backward adds to in a unit's gradient laid out at `unit_grads`.
+void ZeroParameters::added_parts(int unit, Tensor unit_grads, std::vector<Tensor>& parts) const {
+  for (const ZeroRange& r : zero_ranges_[static_cast<size_t>(unit)]) parts.push_back(unit_grads.slice(r.begin, r.numel));
+}
+
 Status ZeroParameters::zero_added_parts(int unit, Tensor unit_grads) {
-  for (const ZeroRange& r : zero_ranges_[static_cast<size_t>(unit)])
-    GLM_RETURN_IF_ERROR(backend_.zero(unit_grads.slice(r.begin, r.numel)));
-  return Status::ok();
+  std::vector<Tensor> parts;
+  added_parts(unit, unit_grads, parts);
+  return backend_.zero_all(parts);
 }
 
 bool ZeroParameters::overwrite_grads() const { return !frozen_ && (stage_ >= 2 || first_micro_batch_); }
@@ -380,8 +383,7 @@ Status ZeroParameters::zero_grads() {
     for (int u = 0; u < units; ++u) {
       if (static_cast<size_t>(u) < zeroed_by_caller_.size() && zeroed_by_caller_[static_cast<size_t>(u)]) continue;
       const ParamUnit& unit = layout_.units()[static_cast<size_t>(u)];
-      for (const ZeroRange& r : zero_ranges_[static_cast<size_t>(u)])
-        parts.push_back(grads_.slice(unit.offset + r.begin, r.numel));
+      added_parts(u, grads_.slice(unit.offset, unit.numel), parts);
     }
     GLM_RETURN_IF_ERROR(backend_.zero_all(parts));
   }

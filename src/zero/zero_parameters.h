@@ -172,6 +172,9 @@ class ZeroParameters final : public ParameterProvider {
   std::vector<std::vector<ZeroRange>> zero_ranges_;
   std::vector<char> zeroed_by_caller_;  // per unit: set_zeroed_by_caller()
   void plan_zeroing();
+  // What backward adds to in a unit's gradient laid out at `unit_grads` (zero_ranges_), appended
+  // to parts; zero_added_parts() zeroes them (one launch for the small ones on a device).
+  void added_parts(int unit, Tensor unit_grads, std::vector<Tensor>& parts) const;
   Status zero_added_parts(int unit, Tensor unit_grads);
   Buffer grads_;        // stages 0-1: the full gradients
   Buffer grad_shards_;  // stages 1-3: this rank's gradient shards
