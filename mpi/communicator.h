@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

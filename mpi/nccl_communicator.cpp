@@ -13,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cuda/common.cuh"
 #include "mpi/fatal.h"
 
 namespace glm {
@@ -30,21 +29,30 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(CommType t) {
   switch (t) {
-    case CommType::f32: return ncclFloat32;
-    case CommType::f64: return ncclFloat64;
-    case CommType::bf16: return ncclBfloat16;
-    case CommType::i32: return ncclInt32;
-    case CommType::i64: return ncclInt64;
-    case CommType::u8: return ncclUint8;
+    case CommType::f32:
+      return ncclFloat32;
+    case CommType::f64:
+      return ncclFloat64;
+    case CommType::bf16:
+      return ncclBfloat16;
+    case CommType::i32:
+      return ncclInt32;
+    case CommType::i64:
+      return ncclInt64;
+    case CommType::u8:
+      return ncclUint8;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -116,12 +124,16 @@ struct Op {
   }
   std::string what() const {
     switch (kind) {
-      case OpKind::all_reduce: return concat("all_reduce(", count, " x ", comm_type_name(type), ")");
-      case OpKind::reduce_scatter: return concat("reduce_scatter(", count, " x ", comm_type_name(type), ")");
-      case OpKind::all_gather: return concat("all_gather(", count, " x ", comm_type_name(type), ")");
+      case OpKind::all_reduce:
+        return concat("all_reduce(", count, " x ", comm_type_name(type), ")");
+      case OpKind::reduce_scatter:
+        return concat("reduce_scatter(", count, " x ", comm_type_name(type), ")");
+      case OpKind::all_gather:
+        return concat("all_gather(", count, " x ", comm_type_name(type), ")");
       case OpKind::broadcast:
         return concat("broadcast(", count, " x ", comm_type_name(type), " from rank ", root, ")");
-      case OpKind::barrier: return "barrier";
+      case OpKind::barrier:
+        return "barrier";
     }
     return "collective";
   }
@@ -192,10 +204,10 @@ class NcclCommunicatorImpl final : public Communicator {
 
   Status init(MPI_Comm mpi_comm) {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
-    // The highest priority, as the CUDA backend's main stream has (its optimizer's side stream has the
-    // lowest): the collectives' blocks get SMs no later than compute's when SMs free up.
+    // The compute stream's priority: the collectives' blocks get SMs no later than compute's when
+    // SMs free up (the backend's side stream, lower, yields to both).
     int priority = 0;
-    GLM_NCCL_CUDA_RETURN(cuda::stream_priority(true, &priority));
+    GLM_NCCL_CUDA_RETURN(cudaStreamGetPriority(compute_, &priority));
     GLM_NCCL_CUDA_RETURN(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
     GLM_NCCL_CUDA_RETURN(cudaMalloc(&scratch_, sizeof(int32_t)));
     GLM_NCCL_CUDA_RETURN(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -258,9 +270,8 @@ class NcclCommunicatorImpl final : public Communicator {
   }
   std::unique_ptr<CommRequest> start_all_gather(const void* send, void* recv, size_t send_count,
                                                 CommType type) override {
-    return enqueue(OpKind::all_gather, send_count, type, 0, [&](ncclComm_t c) {
-      return ncclAllGather(send, recv, send_count, nccl_type(type), c, stream_);
-    });
+    return enqueue(OpKind::all_gather, send_count, type, 0,
+                   [&](ncclComm_t c) { return ncclAllGather(send, recv, send_count, nccl_type(type), c, stream_); });
   }
   // One NCCL group: the parts launch together, as one collective for the events and the watchdog.
   std::unique_ptr<CommRequest> start_reduce_scatter_group(std::span<const CommPart> parts, CommType type,
@@ -273,8 +284,9 @@ class NcclCommunicatorImpl final : public Communicator {
   }
   std::unique_ptr<CommRequest> start_all_gather_group(std::span<const CommPart> parts, CommType type) override {
     return enqueue(OpKind::all_gather, total_count(parts), type, 0, [&](ncclComm_t c) {
-      return grouped(parts,
-                     [&](const CommPart& p) { return ncclAllGather(p.send, p.recv, p.count, nccl_type(type), c, stream_); });
+      return grouped(parts, [&](const CommPart& p) {
+        return ncclAllGather(p.send, p.recv, p.count, nccl_type(type), c, stream_);
+      });
     });
   }
   std::unique_ptr<CommRequest> start_broadcast(void* buffer, size_t count, CommType type, int root) override {
@@ -284,9 +296,8 @@ class NcclCommunicatorImpl final : public Communicator {
   }
   std::unique_ptr<CommRequest> start_barrier() override {
     // NCCL has no barrier: a one-element all-reduce completes only when every rank joined.
-    return enqueue(OpKind::barrier, 1, CommType::i32, 0, [&](ncclComm_t c) {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, c, stream_);
-    });
+    return enqueue(OpKind::barrier, 1, CommType::i32, 0,
+                   [&](ncclComm_t c) { return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, c, stream_); });
   }
 
   Result<double> take_device_exposed_seconds() override {
@@ -472,8 +483,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(MPI_Comm comm, int 
   int rank = 0, size = 1;
   if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &size) != MPI_SUCCESS)
     return GLM_ERROR(ErrorKind::comm, "MPI_Comm_rank/size failed");
-  auto c = std::make_unique<NcclCommunicatorImpl>(rank, size, device, static_cast<cudaStream_t>(compute_stream),
-                                                  timeout);
+  auto c =
+      std::make_unique<NcclCommunicatorImpl>(rank, size, device, static_cast<cudaStream_t>(compute_stream), timeout);
   GLM_RETURN_IF_ERROR(c->init(comm));
   return std::unique_ptr<Communicator>(std::move(c));
 }

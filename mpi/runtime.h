@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "kernels/counter_rng.h"
+#include "base/counter_rng.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/master_split.h"
 #include "test_util.h"

@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/counter_rng.h"
+#include "base/counter_rng.h"
 
 namespace glm::cpu {
 

@@ -77,7 +77,7 @@ template <typename T>
 void add(T* out, const T* a, const T* b, int64_t count);
 
 // Dropout (PEFT's nn.Dropout on a LoRA adapter's input): element i is kept when
-// counter_keep(key, offset + i, dropout_threshold(p)) (kernels/counter_rng.h) and scaled by
+// counter_keep(key, offset + i, dropout_threshold(p)) (base/counter_rng.h) and scaled by
 // 1 / (1 - p), else 0. out = that, or out += that when accumulate (the backward: the same mask on the
 // gradient). out may alias in.
 template <typename T>

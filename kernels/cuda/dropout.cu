@@ -2,7 +2,7 @@
 // element by element for the rest. Memory-bound: one splitmix64 hash per element.
 #include <algorithm>
 
-#include "kernels/counter_rng.h"
+#include "base/counter_rng.h"
 #include "kernels/cuda/dropout.cuh"
 #include "kernels/cuda/vec.cuh"
 

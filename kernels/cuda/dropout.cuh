@@ -1,5 +1,5 @@
 // Dropout on bf16 activations and gradients (LoRA's adapter input): the keep mask comes from
-// kernels/counter_rng.h, so it is bit for bit the CPU reference's (kernels/cpu/cpu_ops.h dropout).
+// base/counter_rng.h, so it is bit for bit the CPU reference's (kernels/cpu/cpu_ops.h dropout).
 #pragma once
 
 #include "kernels/cuda/common.cuh"

@@ -1,7 +1,7 @@
 // Element-wise kernels; 64-bit indices throughout.
 #include <algorithm>
 
-#include "kernels/counter_rng.h"
+#include "base/counter_rng.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/vec.cuh"
 

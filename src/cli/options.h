@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "mpi/status.h"
+#include "base/status.h"
 #include "train/train_config.h"
 
 namespace glm {

@@ -7,7 +7,7 @@
 #include "cli/options.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "data/chat_template.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -8,7 +8,7 @@
 
 #include "data/conversation_reader.h"
 #include "data/token_shards.h"
-#include "kernels/counter_rng.h"
+#include "base/counter_rng.h"
 
 namespace glm {
 namespace {

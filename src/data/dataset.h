@@ -11,7 +11,7 @@
 
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

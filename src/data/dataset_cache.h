@@ -8,7 +8,7 @@
 
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

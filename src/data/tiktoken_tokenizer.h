@@ -10,7 +10,7 @@
 
 #include "data/bpe.h"
 #include "data/tokenizer.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

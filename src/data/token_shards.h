@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

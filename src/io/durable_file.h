@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <string_view>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -13,7 +13,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/param_layout.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -9,7 +9,7 @@
 
 #include "model/config.h"
 #include "model/param_layout.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

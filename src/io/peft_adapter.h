@@ -14,7 +14,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/lora.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

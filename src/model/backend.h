@@ -11,8 +11,8 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/tensor.h"
-#include "mpi/status.h"
+#include "base/tensor.h"
+#include "base/status.h"
 
 namespace glm {
 
@@ -190,11 +190,11 @@ class Backend {
                                        Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                        double grad_scale, bool accumulate_dweight) = 0;
   // LoRA dropout on a compute-dtype tensor: out[i] = in[i] * keep_i / (1 - p), or out[i] += that when
-  // accumulate, keep_i = counter_keep(key, offset + i, dropout_threshold(p)) (kernels/counter_rng.h):
+  // accumulate, keep_i = counter_keep(key, offset + i, dropout_threshold(p)) (base/counter_rng.h):
   // the same mask on every backend. Its backward is the same op on the gradient, accumulating.
   virtual Status dropout(Tensor out, Tensor in, double p, uint64_t key, int64_t offset, bool accumulate) = 0;
   virtual Result<double> sum_squares(Tensor x) = 0;
-  // dst[i] = value; dst[i] = std * counter_normal(key, offset + i) (kernels/counter_rng.h).
+  // dst[i] = value; dst[i] = std * counter_normal(key, offset + i) (base/counter_rng.h).
   virtual Status fill(Tensor dst, double value) = 0;
   virtual Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) = 0;
   // Updates master (optimizer dtype) and writes the compute-dtype copy into param (may alias master).

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

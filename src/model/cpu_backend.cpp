@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/counter_rng.h"
+#include "base/counter_rng.h"
 #include "model/backend.h"
 
 namespace glm {

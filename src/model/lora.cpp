@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/counter_rng.h"
+#include "base/counter_rng.h"
 #include "model/param_layout.h"
 
 namespace glm {

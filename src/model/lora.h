@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 
@@ -70,7 +70,7 @@ class LoraLayout {
   int64_t total_ = 0;
 };
 
-// Keys of the dropout masks (kernels/counter_rng.h), never stored: one micro-batch's key is a function
+// Keys of the dropout masks (base/counter_rng.h), never stored: one micro-batch's key is a function
 // of (seed, optimizer step, micro-batch within the step, rank) only, so that every rank draws its own
 // masks, a resumed run the straight run's (the step is the global one) and recomputation in backward
 // the forward's. Element t * in_features + i of an adapter's input [n, in_features] is masked by

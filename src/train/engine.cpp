@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "kernels/master_split.h"
-#include "train/trainer.h"
+#include "model/param_init.h"
 
 namespace glm {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "mpi/communicator.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

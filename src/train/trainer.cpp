@@ -12,47 +12,16 @@
 #include "train/engine.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_logger.h"
-#include "zero/bucket_autotune.h"
 #include "train/preemption.h"
+#include "zero/bucket_autotune.h"
 
 namespace glm {
-namespace {
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-
-}  // namespace
 
 int64_t total_training_steps(const TrainConfig& c, int64_t epoch_size, int world_size) {
   if (c.max_steps > 0) return c.max_steps;
   const double global = static_cast<double>(c.per_device_train_batch_size * world_size * c.gradient_accumulation_steps);
   return std::max<int64_t>(
       1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(epoch_size) / global)));
-}
-
-Status initialize_parameter_range(const ParamLayout& layout, const ModelConfig& config, uint64_t seed, Backend& backend,
-                                  Tensor dst, int64_t begin) {
-  // Generated where the parameters live (counter-based, so every backend and shard draws the same).
-  GLM_RETURN_IF_ERROR(backend.zero(dst));
-  const int64_t end = begin + dst.numel;
-  for (const auto& e : layout.entries()) {
-    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
-    if (lo >= hi || e.kind == ParamKind::bias) continue;
-    Tensor t = dst.slice(lo - begin, hi - lo);
-    if (e.kind == ParamKind::norm) {
-      GLM_RETURN_IF_ERROR(backend.fill(t, 1.0));
-    } else {
-      GLM_RETURN_IF_ERROR(backend.fill_normal(t, seed ^ fnv1a(e.name), lo - e.offset, config.initializer_range));
-    }
-  }
-  return backend.synchronize();
-}
-
-Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& backend, Tensor params) {
-  return initialize_parameter_range(ParamLayout(config), config, seed, backend, params, 0);
 }
 
 Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
@@ -86,7 +55,8 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
   } else if (comm.size() > 1) {
     // Measured with the run's own communicator: 1 MiB to 1 GiB on GPUs, 64 KiB to 16 MiB over MPI.
     const bool device = data.device_buffers();
-    const int64_t lo = device ? int64_t{1} << 20 : int64_t{64} << 10, hi = device ? int64_t{1} << 30 : int64_t{16} << 20;
+    const int64_t lo = device ? int64_t{1} << 20 : int64_t{64} << 10,
+                  hi = device ? int64_t{1} << 30 : int64_t{16} << 20;
     GLM_ASSIGN_OR_RETURN(curve, measure_bandwidth_curve(data, comm, backend, config.zero_stage, reduce, lo, hi));
     source = concat("measured now on ", comm.size(), " ranks (", data.name(), ")");
   }
@@ -153,8 +123,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                       " layers, hidden ", config.model.hidden_size, ")"));
   if (const LoraLayout* l = engine->lora_layout())
     logger.print(concat("glm_hpc: LoRA rank ", l->rank(), ", alpha ", l->config().alpha, ", dropout ",
-                        l->config().dropout, " on ",
-                        lora_targets_text(l->config().targets), ": ", l->parameter_count(),
+                        l->config().dropout, " on ", lora_targets_text(l->config().targets), ": ", l->parameter_count(),
                         " trainable parameters; the base is frozen"));
   if (engine->layout().persistent_unit() >= 0)
     logger.print(concat("glm_hpc: ZeRO-3 keeps ", engine->layout().persistent_tensors(), " tensors of at most ",
@@ -206,8 +175,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   std::optional<EvalRecord> best;  // the lowest eval loss so far, carried through resumes
   if (!config.resume_from_checkpoint.empty()) {
     GLM_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(config.resume_from_checkpoint, config.output_dir));
-    const ResumeExpectation expect{config.tokenizer, config.tokenizer_hash, config.resume_only_model,
-                                   config.base_model, config.seed};
+    const ResumeExpectation expect{config.tokenizer, config.tokenizer_hash, config.resume_only_model, config.base_model,
+                                   config.seed};
     GLM_ASSIGN_OR_RETURN(const CheckpointState saved, load_checkpoint(*engine, comm, dir, expect));
     if (config.resume_only_model) {
       logger.print(concat("glm_hpc: loaded the weights of ", dir, " (step ", saved.step,
@@ -231,8 +200,14 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   // A checkpoint after `done` steps, with the eval loss of that step (if evaluated) and the best so far.
   auto checkpoint = [&](int64_t done, std::optional<double> eval_loss) -> Result<std::string> {
     if (best && best->step == done) best->checkpoint = concat("checkpoint-", done);
-    const CheckpointState state{done,      loader.consumed_samples(done), config.seed, config.tokenizer,
-                                config.tokenizer_hash, eval_loss, best, config.base_model};
+    const CheckpointState state{done,
+                                loader.consumed_samples(done),
+                                config.seed,
+                                config.tokenizer,
+                                config.tokenizer_hash,
+                                eval_loss,
+                                best,
+                                config.base_model};
     GLM_ASSIGN_OR_RETURN(const SaveReport saved,
                          save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
     GLM_RETURN_IF_ERROR(logger.log_save(done, saved.dir, saved.bytes, saved.seconds));

@@ -7,6 +7,7 @@
 
 #include "data/dataset.h"
 #include "model/backend.h"
+#include "model/param_init.h"
 #include "model/param_layout.h"
 #include "mpi/communicator.h"
 #include "train/train_config.h"
@@ -46,12 +47,5 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
 // Mean loss of every sample of `data`, spread over the ranks in batches of per_device samples.
 Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
                                     int world);
-
-// Deterministic initialisation independent of layout padding and world size: weights and
-// embeddings N(0, initializer_range) from a stream seeded by (seed, tensor name); norms 1; biases 0.
-Status initialize_parameters(const ModelConfig& config, uint64_t seed, Backend& backend, Tensor params);
-// The same values for the global layout range [begin, begin + dst.numel) only (a ZeRO shard).
-Status initialize_parameter_range(const ParamLayout& layout, const ModelConfig& config, uint64_t seed, Backend& backend,
-                                  Tensor dst, int64_t begin);
 
 }  // namespace glm

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 #include "model/param_layout.h"
 
 namespace glm {

@@ -1,5 +1,5 @@
 // Status construction and context chaining.
-#include "mpi/status.h"
+#include "base/status.h"
 
 #include <cstring>
 
