@@ -1,5 +1,5 @@
 // Encoding throughput of the GLM-4 tokenizer on one core, in the same form as
-// tools/tiktoken_peer/peer.cjs bench prints it, for benchmarks/tokenizer_vs_tiktoken.sh.
+// tools/tiktoken_peer/peer.cjs bench prints it, for benchmarks/checks/tokenizer_vs_tiktoken.sh.
 //   bench_tokenizer RANK_FILE TEXT_FILE [repeats]
 //   -> "ours_mb_per_s X tokens N bytes B regex_only_mb_per_s R" (R: the pre-tokenization alone)
 #include <algorithm>

@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # A one-host Slurm for tests/slurm/run_slurm_test.sh (the test starts and stops the daemons).
   munge slurmctld slurmd slurm-client
-  # benchmarks/bucket_sweep.py draws its PNG with gnuplot (it writes the CSV without it).
+  # benchmarks/calls/bucket_sweep.py draws its PNG with gnuplot (it writes the CSV without it).
   gnuplot-nox
 )
 

@@ -21,7 +21,7 @@
 #   GLM_REQUEUE      1 (default): requeue after a preemption stop; 0: exit 75 and leave it
 #   GLM_NTASKS       outside Slurm only (no SLURM_JOB_ID): run the same command with this many
 #                    ranks on this host through mpirun, output in $GLM_OUTPUT_ROOT/local-<time>
-#                    unless named, never requeued (benchmarks/node_x4_call1.sh runs
+#                    unless named, never requeued (benchmarks/calls/node_x4_call1.sh runs
 #                    slurm/train_4gpu.sh so on a 4-GPU machine without Slurm)
 # Arguments after the script name go to glm_hpc last and win over everything above; an
 # --output_dir or --resume_from_checkpoint among them is used instead of the script's own.

@@ -3,7 +3,7 @@
 #   sbatch slurm/train_4gpu.sh                                  # configs/glm4-9b-chat.cfg, ZeRO-3
 #   GLM_CONFIG=configs/glm4-tiny.cfg GLM_DATASET=chats.jsonl sbatch slurm/train_4gpu.sh --max_steps 100
 #   sbatch --time=2:00:00 slurm/train_4gpu.sh --model_id_or_path /models/glm-4-9b-chat --learning_rate 1e-5
-# The same command on a 4-GPU host without Slurm (what benchmarks/node_x4_call1.sh runs):
+# The same command on a 4-GPU host without Slurm (what benchmarks/calls/node_x4_call1.sh runs):
 #   GLM_NTASKS=4 GLM_BIN=build-gpu/glm_hpc GLM_OUTPUT_DIR=/tmp/run bash slurm/train_4gpu.sh --max_steps 30
 # Arguments after the script go to glm_hpc; GLM_* environment knobs (config, dataset, output
 # directory, device, launcher) are listed in slurm/glm_job.sh and the README's Slurm section.

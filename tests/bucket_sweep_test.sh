@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest bucket_sweep_cpu: benchmarks/bucket_sweep.py on 2 CPU ranks over a tiny model (2 bucket
+# ctest bucket_sweep_cpu: benchmarks/calls/bucket_sweep.py on 2 CPU ranks over a tiny model (2 bucket
 # sizes x ZeRO 1, 3 x overlap on/off, 2 steps each). Asserts that the tools work: every setting
 # ran, the CSV is complete with numbers, a best setting is printed, and the PNG exists when gnuplot
 # does. Never asserts speed. Every tensor of this model is under DeepSpeed's default ZeRO-3
@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mktemp -d "${TMPDIR:-/tmp}/glm_bucket_sweep.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 cd "$here"
-python3 benchmarks/bucket_sweep.py --binary "$binary" --mpirun "$mpirun" --np 2 --device cpu \
+python3 benchmarks/calls/bucket_sweep.py --binary "$binary" --mpirun "$mpirun" --np 2 --device cpu \
   --bucket_bytes 16K,4M --stages 1,3 --overlap true,false --steps 2 --skip_steps 1 --timeout 240 --out "$out" -- \
   --hidden_size 64 --intermediate_size 128 --max_length 128 --per_device_train_batch_size 2 \
   --param_persistence_threshold 0 | tee "$out/stdout"

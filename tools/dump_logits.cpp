@@ -1,5 +1,5 @@
-// Our logits for a fixed batch, for comparisons with transformers and PEFT (benchmarks/export_check.sh,
-// benchmarks/lora_peft_check.sh): the model comes from a glm_hpc checkpoint (its fp32 masters,
+// Our logits for a fixed batch, for comparisons with transformers and PEFT (benchmarks/checks/export_check.sh,
+// benchmarks/checks/lora_peft_check.sh): the model comes from a glm_hpc checkpoint (its fp32 masters,
 // rounded to bf16 by default as the export stores them), a LoRA checkpoint (its base, checked against
 // the recorded fingerprint, plus its fp32 adapters: what the PEFT export holds) or a Hugging Face
 // directory; fp32 on the CPU backend, one process.

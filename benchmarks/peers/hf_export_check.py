@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loads glm_hpc exports in transformers and compares their logits with glm_hpc's own.
 
-Run by benchmarks/export_check.sh (which trains, exports and dumps our logits). Checks:
+Run by benchmarks/checks/export_check.sh (which trains, exports and dumps our logits). Checks:
   hf layout       GlmForCausalLM.from_pretrained(--hf_dir) in float32 (no missing or unexpected keys),
                   logits against ours from the same bf16 weights (glm_dump_logits, fp32 CPU backend)
   chatglm layout  transformers has no `chatglm` model without THUDM's remote code (not available

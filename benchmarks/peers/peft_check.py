@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loads a glm_hpc LoRA export with transformers + PEFT and compares it with glm_hpc's own numbers.
 
-Run by benchmarks/lora_peft_check.sh (which trains, exports and dumps ours with glm_dump_logits). All
+Run by benchmarks/checks/lora_peft_check.sh (which trains, exports and dumps ours with glm_dump_logits). All
 in fp32 on the CPU (a tiny model; the GPU plays no part in the comparison). Checks:
   adapter load    GlmForCausalLM.from_pretrained(--base) + peft.PeftModel.from_pretrained(--adapter):
                   every LoRA parameter PEFT created equals the tensor of adapter_model.safetensors of

@@ -1,5 +1,5 @@
 # PyTorch's NCCL collectives at one size, timed and reported as bench_comm does (nccl-tests' algbw
-# and busbw, slowest rank's time): the same-call peer of benchmarks/comm_x2.sh.
+# and busbw, slowest rank's time): the same-call peer of benchmarks/calls/comm_x2.sh.
 #   torchrun --standalone --nproc_per_node 2 benchmarks/peers/torch_nccl_bench.py --bytes 1G --dtype bf16
 # dist.all_reduce works in place (PyTorch has no out-of-place form); reduce_scatter_tensor and
 # all_gather_into_tensor are out of place, as bench_comm's three are.

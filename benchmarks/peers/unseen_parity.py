@@ -9,7 +9,7 @@ builds GlmForCausalLM with random weights (norms and biases perturbed too) and w
   reference.json  the configuration, transformers' fp32 loss of the rows (the mean over every
                   labelled token of every row, each row its own sequence), and the losses of
                   `steps` full-batch AdamW steps (decay on weights and embeddings, constant lr,
-                  clipping at 1), the recipe benchmarks/unseen_parity.sh gives glm_hpc.
+                  clipping at 1), the recipe benchmarks/checks/unseen_parity.sh gives glm_hpc.
 
 usage: python3 benchmarks/peers/unseen_parity.py SEED OUT_DIR
 """

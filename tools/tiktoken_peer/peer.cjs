@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // npm tiktoken as the outside oracle for glm_hpc's C++ tokenizer: dumps cl100k_base's ranks in
 // the tiktoken rank-file format (GLM-4's tokenizer.model format), encodes a test corpus, and
-// times encoding for benchmarks/tokenizer_vs_tiktoken.sh. Installed by scripts/setup.sh.
+// times encoding for benchmarks/checks/tokenizer_vs_tiktoken.sh. Installed by scripts/setup.sh.
 //
 //   node peer.cjs ranks OUT.tiktoken           cl100k_base ranks, "base64 rank" per line
 //   node peer.cjs encode CORPUS.json OUT.json  ids of each document and of all joined with "\n"
