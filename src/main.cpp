@@ -59,7 +59,7 @@ glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions&
   if (!cuda) return glm::make_cpu_backend(glm::DType::f32);
   // One GPU per rank: the ranks of a host take its GPUs in local-rank order.
   GLM_RETURN_IF_ERROR(glm::check_one_rank_per_gpu(proc, gpus));
-  return glm::make_cuda_backend(proc.local_rank);
+  return glm::make_cuda_backend(proc.local_rank, o.backend);
 }
 
 // The model comes from --model_id_or_path's config.json when given; args.json says so.
@@ -199,8 +199,9 @@ int main(int argc, char** argv) {
       in.recompute = options.train.recompute;
       in.zero_options = options.train.zero_options;
       if (options.train.train_type == "lora") in.lora = options.train.lora;
-      in.split_master = glm::split_master_from_env();
-      in.defer_embedding = glm::deferred_rows_history_from_env() > 0;
+      in.split_master = options.train.split_master_weights;
+      in.defer_embedding = options.train.defer_embedding_rows > 0;
+      in.lm_head_scratch_bytes = options.backend.lm_head_scratch_bytes;
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }
     return 0;

@@ -393,14 +393,13 @@ class Linear : public Ops {
 
 TEST_F(Linear, MatchesCpu) { check(); }
 
-// Every shape's cuBLASLt candidates timed first (GLM_GEMM_AUTOTUNE=all; =1 tunes large shapes
+// Every shape's cuBLASLt candidates timed first (--gemm_autotune all; large tunes large shapes
 // only): the trials must leave no trace, so an output accumulated into (C = D) is added to once,
 // not once per trial.
 TEST_F(Linear, MatchesCpuWithTunedAlgorithms) {
-  auto g = [] {
-    const ScopedEnv tune("GLM_GEMM_AUTOTUNE", "all");
-    return make_cuda_backend(0);
-  }();
+  BackendConfig tuned;
+  tuned.gemm_autotune = GemmAutotune::all;
+  auto g = make_cuda_backend(0, tuned);
   ASSERT_TRUE(g.is_ok()) << g.status().message();
   gpu_ = g.take();
   check();
@@ -502,7 +501,7 @@ double worst_row_error(const std::vector<float>& ours, const std::vector<float>&
   return worst;
 }
 
-// GLM-4's head size on Hopper takes the wgmma kernels, GLM_FLASH=mma the mma.sync ones: both,
+// GLM-4's head size on Hopper takes the wgmma kernels, --attention_kernel mma the mma.sync ones: both,
 // forward and backward (both dQ paths, and the backward's blocks in chunks of 3 heads that do not
 // divide the 8), against each other with GQA 4:1 on two packings: 2,053
 // tokens (17 key blocks, the last partial) in four documents, one of a single token; and 1,024
@@ -533,40 +532,53 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
   struct Forward {
     Dual out, lse;
   };
-  auto forward = [&](const char* kernel) {  // kernel nullptr: the default kernels
-    ScopedEnv flash("GLM_FLASH", kernel);
+  // A backend of the variant's configuration runs the op on this fixture's memory.
+  auto variant = [&](const BackendConfig& config) {
+    EXPECT_TRUE(gpu_->synchronize().is_ok());
+    auto made = make_cuda_backend(0, config);
+    EXPECT_TRUE(made.is_ok()) << made.status().message();
+    return made.take();
+  };
+  BackendConfig mma;
+  mma.attention_kernel = AttentionKernel::mma;
+  auto forward = [&](const BackendConfig& config) {
+    auto backend = variant(config);
     Forward f{output(n * qw), output(n * s.heads, DType::f32)};
+    EXPECT_TRUE(gpu_->synchronize().is_ok());
     EXPECT_TRUE(
-        gpu_->attention_forward(f.out.gpu.tensor(), f.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+        backend->attention_forward(f.out.gpu.tensor(), f.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
             .is_ok());
+    EXPECT_TRUE(backend->synchronize().is_ok());
     return f;
   };
-  const Forward ours = forward(nullptr), reference = forward("mma");
+  const Forward ours = forward(BackendConfig{}), reference = forward(mma);
   check("forward out", from_gpu(ours.out.gpu), from_gpu(reference.out.gpu), static_cast<size_t>(d));
   EXPECT_LT(relative_error(from_gpu(ours.lse.gpu), from_gpu(reference.lse.gpu)), 1e-4) << "forward lse";
   // The backwards from the same forward results.
-  auto backward = [&](const char* kernel) {
-    ScopedEnv flash("GLM_FLASH", kernel);
+  auto backward = [&](const BackendConfig& config) {
     auto dqkv = output(n * s.qkv_width());
-    EXPECT_TRUE(gpu_->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), reference.out.gpu.tensor(),
-                                         reference.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+    auto backend = variant(config);
+    EXPECT_TRUE(backend->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), reference.out.gpu.tensor(),
+                                            reference.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
                     .is_ok());
+    EXPECT_TRUE(backend->synchronize().is_ok());
     return from_gpu(dqkv.gpu);
   };
-  const auto reference_grads = backward("mma");
+  const auto reference_grads = backward(mma);
   // The default wgmma backward (dQ by 16-byte atomics), dQ by paired atomics, and the blocks' order
   // in chunks of 3, 3 and 2 heads.
   struct Variant {
     const char* name;
-    const char* dq;
-    const char* head_chunk;
+    bool dq_vector_atomics;
+    int head_chunk;
   };
-  const Variant variants[] = {
-      {"default", nullptr, nullptr}, {"dQ pair atomics", "atomic", nullptr}, {"3-head chunks", nullptr, "3"}};
+  const Variant variants[] = {{"default", true, 8}, {"dQ pair atomics", false, 8}, {"3-head chunks", true, 3}};
   std::vector<std::vector<float>> variant_grads;
   for (const Variant& v : variants) {
-    ScopedEnv dq("GLM_FLASH_DQ", v.dq), chunk("GLM_FLASH_BWD_HEAD_CHUNK", v.head_chunk);
-    variant_grads.push_back(backward(nullptr));
+    BackendConfig config;
+    config.attention_dq_vector_atomics = v.dq_vector_atomics;
+    config.attention_backward_head_chunk = v.head_chunk;
+    variant_grads.push_back(backward(config));
   }
   const int64_t width = s.qkv_width(), kv_width = s.kv_heads * d;
   const char* names[3] = {"dQ", "dK", "dV"};
@@ -722,8 +734,12 @@ TEST_P(LmHead, CrossEntropyMatchesCpu) {
 // the CPU reference's 2500 x 151552 logits.)
 TEST_F(Ops, LmHeadTwoChunksAccumulateAndOverwrite) {
   const int64_t vocab = 151552, hidden = 32, n = 2500;
-  const ScopedEnv budget("GLM_LM_HEAD_SCRATCH_MB", "512");
-  ASSERT_EQ(lm_head_chunk_rows(n, vocab), 1250);
+  BackendConfig small;
+  small.lm_head_scratch_bytes = int64_t{512} << 20;
+  auto g = make_cuda_backend(0, small);
+  ASSERT_TRUE(g.is_ok()) << g.status().message();
+  gpu_ = g.take();
+  ASSERT_EQ(lm_head_chunk_rows(n, vocab, small.lm_head_scratch_bytes), 1250);
   std::vector<int32_t> tgt;
   for (int t = 0; t < n; ++t) tgt.push_back(t % 7 == 0 ? -1 : static_cast<int32_t>((t * 7919) % vocab));
   auto targets = ints(tgt);

@@ -12,18 +12,6 @@ namespace glm::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// The priority to create a stream with: the highest for the compute and collective streams, the
-// lowest for the optimizer's side stream (the block scheduler then gives SMs that free up to the
-// former first); GLM_STREAM_PRIORITIES=0 leaves every stream at the default.
-inline cudaError_t stream_priority(bool highest, int* priority) {
-  int least = 0, greatest = 0;
-  const cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-  const char* env = std::getenv("GLM_STREAM_PRIORITIES");
-  const bool prioritise = env == nullptr || std::strcmp(env, "0") != 0;
-  *priority = !prioritise ? 0 : highest ? greatest : least;
-  return err;
-}
-
 inline unsigned int grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned int>(blocks < 65535LL * 32 ? (blocks > 0 ? blocks : 1) : 65535LL * 32);

@@ -540,18 +540,18 @@ cudaError_t forward_launch(bf16* out, float* lse, const bf16* qkv, const int32_t
 // despite a few spilled registers.
 template <int D>
 cudaError_t forward_impl(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
-                         int64_t kv_heads, cudaStream_t stream) {
-  if (flash_wgmma_available(D)) return flash_forward_wgmma(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+                         int64_t kv_heads, cudaStream_t stream, const FlashOptions& options) {
+  if (options.allow_wgmma && flash_wgmma_available(D)) return flash_forward_wgmma(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
   return forward_launch<D, 64>(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
 }
 
 template <int D>
 cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
                           const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const FlashOptions& options) {
   // dQ and dK/dV first: even offsets keep them 8-byte aligned for add2. dQ's rows are padded to
   // whole tiles (flash_attention_scratch) for the wgmma kernel's layout.
-  const bool wgmma = flash_wgmma_available(D);
+  const bool wgmma = options.allow_wgmma && flash_wgmma_available(D);
   float* dq_acc = scratch;
   float* dkv_acc = dq_acc + wgmma_dq_rows(n) * heads * D;
   float* delta = dkv_acc + 2 * n * kv_heads * D;
@@ -565,7 +565,8 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (wgmma) {
-    e = flash_backward_wgmma(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
+    e = flash_backward_wgmma(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads,
+                             options.backward_head_chunk, options.dq_vector_atomics, stream);
   } else {
     const size_t smem = backward_smem_bytes<D>();
     e = cudaFuncSetAttribute(flash_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -593,16 +594,17 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
 bool flash_attention_supports(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
 cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
-                                    int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+                                    int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
+                                    const FlashOptions& options) {
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0) return cudaErrorInvalidValue;
   switch (head_dim) {
     case 32:
-      return forward_impl<32>(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+      return forward_impl<32>(out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
     case 64:
-      return forward_impl<64>(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+      return forward_impl<64>(out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
     case 128:
-      return forward_impl<128>(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+      return forward_impl<128>(out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
     default:
       return cudaErrorInvalidValue;
   }
@@ -610,16 +612,20 @@ cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, cons
 
 cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
                                      const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
-                                     int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+                                     int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
+                                     const FlashOptions& options) {
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0) return cudaErrorInvalidValue;
   switch (head_dim) {
     case 32:
-      return backward_impl<32>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+      return backward_impl<32>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream,
+                                options);
     case 64:
-      return backward_impl<64>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+      return backward_impl<64>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream,
+                                options);
     case 128:
-      return backward_impl<128>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+      return backward_impl<128>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream,
+                                options);
     default:
       return cudaErrorInvalidValue;
   }

@@ -10,8 +10,16 @@ namespace glm::cuda {
 
 bool flash_attention_supports(int64_t head_dim);
 
+// Kernel choices, fixed by the backend's configuration; the defaults are the tuned ones.
+struct FlashOptions {
+  bool allow_wgmma = true;        // Hopper's wgmma kernels where built and the device is sm_90
+  int backward_head_chunk = 8;    // heads per chunk of the wgmma backward's block order
+  bool dq_vector_atomics = true;  // wgmma backward's dQ by 16-byte atomics; false: paired ones
+};
+
 cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
-                                    int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+                                    int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
+                                    const FlashOptions& options = {});
 
 // dqkv overwritten. scratch: fp32 device memory of flash_attention_scratch(...) elements (dQ, dK
 // and dV accumulators and the row statistic delta = dout . out).
@@ -21,6 +29,7 @@ inline int64_t flash_attention_scratch(int64_t n, int64_t heads, int64_t kv_head
 }
 cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
                                      const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
-                                     int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+                                     int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
+                                     const FlashOptions& options = {});
 
 }  // namespace glm::cuda

@@ -569,18 +569,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <bool QuadDq>
 cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                             const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                            cudaStream_t stream) {
+                            int chosen_chunk, cudaStream_t stream) {
   constexpr size_t smem = kBackwardSmemBytes;
   cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<QuadDq>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  // Heads per chunk of the block order: 8 (GLM_FLASH_BWD_HEAD_CHUNK overrides, read per call as
-  // GLM_FLASH is). On one H200 at GLM-4-9B's 32 heads: seq 8192 3.70 ms against 3.83 with all heads
-  // side by side (1, 2, 4, 8, 16 heads: 3.86, 3.69, 3.70, 3.70, 3.76), seq 4096 1.04 against 1.05
-  // (benchmarks/RESULTS.md).
-  const char* env = std::getenv("GLM_FLASH_BWD_HEAD_CHUNK");
-  const int chosen = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 8;
-  const int head_chunk = static_cast<int>(std::min<int64_t>(chosen, heads));
+  const int head_chunk = static_cast<int>(std::min<int64_t>(std::max(chosen_chunk, 1), heads));
   const int64_t blocks = heads * ((n + kKeys - 1) / kKeys);
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   flash_backward_wgmma_kernel<QuadDq><<<static_cast<unsigned int>(blocks), kThreads, smem, stream>>>(
@@ -594,8 +588,6 @@ cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, c
 bool flash_wgmma_available(int64_t head_dim) {
 #ifdef GLM_SM90A_BUILT
   if (head_dim != kD) return false;
-  const char* choice = std::getenv("GLM_FLASH");
-  if (choice != nullptr && std::strcmp(choice, "mma") == 0) return false;
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
@@ -606,15 +598,15 @@ bool flash_wgmma_available(int64_t head_dim) {
 #endif
 }
 
-// GLM_FLASH_DQ=atomic (read per call): dQ by paired atomics instead of 16-byte ones (comparisons;
-// also taken when dq_acc is not 16-byte aligned).
+// dQ by paired atomics where asked or where dq_acc is not 16-byte aligned.
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                                 cudaStream_t stream) {
-  const char* dq = std::getenv("GLM_FLASH_DQ");
-  if ((dq != nullptr && std::strcmp(dq, "atomic") == 0) || reinterpret_cast<uintptr_t>(dq_acc) % 16 != 0)
-    return launch_backward<false>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
-  return launch_backward<true>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, stream);
+                                 int head_chunk, bool dq_vector_atomics, cudaStream_t stream) {
+  if (!dq_vector_atomics || reinterpret_cast<uintptr_t>(dq_acc) % 16 != 0)
+    return launch_backward<false>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, head_chunk,
+                                  stream);
+  return launch_backward<true>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, head_chunk,
+                               stream);
 }
 
 cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,

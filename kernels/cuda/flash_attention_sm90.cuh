@@ -6,8 +6,8 @@
 
 namespace glm::cuda {
 
-// True when this build holds sm_90a code, the current device is compute capability 9.0, head_dim
-// is 128 and GLM_FLASH is not "mma" (which selects the mma.sync kernels, for comparisons).
+// True when this build holds sm_90a code, the current device is compute capability 9.0 and head_dim
+// is 128.
 bool flash_wgmma_available(int64_t head_dim);
 
 // Same contract as flash_attention_forward.
@@ -32,8 +32,10 @@ __host__ __device__ inline int64_t wgmma_dq_index(int64_t t, int64_t h, int c, i
 
 // dK/dV ([2][n][kv_heads][128]) and dQ (wgmma_dq_index's layout, wgmma_dq_rows(n) x heads x 128) fp32
 // accumulators, cleared by the caller, receive this call's sums; delta = dout . out per (token, head).
+// Blocks run in chunks of head_chunk heads; dQ is added by 16-byte atomics when dq_vector_atomics
+// (and dq_acc is 16-byte aligned), else by paired ones.
 cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
                                  const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                                 cudaStream_t stream);
+                                 int head_chunk, bool dq_vector_atomics, cudaStream_t stream);
 
 }  // namespace glm::cuda

@@ -69,10 +69,6 @@ std::string Gemm::init(size_t workspace_bytes) {
   if (cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return "cublasLtCreate failed";
   if (cudaMalloc(&workspace_, workspace_bytes) != cudaSuccess) return "cannot allocate the cuBLASLt workspace";
   workspace_bytes_ = workspace_bytes;
-  if (const char* env = std::getenv("GLM_GEMM_AUTOTUNE"); env != nullptr) {
-    const std::string mode(env);
-    autotune_ = mode == "1" ? Autotune::large : (mode == "all" ? Autotune::all : Autotune::off);
-  }
   return {};
 }
 

@@ -4,8 +4,8 @@
 // is accumulated) gets its cuBLASLt descriptors built once and cached with the algorithm to run:
 // cuBLASLt's first heuristic.
 //
-// GLM_GEMM_AUTOTUNE=1 in the environment (or set_autotune(Autotune::large)) tunes large shapes (at
-// least kTuneMinFlops) instead, =all every shape: the first time such a shape is seen, up to
+// set_autotune(Autotune::large) (the backend's --gemm_autotune large) tunes large shapes (at
+// least kTuneMinFlops) instead, Autotune::all every shape: the first time such a shape is seen, up to
 // kTuneCandidates of cuBLASLt's heuristic candidates are timed on the call's own operands and the
 // fastest is kept when it beats the first heuristic by more than kTuneMargin (C is saved and
 // restored around the trials when the call accumulates into it). The trials run alone on the GPU

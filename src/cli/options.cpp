@@ -241,7 +241,34 @@ class OptionTable {
         "adapter_model.safetensors); true merges them into their base (checked against the checkpoint's "
         "fingerprint; --model_id_or_path if it moved) and writes the whole model like a full checkpoint");
 
-    all_.add(general).add(model).add(data).add(train).add(tuner).add(plan).add(prepare).add(hf_export);
+    po::options_description kernels("Performance (the same results, other speed or memory)");
+    add(kernels, "optimizer_in_backward", &t.optimizer_in_backward,
+        "true: without clipping on one rank at ZeRO stage 0, update each layer as soon as backward finished its "
+        "gradient, beside the rest of backward (the same arithmetic as after backward)");
+    add(kernels, "split_master_weights", &t.split_master_weights,
+        "true: a CUDA run keeps each fp32 master weight as its bf16 parameter plus a 16-bit low half (2 bytes a "
+        "parameter instead of 4, the same fp32 values); false: whole fp32 masters");
+    add(kernels, "defer_embedding_rows", &t.defer_embedding_rows,
+        "ZeRO stage 0: embedding rows no token of a step reads are updated when next read, at most this many "
+        "optimizer steps late (the same values, less memory traffic); 0: every row every step (at most 64)");
+    add(kernels, "optimizer_side_sms", &o_.backend.optimizer_side_sms,
+        "CUDA: SMs left to the optimizer while it runs beside backward (GEMMs are planned for the rest; at most a "
+        "quarter of the GPU); 0: GEMMs use every SM");
+    add(kernels, "gemm_autotune", &o_.gemm_autotune,
+        "CUDA: off (cuBLASLt's first heuristic), large (time cuBLASLt's candidates for large GEMM shapes at the "
+        "first call and keep the fastest) or all (every shape)");
+    add(kernels, "attention_kernel", &o_.attention_kernel,
+        "CUDA: auto (Hopper's wgmma flash attention on sm_90 at head_dim 128, else the mma.sync one) or mma "
+        "(the mma.sync kernels everywhere)");
+    add(kernels, "lm_head_scratch_mb", &o_.lm_head_scratch_mb,
+        "CUDA: MiB of bf16 logits the fused lm_head + cross-entropy holds at once (it runs in chunks of rows that "
+        "fit)");
+    add(kernels, "profile", &o_.backend.profile,
+        "CUDA: time every op with events and print per-op device time and idle gaps per stream at exit (slower)");
+    add(kernels, "profile_trace", &o_.backend.profile_trace,
+        "CUDA with --profile: also write the profiled ops' first minute as a Chrome trace to this file");
+
+    all_.add(general).add(model).add(data).add(train).add(tuner).add(kernels).add(plan).add(prepare).add(hf_export);
   }
 
   CliOptions& o_;
@@ -299,6 +326,27 @@ Status check(bool ok, const Sources& src, const std::string& name, const std::st
   return GLM_USER_ERROR(src.where(name), " ", requirement);
 }
 
+Status validate_performance(CliOptions& o, const Sources& src) {
+  TrainConfig& t = o.train;
+  BackendConfig& b = o.backend;
+  GLM_RETURN_IF_ERROR(check(t.defer_embedding_rows >= 0 && t.defer_embedding_rows <= 64, src, "defer_embedding_rows",
+                            "must be in [0, 64]"));
+  GLM_RETURN_IF_ERROR(check(b.optimizer_side_sms >= 0, src, "optimizer_side_sms", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(o.gemm_autotune == "off" || o.gemm_autotune == "large" || o.gemm_autotune == "all", src,
+                            "gemm_autotune", "must be off, large or all, got '" + o.gemm_autotune + "'"));
+  b.gemm_autotune = o.gemm_autotune == "all"     ? GemmAutotune::all
+                    : o.gemm_autotune == "large" ? GemmAutotune::large
+                                                 : GemmAutotune::off;
+  GLM_RETURN_IF_ERROR(check(o.attention_kernel == "auto" || o.attention_kernel == "mma", src, "attention_kernel",
+                            "must be auto or mma, got '" + o.attention_kernel + "'"));
+  b.attention_kernel = o.attention_kernel == "mma" ? AttentionKernel::mma : AttentionKernel::auto_select;
+  GLM_RETURN_IF_ERROR(check(o.lm_head_scratch_mb >= 1 && o.lm_head_scratch_mb <= (int64_t{1} << 30), src,
+                            "lm_head_scratch_mb", "must be a positive number of MiB"));
+  b.lm_head_scratch_bytes = o.lm_head_scratch_mb << 20;
+  GLM_RETURN_IF_ERROR(check(b.profile_trace.empty() || b.profile, src, "profile_trace", "needs --profile true"));
+  return Status::ok();
+}
+
 Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) {
   TrainConfig& t = o.train;
   GLM_RETURN_IF_ERROR(check(o.device == "auto" || o.device == "cpu" || o.device == "cuda", src, "device",
@@ -335,10 +383,11 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
     t.base_model = o.model_id_or_path;  // LoRA checkpoints record their base
   }
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
+  GLM_RETURN_IF_ERROR(validate_performance(o, src));
   {
     auto policy = parse_recompute(o.recompute);
-    GLM_RETURN_IF_ERROR(check(policy.is_ok(), src, "recompute",
-                              "must be none, selective or full, got '" + o.recompute + "'"));
+    GLM_RETURN_IF_ERROR(
+        check(policy.is_ok(), src, "recompute", "must be none, selective or full, got '" + o.recompute + "'"));
     t.recompute = policy.value();
     const bool explicit_policy = src.command_line.count("recompute") || src.config_lines.count("recompute");
     GLM_RETURN_IF_ERROR(check(!o.gradient_checkpointing || !explicit_policy || t.recompute == Recompute::full, src,
@@ -351,20 +400,20 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
       z.reduce_bucket_size = ZeroOptions::kAutoBucketSize;
     } else {
       auto n = parse_element_count(o.reduce_bucket_size, false);
-      GLM_RETURN_IF_ERROR(check(n.is_ok(), src, "reduce_bucket_size",
-                                "must be a positive element count (5e8, 500000000) or auto, got '" +
-                                    o.reduce_bucket_size + "'"));
+      GLM_RETURN_IF_ERROR(
+          check(n.is_ok(), src, "reduce_bucket_size",
+                "must be a positive element count (5e8, 500000000) or auto, got '" + o.reduce_bucket_size + "'"));
       z.reduce_bucket_size = n.value();
     }
     auto gather = parse_element_count(o.allgather_bucket_size, false);
-    GLM_RETURN_IF_ERROR(check(gather.is_ok(), src, "allgather_bucket_size",
-                              "must be a positive element count (5e8, 500000000), got '" + o.allgather_bucket_size +
-                                  "'"));
+    GLM_RETURN_IF_ERROR(
+        check(gather.is_ok(), src, "allgather_bucket_size",
+              "must be a positive element count (5e8, 500000000), got '" + o.allgather_bucket_size + "'"));
     z.allgather_bucket_size = gather.value();
     auto prefetch = parse_element_count(o.prefetch_bucket_size, true);
-    GLM_RETURN_IF_ERROR(check(prefetch.is_ok(), src, "prefetch_bucket_size",
-                              "must be an element count >= 0 (5e8, 0 = no prefetch), got '" + o.prefetch_bucket_size +
-                                  "'"));
+    GLM_RETURN_IF_ERROR(
+        check(prefetch.is_ok(), src, "prefetch_bucket_size",
+              "must be an element count >= 0 (5e8, 0 = no prefetch), got '" + o.prefetch_bucket_size + "'"));
     z.prefetch_bucket_size = prefetch.value();
     auto persist = parse_element_count(o.param_persistence_threshold, true);
     GLM_RETURN_IF_ERROR(check(persist.is_ok(), src, "param_persistence_threshold",
@@ -380,8 +429,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                 "must be an element count >= 0 (1e6, 1000000) or inf, got '" + o.model_persistence_threshold + "'"));
       z.model_persistence_threshold = budget.value();
     }
-    GLM_RETURN_IF_ERROR(check(o.grad_reduce_dtype == "fp32" || o.grad_reduce_dtype == "bf16", src,
-                              "grad_reduce_dtype", "must be fp32 or bf16, got '" + o.grad_reduce_dtype + "'"));
+    GLM_RETURN_IF_ERROR(check(o.grad_reduce_dtype == "fp32" || o.grad_reduce_dtype == "bf16", src, "grad_reduce_dtype",
+                              "must be fp32 or bf16, got '" + o.grad_reduce_dtype + "'"));
     z.grad_reduce_dtype = o.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
     GLM_RETURN_IF_ERROR(check(t.comm_profile.empty() || z.reduce_bucket_size == ZeroOptions::kAutoBucketSize, src,
                               "comm_profile", "is only read by --reduce_bucket_size auto"));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "model/backend_config.h"
 #include "train/train_config.h"
 
 namespace glm {
@@ -42,7 +43,12 @@ struct CliOptions {
   std::string grad_reduce_dtype = "fp32";
   std::string param_persistence_threshold = "1e5";  // DeepSpeed's default
   std::string model_persistence_threshold = "inf";  // DeepSpeed's default: sys.maxsize
-  std::string target_modules = "all-linear";  // --target_modules, parsed into train.lora.targets
+  std::string target_modules = "all-linear";        // --target_modules, parsed into train.lora.targets
+  // Kernels and the device backend (BackendConfig), parsed from these strings.
+  std::string gemm_autotune = "off";
+  std::string attention_kernel = "auto";
+  int64_t lm_head_scratch_mb = 2048;
+  BackendConfig backend;
   TrainConfig train;
   // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.
   nlohmann::json effective;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "model/backend_config.h"
 #include "base/tensor.h"
 #include "base/status.h"
 
@@ -52,17 +53,12 @@ using AttentionShape = cpu::AttentionShape;
 using AdamWStep = cpu::AdamWStep;
 
 // Rows of the fused lm_head + cross-entropy per chunk on a device backend: the chunk's bf16 logits
-// (rows x vocab, 2 bytes each; the gradient overwrites them in place) live at once. A trained
-// lm_head accumulates its weight gradient once per chunk (a full read and write of the vocab x
-// hidden gradient, and a K = rows GEMM), so chunks should not be small: the budget is 2 GiB, one
-// chunk at seq 4096 and two of 4096 rows at 8192 for GLM-4's 151,552 words (session 4 measured
-// 512 MiB of fp32 logits at 12% of the kernel's time against 2 GiB); a frozen head (LoRA,
-// evaluation) gets the same. The planner counts it; GLM_LM_HEAD_SCRATCH_MB overrides the budget
-// (read on every call, so a test can set it).
-inline int64_t lm_head_chunk_rows(int64_t n, int64_t vocab) {
-  const char* env = std::getenv("GLM_LM_HEAD_SCRATCH_MB");
-  const int64_t override_mb = env != nullptr ? std::max<int64_t>(std::atoll(env), 0) : int64_t{0};
-  const int64_t budget = override_mb > 0 ? override_mb << 20 : int64_t{2} << 30;
+// (rows x vocab, 2 bytes each; the gradient overwrites them in place) live at once, within
+// budget_bytes (BackendConfig::lm_head_scratch_bytes). A trained lm_head accumulates its weight
+// gradient once per chunk (a full read and write of the vocab x hidden gradient, and a K = rows
+// GEMM), so chunks should not be small. The planner counts the same chunk.
+inline int64_t lm_head_chunk_rows(int64_t n, int64_t vocab, int64_t budget_bytes) {
+  const int64_t budget = std::max<int64_t>(budget_bytes, 1);
   const int64_t rows = std::clamp<int64_t>(budget / (std::max<int64_t>(vocab, 1) * 2), 1, std::max<int64_t>(n, 1));
   // Equal chunks: 4096 rows under a 3,900-row budget split 2048 + 2048, not 3900 + 196.
   const int64_t chunks = (n + rows - 1) / rows;
@@ -224,7 +220,7 @@ std::unique_ptr<Backend> make_cpu_backend(DType dtype);
 
 // bf16 compute on CUDA device `device` (fp32 master weights, moments and statistics).
 // An error when the build has no CUDA or the device cannot be used.
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendConfig& config = {});
 // Usable CUDA devices (0 without CUDA in the build or without a driver).
 int cuda_device_count();
 

@@ -25,6 +25,7 @@
 #include "kernels/cuda/swiglu.cuh"
 #include "kernels/cuda_device.h"
 #include "model/backend.h"
+#include "model/cuda_profiler.h"
 
 #define GLM_CUDA_RETURN(call)                                                                               \
   do {                                                                                                      \
@@ -54,222 +55,6 @@ Status check_float(const char* op, DType d) {
   return Status::ok();
 }
 
-// GLM_PROFILE=1: every op's device time, from CUDA events around it on the backend's stream, summed
-// per op name and printed to stderr when the backend is destroyed, with the time each stream and
-// the whole GPU sat idle between ops (event pairs are resolved in batches of 32,768 ops, about 30
-// steps of the 12-layer benchmark, each a synchronisation, so the cost is two event records per
-// op). Off by default: no events are recorded.
-class OpProfiler {
-  struct Record {
-    const char* name = nullptr;
-    cudaStream_t stream = nullptr;
-    cudaEvent_t start = nullptr, stop = nullptr;
-  };
-  struct Total {
-    double seconds = 0;
-    int64_t calls = 0;
-  };
-  // Where a stream sat between one op's end and its next op's start: waiting for the host to
-  // enqueue (a synchronisation, host work between steps) or for another stream.
-  struct Idle {
-    int order = 0;  // 0: the first stream seen (the main one: the first op is the embedding's)
-    cudaEvent_t last_stop = nullptr;
-    double seconds = 0, largest = 0;
-    int64_t gaps = 0, long_gaps = 0;            // over 50 us
-    std::map<std::string, double> long_before;  // the long gaps' seconds by the op that ended them
-  };
-
- public:
-  OpProfiler() {
-    const char* env = std::getenv("GLM_PROFILE");
-    enabled_ = env != nullptr && std::string(env) == "1";
-  }
-  bool enabled() const { return enabled_; }
-  ~OpProfiler() {
-    report();
-    for (auto& e : free_) cudaEventDestroy(e);
-    for (auto& e : {first_, last_})
-      if (e != nullptr) cudaEventDestroy(e);
-    for (auto& [stream, idle] : idle_)
-      if (idle.last_stop != nullptr) cudaEventDestroy(idle.last_stop);
-  }
-  OpProfiler(const OpProfiler&) = delete;
-  OpProfiler& operator=(const OpProfiler&) = delete;
-  // Drops everything measured so far (the trainer calls it after the first step).
-  void reset() {
-    if (!enabled_) return;
-    resolve();
-    totals_.clear();
-    for (auto& [stream, idle] : idle_)
-      if (idle.last_stop != nullptr) free_.push_back(idle.last_stop);
-    idle_.clear();
-    intervals_.clear();
-    intervals_cut_ = false;
-    for (cudaEvent_t* e : {&first_, &last_})
-      if (*e != nullptr) {
-        cudaEventDestroy(*e);
-        *e = nullptr;
-      }
-  }
-  // Prints the table once (the backend calls it before destroying its stream).
-  void report() {
-    if (!enabled_ || reported_) return;
-    reported_ = true;
-    resolve();
-    double total = 0;
-    for (const auto& [name, t] : totals_) total += t.seconds;
-    float span_ms = 0;
-    if (first_ != nullptr && last_ != nullptr) (void)cudaEventElapsedTime(&span_ms, first_, last_);
-    std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
-    std::fprintf(stderr, "GLM_PROFILE: %.3f s of device time in ops over %.3f s from the first op to the last\n", total,
-                 span_ms / 1e3);
-    for (const auto& [name, t] : rows)
-      std::fprintf(stderr, "  %-24s %10.3f ms %6.1f%% %8lld calls\n", name.c_str(), t.seconds * 1e3,
-                   total > 0 ? 100.0 * t.seconds / total : 0.0, static_cast<long long>(t.calls));
-    // Where no stream ran an op at all: the union of every op's interval against the span.
-    std::sort(intervals_.begin(), intervals_.end(), [](const auto& x, const auto& y) { return x.start < y.start; });
-    double covered_until = intervals_.empty() ? 0.0 : intervals_.front().start, idle_ms = 0;
-    std::map<std::string, double> idle_before;
-    for (const Interval& i : intervals_) {
-      if (i.start > covered_until) {
-        idle_ms += i.start - covered_until;
-        if (i.start - covered_until > 0.05) idle_before[i.name] += i.start - covered_until;
-      }
-      covered_until = std::max(covered_until, i.stop);
-    }
-    std::fprintf(stderr, "  no stream busy: %.3f ms of the span%s; gaps over 50 us by the op that ended them:\n",
-                 idle_ms, intervals_cut_ ? " (of its first minute only)" : "");
-    for (const auto& [name, ms] : idle_before) std::fprintf(stderr, "    %-30s %10.3f ms\n", name.c_str(), ms);
-    std::vector<const Idle*> streams;
-    for (const auto& [stream, idle] : idle_) streams.push_back(&idle);
-    std::sort(streams.begin(), streams.end(), [](const Idle* x, const Idle* y) { return x->order < y->order; });
-    for (const Idle* idle : streams) {
-      std::fprintf(stderr,
-                   "  %s stream idle between its ops: %.3f ms in %lld gaps, %lld of them over 50 us, the largest "
-                   "%.3f ms\n",
-                   idle->order == 0 ? "main" : "side", idle->seconds * 1e3, static_cast<long long>(idle->gaps),
-                   static_cast<long long>(idle->long_gaps), idle->largest * 1e3);
-      for (const auto& [name, seconds] : idle->long_before)
-        std::fprintf(stderr, "    long gaps before %-24s %10.3f ms\n", name.c_str(), seconds * 1e3);
-    }
-    write_trace();
-  }
-  // Records the start of `name` on stream; the scope records its end.
-  class Scope {
-   public:
-    Scope(OpProfiler* p, const char* name, cudaStream_t stream) : p_(p), stream_(stream) {
-      if (!p_->enabled_) return;
-      rec_.name = name;
-      rec_.stream = stream;
-      rec_.start = p_->event();
-      cudaEventRecord(rec_.start, stream_);
-      if (p_->first_ == nullptr) {
-        cudaEventCreate(&p_->first_);
-        cudaEventRecord(p_->first_, stream_);
-      }
-    }
-    ~Scope() {
-      if (!p_->enabled_ || rec_.start == nullptr) return;
-      rec_.stop = p_->event();
-      cudaEventRecord(rec_.stop, stream_);
-      if (p_->last_ == nullptr) cudaEventCreate(&p_->last_);
-      cudaEventRecord(p_->last_, stream_);
-      p_->pending_.push_back(rec_);
-      if (p_->pending_.size() >= (1u << 15)) p_->resolve();
-    }
-    Scope(const Scope&) = delete;
-    Scope& operator=(const Scope&) = delete;
-
-   private:
-    OpProfiler* p_;
-    cudaStream_t stream_;
-    Record rec_;
-  };
-
- private:
-  // GLM_PROFILE_TRACE=path: the ops of the profiled steps' first minute as a Chrome trace
-  // (chrome://tracing, Perfetto), one track per stream.
-  void write_trace() const {
-    const char* path = std::getenv("GLM_PROFILE_TRACE");
-    if (path == nullptr || *path == '\0') return;
-    std::FILE* f = std::fopen(path, "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "GLM_PROFILE_TRACE: cannot write '%s'\n", path);
-      return;
-    }
-    std::fprintf(f, "{\"traceEvents\":[");
-    for (size_t i = 0; i < intervals_.size(); ++i) {
-      const Interval& v = intervals_[i];
-      std::fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-                   i == 0 ? "" : ",", v.name, v.stream, v.start * 1e3, (v.stop - v.start) * 1e3);
-    }
-    std::fprintf(f, "\n]}\n");
-    if (std::fclose(f) != 0) std::fprintf(stderr, "GLM_PROFILE_TRACE: error writing '%s'\n", path);
-  }
-  cudaEvent_t event() {
-    if (!free_.empty()) {
-      cudaEvent_t e = free_.back();
-      free_.pop_back();
-      return e;
-    }
-    cudaEvent_t e = nullptr;
-    cudaEventCreate(&e);
-    return e;
-  }
-  void resolve() {
-    for (const Record& r : pending_) {
-      float ms = 0;
-      if (cudaEventSynchronize(r.stop) == cudaSuccess && cudaEventElapsedTime(&ms, r.start, r.stop) == cudaSuccess) {
-        Total& t = totals_[r.name];
-        t.seconds += ms / 1e3;
-        t.calls += 1;
-      }
-      auto [at, added] = idle_.try_emplace(r.stream);
-      Idle& idle = at->second;
-      if (added) idle.order = static_cast<int>(idle_.size()) - 1;
-      // The ops of the first kIntervalMs after the first profiled one (float milliseconds from it
-      // resolve 4 us there; about 380 steps of the 12-layer benchmark, 13 MiB) for the whole GPU's
-      // idle time and the trace; the per-stream totals go on.
-      float from_first = 0, to_first = 0;
-      if (cudaEventElapsedTime(&from_first, first_, r.start) == cudaSuccess && from_first < kIntervalMs &&
-          cudaEventElapsedTime(&to_first, first_, r.stop) == cudaSuccess)
-        intervals_.push_back({from_first, to_first, r.name, idle.order});
-      else
-        intervals_cut_ = true;
-      float gap_ms = 0;
-      if (idle.last_stop != nullptr && cudaEventElapsedTime(&gap_ms, idle.last_stop, r.start) == cudaSuccess &&
-          gap_ms > 0) {
-        idle.seconds += gap_ms / 1e3;
-        idle.largest = std::max(idle.largest, static_cast<double>(gap_ms) / 1e3);
-        idle.gaps += 1;
-        if (gap_ms > 0.05f) {
-          idle.long_gaps += 1;
-          idle.long_before[r.name] += gap_ms / 1e3;
-        }
-      }
-      if (idle.last_stop != nullptr) free_.push_back(idle.last_stop);
-      idle.last_stop = r.stop;
-      free_.push_back(r.start);
-    }
-    pending_.clear();
-  }
-  bool enabled_ = false, reported_ = false;
-  std::vector<Record> pending_;
-  std::vector<cudaEvent_t> free_;
-  std::map<std::string, Total> totals_;
-  std::map<cudaStream_t, Idle> idle_;
-  struct Interval {
-    double start, stop;  // ms from first_
-    const char* name;
-    int stream;  // Idle::order
-  };
-  static constexpr float kIntervalMs = 60e3f;
-  bool intervals_cut_ = false;  // ops after kIntervalMs were left out of intervals_
-  std::vector<Interval> intervals_;
-  cudaEvent_t first_ = nullptr, last_ = nullptr;
-};
-
 #define GLM_PROFILE_OP(name) OpProfiler::Scope glm_profile_scope_(&profiler_, name, stream_)
 
 // Grow-only device scratch: allocated on first use at the largest size asked for.
@@ -297,7 +82,8 @@ class Scratch {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {}
+  CudaBackend(int device, const BackendConfig& config)
+      : device_(device), config_(config), profiler_(config.profile, config.profile_trace) {}
   ~CudaBackend() override {
     if (profiler_.enabled()) {
       profiler_.report();
@@ -323,30 +109,32 @@ class CudaBackend final : public Backend {
     // side update that started just before a GEMM (a layer's MLP half, released after its
     // backward) filled every SM with its short blocks and the GEMM waited for most of it: the
     // attention projection's weight gradient took 1.35 ms instead of 0.27 at seq 4096, and the
-    // update ran alone rather than beside backward (+2.6% end to end with the priorities, session
-    // 14 in benchmarks/RESULTS.md). GLM_STREAM_PRIORITIES=0 creates both at the default priority.
-    int highest = 0, lowest = 0;
-    GLM_CUDA_RETURN(cuda::stream_priority(true, &highest));
-    GLM_CUDA_RETURN(cuda::stream_priority(false, &lowest));
+    // update ran alone rather than beside backward.
+    int lowest = 0, highest = 0;
+    GLM_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
     GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&main_, cudaStreamNonBlocking, highest));
     GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, lowest));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     stream_ = main_;
     // From the first on_side() until join_side() (enqueue order: the side stream may be idle
-    // already), GEMMs are planned for all SMs but kSideSms (GLM_SIDE_SMS overrides; 0 plans them
-    // for every SM): cuBLASLt's kernels fill every SM they are planned for and stay resident until
+    // already), GEMMs are planned for all SMs but --optimizer_side_sms (0 plans them for every SM): cuBLASLt's kernels fill every SM they are planned for and stay resident until
     // they finish, so without SMs of its own the side work (the memory-bound optimizer) would only
     // run in the gaps between GEMMs.
     int sms = 0;
     GLM_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
-    int side_sms = kSideSms;
-    if (const char* env = std::getenv("GLM_SIDE_SMS"); env != nullptr) side_sms = std::max(std::atoi(env), 0);
+    int side_sms = std::max(config_.optimizer_side_sms, 0);
     // At most a quarter of the SMs: on a small GPU the GEMMs keep at least three quarters.
     side_sms = std::min(side_sms, sms / 4);
     side_sm_target_ = side_sms > 0 ? sms - side_sms : 0;
     const std::string err = gemm_.init();
     if (!err.empty()) return GLM_ERROR(ErrorKind::internal, err);
+    gemm_.set_autotune(config_.gemm_autotune == GemmAutotune::all     ? cuda::Gemm::Autotune::all
+                       : config_.gemm_autotune == GemmAutotune::large ? cuda::Gemm::Autotune::large
+                                                                      : cuda::Gemm::Autotune::off);
+    flash_.allow_wgmma = config_.attention_kernel == AttentionKernel::auto_select;
+    flash_.backward_head_chunk = config_.attention_backward_head_chunk;
+    flash_.dq_vector_atomics = config_.attention_dq_vector_atomics;
     return Status::ok();
   }
 
@@ -570,7 +358,7 @@ class CudaBackend final : public Backend {
     // Tensor-core flash attention where the head size allows, the warp-per-row kernel elsewhere.
     if (cuda::flash_attention_supports(s.head_dim)) {
       GLM_CUDA_RETURN(cuda::flash_attention_forward(b(out), lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n,
-                                                    s.heads, s.kv_heads, s.head_dim, stream_));
+                                                    s.heads, s.kv_heads, s.head_dim, stream_, flash_));
       return Status::ok();
     }
     GLM_CUDA_RETURN(cuda::attention_forward(b(out), lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n, s.heads,
@@ -586,7 +374,7 @@ class CudaBackend final : public Backend {
     if (flash) {
       GLM_CUDA_RETURN(cuda::flash_attention_backward(b(dqkv), static_cast<float*>(acc), b(dout), b(out),
                                                      lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n, s.heads,
-                                                     s.kv_heads, s.head_dim, stream_));
+                                                     s.kv_heads, s.head_dim, stream_, flash_));
       return Status::ok();
     }
     GLM_CUDA_RETURN(cuda::attention_backward(b(dqkv), static_cast<float*>(acc), b(dout), b(out), lse.as<float>(),
@@ -619,7 +407,7 @@ class CudaBackend final : public Backend {
                                Tensor weight, Tensor targets, int64_t n, int64_t hidden_size, int64_t vocab,
                                double grad_scale, bool accumulate_dweight) override {
     const bool grad = !dhidden.empty();
-    const int64_t chunk = lm_head_chunk_rows(n, vocab);
+    const int64_t chunk = lm_head_chunk_rows(n, vocab, config_.lm_head_scratch_bytes);
     // bf16 logits, as PyTorch's bf16 matmul gives them; the gradient overwrites them in place.
     GLM_ASSIGN_OR_RETURN(void* logits, logits_scratch_.get(sizeof(bf16) * static_cast<size_t>(chunk * vocab)));
     bf16* dlogits = grad ? static_cast<bf16*>(logits) : nullptr;
@@ -762,16 +550,13 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  BackendConfig config_;
+  cuda::FlashOptions flash_;
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().
   cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, joined_ = nullptr;
   bool side_pending_ = false;  // side work enqueued since the last join_side()
-  // SMs the GEMMs are planned for while side work is pending (0: all). On one H200 (132 SMs) with
-  // the optimizer beside a 12-layer GLM-4-9B backward at seq 4096, 12 left to it gave +2.0% end to
-  // end against the optimizer after backward; 8 and 16 gave -0.4% and +0.1%, none +0.3%
-  // (benchmarks/RESULTS.md, session 8). With the streams' priorities (session 14) 12 stayed best:
-  // 0, 8, 16 and 24 gave -2.3%, -2.5%, -1.8% and -1.7%.
-  static constexpr int kSideSms = 12;
+  // SMs the GEMMs are planned for while side work is pending (0: all).
   int side_sm_target_ = 0;
   cuda::Gemm gemm_;
   Scratch norm_scratch_, attention_scratch_, logits_scratch_, sum_scratch_, bias_scratch_;
@@ -780,11 +565,11 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const BackendConfig& config) {
   const int count = cuda::cuda_device_count_impl();
   if (count == 0) return GLM_USER_ERROR("--device cuda: no CUDA device is visible");
   if (device < 0 || device >= count) return GLM_INTERNAL_ERROR("CUDA device ", device, " of ", count);
-  auto backend = std::make_unique<CudaBackend>(device);
+  auto backend = std::make_unique<CudaBackend>(device, config);
   GLM_RETURN_IF_ERROR(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -3,7 +3,7 @@
 
 namespace glm {
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int) {
+Result<std::unique_ptr<Backend>> make_cuda_backend(int, const BackendConfig&) {
   return GLM_USER_ERROR("--device cuda: this glm_hpc was built without CUDA (-DGLM_CUDA=OFF or no nvcc)");
 }
 

@@ -8,11 +8,6 @@
 
 namespace glm {
 
-bool split_master_from_env() {
-  const char* env = std::getenv("GLM_SPLIT_MASTER");
-  return env == nullptr || std::string(env) != "0";
-}
-
 int deferred_rows_history_from_env() {
   const char* env = std::getenv("GLM_DEFER_EMBEDDING");
   if (env == nullptr || *env == '\0') return AdamWRows::kMaxHistory;

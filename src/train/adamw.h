@@ -16,13 +16,9 @@ struct AdamWOptions {
   double weight_decay = 0.0;
   // With bf16 parameters and fp32 optimizer state (CUDA), keep the fp32 master split into the bf16
   // parameters (its high halves) and a 16-bit buffer of low halves (kernels/master_split.h): exact,
-  // 2 bytes a parameter less memory and update traffic. false: a whole fp32 copy (GLM_SPLIT_MASTER=0).
+  // 2 bytes a parameter less memory and update traffic. false: a whole fp32 copy (--split_master_weights).
   bool split_master = true;
 };
-
-// AdamWOptions::split_master for a run: true unless GLM_SPLIT_MASTER=0 (for measuring). The trainer
-// and `glm_hpc plan` both ask here, so that the plan counts what the run allocates.
-bool split_master_from_env();
 
 // The lag bound of the embedding's deferred rows (TrainingEngine, AdamWOptimizer::defer_rows):
 // AdamWRows::kMaxHistory unless GLM_DEFER_EMBEDDING says otherwise (0: off, N: N steps, at most the

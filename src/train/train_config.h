@@ -20,9 +20,9 @@ struct TrainConfig {
   std::vector<std::string> datasets;
   int64_t max_length = 512;
   std::string truncation_strategy = "delete";  // delete | left | right, for samples over max_length
-  std::string on_bad_sample = "error";  // error: list the problems and stop; skip: drop and count them
-  std::string loss_scale = "default";   // default (every assistant turn) | last_round | all
-  std::string system;                   // default system prompt for conversations without one
+  std::string on_bad_sample = "error";         // error: list the problems and stop; skip: drop and count them
+  std::string loss_scale = "default";          // default (every assistant turn) | last_round | all
+  std::string system;                          // default system prompt for conversations without one
   // Bin-pack samples into rows of max_length (src/data/packing.h); a row then counts as a sample.
   bool packing = false;
   int64_t per_device_train_batch_size = 1;
@@ -42,19 +42,24 @@ struct TrainConfig {
   int64_t logging_steps = 1;
   int64_t eval_steps = 0;  // evaluate the validation set every N steps (and at the end); 0 = never
   int64_t per_device_eval_batch_size = 8;
-  int zero_stage = 0;      // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_parameters.h)
+  int zero_stage = 0;                     // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_parameters.h)
   Recompute recompute = Recompute::none;  // activation recomputation (src/model/recompute.h)
-  ZeroOptions zero_options;  // buckets, overlap, reduce dtype (src/zero/zero_options.h)
-  std::string comm_profile;  // bench_comm JSON for --reduce_bucket_size auto; empty: measure at start
-  std::string output_dir;  // empty: no files (tests)
-  std::string save_strategy = "steps";  // steps: checkpoint every save_steps and at the end; no: never
+  ZeroOptions zero_options;               // buckets, overlap, reduce dtype (src/zero/zero_options.h)
+  std::string comm_profile;               // bench_comm JSON for --reduce_bucket_size auto; empty: measure at start
+  std::string output_dir;                 // empty: no files (tests)
+  std::string save_strategy = "steps";    // steps: checkpoint every save_steps and at the end; no: never
   int64_t save_steps = 500;
-  int64_t save_total_limit = -1;        // keep at most this many checkpoints (<= 0: all)
-  std::string resume_from_checkpoint;   // a checkpoint directory or "latest" (in output_dir)
-  bool resume_only_model = false;       // from that checkpoint the weights only: fresh optimizer, step 0, data start
-  std::string tokenizer;                // the tokenizer's path and content hash, recorded in checkpoints
-  std::string tokenizer_hash;           // (empty: none; resuming with a different hash is refused)
+  int64_t save_total_limit = -1;       // keep at most this many checkpoints (<= 0: all)
+  std::string resume_from_checkpoint;  // a checkpoint directory or "latest" (in output_dir)
+  bool resume_only_model = false;      // from that checkpoint the weights only: fresh optimizer, step 0, data start
+  std::string tokenizer;               // the tokenizer's path and content hash, recorded in checkpoints
+  std::string tokenizer_hash;          // (empty: none; resuming with a different hash is refused)
   bool log_to_console = true;
+  // Optimizer placement and state (--optimizer_in_backward, --split_master_weights,
+  // --defer_embedding_rows): the same arithmetic either way, different speed and memory.
+  bool optimizer_in_backward = true;
+  bool split_master_weights = true;
+  int defer_embedding_rows = 64;  // most optimizer steps an unread embedding row's update may lag; 0: none
 };
 
 }  // namespace glm

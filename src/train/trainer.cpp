@@ -94,7 +94,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   const int64_t max_tokens = std::max(config.per_device_train_batch_size * config.max_length, eval_tokens);
 
   AdamWOptions adam{config.adam_beta1, config.adam_beta2, config.adam_epsilon, config.weight_decay};
-  adam.split_master = split_master_from_env();
+  adam.split_master = config.split_master_weights;
   GLM_ASSIGN_OR_RETURN(const ZeroOptions zero_options,
                        resolve_zero_options(config, comm, data_comm != nullptr ? *data_comm : comm, backend));
   if (config.train_type != "full" && config.train_type != "lora")

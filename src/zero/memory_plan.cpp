@@ -64,7 +64,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
                              : "LoRA activations: rank-r intermediates",
         2 * lora_activation_sizes(*lora, n).numel());
   const int64_t vocab = in.model.vocab_size;
-  const int64_t chunk = lm_head_chunk_rows(n, vocab);
+  const int64_t chunk = lm_head_chunk_rows(n, vocab, in.lm_head_scratch_bytes);
   const ModelConfig& c = in.model;
   const bool flash = c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128;
   const int64_t attention =

@@ -30,6 +30,7 @@ struct MemoryPlanInput {
   // The embedding's deferred rows (stage 0, full training): a step per row and the step's rows, i32
   // each.
   bool defer_embedding = true;
+  int64_t lm_head_scratch_bytes = int64_t{2} << 30;  // BackendConfig::lm_head_scratch_bytes
 };
 
 struct MemoryPlanRow {

@@ -1,0 +1,28 @@
+// Settings of a device backend, fixed when it is created (the CLI's Kernels group fills them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace glm {
+
+enum class GemmAutotune { off, large, all };      // --gemm_autotune
+enum class AttentionKernel { auto_select, mma };  // --attention_kernel: auto or mma (mma.sync everywhere)
+
+struct BackendConfig {
+  // SMs left to the optimizer's side stream while it updates beside backward (GEMMs are planned for
+  // the others; at most a quarter of the device); 0 plans GEMMs for every SM.
+  int optimizer_side_sms = 12;
+  GemmAutotune gemm_autotune = GemmAutotune::off;
+  AttentionKernel attention_kernel = AttentionKernel::auto_select;
+  // The wgmma attention backward's block order (heads per chunk) and dQ atomics (16-byte or paired):
+  // kernel variants that tests and benchmarks compare; the defaults are the tuned ones.
+  int attention_backward_head_chunk = 8;
+  bool attention_dq_vector_atomics = true;
+  // Device memory for one chunk of the fused lm_head + cross-entropy's bf16 logits.
+  int64_t lm_head_scratch_bytes = int64_t{2} << 30;
+  bool profile = false;       // --profile: per-op device time and idle gaps on stderr at exit
+  std::string profile_trace;  // --profile_trace FILE: a Chrome trace of the profiled ops
+};
+
+}  // namespace glm
