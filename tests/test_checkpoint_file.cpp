@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/checkpoint_file.h"
+#include "io/checkpoint_file_hdf5.h"
 #include "io/crc32c.h"
 
 namespace glm::test {

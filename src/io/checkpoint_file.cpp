@@ -18,7 +18,9 @@
 #include <mutex>
 #include <thread>
 
+#include "io/checkpoint_file_hdf5.h"
 #include "io/crc32c.h"
+#include "io/hdf5_handle.h"
 
 namespace glm {
 namespace {
@@ -26,30 +28,9 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "checkpoint files store little-endian fp32 and uint32");
 
 constexpr int64_t kAlign = 4096;  // O_DIRECT offsets, lengths and buffers; dataset starts in the file
-constexpr const char* kBlockAttribute = "checksum_block_bytes";
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-class H5Handle {
- public:
-  H5Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5Handle() { release(); }
-  H5Handle(const H5Handle&) = delete;
-  H5Handle& operator=(const H5Handle&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-  // Closes now; false when the close failed (for a file: its metadata did not reach the disk).
-  bool release() {
-    const bool fine = id_ < 0 || close_(id_) >= 0;
-    id_ = -1;
-    return fine;
-  }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
 
 class Fd {
  public:
@@ -107,7 +88,7 @@ Result<std::vector<std::vector<Placement>>> lay_out(const std::string& path,
     return GLM_ERROR(ErrorKind::io, "HDF5 dataset properties failed for '", path, "'");
   H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!file.ok()) return GLM_ERROR(ErrorKind::io, "cannot create '", path, "'");
-  GLM_RETURN_IF_ERROR(write_int64_attribute(file.get(), kBlockAttribute, {block_bytes}, "'" + path + "'"));
+  GLM_RETURN_IF_ERROR(write_int64_attribute(file.get(), kChecksumBlockAttribute, {block_bytes}, "'" + path + "'"));
   std::vector<std::vector<Placement>> placed(groups.size());
   auto create = [&](hid_t group, const std::string& name, hid_t type, int64_t count, const std::string& where,
                     int64_t& offset) -> Status {
@@ -294,7 +275,7 @@ Result<CheckpointFileStats> write_checkpoint_file(const std::string& path,
     return GLM_INTERNAL_ERROR("checkpoint file blocks: checksum ", block, " bytes, I/O ", io, " bytes, ",
                               options.buffers, " buffers (I/O must be a multiple of the 4 KiB-aligned checksum block)");
   const auto started = Clock::now();
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  quiet_hdf5();
   GLM_ASSIGN_OR_RETURN(const std::vector<std::vector<Placement>> placed, lay_out(path, groups, block));
 
   CheckpointFileStats stats;
@@ -351,91 +332,6 @@ Result<CheckpointFileStats> write_checkpoint_file(const std::string& path,
     return GLM_ERROR(ErrorKind::io, "closing '", path, "' failed: ", std::strerror(errno));
   stats.seconds = since(started);
   return stats;
-}
-
-Result<std::optional<int64_t>> checksum_block_bytes(hid_t file, const std::string& path) {
-  const htri_t has = H5Aexists(file, kBlockAttribute);
-  if (has < 0) return GLM_USER_ERROR(path, ": the root attributes cannot be read (truncated or corrupt)");
-  if (has == 0) return std::optional<int64_t>();
-  int64_t bytes = 0;
-  H5Handle attr(H5Aopen(file, kBlockAttribute, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, &bytes) < 0)
-    return GLM_USER_ERROR(path, ": the attribute ", kBlockAttribute, " cannot be read (corrupt)");
-  if (bytes <= 0 || bytes % 4 != 0)
-    return GLM_USER_ERROR(path, ": attribute ", kBlockAttribute, " is ", bytes, ", not a positive multiple of 4");
-  return std::optional<int64_t>(bytes);
-}
-
-namespace {
-
-// Elements [first, first + count) of a 1-D dataset into out; false when HDF5 cannot read them.
-template <typename T>
-bool read_slab(hid_t ds, hid_t type, int64_t first, int64_t count, T* out) {
-  H5Handle space(H5Dget_space(ds), H5Sclose);
-  const hsize_t start = static_cast<hsize_t>(first), n = static_cast<hsize_t>(count);
-  if (!space.ok() || H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr) < 0) return false;
-  H5Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
-  return mem.ok() && H5Dread(ds, type, mem.get(), space.get(), H5P_DEFAULT, out) >= 0;
-}
-
-Result<int64_t> length_of(hid_t ds, const std::string& where) {
-  H5Handle space(H5Dget_space(ds), H5Sclose);
-  hsize_t n = 0;
-  if (!space.ok() || H5Sget_simple_extent_ndims(space.get()) != 1 ||
-      H5Sget_simple_extent_dims(space.get(), &n, nullptr) < 0)
-    return GLM_USER_ERROR(where, " is not a 1-D dataset");
-  return static_cast<int64_t>(n);
-}
-
-}  // namespace
-
-Status read_checked_range(hid_t group, const std::string& group_name, const char* dataset, const std::string& path,
-                          std::optional<int64_t> block_bytes, int64_t first, std::span<float> out) {
-  const std::string where = path + ": " + group_name + "/" + dataset;
-  H5Handle ds(H5Dopen2(group, dataset, H5P_DEFAULT), H5Dclose);
-  if (!ds.ok()) return GLM_USER_ERROR(where, " is missing");
-  GLM_ASSIGN_OR_RETURN(const int64_t length, length_of(ds.get(), where));
-  const int64_t count = static_cast<int64_t>(out.size());
-  if (first < 0 || first + count > length)
-    return GLM_USER_ERROR(where, " is shorter than its attributes say (", length, " elements, [", first, ", ",
-                          first + count, ") wanted)");
-  if (count == 0) return Status::ok();
-  if (!block_bytes) {  // an older file: chunks with Fletcher-32, checked by HDF5
-    if (!read_slab(ds.get(), H5T_NATIVE_FLOAT, first, count, out.data()))
-      return GLM_USER_ERROR(where, " cannot be read (truncated or corrupt: its checksum does not match)");
-    return Status::ok();
-  }
-  const int64_t per_block = *block_bytes / 4;
-  const int64_t b0 = first / per_block, b1 = (first + count + per_block - 1) / per_block;
-  const int64_t lo = b0 * per_block, hi = std::min(length, b1 * per_block);
-  const std::string crc_name = std::string(dataset) + ".crc32c";
-  H5Handle sums_ds(H5Dopen2(group, crc_name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!sums_ds.ok()) return GLM_USER_ERROR(where, " has no checksums (", group_name, "/", crc_name, " is missing)");
-  GLM_ASSIGN_OR_RETURN(const int64_t sums_length, length_of(sums_ds.get(), where + ".crc32c"));
-  if (sums_length != (length + per_block - 1) / per_block)
-    return GLM_USER_ERROR(where, ".crc32c holds ", sums_length, " checksums for ", (length + per_block - 1) / per_block,
-                          " blocks");
-  std::vector<uint32_t> sums(static_cast<size_t>(b1 - b0));
-  if (!read_slab(sums_ds.get(), H5T_NATIVE_UINT32, b0, b1 - b0, sums.data()))
-    return GLM_USER_ERROR(where, ".crc32c cannot be read (truncated or corrupt)");
-  // Aligned whole blocks land in place; otherwise through a scratch copy of the covering blocks.
-  std::vector<float> scratch;
-  float* blocks = out.data();
-  if (lo != first || hi != first + count) {
-    scratch.resize(static_cast<size_t>(hi - lo));
-    blocks = scratch.data();
-  }
-  if (!read_slab(ds.get(), H5T_NATIVE_FLOAT, lo, hi - lo, blocks))
-    return GLM_USER_ERROR(where, " cannot be read (truncated or corrupt)");
-  for (int64_t b = b0; b < b1; ++b) {
-    const int64_t begin = b * per_block, end = std::min(length, begin + per_block);
-    const uint32_t got = crc32c(blocks + (begin - lo), static_cast<size_t>(end - begin) * 4);
-    if (got != sums[static_cast<size_t>(b - b0)])
-      return GLM_USER_ERROR(where, " is corrupt: elements [", begin, ", ", end, ") fail their CRC32C checksum (stored ",
-                            sums[static_cast<size_t>(b - b0)], ", computed ", got, ")");
-  }
-  if (blocks != out.data()) std::copy(blocks + (first - lo), blocks + (first - lo) + count, out.begin());
-  return Status::ok();
 }
 
 }  // namespace glm

@@ -6,10 +6,9 @@
 // checksum_block_bytes says how large); readers verify every block they touch.
 #pragma once
 
-#include <hdf5.h>
-
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,14 +53,52 @@ Result<CheckpointFileStats> write_checkpoint_file(const std::string& path,
                                                   const CheckpointFileFill& fill,
                                                   const CheckpointFileOptions& options = {});
 
-// Whether an open file carries block checksums (written by write_checkpoint_file) or not (older
-// files: chunked datasets with HDF5's Fletcher-32, which H5Dread checks itself).
-Result<std::optional<int64_t>> checksum_block_bytes(hid_t file, const std::string& path);
+class H5Handle;
 
-// Reads elements [first, first + out.size()) of the fp32 dataset group/name. With block_bytes, every
-// checksum block overlapping the range is read whole and verified. Errors name `path`, the group
-// and the dataset (user errors: the file is damaged).
-Status read_checked_range(hid_t group, const std::string& group_name, const char* dataset, const std::string& path,
-                          std::optional<int64_t> block_bytes, int64_t first, std::span<float> out);
+// One group of an open checkpoint file: its int64 attributes and its fp32 datasets, read checked.
+class CheckpointGroupReader {
+ public:
+  CheckpointGroupReader(CheckpointGroupReader&&) noexcept;
+  CheckpointGroupReader& operator=(CheckpointGroupReader&&) noexcept;
+  ~CheckpointGroupReader();
+
+  bool has_attribute(const std::string& name) const;
+  // The attribute's values; nullopt when it is missing, holds no element or cannot be read.
+  std::optional<std::vector<int64_t>> int64_attribute(const std::string& name) const;
+  // Elements [first, first + out.size()) of the fp32 dataset, every checksum block it touches
+  // verified (older files: HDF5's Fletcher-32). Errors are user errors naming the file, group and
+  // dataset.
+  Status read(const char* dataset, int64_t first, std::span<float> out) const;
+
+ private:
+  friend class CheckpointFileReader;
+  CheckpointGroupReader(std::unique_ptr<H5Handle> group, std::string name, std::string path,
+                        std::optional<int64_t> block_bytes);
+  std::unique_ptr<H5Handle> group_;
+  std::string name_, path_;
+  std::optional<int64_t> block_bytes_;
+};
+
+// A checkpoint file opened for reading: written by write_checkpoint_file, or an older one with
+// chunked Fletcher-32 datasets.
+class CheckpointFileReader {
+ public:
+  // User errors: a file that does not open ("<path> is not a readable HDF5 file (truncated or
+  // corrupt)") or whose checksum attribute is damaged.
+  static Result<CheckpointFileReader> open(const std::string& path);
+  CheckpointFileReader(CheckpointFileReader&&) noexcept;
+  CheckpointFileReader& operator=(CheckpointFileReader&&) noexcept;
+  ~CheckpointFileReader();
+
+  // A user error "<path>: group <name> is missing" when it is.
+  Result<CheckpointGroupReader> group(const std::string& name) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  CheckpointFileReader(std::unique_ptr<H5Handle> file, std::string path, std::optional<int64_t> block_bytes);
+  std::unique_ptr<H5Handle> file_;
+  std::string path_;
+  std::optional<int64_t> block_bytes_;
+};
 
 }  // namespace glm

@@ -1,0 +1,145 @@
+// The checkpoint readers of glm_hpc export and tools (see checkpoint.h): meta.json and args.json
+// without an engine, the full model's master weights reassembled unit by unit, the LoRA adapters.
+#include <algorithm>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "io/checkpoint_file.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_format.h"
+#include "train/checkpoint_meta.h"
+#include "train/lora_checkpoint.h"
+
+namespace glm {
+namespace {
+
+namespace fs = std::filesystem;
+
+Result<nlohmann::json> read_args(const fs::path& path) {
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
+  return j;
+}
+
+// Every rank file of a checkpoint, open; a missing or unreadable one is a user error naming it.
+Result<std::vector<CheckpointFileReader>> open_rank_files(const fs::path& dir, int world_size) {
+  std::vector<CheckpointFileReader> files;
+  for (int r = 0; r < world_size; ++r) {
+    const fs::path path = dir / checkpoint_rank_file(r);
+    if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", checkpoint_rank_file(r));
+    GLM_ASSIGN_OR_RETURN(CheckpointFileReader file, CheckpointFileReader::open(path.string()));
+    files.push_back(std::move(file));
+  }
+  return files;
+}
+
+// Unit u's master weights from every rank file into values (its unpadded size); pieces gets each
+// [lo, hi) read.
+Status read_unit_masters(const std::vector<CheckpointFileReader>& files, int u, std::vector<float>& values,
+                         std::vector<std::pair<int64_t, int64_t>>& pieces) {
+  const int64_t size = static_cast<int64_t>(values.size());
+  std::vector<float> host;
+  for (const CheckpointFileReader& file : files) {
+    GLM_ASSIGN_OR_RETURN(const CheckpointGroupReader group, file.group(checkpoint_unit_group(u)));
+    GLM_ASSIGN_OR_RETURN(const std::vector<FileRun> runs, file_runs(group, file.path(), u));
+    for (const FileRun& run : runs) {
+      const int64_t lo = run.begin, hi = std::min(run.begin + run.count, size);  // the tail past `size` is padding
+      if (lo >= hi) continue;
+      host.resize(static_cast<size_t>(hi - lo));
+      GLM_RETURN_IF_ERROR(group.read(kCheckpointDatasets[0], lo - (run.begin - run.stored), host));
+      std::copy(host.begin(), host.end(), values.begin() + lo);
+      pieces.emplace_back(lo, hi);
+    }
+  }
+  return Status::ok();
+}
+
+// The pieces read of unit u cover [0, size) exactly once.
+Status check_exact_cover(const CheckpointInfo& info, int u, int64_t size,
+                         std::vector<std::pair<int64_t, int64_t>> pieces) {
+  std::sort(pieces.begin(), pieces.end());
+  int64_t cursor = 0;
+  for (const auto& [lo, hi] : pieces) {
+    if (lo < cursor)
+      return GLM_USER_ERROR("checkpoint '", info.dir, "': ", checkpoint_unit_group(u), " elements [", lo, ", ",
+                            std::min(cursor, hi), ") are in two rank files");
+    if (lo > cursor) break;
+    cursor = hi;
+  }
+  if (cursor != size)
+    return GLM_USER_ERROR("checkpoint '", info.dir, "': ", checkpoint_unit_group(u), " elements from ", cursor,
+                          " on are in no rank file (of ", info.world_size, "; meta.json's world_size)");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
+  const fs::path dir(dir_name);
+  CheckpointInfo info;
+  info.dir = dir_name;
+  GLM_ASSIGN_OR_RETURN(const nlohmann::json meta, read_checkpoint_meta(dir));
+  for (const fs::path& args : {dir / "args.json", dir.parent_path() / "args.json"}) {
+    if (fs::exists(args)) {
+      GLM_ASSIGN_OR_RETURN(info.args, read_args(args));
+      break;
+    }
+  }
+  const fs::path meta_path = dir / "meta.json";
+  GLM_ASSIGN_OR_RETURN(info.config, saved_model_config(meta, info.args, meta_path));
+  const nlohmann::json ours = model_shape_json(info.config);
+  for (const auto& [field, value] : ours.items())
+    GLM_RETURN_IF_ERROR(check_model_field(meta["model"], ours, field, meta_path));
+  if (!meta["units"].is_array() || meta["units"] != nlohmann::json(unpadded_units(info.config)))
+    return GLM_USER_ERROR(meta_path.string(), ": unit sizes differ from the layout of the model it describes");
+  for (const char* field : {"world_size", "step", "zero_stage"})
+    if (meta.contains(field) && !meta[field].is_number_integer())
+      return GLM_USER_ERROR(meta_path.string(), ": field '", field, "' must be an integer");
+  if (meta["world_size"].get<int64_t>() < 1 || meta["world_size"].get<int64_t>() > 1'000'000)
+    return GLM_USER_ERROR(meta_path.string(), ": world_size ", meta["world_size"].dump(), " is not a rank count");
+  info.world_size = meta["world_size"].get<int>();
+  info.zero_stage = meta.contains("zero_stage") ? meta["zero_stage"].get<int>() : 0;
+  info.step = meta["step"].get<int64_t>();
+  if (meta.contains("tokenizer") && meta["tokenizer"].is_object() && meta["tokenizer"].contains("path") &&
+      meta["tokenizer"]["path"].is_string())
+    info.tokenizer = meta["tokenizer"]["path"].get<std::string>();
+  if (meta.value("train_type", "full") == "lora") {
+    GLM_ASSIGN_OR_RETURN(info.lora, saved_lora(meta, info.config, meta_path));
+  }
+  return info;
+}
+
+Result<std::vector<float>> read_checkpoint_adapters(const CheckpointInfo& info) {
+  if (!info.lora)
+    return GLM_USER_ERROR("checkpoint '", info.dir, "' is a full-training checkpoint: it holds no LoRA adapters");
+  const LoraLayout layout(info.config, info.lora->config);
+  std::vector<float> adapters;
+  GLM_RETURN_IF_ERROR(read_lora_file(info.dir, layout.total_numel(), 1, [&](int, std::span<const float> values) {
+    adapters.assign(values.begin(), values.end());
+    return Status::ok();
+  }));
+  return adapters;
+}
+
+Status read_checkpoint_masters(const CheckpointInfo& info,
+                               const std::function<Status(int unit, std::span<const float> values)>& sink) {
+  if (info.lora)
+    return GLM_USER_ERROR("checkpoint '", info.dir,
+                          "' is a LoRA checkpoint (train_type lora): it holds the adapters, not the model's weights");
+  GLM_ASSIGN_OR_RETURN(const std::vector<CheckpointFileReader> files, open_rank_files(info.dir, info.world_size));
+  const std::vector<int64_t> units = unpadded_units(info.config);
+  std::vector<float> unit_values;
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    const int64_t size = units[static_cast<size_t>(u)];
+    unit_values.assign(static_cast<size_t>(size), 0.0f);
+    std::vector<std::pair<int64_t, int64_t>> pieces;  // [lo, hi) read, to prove exact coverage
+    GLM_RETURN_IF_ERROR(read_unit_masters(files, u, unit_values, pieces));
+    GLM_RETURN_IF_ERROR(check_exact_cover(info, u, size, std::move(pieces)));
+    GLM_RETURN_IF_ERROR(sink(u, unit_values));
+  }
+  return Status::ok();
+}
+
+}  // namespace glm

@@ -1,0 +1,44 @@
+// meta.json of a checkpoint (see checkpoint.h): written from the engine and the run's state, read
+// and validated back, for resuming and for export.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "train/checkpoint.h"
+
+namespace glm {
+
+// What resuming must match: the model's shape.
+nlohmann::json model_shape_json(const ModelConfig& c);
+// The unit sizes without world-size padding: what a checkpoint must cover.
+std::vector<int64_t> unpadded_units(const ModelConfig& c);
+std::string train_type_of(const TrainingEngine& engine);  // "lora" or "full"
+nlohmann::json lora_json(const LoraConfig& c, int64_t numel);
+// The base a LoRA checkpoint's adapters were trained on.
+nlohmann::json base_json(const std::string& base_model, uint64_t seed, double sum_squares);
+
+// The whole meta.json of a save by `world` ranks; base_sum_squares is the LoRA base's fingerprint.
+nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const CheckpointState& state, int world,
+                                    double base_sum_squares);
+
+// dir/meta.json, checked for format, a readable version and the fields every version has.
+Result<nlohmann::json> read_checkpoint_meta(const std::filesystem::path& dir);
+
+// saved[field] (meta.json's model) against ours[field], a user error naming both when they differ.
+Status check_model_field(const nlohmann::json& saved, const nlohmann::json& ours, const std::string& field,
+                         const std::filesystem::path& meta_path);
+
+// The run's state as meta.json records it.
+CheckpointState checkpoint_state_from_meta(const nlohmann::json& m);
+
+// meta.json's model_config; checkpoints written before it existed fall back on the run's args.json.
+Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohmann::json& args,
+                                       const std::filesystem::path& meta_path);
+// meta.json's lora and base objects (written as lora_json and base_json), checked.
+Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelConfig& config,
+                                      const std::filesystem::path& meta_path);
+
+}  // namespace glm
