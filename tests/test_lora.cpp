@@ -48,7 +48,7 @@ LoraConfig lora_config(int64_t rank = 2) {
   return l;
 }
 
-// Base parameters from host memory; frozen: no gradient slots (as ZeroParameters(frozen) gives).
+// Base parameters from host memory; frozen: no gradient slots (as ZeroEngine(frozen) gives).
 class FrozenParameters final : public ParameterProvider {
  public:
   FrozenParameters(const ParamLayout& layout, std::vector<double>& params) : layout_(layout), params_(params) {}
@@ -56,7 +56,7 @@ class FrozenParameters final : public ParameterProvider {
     const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
     return Tensor{params_.data() + u.offset, u.numel, DType::f64};
   }
-  Tensor unit_grads(int) override { return Tensor{}; }
+  Result<Tensor> unit_grads(int) override { return Tensor{}; }
 
  private:
   const ParamLayout& layout_;
@@ -131,7 +131,7 @@ TEST_P(LoraGradients, MatchFiniteDifferences) {
   const auto [recompute, dropout] = GetParam();
   const ModelConfig config = tiny_config();
   auto backend = make_cpu_backend(DType::f64);
-  auto model = Glm4Model::create(config, *backend, 16, 1, recompute).take();
+  auto model = Glm4Model::create(config, *backend, 16, recompute).take();
   const ParamLayout& layout = model->layout();
   LoraConfig lora_options = lora_config();
   lora_options.dropout = dropout;

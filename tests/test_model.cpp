@@ -44,7 +44,7 @@ class VectorParameters final : public ParameterProvider {
   VectorParameters(const ParamLayout& layout, std::vector<double>& params, std::vector<double>& grads)
       : layout_(layout), params_(params), grads_(grads) {}
   Result<Tensor> acquire_params(int unit) override { return slice(params_, unit); }
-  Tensor unit_grads(int unit) override { return slice(grads_, unit); }
+  Result<Tensor> unit_grads(int unit) override { return slice(grads_, unit); }
 
  private:
   Tensor slice(std::vector<double>& v, int unit) const {
@@ -61,7 +61,7 @@ class OverwritingParameters final : public ParameterProvider {
  public:
   explicit OverwritingParameters(VectorParameters& inner) : inner_(inner) {}
   Result<Tensor> acquire_params(int unit) override { return inner_.acquire_params(unit); }
-  Tensor unit_grads(int unit) override { return inner_.unit_grads(unit); }
+  Result<Tensor> unit_grads(int unit) override { return inner_.unit_grads(unit); }
   bool overwrite_grads() const override { return true; }
 
  private:
@@ -237,7 +237,7 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
     int64_t bytes = 0;
   };
   auto run = [&](Recompute policy) {
-    auto model = Glm4Model::create(config, *backend, 16, 1, policy).take();
+    auto model = Glm4Model::create(config, *backend, 16, policy).take();
     Outcome o;
     o.grads.assign(params.size(), 0.0);
     VectorParameters provider(model->layout(), params, o.grads);
@@ -275,7 +275,7 @@ TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
                                               random_documents(config.vocab_size, 22, {9, 50, 6}, 2)};
   {  // every layer's MLP half is its unit's tail: backward hands it over early
     auto backend = make_cpu_backend(DType::f32);
-    auto model = Glm4Model::create(config, *backend, 16, 1).take();
+    auto model = Glm4Model::create(config, *backend, 16).take();
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) EXPECT_GT(model->mlp_tail_from(l), 0) << l;
   }
   for (const Recompute policy : {Recompute::none, Recompute::full}) {
@@ -390,7 +390,7 @@ TEST(Glm4Model, PersistentTensorsGiveIdenticalLossesAndGradients) {
     std::vector<std::vector<double>> grads;  // per entry
   };
   auto run = [&](const PersistencePolicy& persistence, Recompute recompute) {
-    auto model = Glm4Model::create(config, *backend, 16, 1, recompute, persistence).take();
+    auto model = Glm4Model::create(config, ParamLayout(config, 1, persistence), *backend, 16, recompute).take();
     const ParamLayout& layout = model->layout();
     std::vector<double> mine(static_cast<size_t>(layout.total_numel()), 0.0), grads(mine.size(), 0.0);
     for (size_t i = 0; i < layout.entries().size(); ++i)

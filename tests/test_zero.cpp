@@ -542,7 +542,7 @@ TEST(MemoryPlan, ActivationBytesMatchWhatTheModelAllocates) {
   auto backend = make_cpu_backend(DType::f32);
   for (Recompute policy : {Recompute::none, Recompute::selective, Recompute::full}) {
     for (int64_t tokens : {1, 77, 512}) {
-      auto model = Glm4Model::create(c, *backend, tokens, 1, policy).take();
+      auto model = Glm4Model::create(c, *backend, tokens, policy).take();
       EXPECT_EQ(model->activation_bytes(), Glm4Model::planned_activation_bytes(c, tokens, 4, 4, policy))
           << tokens << " " << recompute_name(policy);
     }

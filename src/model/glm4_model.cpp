@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 
 namespace glm {
 
@@ -77,10 +78,10 @@ MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<con
   return ix;
 }
 
-Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute,
-                     const PersistencePolicy& persistence)
+Glm4Model::Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens,
+                     Recompute recompute)
     : config_(config),
-      layout_(config, shards, persistence),
+      layout_(std::move(layout)),
       backend_(backend),
       max_tokens_(max_tokens),
       recompute_(recompute) {
@@ -90,10 +91,17 @@ Glm4Model::Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_to
 }
 
 Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
-                                                     int shards, Recompute recompute,
-                                                     const PersistencePolicy& persistence) {
+                                                     Recompute recompute) {
+  return create(config, ParamLayout(config), backend, max_tokens, recompute);
+}
+
+Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, ParamLayout layout, Backend& backend,
+                                                     int64_t max_tokens, Recompute recompute) {
   if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
-  std::unique_ptr<Glm4Model> model(new Glm4Model(config, backend, max_tokens, shards, recompute, persistence));
+  const std::vector<int64_t> table{config.vocab_size, config.hidden_size};
+  if (layout.entry(layout.embedding()).shape != table || layout.head_unit() != config.num_hidden_layers + 1)
+    return GLM_INTERNAL_ERROR("a parameter layout of another model configuration");
+  std::unique_ptr<Glm4Model> model(new Glm4Model(config, std::move(layout), backend, max_tokens, recompute));
   GLM_RETURN_IF_ERROR(model->allocate());
   return model;
 }
@@ -504,8 +512,11 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   if (layers > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(layers - 1)));
   // Every unit's backward adds to the persistent tensors' gradients: taken once, ready at the end.
   const int persistent = layout_.persistent_unit();
-  persistent_grads_ = persistent >= 0 ? params.unit_grads(persistent) : Tensor{};
-  Tensor hg = params.unit_grads(head);
+  persistent_grads_ = Tensor{};
+  if (persistent >= 0) {
+    GLM_ASSIGN_OR_RETURN(persistent_grads_, params.unit_grads(persistent));
+  }
+  GLM_ASSIGN_OR_RETURN(Tensor hg, params.unit_grads(head));
   overwrite_grads_ = params.overwrite_grads();
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
   const bool accumulate_head = !(overwrite_grads_ && layout_.entry(layout_.output()).kind == ParamKind::weight);
@@ -533,11 +544,13 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     const int unit = layout_.layer_unit(l);
     GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(unit));
     if (l > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(l - 1)));
-    GLM_RETURN_IF_ERROR(layer_backward(l, b, w, params.unit_grads(unit), params));
+    GLM_ASSIGN_OR_RETURN(Tensor g, params.unit_grads(unit));
+    GLM_RETURN_IF_ERROR(layer_backward(l, b, w, g, params));
     GLM_RETURN_IF_ERROR(params.release_params(unit));
     GLM_RETURN_IF_ERROR(params.grads_ready(unit));
   }
-  Tensor eg = grad_view(params.unit_grads(layout_.embedding_unit()), layout_.embedding());
+  GLM_ASSIGN_OR_RETURN(Tensor embedding_grads, params.unit_grads(layout_.embedding_unit()));
+  Tensor eg = grad_view(embedding_grads, layout_.embedding());
   if (!eg.empty())
     GLM_RETURN_IF_ERROR(backend_.embedding_backward(eg, dres, b.tokens, b.token_order, b.token_runs, n, h));
   GLM_RETURN_IF_ERROR(params.grads_ready(layout_.embedding_unit()));

@@ -57,7 +57,8 @@ class ParameterProvider {
   virtual Status prefetch_params(int unit) { return Status::ok(); }
   // Where the model accumulates this unit's gradient (same layout as the parameters); empty when
   // the parameters are frozen (LoRA): no parameter gradient of the unit is computed then.
-  virtual Tensor unit_grads(int unit) = 0;
+  // A failure (a collective that a reused gradient buffer waited for) ends the backward.
+  virtual Result<Tensor> unit_grads(int unit) = 0;
   // The unit's gradient contribution of this micro-batch is complete (bucketed reduction hooks here,
   // and in the last micro-batch of a step the optimizer may update the unit right away, beside the
   // rest of backward): after this call the model neither reads the unit's parameters nor touches
@@ -90,11 +91,13 @@ class Glm4Model {
  public:
   // Allocates every activation for micro-batches of up to max_tokens tokens, once; what is kept
   // per layer and what is shared (and recomputed in backward) follows the recompute policy.
-  // persistence moves small tensors into the layout's persistent unit, which the model acquires
-  // (and whose gradients it takes) once for the whole forward and backward.
+  // layout (of config; the parameter provider's, e.g. ZeRO's sharded one) may have a persistent
+  // unit, which the model acquires (and whose gradients it takes) once for the whole forward and
+  // backward. Without a layout: ParamLayout(config), one shard, nothing persistent.
+  static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, ParamLayout layout, Backend& backend,
+                                                   int64_t max_tokens, Recompute recompute = Recompute::none);
   static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
-                                                   int shards = 1, Recompute recompute = Recompute::none,
-                                                   const PersistencePolicy& persistence = {});
+                                                   Recompute recompute = Recompute::none);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -132,8 +135,7 @@ class Glm4Model {
   int64_t mlp_tail_from(int64_t l) const;
 
  private:
-  Glm4Model(const ModelConfig& config, Backend& backend, int64_t max_tokens, int shards, Recompute recompute,
-            const PersistencePolicy& persistence);
+  Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens, Recompute recompute);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params,
              Tensor correct = Tensor{}, uint64_t dropout_key = 0);

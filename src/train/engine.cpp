@@ -27,10 +27,11 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
-  GLM_ASSIGN_OR_RETURN(e->model_, Glm4Model::create(config, backend, max_tokens, comm.size(), recompute,
-                                                    persistence_policy(zero_options, zero_stage)));
-  GLM_ASSIGN_OR_RETURN(e->zero_, ZeroParameters::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
-                                                        zero_options, /*frozen=*/lora != nullptr));
+  GLM_ASSIGN_OR_RETURN(e->model_,
+                       Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options),
+                                         backend, max_tokens, recompute));
+  GLM_ASSIGN_OR_RETURN(e->zero_, ZeroEngine::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
+                                                    zero_options, /*frozen=*/lora != nullptr));
   // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs.
   GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(micro_batch_ints(max_tokens), DType::i32));
   GLM_ASSIGN_OR_RETURN(e->correct_, backend.allocate(max_tokens, DType::i32));
@@ -259,12 +260,9 @@ Result<double> TrainingEngine::base_checksum() {
 
 Status TrainingEngine::optimizer_restored(int64_t steps) {
   for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.restored(steps));
-  for (size_t u = 0; u < optimizers_.size(); ++u) {
-    GLM_RETURN_IF_ERROR(optimizers_[u].restored(steps));
-    GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));
-  }
-  GLM_RETURN_IF_ERROR(zero_->after_update());
-  zero_->take_exposed_comm_seconds();
+  GLM_RETURN_IF_ERROR(zero_->params_written(static_cast<int>(optimizers_.size()), [&](int u) {
+    return optimizers_[static_cast<size_t>(u)].restored(steps);
+  }));
   return backend_.synchronize();
 }
 
@@ -351,35 +349,90 @@ Result<double> TrainingEngine::local_loss_sum(int64_t n) {
   return sum;
 }
 
+namespace {
+Status non_finite(const StepResult& r, int64_t step, const char* when) {
+  return GLM_ERROR(ErrorKind::internal, "non-finite loss (", r.loss, ") or gradient norm (", r.grad_norm,
+                   ") at optimizer step ", step, when, "; lower --learning_rate or check the data");
+}
+constexpr const char* kAfterUpdate = " (after its update: nothing of it is saved)";
+}  // namespace
+
 Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, double lr) {
   if (!has_optimizer_) return GLM_INTERNAL_ERROR("step() on an engine created without an optimizer");
   // Side work a failed step left behind finishes before this step zeroes what it reads.
   GLM_RETURN_IF_ERROR(backend_.join_side());
   const int64_t this_step = steps_taken() + 1;  // updates inside backward advance steps_taken() early
-  // Loss normalisation needs the global target count of the whole window before any backward.
+  StepResult r;
+  GLM_RETURN_IF_ERROR(count_window(micro, r));
+  using clock = std::chrono::steady_clock;
+  const auto step_start = clock::now();
+  begin_update(lr);
+  // With deferred rows the table's gradient is zero but in the rows the last step's backward added
+  // to (its tokens, still in step_rows_): the engine zeroes those rows instead of the whole table.
+  const bool table_rows_only = deferred_unit_ >= 0 && dirty_table_rows_ >= 0;
+  StepSchedule schedule;
+  schedule.micro_batches = static_cast<int>(micro.size());
+  schedule.caller_zeroed_unit = table_rows_only ? deferred_unit_ : -1;
+  if (update_.in_backward)
+    schedule.on_grads_final = [this](int u, int64_t from) {
+      return backend_.on_side([this, u, from] { return update_unit(u, from); });
+    };
+  GLM_ASSIGN_OR_RETURN(ZeroStep zero_step, zero_->begin_step(std::move(schedule)));
+  GLM_RETURN_IF_ERROR(zero_step_gradients(micro, table_rows_only));
+  const double grad_scale = r.targets > 0 ? 1.0 / static_cast<double>(r.targets) : 0.0;
+  GLM_ASSIGN_OR_RETURN(double loss_sum, run_micro_batches(micro, zero_step, grad_scale));
+  GLM_RETURN_IF_ERROR(zero_step.finish_backward());
+  double lora_seconds = 0;  // the adapters' all-reduce: nothing overlaps it
+  if (lora_layout_) {
+    const auto t0 = clock::now();
+    GLM_RETURN_IF_ERROR(reduce_lora_gradients());
+    lora_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  }
+  GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
+  r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
+  GLM_RETURN_IF_ERROR(check_and_clip(r, this_step));
+  GLM_RETURN_IF_ERROR(apply_update(zero_step));
+  if (!update_.clipping) GLM_RETURN_IF_ERROR(fused_grad_norm(r, this_step));
+  GLM_ASSIGN_OR_RETURN(const StepStats stats, zero_step.finish());
+  r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
+  r.exposed_comm_seconds = lora_seconds + stats.exposed_comm_seconds();
+  r.updated_in_backward = update_.in_backward;
+  return r;
+}
+
+// Loss normalisation needs the global target count of the whole window before any backward.
+Status TrainingEngine::count_window(std::span<const HostMicroBatch> micro, StepResult& r) {
   int64_t counts[2] = {0, 0};  // targets, tokens
   for (const auto& m : micro) {
     counts[0] += m.target_count;
     counts[1] += m.size();
   }
   GLM_RETURN_IF_ERROR(comm_.all_reduce(counts, counts, 2, CommType::i64, ReduceOp::sum));
-  const double grad_scale = counts[0] > 0 ? 1.0 / static_cast<double>(counts[0]) : 0.0;
+  r.targets = counts[0];
+  r.tokens = counts[1];
+  return Status::ok();
+}
 
-  using clock = std::chrono::steady_clock;
-  const auto step_start = clock::now();
-  double blocking = 0;  // seconds in collectives that nothing overlaps
-  auto timed = [&](const auto& fn) -> Status {
-    const auto t0 = clock::now();
-    Status st = fn();
-    blocking += std::chrono::duration<double>(clock::now() - t0).count();
-    return st;
-  };
-  // With deferred rows the table's gradient is zero but in the rows the last step's backward added
-  // to (its tokens, still in step_rows_): those rows are zeroed, a few MiB, instead of the whole
-  // table (1.2 GiB at GLM-4's 151,552 x 4,096, 0.3 ms a step on an H200).
-  const bool table_rows_only = deferred_unit_ >= 0 && dirty_table_rows_ >= 0;
-  if (deferred_unit_ >= 0) zero_->set_zeroed_by_caller(deferred_unit_, table_rows_only);
-  GLM_RETURN_IF_ERROR(zero_->zero_grads());
+// Clipping needs the norm before the update: a pass of its own over the gradients. Without
+// clipping the update sums it on the way, and where a unit's gradient is final as soon as backward
+// finished it (one rank, stage 0), the unit is updated right there, on the backend's side queue
+// beside the rest of backward (the last unit, the embedding, after it); a layer's MLP half is
+// updated as soon as its own backward is done, beside the layer's attention backward, so that
+// little of the first layer's update is left when backward ends.
+void TrainingEngine::begin_update(double lr) {
+  update_.lr = lr;
+  update_.clip = 1.0;
+  update_.clipping = max_grad_norm_ > 0;
+  update_.in_backward =
+      !update_.clipping && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
+  update_.fused_sq = update_.clipping ? Tensor{} : grad_sq_sum_.tensor();
+  update_.updated.assign(optimizers_.size(), 0);
+  update_.tail_from.assign(optimizers_.size(), -1);
+}
+
+// What ZeRO's begin_step() leaves to the engine: the deferred table rows, the adapters' gradients,
+// the deferred rows' catch-up and the fused norm's accumulator.
+Status TrainingEngine::zero_step_gradients(std::span<const HostMicroBatch> micro, bool table_rows_only) {
   if (table_rows_only && dirty_table_rows_ > 0)
     GLM_RETURN_IF_ERROR(
         backend_.zero_rows(zero_->owned_grads(deferred_unit_).slice(0, config().vocab_size * config().hidden_size),
@@ -394,114 +447,91 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
     GLM_RETURN_IF_ERROR(opt.catch_up(step_rows_.tensor(), rows));
     opt.set_step_rows(step_rows_.tensor(), rows);
   }
-  // Clipping needs the norm before the update: a pass of its own over the gradients. Without
-  // clipping the update sums it on the way, and where a unit's gradient is final as soon as
-  // backward finished it (one rank, stage 0), the unit is updated right there, on the backend's
-  // side queue beside the rest of backward (the last unit, the embedding, after it); a layer's MLP
-  // half is updated as soon as its own backward is done, beside the layer's attention backward, so
-  // that little of the first layer's update is left when backward ends.
-  const bool clipping = max_grad_norm_ > 0;
-  const bool in_backward = !clipping && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
-  Tensor fused_sq;
-  if (!clipping) {
-    fused_sq = grad_sq_sum_.tensor();
-    GLM_RETURN_IF_ERROR(backend_.zero(fused_sq));
-  }
-  std::vector<char> updated(optimizers_.size(), 0);
-  // Where a unit's update began early, with its tail from there (a layer's MLP half); -1: not yet.
-  std::vector<int64_t> tail_from(optimizers_.size(), -1);
-  auto update = [&](int u, int64_t from) -> Status {
-    const auto i = static_cast<size_t>(u);
-    if (updated[i]) return GLM_INTERNAL_ERROR("unit ", u, " updated twice in one step");
-    AdamWOptimizer& opt = optimizers_[i];
-    const Tensor grads = zero_->owned_grads(u);
-    if (from > 0) {  // the tail first, the rest when the whole unit is final
-      if (tail_from[i] >= 0 || opt.deferred()) return Status::ok();  // ZeroParameters checked `from`
-      tail_from[i] = from;
-      return opt.step_part(grads, lr, 1.0, fused_sq, from, grads.numel, /*first=*/true);
-    }
-    updated[i] = 1;
-    if (tail_from[i] >= 0) return opt.step_part(grads, lr, 1.0, fused_sq, 0, tail_from[i], /*first=*/false);
-    return opt.step(grads, lr, 1.0, fused_sq);
-  };
-  if (in_backward)
-    zero_->set_on_grads_final([&](int u, int64_t from) { return backend_.on_side([&] { return update(u, from); }); });
-  struct ClearHook {
-    ZeroParameters& z;
-    ~ClearHook() { z.set_on_grads_final({}); }
-  } clear_hook{*zero_};
+  if (!update_.clipping) GLM_RETURN_IF_ERROR(backend_.zero(update_.fused_sq));
+  return Status::ok();
+}
+
+Result<double> TrainingEngine::run_micro_batches(std::span<const HostMicroBatch> micro, ZeroStep& zero_step,
+                                                 double grad_scale) {
   double loss_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
-    const HostMicroBatch& hb = micro[i];
-    zero_->set_first_micro_batch(i == 0);
-    zero_->set_last_micro_batch(i + 1 == micro.size());
-    GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
+    GLM_RETURN_IF_ERROR(zero_step.begin_micro_batch(static_cast<int>(i)));
+    GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(micro[i]));
     // Keyed on the global step (restored on resume), not a counter of this process.
     const uint64_t dropout_key = lora_dropout_key(lora_seed_, steps_taken(), static_cast<int64_t>(i), comm_.rank());
     GLM_RETURN_IF_ERROR(model_->forward_backward(b, grad_scale, *zero_, dropout_key));
     GLM_ASSIGN_OR_RETURN(double s, local_loss_sum(b.n));
     loss_sum += s;
   }
-  // Waits for overlapped buckets during backward are exposed too; those inside finish_backward
-  // are part of its timed total.
-  const double backward_waits = zero_->take_exposed_comm_seconds();
-  GLM_RETURN_IF_ERROR(timed([&] { return zero_->finish_backward(); }));
-  zero_->take_exposed_comm_seconds();
-  if (lora_layout_) GLM_RETURN_IF_ERROR(timed([&] { return reduce_lora_gradients(); }));
-  GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
-  StepResult r;
-  r.loss = counts[0] > 0 ? loss_sum / static_cast<double>(counts[0]) : 0.0;
-  r.targets = counts[0];
-  r.tokens = counts[1];
-  auto non_finite = [&](const char* when) {
-    return GLM_ERROR(ErrorKind::internal, "non-finite loss (", r.loss, ") or gradient norm (", r.grad_norm,
-                     ") at optimizer step ", this_step, when, "; lower --learning_rate or check the data");
-  };
-  if (in_backward) {
+  return loss_sum;
+}
+
+// The in-backward updates finished; with clipping the norm and the clip factor, else the loss
+// checked (the norm is summed by the update).
+Status TrainingEngine::check_and_clip(StepResult& r, int64_t this_step) {
+  if (update_.in_backward) {
     GLM_RETURN_IF_ERROR(backend_.join_side());
-    for (size_t u = 0; u < updated.size(); ++u)
-      if (!updated[u]) return GLM_INTERNAL_ERROR("unit ", u, " was not updated in backward");
+    for (size_t u = 0; u < update_.updated.size(); ++u)
+      if (!update_.updated[u]) return GLM_INTERNAL_ERROR("unit ", u, " was not updated in backward");
   }
-  double clip = 1.0;
-  if (clipping) {
-    GLM_ASSIGN_OR_RETURN(double sq, zero_->grad_norm_squared());
-    if (lora_layout_) {
-      GLM_ASSIGN_OR_RETURN(const double lora_sq, backend_.sum_squares(lora_grads_.tensor()));
-      sq += lora_sq;
-    }
-    r.grad_norm = std::sqrt(sq);
-    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return non_finite("");
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
-    clip = std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6));
-  } else if (!std::isfinite(r.loss)) {
-    return non_finite(in_backward ? " (after its update: nothing of it is saved)" : "");
+  if (!update_.clipping) {
+    if (std::isfinite(r.loss)) return Status::ok();
+    return non_finite(r, this_step, update_.in_backward ? kAfterUpdate : "");
   }
-  // Each unit's parameter all-gather (stages 1-2) starts as soon as its update is enqueued.
-  for (size_t u = 0; u < optimizers_.size(); ++u) {
-    if (!in_backward) {
-      GLM_RETURN_IF_ERROR(optimizers_[u].step(zero_->owned_grads(static_cast<int>(u)), lr, clip, fused_sq));
-    }
-    GLM_RETURN_IF_ERROR(zero_->unit_updated(static_cast<int>(u)));
+  GLM_ASSIGN_OR_RETURN(double sq, zero_->grad_norm_squared());
+  if (lora_layout_) {
+    GLM_ASSIGN_OR_RETURN(const double lora_sq, backend_.sum_squares(lora_grads_.tensor()));
+    sq += lora_sq;
   }
-  for (auto& opt : lora_optimizer_) GLM_RETURN_IF_ERROR(opt.step(lora_grads_.tensor(), lr, clip, fused_sq));
-  GLM_RETURN_IF_ERROR(timed([&] { return zero_->after_update(); }));
-  zero_->take_exposed_comm_seconds();  // inside the timed total already
-  if (!clipping) {
-    double local = 0;
-    GLM_RETURN_IF_ERROR(backend_.download(&local, fused_sq));
-    // Adapters are replicated (their sum is global already); a frozen base adds nothing.
-    double sq = local;
-    if (!lora_layout_) {
-      GLM_ASSIGN_OR_RETURN(sq, zero_->global_grad_norm_squared(local));
-    }
-    r.grad_norm = std::sqrt(sq);
-    if (!std::isfinite(r.grad_norm)) return non_finite(" (after its update: nothing of it is saved)");
+  r.grad_norm = std::sqrt(sq);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return non_finite(r, this_step, "");
+  // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+  update_.clip = std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6));
+  return Status::ok();
+}
+
+// Each unit's parameter all-gather (stages 1-2) starts as soon as its update is enqueued.
+Status TrainingEngine::apply_update(ZeroStep& zero_step) {
+  GLM_RETURN_IF_ERROR(zero_step.update_units([&](int u) -> Status {
+    if (update_.in_backward) return Status::ok();
+    return optimizers_[static_cast<size_t>(u)].step(zero_->owned_grads(u), update_.lr, update_.clip,
+                                                    update_.fused_sq);
+  }));
+  for (auto& opt : lora_optimizer_)
+    GLM_RETURN_IF_ERROR(opt.step(lora_grads_.tensor(), update_.lr, update_.clip, update_.fused_sq));
+  return zero_step.finish_update();
+}
+
+// Without clipping: the norm the update summed, global.
+Status TrainingEngine::fused_grad_norm(StepResult& r, int64_t this_step) {
+  double local = 0;
+  GLM_RETURN_IF_ERROR(backend_.download(&local, update_.fused_sq));
+  // Adapters are replicated (their sum is global already); a frozen base adds nothing.
+  double sq = local;
+  if (!lora_layout_) {
+    GLM_ASSIGN_OR_RETURN(sq, zero_->global_grad_norm_squared(local));
   }
-  GLM_ASSIGN_OR_RETURN(const double device_waits, zero_->take_device_exposed_comm_seconds());
-  r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
-  r.exposed_comm_seconds = blocking + backward_waits + device_waits;
-  r.updated_in_backward = in_backward;
-  return r;
+  r.grad_norm = std::sqrt(sq);
+  if (!std::isfinite(r.grad_norm)) return non_finite(r, this_step, kAfterUpdate);
+  return Status::ok();
+}
+
+// One unit's update inside backward (ZeroEngine's on_grads_final, on the backend's side queue):
+// from > 0 updates the unit's tail (a layer's MLP half) early, the rest when the whole unit is final.
+Status TrainingEngine::update_unit(int u, int64_t from) {
+  const auto i = static_cast<size_t>(u);
+  if (update_.updated[i]) return GLM_INTERNAL_ERROR("unit ", u, " updated twice in one step");
+  AdamWOptimizer& opt = optimizers_[i];
+  const Tensor grads = zero_->owned_grads(u);
+  if (from > 0) {
+    if (update_.tail_from[i] >= 0 || opt.deferred()) return Status::ok();  // ZeroEngine checked `from`
+    update_.tail_from[i] = from;
+    return opt.step_part(grads, update_.lr, 1.0, update_.fused_sq, from, grads.numel, /*first=*/true);
+  }
+  update_.updated[i] = 1;
+  if (update_.tail_from[i] >= 0)
+    return opt.step_part(grads, update_.lr, 1.0, update_.fused_sq, 0, update_.tail_from[i], /*first=*/false);
+  return opt.step(grads, update_.lr, 1.0, update_.fused_sq);
 }
 
 Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {

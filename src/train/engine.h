@@ -13,7 +13,7 @@
 #include "model/lora.h"
 #include "mpi/communicator.h"
 #include "train/adamw.h"
-#include "zero/zero_parameters.h"
+#include "zero/zero_engine.h"
 
 namespace glm {
 
@@ -147,15 +147,34 @@ class TrainingEngine {
   // reach), in increasing order, into step_rows_; their count. Collective above one rank.
   Result<int64_t> upload_token_rows(std::span<const HostMicroBatch> batches);
   Result<double> local_loss_sum(int64_t n);
+  // The pieces of step().
+  Status count_window(std::span<const HostMicroBatch> micro, StepResult& r);
+  void begin_update(double lr);
+  Status zero_step_gradients(std::span<const HostMicroBatch> micro, bool table_rows_only);
+  Result<double> run_micro_batches(std::span<const HostMicroBatch> micro, ZeroStep& zero_step, double grad_scale);
+  Status check_and_clip(StepResult& r, int64_t this_step);
+  Status apply_update(ZeroStep& zero_step);
+  Status fused_grad_norm(StepResult& r, int64_t this_step);
+  Status update_unit(int unit, int64_t from);
 
   Backend& backend_;
   Communicator& comm_;
   std::unique_ptr<Glm4Model> model_;
-  std::unique_ptr<ZeroParameters> zero_;
+  std::unique_ptr<ZeroEngine> zero_;
   Buffer batch_ints_;                // a micro-batch's i32 arrays and index (upload())
   std::vector<int32_t> staging_;     // their host copy
   Buffer correct_, logits_;
   Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
+  // One step's update, shared by the hook that updates units in backward and the update after it.
+  struct StepUpdate {
+    double lr = 0, clip = 1.0;
+    bool clipping = false;
+    bool in_backward = false;  // units are updated as backward finishes them (see step())
+    Tensor fused_sq;           // without clipping: the gradient norm the update sums
+    std::vector<char> updated;       // per unit: updated in backward
+    std::vector<int64_t> tail_from;  // per unit: where its update began early (a layer's MLP half); -1: not yet
+  };
+  StepUpdate update_;
   bool optimizer_in_backward_ = true;  // create(): false under GLM_OPTIMIZER_IN_BACKWARD=0
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;

@@ -47,6 +47,14 @@ std::vector<CommBucket> plan_comm_buckets(const ParamLayout& layout, int64_t buc
   return buckets;
 }
 
+std::vector<int64_t> shard_offsets(const ParamLayout& layout) {
+  const int units = static_cast<int>(layout.units().size());
+  std::vector<int64_t> offsets(static_cast<size_t>(units) + 1, 0);
+  for (int u = 0; u < units; ++u)
+    offsets[static_cast<size_t>(u) + 1] = offsets[static_cast<size_t>(u)] + layout.shard_numel(u);
+  return offsets;
+}
+
 DType effective_reduce_dtype(const ZeroOptions& options, DType compute, int world) {
   if (options.grad_reduce_dtype == DType::bf16) return DType::bf16;
   if (compute == DType::bf16 && world == 2) return DType::bf16;

@@ -29,6 +29,10 @@ struct CommBucket {
 // its gradient only after the embedding's, and the optimizer updates it last.
 std::vector<CommBucket> plan_comm_buckets(const ParamLayout& layout, int64_t bucket_size, bool backward);
 
+// Where each unit's shard starts in a rank's shard buffer (shards laid out unit after unit), and
+// (last element) the buffer's size.
+std::vector<int64_t> shard_offsets(const ParamLayout& layout);
+
 // The buffers ZeRO allocates besides parameters, gradients and optimizer state, in elements of
 // each dtype; shared by the engine's allocation and the memory planner so the two cannot drift.
 struct ZeroBufferSizes {

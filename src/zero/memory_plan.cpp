@@ -15,7 +15,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   const int stage = in.zero_stage;
   std::optional<LoraLayout> lora;
   if (in.lora) lora.emplace(in.model, *in.lora);
-  const ParamLayout layout(in.model, in.world_size, persistence_policy(in.zero_options, stage));
+  const ParamLayout layout = zero_param_layout(in.model, in.world_size, stage, in.zero_options);
   const int units = static_cast<int>(layout.units().size());
   const int persistent = layout.persistent_unit();
   int64_t shard_total = 0, persistent_numel = 0;
@@ -34,7 +34,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   add(lora ? "base parameters (bf16, frozen)" : "parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
   ZeroOptions zero = in.zero_options;
   if (zero.reduce_bucket_size == ZeroOptions::kAutoBucketSize) zero.reduce_bucket_size = ZeroOptions{}.reduce_bucket_size;
-  // Gradient buckets, packed send and receive slots, gathered units: what ZeroParameters allocates
+  // Gradient buckets, packed send and receive slots, gathered units: what ZeroEngine allocates
   // (for a frozen base only stage 3's gathered units).
   int64_t buffers = zero_buffer_sizes(layout, stage, zero, DType::bf16, lora.has_value()).bytes();
   if (lora) {
@@ -96,7 +96,7 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
                   lora_targets_text(in.lora->targets).c_str(), static_cast<long long>(lora.parameter_count()));
     out += line;
   }
-  const ParamLayout layout(in.model, in.world_size, persistence_policy(in.zero_options, in.zero_stage));
+  const ParamLayout layout = zero_param_layout(in.model, in.world_size, in.zero_stage, in.zero_options);
   if (layout.persistent_unit() >= 0) {
     std::snprintf(line, sizeof(line),
                   "ZeRO-3 persistent tensors (--param_persistence_threshold %lld): %d tensors, %lld parameters "

@@ -42,4 +42,10 @@ inline PersistencePolicy persistence_policy(const ZeroOptions& options, int stag
   return PersistencePolicy{options.param_persistence_threshold, options.model_persistence_threshold};
 }
 
+// The parameter layout ZeRO `stage` over `world` ranks works on: units padded into equal shards,
+// the persistent tensors (stage 3) in their own unit. The model is built on it.
+inline ParamLayout zero_param_layout(const ModelConfig& config, int world, int stage, const ZeroOptions& options) {
+  return ParamLayout(config, world, persistence_policy(options, stage));
+}
+
 }  // namespace glm
