@@ -2,7 +2,7 @@
 # One single-H200 call for the headline ratio of issue 4: build glm_hpc and bench_kernels, the
 # kernel table (attention, lm_head, AdamW, ceilings), PyTorch SDPA (flash and cuDNN backends), then
 # ours (no clipping, as the peer: with the optimizer beside backward, the default there, after it,
-# with the large GEMMs' algorithms tuned under load (GLM_GEMM_AUTOTUNE=1), and with every
+# with the large GEMMs' algorithms tuned under load (--gemm_autotune large), and with every
 # embedding row updated every step instead of deferred; and with clipping) and the
 # transformers peer
 # (eager, compiled)
@@ -18,8 +18,9 @@ build-gpu/benchmarks/bench_kernels --benchmark_filter="${GLM_FINAL_KERNELS:-Ceil
   tee "$OUT/kernels.log"
 timeout 120 python3 benchmarks/peers/sdpa_bench.py flash cudnn 2>&1 | grep sdpa | tee "$OUT/sdpa.log"
 # 70 steps (GLM_E2E_STEPS): the deferred embedding rows settle every row once inside them (lag 64).
-# GLM_FINAL_VARIANTS replaces the variants (e2e_variants.sh's format).
-default_variants=$'noclip;;--max_grad_norm 0\nnoclip_tuned;GLM_GEMM_AUTOTUNE=1;--max_grad_norm 0\nnoclip_dense;GLM_DEFER_EMBEDDING=0;--max_grad_norm 0\nnoclip_after;GLM_OPTIMIZER_IN_BACKWARD=0;--max_grad_norm 0\nclip;;--max_grad_norm 1'
+# GLM_FINAL_VARIANTS replaces the variants (e2e_variants.sh's format: "label;environment;glm_hpc options",
+# one a line; the options are appended to glm_hpc's command line).
+default_variants=$'noclip;;--max_grad_norm 0\nnoclip_tuned;;--max_grad_norm 0 --gemm_autotune large\nnoclip_dense;;--max_grad_norm 0 --defer_embedding_rows 0\nnoclip_after;;--max_grad_norm 0 --optimizer_in_backward false\nclip;;--max_grad_norm 1'
 GLM_E2E_STEPS=${GLM_E2E_STEPS:-70} GLM_E2E_VARIANTS="${GLM_FINAL_VARIANTS:-$default_variants}" \
   bash benchmarks/probes/e2e_variants.sh 2>&1 |
   tee "$OUT/ours.log" | grep -E "^e2e|busy samples"

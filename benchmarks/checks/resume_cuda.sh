@@ -9,15 +9,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-for variant in "clip;;--max_grad_norm 1" "noclip;;--max_grad_norm 0" "noclip_after;GLM_OPTIMIZER_IN_BACKWARD=0;--max_grad_norm 0"; do
-  IFS=';' read -r label envs args <<<"$variant"
-  read -r -a env_list <<<"$envs"
+# Each variant is "label;glm_hpc options".
+for variant in "clip;--max_grad_norm 1" "noclip;--max_grad_norm 0" "noclip_after;--max_grad_norm 0 --optimizer_in_backward false"; do
+  IFS=';' read -r label args <<<"$variant"
   read -r -a arg_list <<<"$args"
   rm -rf "/tmp/resume_$label" "/tmp/resume_${label}_b"
   common=(--device cuda --max_steps 6 --save_steps 3 --logging_steps 1 --learning_rate 1e-3 "${arg_list[@]}")
-  env "${env_list[@]}" mpirun -np 1 build-gpu/glm_hpc "${common[@]}" --output_dir "/tmp/resume_$label" \
+  mpirun -np 1 build-gpu/glm_hpc "${common[@]}" --output_dir "/tmp/resume_$label" \
     >"$OUT/resume_$label.log" 2>&1 || { echo "$label: run failed"; tail -4 "$OUT/resume_$label.log"; continue; }
-  env "${env_list[@]}" mpirun -np 1 build-gpu/glm_hpc "${common[@]}" --output_dir "/tmp/resume_${label}_b" \
+  mpirun -np 1 build-gpu/glm_hpc "${common[@]}" --output_dir "/tmp/resume_${label}_b" \
     --resume_from_checkpoint "/tmp/resume_$label/checkpoint-3" >"$OUT/resume_${label}_b.log" 2>&1 ||
     { echo "$label: resumed run failed"; tail -4 "$OUT/resume_${label}_b.log"; continue; }
   python3 - "$label" "/tmp/resume_$label/logging.jsonl" "/tmp/resume_${label}_b/logging.jsonl" <<'PY'

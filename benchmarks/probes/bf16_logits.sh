@@ -23,7 +23,7 @@ fi
 GLM_E2E_STEPS=${GLM_E2E_STEPS:-70} GLM_E2E_VARIANTS="${GLM_E2E_VARIANTS:-noclip;;--max_grad_norm 0}" \
   bash benchmarks/probes/e2e_variants.sh 2>&1 | tee "$OUT/ours.log" | grep -E "^e2e|busy samples|failed"
 if [ "${GLM_E2E_PROFILE:-1}" = 1 ]; then
-  GLM_E2E_STEPS=14 GLM_E2E_VARIANTS="profile;GLM_PROFILE=1;--max_grad_norm 0" bash benchmarks/probes/e2e_variants.sh \
+  GLM_E2E_STEPS=14 GLM_E2E_VARIANTS="profile;;--max_grad_norm 0 --profile true" bash benchmarks/probes/e2e_variants.sh \
     2>&1 | tee "$OUT/profile.log" | grep -vE "^e2e|busy" | head -40
 fi
 timeout 300 python3 benchmarks/peers/hf_glm_peer.py --modes compile 2>&1 | tee "$OUT/peer.log" | grep -E "^peer|Error" | tail -3

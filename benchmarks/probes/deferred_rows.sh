@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200: build, the GPU tests and the tiny model against the CPU, then the 12-layer end-to-end
 # step (GLM-4-9B shapes, seq 4096, random tokens, no clipping) with the embedding's untouched rows
-# updated every step (GLM_DEFER_EMBEDDING=0) and deferred (the default), over enough steps
+# updated every step (--defer_embedding_rows 0) and deferred (the default), over enough steps
 # (GLM_E2E_STEPS, default 70) that the deferred run settles every row once (lag bound 64), next
 # to the compiled transformers peer; resume on the GPU; a short table last.
 set -uo pipefail
@@ -15,10 +15,10 @@ if [ "${GLM_SKIP_SESSION:-0}" != 1 ]; then
     tee "$OUT/session.log" | tail -25
 fi
 [ -x build-gpu/glm_hpc ] || exit 1
-GLM_E2E_STEPS=${GLM_E2E_STEPS:-70} GLM_E2E_VARIANTS="dense;GLM_DEFER_EMBEDDING=0;--max_grad_norm 0
+GLM_E2E_STEPS=${GLM_E2E_STEPS:-70} GLM_E2E_VARIANTS="dense;;--max_grad_norm 0 --defer_embedding_rows 0
 deferred;;--max_grad_norm 0" bash benchmarks/probes/e2e_variants.sh 2>&1 | tee "$OUT/ours.log" | grep -E "^e2e|busy samples|failed"
 if [ "${GLM_DEFERRED_PROFILE:-1}" = 1 ]; then
-  GLM_E2E_STEPS=14 GLM_E2E_VARIANTS="deferred_profile;GLM_PROFILE=1;--max_grad_norm 0" bash benchmarks/probes/e2e_variants.sh \
+  GLM_E2E_STEPS=14 GLM_E2E_VARIANTS="deferred_profile;;--max_grad_norm 0 --profile true" bash benchmarks/probes/e2e_variants.sh \
     2>&1 | tee "$OUT/profile.log" | grep -E "adamw|main_waits|^e2e|total" | head -12
 fi
 timeout 300 python3 benchmarks/peers/hf_glm_peer.py --modes compile 2>&1 | tee "$OUT/peer.log" | grep -E "^peer|Error" | tail -3

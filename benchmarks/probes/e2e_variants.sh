@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The 12-layer end-to-end run (GLM-4-9B shapes, seq 4096, micro-batch 1, random tokens) once per
 # variant, for A/B comparisons inside one call. Assumes build-gpu/glm_hpc is built (gpu_session.sh
-# with GLM_ONLY_BUILD=1). Each variant is "label;ENV=V ...;--flag value ...". GLM_E2E_STEPS
-# (default 8) steps; tokens/s is the mean over the steps after the third. A variant with
-# GLM_PROFILE=1 in its env prints its per-op table.
+# with GLM_ONLY_BUILD=1). Each variant is "label;ENV=V ...;--option value ...": the environment
+# glm_hpc runs in (rarely needed: glm_hpc's performance settings are options, see --help's
+# "Performance" group) and options appended to its command line, e.g.
+# "tuned;;--max_grad_norm 0 --gemm_autotune large". GLM_E2E_STEPS (default 8) steps; tokens/s is
+# the mean over the steps after the third. A variant with --profile true prints its per-op table.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -32,6 +34,13 @@ for variant in ${GLM_E2E_VARIANTS:-"default;;"}; do
   IFS=';' read -r label envs args <<<"$variant"
   IFS=' ' read -r -a env_list <<<"$envs"
   IFS=' ' read -r -a arg_list <<<"$args"
+  # glm_hpc's performance settings are options now, no longer read from the environment: a variant
+  # still setting them there would silently measure the defaults.
+  stale=$(printf '%s\n' "${env_list[@]}" | grep -E '^GLM_' | grep -v '^GLM_TEST_' | tr '\n' ' ')
+  if [ -n "$stale" ]; then
+    echo "$label failed: environment settings $stale are glm_hpc options now (the variant's third field)"
+    continue
+  fi
   dir=/tmp/e2e_$label
   rm -rf "$dir"
   nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader,nounits \
@@ -43,7 +52,7 @@ for variant in ${GLM_E2E_VARIANTS:-"default;;"}; do
     --output_dir "$dir" "${arg_list[@]}" >"$OUT/e2e_$label.log" 2>&1 || { echo "$label failed"; tail -6 "$OUT/e2e_$label.log"; }
   kill $smi 2>/dev/null
   [ -f "$dir/logging.jsonl" ] || continue
-  grep -A40 "^GLM_PROFILE" "$OUT/e2e_$label.log" | head -42
+  grep -A40 "^profile: " "$OUT/e2e_$label.log" | head -42
   python3 -c "
 import json; r=[json.loads(l) for l in open('$dir/logging.jsonl') if '\"loss\"' in l][3:]
 print('e2e %-28s %8.0f tokens/s over %d steps, loss %.5f, grad_norm %.4f, %.1f GiB' % ('$label', sum(x['tokens_per_second'] for x in r)/len(r), len(r), r[-1]['loss'], r[-1]['grad_norm'], max(x.get('device_memory_gib', 0) for x in r)))

@@ -2,7 +2,7 @@
 # The step is power-bound (the H200 runs at its 700 W cap): running work beside other work gains
 # only as much as the two leave of the cap unused. This call measures each kernel family alone for
 # a few seconds (nvidia-smi every 50 ms: median power and SM clock), then the 12-layer end-to-end
-# step with its per-op profile (GLM_PROFILE=1), which includes how long the main stream waits for
+# step with its per-op profile (--profile true), which includes how long the main stream waits for
 # the optimizer's side work after backward ("main_waits_for_side"). One H200.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -32,7 +32,7 @@ if busy:
         statistics.median(c for c, _ in busy)))
 PY
 done
-[ "${GLM_POWER_E2E:-}" = none ] || GLM_E2E_STEPS=${GLM_E2E_STEPS:-12} GLM_E2E_VARIANTS=${GLM_POWER_E2E:-$'profile;GLM_PROFILE=1;--max_grad_norm 0\nnoclip;;--max_grad_norm 0'} \
+[ "${GLM_POWER_E2E:-}" = none ] || GLM_E2E_STEPS=${GLM_E2E_STEPS:-12} GLM_E2E_VARIANTS=${GLM_POWER_E2E:-$'profile;;--max_grad_norm 0 --profile true\nnoclip;;--max_grad_norm 0'} \
   bash benchmarks/probes/e2e_variants.sh 2>&1 | tee "$OUT/e2e.log"
 echo "== kernels alone (one H200) =="
 cat "$summary"
