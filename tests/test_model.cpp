@@ -324,11 +324,14 @@ TEST(TrainingEngine, DeferredEmbeddingRowsGiveTheSameBits) {
     bool deferred = false;
   };
   auto run = [&](const char* defer, double max_grad_norm, bool in_backward) {
-    setenv("GLM_DEFER_EMBEDDING", defer, 1);
     auto backend = make_cpu_backend(DType::f32);
-    auto e =
-        TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, max_grad_norm).take();
-    unsetenv("GLM_DEFER_EMBEDDING");
+    EngineConfig ec;
+    ec.model = config;
+    ec.max_tokens = 128;
+    ec.adam = AdamWOptions{0.9, 0.95, 1e-8, 0.1};
+    ec.max_grad_norm = max_grad_norm;
+    ec.defer_embedding_rows = std::atoi(defer);
+    auto e = TrainingEngine::create(ec, *backend, comm).take();
     Trace t;
     t.deferred = e->defers_embedding_rows();
     EXPECT_TRUE(e->initialize_parameters(17).is_ok());

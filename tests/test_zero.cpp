@@ -421,10 +421,13 @@ TEST(DeferredEmbedding, StageZeroUnitesTheRanksTokens) {
     bool deferred = false;
   };
   auto run = [&](const char* defer) {
-    setenv("GLM_DEFER_EMBEDDING", defer, 1);
     auto backend = make_cpu_backend(DType::f32);
-    auto e = TrainingEngine::create(model, *backend, comm, 64, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 1.0, 0).take();
-    unsetenv("GLM_DEFER_EMBEDDING");
+    EngineConfig ec;
+    ec.model = model;
+    ec.max_tokens = 64;
+    ec.adam = AdamWOptions{0.9, 0.95, 1e-8, 0.1};
+    ec.defer_embedding_rows = std::atoi(defer);
+    auto e = TrainingEngine::create(ec, *backend, comm).take();
     Trace t;
     t.deferred = e->defers_embedding_rows();
     EXPECT_TRUE(e->initialize_parameters(5).is_ok());

@@ -9,7 +9,7 @@
 #include <span>
 #include <string>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -8,12 +8,6 @@
 
 namespace glm {
 
-int deferred_rows_history_from_env() {
-  const char* env = std::getenv("GLM_DEFER_EMBEDDING");
-  if (env == nullptr || *env == '\0') return AdamWRows::kMaxHistory;
-  return std::clamp(std::atoi(env), 0, AdamWRows::kMaxHistory);
-}
-
 Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options) {
   AdamWOptimizer opt(backend, params, options);
   const DType odt = backend.optimizer_dtype();

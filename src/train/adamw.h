@@ -20,11 +20,6 @@ struct AdamWOptions {
   bool split_master = true;
 };
 
-// The lag bound of the embedding's deferred rows (TrainingEngine, AdamWOptimizer::defer_rows):
-// AdamWRows::kMaxHistory unless GLM_DEFER_EMBEDDING says otherwise (0: off, N: N steps, at most the
-// maximum). The engine and `glm_hpc plan` both ask here.
-int deferred_rows_history_from_env();
-
 class AdamWOptimizer {
  public:
   // params/grads cover layout range [offset, offset + params.numel).

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

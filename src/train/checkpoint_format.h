@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "io/checkpoint_file.h"
-#include "mpi/status.h"
+#include "base/status.h"
 
 namespace glm {
 

@@ -19,17 +19,35 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
                                                                int zero_stage, Recompute recompute,
                                                                Communicator* data_comm, const ZeroOptions& zero_options,
                                                                const LoraConfig* lora) {
+  EngineConfig c;
+  c.model = config;
+  c.max_tokens = max_tokens;
+  c.adam = adam;
+  c.max_grad_norm = max_grad_norm;
+  c.zero_stage = zero_stage;
+  c.recompute = recompute;
+  c.zero = zero_options;
+  if (lora != nullptr) c.lora = *lora;
+  return create(c, backend, comm, data_comm);
+}
+
+Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfig& ec, Backend& backend,
+                                                               Communicator& comm, Communicator* data_comm) {
+  const ModelConfig& config = ec.model;
+  const int64_t max_tokens = ec.max_tokens;
+  const std::optional<AdamWOptions>& adam = ec.adam;
+  const int zero_stage = ec.zero_stage;
+  const ZeroOptions& zero_options = ec.zero;
+  const LoraConfig* lora = ec.lora ? &*ec.lora : nullptr;
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
-  e->max_grad_norm_ = max_grad_norm;
-  if (const char* env = std::getenv("GLM_OPTIMIZER_IN_BACKWARD"); env != nullptr) {
-    e->optimizer_in_backward_ = std::string(env) != "0";
-  }
+  e->max_grad_norm_ = ec.max_grad_norm;
+  e->optimizer_in_backward_ = ec.optimizer_in_backward;
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
   GLM_ASSIGN_OR_RETURN(e->model_,
                        Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options),
-                                         backend, max_tokens, recompute));
+                                         backend, max_tokens, ec.recompute));
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroEngine::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
                                                     zero_options, /*frozen=*/lora != nullptr));
   // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs.
@@ -64,7 +82,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig
     // Deferred embedding rows at stage 0 (every rank holds and updates the whole table; the rows a
     // step's gradient can reach are the tokens of every rank's batches), the table at the start of
     // its own unit.
-    const int history = deferred_rows_history_from_env();
+    const int history = std::clamp(ec.defer_embedding_rows, 0, AdamWRows::kMaxHistory);
     const ParamEntry& table = e->layout().entry(e->layout().embedding());
     const int unit = e->layout().embedding_unit();
     const ParamUnit& table_unit = e->layout().units()[static_cast<size_t>(unit)];

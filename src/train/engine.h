@@ -43,12 +43,30 @@ struct LoraMemory {
   int64_t parameter_bytes = 0, gradient_bytes = 0, buffer_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
 };
 
+// What an engine is created with: the model, the largest micro-batch, the optimizer (nullopt: no
+// optimizer state, evaluation only), ZeRO, recomputation, LoRA, and where the optimizer runs.
+struct EngineConfig {
+  ModelConfig model;
+  int64_t max_tokens = 0;
+  std::optional<AdamWOptions> adam;
+  double max_grad_norm = 1.0;
+  int zero_stage = 0;
+  Recompute recompute = Recompute::none;
+  ZeroOptions zero;
+  std::optional<LoraConfig> lora;
+  bool optimizer_in_backward = true;  // --optimizer_in_backward
+  int defer_embedding_rows = AdamWRows::kMaxHistory;  // --defer_embedding_rows: 0 updates every row every step
+};
+
 class TrainingEngine {
  public:
   // adam == nullopt: no optimizer state (evaluation only; step() is then an error).
   // lora: the base model is frozen (no gradients, optimizer state or gradient collectives; ZeRO-3
   // still partitions it) and LoRA adapters on its linears are trained: replicated on every rank,
   // their gradients all-reduced in --grad_reduce_dtype, fp32 master weights and Adam moments.
+  static Result<std::unique_ptr<TrainingEngine>> create(const EngineConfig& config, Backend& backend,
+                                                        Communicator& comm, Communicator* data_comm = nullptr);
+  // The same with the common settings given positionally (tests and tools).
   static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
                                                         int64_t max_tokens, std::optional<AdamWOptions> adam,
                                                         double max_grad_norm, int zero_stage = 0,
@@ -101,7 +119,7 @@ class TrainingEngine {
   OptimizerShard lora_optimizer_state() const;
   // At ZeRO stage 0 (no LoRA) the embedding rows that no token of a step's batches on any rank reads
   // have a zero gradient, and their update is deferred (AdamWOptimizer::defer_rows: the same bits,
-  // at most 64 steps late; GLM_DEFER_EMBEDDING=0 turns it off, =N bounds the lag to N steps). Before
+  // at most EngineConfig::defer_embedding_rows steps late; 0 turns it off). Before
   // reading optimizer_shard() or the parameters' memory directly (checkpoints), settle the
   // deferred updates; parameters(), base_checksum(), evaluate() and logits() do it themselves.
   Status settle_optimizer();
@@ -175,7 +193,7 @@ class TrainingEngine {
     std::vector<int64_t> tail_from;  // per unit: where its update began early (a layer's MLP half); -1: not yet
   };
   StepUpdate update_;
-  bool optimizer_in_backward_ = true;  // create(): false under GLM_OPTIMIZER_IN_BACKWARD=0
+  bool optimizer_in_backward_ = true;  // EngineConfig::optimizer_in_backward
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;
   DType grad_reduce_dtype_ = DType::f32;

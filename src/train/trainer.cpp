@@ -100,9 +100,18 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   if (config.train_type != "full" && config.train_type != "lora")
     return GLM_USER_ERROR("--train_type must be full or lora, got '", config.train_type, "'");
   const bool lora = config.train_type == "lora";
-  GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(config.model, backend, comm, max_tokens, adam,
-                                                           config.max_grad_norm, config.zero_stage, config.recompute,
-                                                           data_comm, zero_options, lora ? &config.lora : nullptr));
+  EngineConfig engine_config;
+  engine_config.model = config.model;
+  engine_config.max_tokens = max_tokens;
+  engine_config.adam = adam;
+  engine_config.max_grad_norm = config.max_grad_norm;
+  engine_config.zero_stage = config.zero_stage;
+  engine_config.recompute = config.recompute;
+  engine_config.zero = zero_options;
+  if (lora) engine_config.lora = config.lora;
+  engine_config.optimizer_in_backward = config.optimizer_in_backward;
+  engine_config.defer_embedding_rows = config.defer_embedding_rows;
+  GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(engine_config, backend, comm, data_comm));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
   } else {

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <memory>
 
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 #include "mpi/communicator.h"
 
 namespace glm {
