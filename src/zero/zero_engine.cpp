@@ -33,7 +33,7 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::create(const ParamLayout& layout
   ZeroOptions effective = options;
   effective.grad_reduce_dtype = effective_reduce_dtype(options, backend.compute_dtype(), comm.size());
   Communicator& wire = data != nullptr ? *data : comm;
-  std::unique_ptr<ZeroEngine> z(new ZeroEngine(layout, backend, comm, wire, plan, effective));
+  std::unique_ptr<ZeroEngine> z(new ZeroEngine(layout, backend, wire, plan));
   const ZeroBufferSizes sizes = zero_buffer_sizes(layout, stage, effective, backend.compute_dtype(), frozen);
   // Allocated in this order: parameters (stage 3: shards, gathered units, persistent unit), then
   // the persistent gradients and the reducer's buffers.

@@ -155,9 +155,8 @@ class ZeroEngine final : public ParameterProvider {
 
  private:
   friend class ZeroStep;
-  ZeroEngine(const ParamLayout& layout, Backend& backend, Communicator& comm, Communicator& data,
-             const ShardingPlan& plan, const ZeroOptions& options)
-      : layout_(layout), backend_(backend), comm_(comm), data_(data), plan_(plan), options_(options) {}
+  ZeroEngine(const ParamLayout& layout, Backend& backend, Communicator& data, const ShardingPlan& plan)
+      : layout_(layout), backend_(backend), data_(data), plan_(plan) {}
   bool persistent(int unit) const { return persistent_ && unit == persistent_->unit(); }
   Status unit_updated(int unit);
   Status finish_update();  // untimed: the all-gathers' serial path, then the stale copies dropped
@@ -167,10 +166,8 @@ class ZeroEngine final : public ParameterProvider {
 
   const ParamLayout& layout_;
   Backend& backend_;
-  Communicator& comm_;
-  Communicator& data_;
+  Communicator& data_;  // the wire of parameters and gradients (device-exposed waits)
   ShardingPlan plan_;
-  ZeroOptions options_;
   CommWaits waits_;  // before the pieces, which wait through it until they are gone
   std::unique_ptr<ParamGatherer> gatherer_;
   std::unique_ptr<PersistentUnit> persistent_;  // stage 3 with persistent tensors
