@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One single-H200 call for a redesign that must keep behaviour and speed: builds this tree and a
+# reference commit's tree (.old/old.tar.gz, made with `git archive --format=tar.gz -o
+# .old/old.tar.gz COMMIT`, carried) side by side, runs the CUDA op tests of this tree, compares the
+# tiny model's CUDA and CPU losses, then the 12-layer GLM-4-9B-shaped step (seq 4096, no clipping)
+# with the old and the new binary alternately. Prints a short table last.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.."
+root=$PWD
+rm -rf /tmp/old && mkdir -p /tmp/old && tar -xzf .old/old.tar.gz -C /tmp/old && cp -r .deb /tmp/old/
+old_session=$(ls /tmp/old/benchmarks/gpu_session.sh /tmp/old/benchmarks/calls/gpu_session.sh 2>/dev/null | head -1)
+t0=$(date +%s)
+(cd /tmp/old && GLM_BUILD_JOBS=8 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc" OUT=/tmp/old_out bash "$old_session" \
+  >"$OUT/old_build.txt" 2>&1; echo "old build rc=$?" >>"$OUT/old_build.txt") &
+old_pid=$!
+GLM_BUILD_JOBS=10 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc test_cuda_ops" bash benchmarks/calls/gpu_session.sh ||
+  { echo "new build failed"; exit 1; }
+wait $old_pid
+tail -2 "$OUT/old_build.txt"
+echo "builds: $(( $(date +%s) - t0 )) s"
+timeout 240 build-gpu/tests/test_cuda_ops --gtest_brief=1 >"$OUT/test_cuda_ops.log" 2>&1
+echo "test_cuda_ops rc=$?"; grep -E "PASSED|FAILED|SKIPPED \]" "$OUT/test_cuda_ops.log" | head -20
+for dev in cuda cpu; do
+  timeout 120 mpirun -np 1 build-gpu/glm_hpc --device $dev --max_steps 50 --logging_steps 1 --output_dir /tmp/tiny_$dev \
+    >"$OUT/tiny_$dev.log" 2>&1 || { echo "tiny $dev failed"; tail -5 "$OUT/tiny_$dev.log"; }
+done
+python3 - <<'PY'
+import json
+def losses(d): return [json.loads(l)["loss"] for l in open(f"/tmp/tiny_{d}/logging.jsonl") if '"loss"' in l]
+try:
+    c, g = losses("cpu"), losses("cuda")
+    print("tiny cuda vs cpu: %d steps, worst relative loss gap %.2e" % (len(c), max(abs(a - b) / abs(b) for a, b in zip(g, c))))
+except Exception as e: print("tiny comparison failed:", e)
+PY
+data=/tmp/bench4096.jsonl
+python3 - "$data" <<'PY'
+import json, random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(16): f.write(json.dumps({"input_ids": [random.randrange(151552) for _ in range(4096)]}) + "\n")
+PY
+steps=${GLM_AB_STEPS:-25}
+for round in 1 2; do
+  for side in old new; do
+    bin=$([ $side = old ] && echo /tmp/old/build-gpu/glm_hpc || echo "$root/build-gpu/glm_hpc")
+    dir=/tmp/ab_${side}_$round; rm -rf "$dir"
+    timeout 150 env CUDA_VISIBLE_DEVICES=0 mpirun -np 1 --bind-to none "$bin" --device cuda \
+      --config configs/glm4-9b-chat.cfg --num_hidden_layers 12 --dataset "$data" --max_length 4096 \
+      --gradient_accumulation_steps 1 --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --save_strategy no \
+      --max_grad_norm 0 --output_dir "$dir" >"$OUT/ab_${side}_$round.log" 2>&1 || { echo "$side $round failed"; tail -4 "$OUT/ab_${side}_$round.log"; }
+  done
+done
+python3 - <<'PY'
+import json, glob
+print("\n== 12 layers, seq 4096, no clipping, 1 x H200: old (reference commit) vs new ==")
+for side in ("old", "new"):
+    for d in sorted(glob.glob(f"/tmp/ab_{side}_*")):
+        try:
+            r = [json.loads(l) for l in open(f"{d}/logging.jsonl") if '"loss"' in l][3:]
+            print("%-10s %8.0f tokens/s over %d steps, final loss %.6f, %.1f GiB" % (d.split("/")[-1], sum(x["tokens_per_second"] for x in r) / len(r), len(r), r[-1]["loss"], max(x.get("device_memory_gib", 0) for x in r)))
+        except Exception as e: print(d, "no result:", e)
+PY
