@@ -12,6 +12,8 @@ packages=(
   munge slurmctld slurmd slurm-client
   # benchmarks/calls/bucket_sweep.py draws its PNG with gnuplot (it writes the CSV without it).
   gnuplot-nox
+  # The function-size check of the engine and ZeRO (tests/CMakeLists.txt, function_size).
+  clang-tidy
 )
 
 # node and npm run npm tiktoken, the oracle of the tokenizer tests (tools/tiktoken_peer). Checked
