@@ -14,6 +14,7 @@
 #include "mpi/local_communicator.h"
 #include "test_util.h"
 #include "train/trainer.h"
+#include "zero/zero_engine.h"
 
 namespace glm::test {
 namespace {
@@ -268,6 +269,46 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
 // micro-batches (units must be updated in the last one only), without recomputation and with the
 // layer recomputed at the start of its backward; the fused norm sums the units in another order
 // (1e-12).
+// The step protocol: the update hook lives exactly as long as the ZeroStep, whether or not the step
+// finished, and the protocol refuses steps and micro-batches out of order.
+TEST(ZeroEngine, TheUpdateHookEndsWithItsStepAndStepsDoNotNest) {
+  const ModelConfig config = tiny_glm4();
+  const ParamLayout layout(config);
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  auto zero = ZeroEngine::create(layout, *backend, comm, 0).take();
+  ASSERT_TRUE(zero->grads_final_in_backward());  // one rank at stage 0
+  int calls = 0;
+  auto schedule = [&](int micro_batches) {
+    StepSchedule s;
+    s.micro_batches = micro_batches;
+    s.on_grads_final = [&calls](int, int64_t) {
+      ++calls;
+      return Status::ok();
+    };
+    return s;
+  };
+  const int head = layout.head_unit();
+  {
+    auto step = zero->begin_step(schedule(2));
+    ASSERT_TRUE(step.is_ok());
+    EXPECT_FALSE(zero->begin_step(schedule(1)).is_ok());  // one step at a time
+    ZeroStep s = step.take();
+    ASSERT_TRUE(s.begin_micro_batch(0).is_ok());
+    EXPECT_TRUE(zero->overwrite_grads());  // the first micro-batch writes weight gradients
+    ASSERT_TRUE(zero->grads_ready(head).is_ok());
+    EXPECT_EQ(calls, 0);  // not the last micro-batch: nothing is final yet
+    ASSERT_TRUE(s.begin_micro_batch(1).is_ok());
+    EXPECT_FALSE(zero->overwrite_grads());
+    ASSERT_TRUE(zero->grads_ready(head).is_ok());
+    EXPECT_EQ(calls, 1);
+    EXPECT_FALSE(s.begin_micro_batch(2).is_ok());
+  }  // the step failed here: no finish_backward, no update
+  ASSERT_TRUE(zero->grads_ready(head).is_ok());
+  EXPECT_EQ(calls, 1);  // the hook went with its step
+  EXPECT_TRUE(zero->begin_step(schedule(1)).is_ok());
+}
+
 TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
   const ModelConfig config = tiny_glm4();
   LocalCommunicator comm;

@@ -408,9 +408,9 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, d
   }
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
-  GLM_RETURN_IF_ERROR(check_and_clip(r, this_step));
+  GLM_RETURN_IF_ERROR(check_and_clip(zero_step, r, this_step));
   GLM_RETURN_IF_ERROR(apply_update(zero_step));
-  if (!update_.clipping) GLM_RETURN_IF_ERROR(fused_grad_norm(r, this_step));
+  if (!update_.clipping) GLM_RETURN_IF_ERROR(fused_grad_norm(zero_step, r, this_step));
   GLM_ASSIGN_OR_RETURN(const StepStats stats, zero_step.finish());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
   r.exposed_comm_seconds = lora_seconds + stats.exposed_comm_seconds();
@@ -486,7 +486,7 @@ Result<double> TrainingEngine::run_micro_batches(std::span<const HostMicroBatch>
 
 // The in-backward updates finished; with clipping the norm and the clip factor, else the loss
 // checked (the norm is summed by the update).
-Status TrainingEngine::check_and_clip(StepResult& r, int64_t this_step) {
+Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_t this_step) {
   if (update_.in_backward) {
     GLM_RETURN_IF_ERROR(backend_.join_side());
     for (size_t u = 0; u < update_.updated.size(); ++u)
@@ -496,7 +496,7 @@ Status TrainingEngine::check_and_clip(StepResult& r, int64_t this_step) {
     if (std::isfinite(r.loss)) return Status::ok();
     return non_finite(r, this_step, update_.in_backward ? kAfterUpdate : "");
   }
-  GLM_ASSIGN_OR_RETURN(double sq, zero_->grad_norm_squared());
+  GLM_ASSIGN_OR_RETURN(double sq, zero_step.grad_norm_squared());
   if (lora_layout_) {
     GLM_ASSIGN_OR_RETURN(const double lora_sq, backend_.sum_squares(lora_grads_.tensor()));
     sq += lora_sq;
@@ -521,13 +521,13 @@ Status TrainingEngine::apply_update(ZeroStep& zero_step) {
 }
 
 // Without clipping: the norm the update summed, global.
-Status TrainingEngine::fused_grad_norm(StepResult& r, int64_t this_step) {
+Status TrainingEngine::fused_grad_norm(ZeroStep& zero_step, StepResult& r, int64_t this_step) {
   double local = 0;
   GLM_RETURN_IF_ERROR(backend_.download(&local, update_.fused_sq));
   // Adapters are replicated (their sum is global already); a frozen base adds nothing.
   double sq = local;
   if (!lora_layout_) {
-    GLM_ASSIGN_OR_RETURN(sq, zero_->global_grad_norm_squared(local));
+    GLM_ASSIGN_OR_RETURN(sq, zero_step.global_grad_norm_squared(local));
   }
   r.grad_norm = std::sqrt(sq);
   if (!std::isfinite(r.grad_norm)) return non_finite(r, this_step, kAfterUpdate);

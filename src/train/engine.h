@@ -170,9 +170,9 @@ class TrainingEngine {
   void begin_update(double lr);
   Status zero_step_gradients(std::span<const HostMicroBatch> micro, bool table_rows_only);
   Result<double> run_micro_batches(std::span<const HostMicroBatch> micro, ZeroStep& zero_step, double grad_scale);
-  Status check_and_clip(StepResult& r, int64_t this_step);
+  Status check_and_clip(ZeroStep& zero_step, StepResult& r, int64_t this_step);
   Status apply_update(ZeroStep& zero_step);
-  Status fused_grad_norm(StepResult& r, int64_t this_step);
+  Status fused_grad_norm(ZeroStep& zero_step, StepResult& r, int64_t this_step);
   Status update_unit(int unit, int64_t from);
 
   Backend& backend_;

@@ -160,14 +160,14 @@ Status ZeroEngine::forget_gathered() {
   return gatherer_->forget_gathered();
 }
 
-Result<double> ZeroEngine::grad_norm_squared() {
-  if (!reducer_) return 0.0;
-  return reducer_->grad_norm_squared();
+Result<double> ZeroStep::grad_norm_squared() {
+  if (!engine_->reducer_) return 0.0;
+  return engine_->reducer_->grad_norm_squared();
 }
 
-Result<double> ZeroEngine::global_grad_norm_squared(double local) {
-  if (!reducer_) return 0.0;
-  return reducer_->global_grad_norm_squared(local);
+Result<double> ZeroStep::global_grad_norm_squared(double local) {
+  if (!engine_->reducer_) return 0.0;
+  return engine_->reducer_->global_grad_norm_squared(local);
 }
 
 Status ZeroEngine::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill) {

@@ -19,7 +19,7 @@
 // One optimizer step:
 //   ZeroStep step = begin_step(schedule)      zeroes the gradients
 //   step.begin_micro_batch(i); model backward  (per micro-batch)
-//   step.finish_backward()                    every reduction done
+//   step.finish_backward()                    every reduction done (then grad_norm_squared())
 //   step.update_units(fn); step.finish_update()  fn(u) writes owned_params(u); gathers follow
 //   step.finish()                             the step's exposed communication
 // Destroying the ZeroStep ends the step, finished or failed (the update hook is dropped).
@@ -78,6 +78,10 @@ class ZeroStep {
   Status begin_micro_batch(int index);
   // After the last micro-batch: stage 0 all-reduces, stage 1 reduce-scatters what backward did not.
   Status finish_backward();
+  // After finish_backward(): the sum of squares of the whole (global) gradient, equal on every rank.
+  Result<double> grad_norm_squared();
+  // The same from this rank's sum over owned_grads() of every unit (summed by the optimizer).
+  Result<double> global_grad_norm_squared(double local);
   // update(u) for every unit in forward order (none when frozen), each followed by the start of
   // the collectives that wait for it (stages 1-2: its bucket's all-gather; stage 3: the persistent
   // unit's). update(u) writes owned_params(u).
@@ -133,10 +137,6 @@ class ZeroEngine final : public ParameterProvider {
 
   // Opens one optimizer step (see the file comment); zeroes the gradients.
   Result<ZeroStep> begin_step(StepSchedule schedule);
-  // Sum of squares of the whole (global) gradient, equal on every rank (after finish_backward()).
-  Result<double> grad_norm_squared();
-  // The same from this rank's sum over owned_grads() of every unit (summed by the optimizer).
-  Result<double> global_grad_norm_squared(double local);
 
   // Outside a step, after the owned parameters were written (checkpoint load): write(u) for units
   // [0, units) (those this rank's optimizer holds: every unit, or none), each followed by its
