@@ -55,7 +55,7 @@ void resolve_paths(glm::CliOptions& o) {
 glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions& o, const glm::ProcessInfo& proc) {
   if (o.command == "prepare") return glm::make_cpu_backend(glm::DType::f32);  // data only: no device
   const int gpus = glm::cuda_device_count();
-  const bool cuda = o.device == "cuda" || (o.device == "auto" && gpus > 0);
+  const bool cuda = o.device == glm::Device::cuda || (o.device == glm::Device::auto_select && gpus > 0);
   if (!cuda) return glm::make_cpu_backend(glm::DType::f32);
   // One GPU per rank: the ranks of a host take its GPUs in local-rank order.
   GLM_RETURN_IF_ERROR(glm::check_one_rank_per_gpu(proc, gpus));
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
       in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
       in.recompute = options.train.recompute;
       in.zero_options = options.train.zero_options;
-      if (options.train.train_type == "lora") in.lora = options.train.lora;
+      if (options.train.train_type == glm::TrainType::lora) in.lora = options.train.lora;
       in.split_master = options.train.split_master_weights;
       in.defer_embedding = options.train.defer_embedding_rows > 0;
       in.lm_head_scratch_bytes = options.backend.lm_head_scratch_bytes;
@@ -261,16 +261,10 @@ int main(int argc, char** argv) {
   load.tokenizer = tokenizer;
   load.max_length = max_length;
   load.vocab_size = model.vocab_size;
-  load.skip_bad = options.train.on_bad_sample == "skip";
+  load.skip_bad = options.train.on_bad_sample == glm::OnBadSample::skip;
   load.conversation.system = options.train.system;
-  load.conversation.loss_scale = options.train.loss_scale == "last_round" ? glm::LossScale::last_round
-                                 : options.train.loss_scale == "all"      ? glm::LossScale::all
-                                                                          : glm::LossScale::assistant;
-  load.truncation = options.train.truncation_strategy == "left"    ? glm::Truncation::left
-                    : options.train.truncation_strategy == "right" ? glm::Truncation::right
-                                                                   : glm::Truncation::remove;
-  load.loss_scale_name = options.train.loss_scale;
-  load.truncation_name = options.train.truncation_strategy;
+  load.conversation.loss_scale = options.train.loss_scale;
+  load.truncation = options.train.truncation_strategy;
   // prepare tokenizes on purpose (and shows file:line of samples, which mapped shards lack).
   const std::string cache_dir =
       options.dataset_cache && options.command != "prepare" ? glm::default_dataset_cache_dir() : "";

@@ -8,15 +8,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
 #include "mpi/local_communicator.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
-#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -164,7 +163,8 @@ void rewrite_as_version1(const fs::path& dir) {
       char name[32];
       std::snprintf(name, sizeof(name), "unit_%05d", u);
       if (H5Lexists(in, name, H5P_DEFAULT) <= 0) break;
-      const hid_t gi = H5Gopen2(in, name, H5P_DEFAULT), go = H5Gcreate2(out, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      const hid_t gi = H5Gopen2(in, name, H5P_DEFAULT),
+                  go = H5Gcreate2(out, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
       int64_t bc[2];
       const hid_t ai = H5Aopen(gi, "begin_count", H5P_DEFAULT);
       ASSERT_GE(H5Aread(ai, H5T_NATIVE_INT64, bc), 0);
@@ -214,7 +214,7 @@ TEST(Checkpoint, Version1CheckpointsStillResume) {
   LocalCommunicator comm;
   auto backend = make_cpu_backend(DType::f32);
   TrainConfig c = tiny(out / "from_v2");
-  c.save_strategy = "no";
+  c.save_strategy = SaveStrategy::no;
   c.resume_from_checkpoint = (out / "checkpoint-2").string();
   auto from_v2 = train(c, data(), comm, *backend);
   ASSERT_TRUE(from_v2.is_ok()) << from_v2.status().message();
@@ -251,7 +251,7 @@ TEST(Checkpoint, ResumeOnlyModelStartsOptimizerScheduleAndDataOver) {
   ASSERT_TRUE(train(frozen, data(), comm, *backend).is_ok());
 
   TrainConfig c = tiny(out / "fresh");
-  c.save_strategy = "no";
+  c.save_strategy = SaveStrategy::no;
   auto straight = train(c, data(), comm, *backend);
   ASSERT_TRUE(straight.is_ok()) << straight.status().message();
   c.output_dir = (out / "only").string();
@@ -286,7 +286,7 @@ TEST(Checkpoint, MetaRecordsEvaluationAndPruningKeepsTheBest) {
   c.eval_steps = 1;
   c.save_total_limit = 2;
   // A constant, large rate makes the held-out loss jump about (the preconditions below say how).
-  c.lr_scheduler_type = "constant";
+  c.lr_scheduler_type = LrSchedulerType::constant;
   c.learning_rate = 0.1;
   LocalCommunicator comm;
   auto backend = make_cpu_backend(DType::f32);

@@ -31,11 +31,10 @@ struct RunResult {
 RunResult run_glm(const std::string& args, int ranks = 2, const std::string& before = "") {
   // Open MPI refuses root unless told; CI and the dev machines run as root. The dataset cache goes
   // to a scratch directory, not the home directory (`before` may export another).
-  const std::string cmd =
-      "export XDG_CACHE_HOME=" + (scratch_root() / "xdg_cache").string() +
-      "; cd " + GLM_TEST_WORKDIR + " && " + before +
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC + " --oversubscribe -np " +
-      std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
+  const std::string cmd = "export XDG_CACHE_HOME=" + (scratch_root() / "xdg_cache").string() + "; cd " +
+                          GLM_TEST_WORKDIR + " && " + before +
+                          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC +
+                          " --oversubscribe -np " + std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
   RunResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -154,8 +153,8 @@ TEST(Cli, EvalMatchesTransformersLoss) {
 // `dir` (a rank: --output_dir is unique to the test).
 std::string kill_after_first_step(const std::filesystem::path& dir) {
   const std::string log = (dir / "logging.jsonl").string();
-  return "(for i in $(seq 600); do [ -s '" + log + "' ] && break; sleep 0.1; done; sleep 0.5; pkill -9 -f -n 'glm_hpc.*" +
-         dir.filename().string() + "') & ";
+  return "(for i in $(seq 600); do [ -s '" + log +
+         "' ] && break; sleep 0.1; done; sleep 0.5; pkill -9 -f -n 'glm_hpc.*" + dir.filename().string() + "') & ";
 }
 
 // A rank killed with SIGKILL in the middle of training: the job ends (non-zero) within seconds,
@@ -190,8 +189,8 @@ TEST(CliPreemption, UsrOneToMpirunSavesExits75AndResumes) {
   const std::string signaller = "(for i in $(seq 600); do [ -s '" + (dir / "logging.jsonl").string() +
                                 "' ] && break; sleep 0.1; done; pkill -USR1 -n -f '^[^ ]*mpi(run|exec) .*" + marker +
                                 "') & ";
-  const std::string args = kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " +
-                           dir.string();
+  const std::string args =
+      kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " + dir.string();
   RunResult r = run_glm(args, 3, signaller);
   ASSERT_EQ(r.exit_code, 75) << r.output;
   const std::string prefix = "glm_hpc: preempted: SIGUSR1 received; every rank stopped after step ";
@@ -217,9 +216,9 @@ TEST(CliPreemption, UsrOneToMpirunSavesExits75AndResumes) {
                                   " --logging_steps 1 --resume_from_checkpoint latest --output_dir " + dir.string(),
                               3);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("glm_hpc: resumed from " + (dir / checkpoint).string() + " at step " +
-                                std::to_string(step)),
-            std::string::npos)
+  EXPECT_NE(
+      resumed.output.find("glm_hpc: resumed from " + (dir / checkpoint).string() + " at step " + std::to_string(step)),
+      std::string::npos)
       << resumed.output;
   EXPECT_EQ(count(resumed.output, "\nstep "), 2) << "only the two steps after the checkpoint\n" << resumed.output;
 }
@@ -239,8 +238,10 @@ TEST(CliFaults, KilledRankEndsTheJobOnGpus) {
   const std::string marker = "glm_hpc_kill_marker_gpu_" + std::to_string(::getpid());
   const std::string killer = kill_after_first_step(out / marker);
   const auto start = std::chrono::steady_clock::now();
-  RunResult r = run_glm(kTiny + "--device cuda --zero_stage 3 --max_steps 100000 --logging_steps 1 "
-                                "--collective_timeout 20 --output_dir " + (out / marker).string(),
+  RunResult r = run_glm(kTiny +
+                            "--device cuda --zero_stage 3 --max_steps 100000 --logging_steps 1 "
+                            "--collective_timeout 20 --output_dir " +
+                            (out / marker).string(),
                         2, killer);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(r.exit_code, 0) << r.output;
@@ -273,7 +274,7 @@ TEST(Cli, Zero3PersistenceIsReportedRecordedAndPlanned) {
   std::ifstream args(out / "args.json");
   ASSERT_TRUE(args.good());
   auto j = nlohmann::json::parse(args);
-  EXPECT_EQ(j["options"]["param_persistence_threshold"]["value"], "1e3");
+  EXPECT_EQ(j["options"]["param_persistence_threshold"]["value"], 1000);
   EXPECT_EQ(j["options"]["model_persistence_threshold"]["value"], "inf");
   const std::string plan = "plan --config configs/glm4-9b-chat.cfg --world_size 2 --max_length 4096 ";
   const std::string line = "ZeRO-3 persistent tensors (--param_persistence_threshold 100000): 121 tensors, 516096";

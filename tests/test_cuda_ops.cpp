@@ -558,8 +558,9 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
   auto backward = [&](const BackendConfig& config) {
     auto dqkv = output(n * s.qkv_width());
     auto backend = variant(config);
-    EXPECT_TRUE(backend->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), reference.out.gpu.tensor(),
-                                            reference.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+    EXPECT_TRUE(backend
+                    ->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), reference.out.gpu.tensor(),
+                                         reference.lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
                     .is_ok());
     EXPECT_TRUE(backend->synchronize().is_ok());
     return from_gpu(dqkv.gpu);
@@ -1285,11 +1286,11 @@ TEST(CudaModel, RecomputationIsExactOnGpu) {
   for (Recompute policy : {Recompute::selective, Recompute::full}) {
     const Outcome o = run(policy);
     ASSERT_EQ(o.losses.size(), none.losses.size());
-    EXPECT_NEAR(o.losses[0], none.losses[0], 1e-6 * none.losses[0]) << recompute_name(policy);
+    EXPECT_NEAR(o.losses[0], none.losses[0], 1e-6 * none.losses[0]) << enum_name(policy);
     for (size_t s = 1; s < o.losses.size(); ++s)
-      EXPECT_NEAR(o.losses[s], none.losses[s], kBf16TrajectoryTolerance * none.losses[s]) << recompute_name(policy);
-    EXPECT_LT(relative_error(o.grads, none.grads), kBf16GradTolerance) << recompute_name(policy);
-    EXPECT_LT(o.bytes, none.bytes) << recompute_name(policy);
+      EXPECT_NEAR(o.losses[s], none.losses[s], kBf16TrajectoryTolerance * none.losses[s]) << enum_name(policy);
+    EXPECT_LT(relative_error(o.grads, none.grads), kBf16GradTolerance) << enum_name(policy);
+    EXPECT_LT(o.bytes, none.bytes) << enum_name(policy);
   }
 }
 

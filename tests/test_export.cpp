@@ -23,9 +23,9 @@
 #include "io/safetensors.h"
 #include "mpi/local_communicator.h"
 #include "mpi/mpi_communicator.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
-#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -87,7 +87,7 @@ int world_rank() {
   return rank;
 }
 
-CliOptions export_options(const fs::path& ckpt, const fs::path& save, const std::string& format = "hf") {
+CliOptions export_options(const fs::path& ckpt, const fs::path& save, HfLayout format = HfLayout::glm) {
   CliOptions o;
   o.command = "export";
   o.ckpt_dir = ckpt.string();
@@ -242,7 +242,7 @@ TEST(Export, BothLayoutsRoundTripTheReassembledMasters) {
 
   // chatglm layout in shards of at most 10 KB (a tensor over the limit sits alone in its shard).
   const fs::path chatglm = root / "chatglm";
-  CliOptions o = export_options(ckpt.value(), chatglm, "chatglm");
+  CliOptions o = export_options(ckpt.value(), chatglm, HfLayout::chatglm);
   o.max_shard_size = kSmallShards;
   auto chat_report = run_export(o);
   ASSERT_TRUE(chat_report.is_ok()) << chat_report.status().message();

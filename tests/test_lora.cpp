@@ -174,9 +174,8 @@ TEST_P(LoraGradients, MatchFiniteDifferences) {
     EXPECT_GT(std::fabs(train_loss - sum()), 1e-3) << "dropout in training, none in evaluation";
   }
   for (const LoraEntry& e : lora.entries()) {
-    for (const auto& [offset, numel, what] :
-         {std::tuple{e.a_offset, lora.rank() * e.in_features, "lora_A"},
-          std::tuple{e.b_offset, lora.rank() * e.out_features, "lora_B"}}) {
+    for (const auto& [offset, numel, what] : {std::tuple{e.a_offset, lora.rank() * e.in_features, "lora_A"},
+                                              std::tuple{e.b_offset, lora.rank() * e.out_features, "lora_B"}}) {
       std::vector<double> x(adapters.begin() + offset, adapters.begin() + offset + numel);
       std::vector<double> analytic(analytic_all.begin() + offset, analytic_all.begin() + offset + numel);
       auto entry_loss = [&] {
@@ -273,8 +272,9 @@ TEST(LoraEngine, BaseFrozenAndMergedWeightsGiveTheSameLogits) {
   auto plain = make_engine(config, *backend, comm, nullptr);
   for (size_t i = 0; i < params.entries().size(); ++i) {
     const ParamEntry& pe = params.entry(static_cast<int>(i));
-    ASSERT_TRUE(plain->set_parameter(static_cast<int>(i), std::span<const float>(merged.data() + pe.offset,
-                                                                                 static_cast<size_t>(pe.numel)))
+    ASSERT_TRUE(plain
+                    ->set_parameter(static_cast<int>(i),
+                                    std::span<const float>(merged.data() + pe.offset, static_cast<size_t>(pe.numel)))
                     .is_ok());
   }
   ASSERT_TRUE(plain->parameters_updated().is_ok());
@@ -335,8 +335,8 @@ TEST(LoraDropout, SameLossesUnderEveryRecomputePolicy) {
   const auto none = run(Recompute::none, 0.3);
   for (Recompute recompute : {Recompute::selective, Recompute::full}) {
     const auto other = run(recompute, 0.3);
-    EXPECT_EQ(other.first, none.first) << recompute_name(recompute);
-    EXPECT_EQ(other.second, none.second) << recompute_name(recompute);
+    EXPECT_EQ(other.first, none.first) << enum_name(recompute);
+    EXPECT_EQ(other.second, none.second) << enum_name(recompute);
   }
   // Steps after the first (B = 0 at the start hides every mask) differ from dropout-free training.
   const auto plain = run(Recompute::none, 0.0);
@@ -368,7 +368,8 @@ TEST(LoraDropout, EvaluationHasNoDropoutAndTheScratchIsCounted) {
   auto ea = dropped->evaluate(batch), eb = plain->evaluate(batch);
   ASSERT_TRUE(ea.is_ok() && eb.is_ok());
   EXPECT_EQ(ea.value().loss_sum, eb.value().loss_sum) << "eval loss";
-  auto ta = dropped->step(std::vector<HostMicroBatch>{batch}, 0.0), tb = plain->step(std::vector<HostMicroBatch>{batch}, 0.0);
+  auto ta = dropped->step(std::vector<HostMicroBatch>{batch}, 0.0),
+       tb = plain->step(std::vector<HostMicroBatch>{batch}, 0.0);
   ASSERT_TRUE(ta.is_ok() && tb.is_ok());
   EXPECT_GT(std::fabs(ta.value().loss - tb.value().loss), 1e-3) << "a training step drops";
   // After the step (lr 0: nothing moved) evaluation is still dropout-free.
@@ -383,9 +384,9 @@ TEST(LoraDropout, EvaluationHasNoDropoutAndTheScratchIsCounted) {
 TEST(LoraDropout, KeysSeparateSeedStepMicroBatchRankAndAdapter) {
   const uint64_t k = lora_dropout_key(42, 3, 1, 0);
   EXPECT_EQ(k, lora_dropout_key(42, 3, 1, 0));
-  for (const uint64_t other : {lora_dropout_key(43, 3, 1, 0), lora_dropout_key(42, 4, 1, 0),
-                               lora_dropout_key(42, 3, 0, 0), lora_dropout_key(42, 3, 1, 1),
-                               lora_dropout_key(42, 1, 3, 0)})
+  for (const uint64_t other :
+       {lora_dropout_key(43, 3, 1, 0), lora_dropout_key(42, 4, 1, 0), lora_dropout_key(42, 3, 0, 0),
+        lora_dropout_key(42, 3, 1, 1), lora_dropout_key(42, 1, 3, 0)})
     EXPECT_NE(other, k);
   const LoraLayout layout(tiny_config(), lora_config());
   std::vector<uint64_t> streams;

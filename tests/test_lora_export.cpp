@@ -22,10 +22,10 @@
 #include "io/safetensors.h"
 #include "mpi/local_communicator.h"
 #include "mpi/mpi_communicator.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
-#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -38,7 +38,7 @@ constexpr double kBf16LogitsRelative = 2e-2;
 // The adapters must change the logits far more than bf16 rounding does, or the test proves nothing.
 constexpr double kAdapterEffectOverRounding = 5;
 
-TrainConfig tiny(const std::string& train_type) {
+TrainConfig tiny(TrainType train_type) {
   TrainConfig t;
   ModelConfig& m = t.model;
   m = test::tiny_glm4();
@@ -79,7 +79,7 @@ WeightLoader hf_loader(const std::string& dir) {
   };
 }
 
-CliOptions export_options(const fs::path& ckpt, const fs::path& save, const std::string& format = "hf") {
+CliOptions export_options(const fs::path& ckpt, const fs::path& save, HfLayout format = HfLayout::glm) {
   CliOptions o;
   o.command = "export";
   o.ckpt_dir = ckpt.string();
@@ -115,7 +115,7 @@ const Runs& runs() {
       auto result = train(c, data(), comm, *backend, loader);
       EXPECT_TRUE(result.is_ok()) << result.status().message();
     };
-    TrainConfig full = tiny("full");
+    TrainConfig full = tiny(TrainType::full);
     full.max_steps = 1;
     full.save_steps = 1;
     run(full, out.root / "full", {});
@@ -124,8 +124,8 @@ const Runs& runs() {
       EXPECT_TRUE(exported.is_ok()) << exported.status().message();
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    run(tiny("lora"), out.random_run(), {});
-    TrainConfig on_hf = tiny("lora");
+    run(tiny(TrainType::lora), out.random_run(), {});
+    TrainConfig on_hf = tiny(TrainType::lora);
     on_hf.base_model = out.base_hf().string();
     run(on_hf, out.hf_run(), hf_loader(on_hf.base_model));
     MPI_Barrier(MPI_COMM_WORLD);
@@ -142,7 +142,7 @@ struct Restored {
 };
 
 std::unique_ptr<Restored> restored(const fs::path& run, const std::string& base_dir) {
-  TrainConfig c = tiny("lora");
+  TrainConfig c = tiny(TrainType::lora);
   auto r = std::make_unique<Restored>();
   r->engine = TrainingEngine::create(c.model, *r->backend, r->comm, 64, AdamWOptions{}, 1.0, 0, Recompute::none,
                                      nullptr, ZeroOptions{}, &c.lora)
@@ -258,7 +258,7 @@ TEST(LoraExport, PeftAdapterHoldsTheEngineAdapters) {
   EXPECT_EQ(cfg["task_type"], "CAUSAL_LM");
   EXPECT_EQ(cfg["r"], 4);
   EXPECT_EQ(cfg["lora_alpha"], 12);
-  EXPECT_EQ(cfg["lora_dropout"], tiny("lora").lora.dropout) << "the run's, from meta.json (the default 0.05)";
+  EXPECT_EQ(cfg["lora_dropout"], tiny(TrainType::lora).lora.dropout) << "the run's, from meta.json (the default 0.05)";
   EXPECT_EQ(cfg["target_modules"],
             nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}));
   EXPECT_EQ(cfg["bias"], "none");
@@ -309,7 +309,7 @@ TEST(LoraExport, PeftAdapterHoldsTheEngineAdapters) {
 
   // THUDM names (ms-swift's GLM-4 adapters): one fused adapter per linear.
   const fs::path chatglm = r.root / "peft_chatglm";
-  ASSERT_TRUE(run_export(export_options(r.random_run(), chatglm, "chatglm")).is_ok());
+  ASSERT_TRUE(run_export(export_options(r.random_run(), chatglm, HfLayout::chatglm)).is_ok());
   EXPECT_EQ(read_json(chatglm / "adapter_config.json")["target_modules"],
             nlohmann::json({"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}));
   auto fused = SafetensorsFile::open((chatglm / "adapter_model.safetensors").string());
@@ -382,14 +382,14 @@ TEST(LoraExport, MergedExportGivesTheAdaptedLogits) {
     EXPECT_GT(effect, kAdapterEffectOverRounding * kBf16LogitsRelative) << "the adapters barely change the logits";
 
     const fs::path merged_chatglm = r.root / (hf_base ? "merged_hf_base_chatglm" : "merged_random_base_chatglm");
-    CliOptions c = export_options(run, merged_chatglm, "chatglm");
+    CliOptions c = export_options(run, merged_chatglm, HfLayout::chatglm);
     c.merge_lora = true;
     ASSERT_TRUE(run_export(c).is_ok());
     EXPECT_EQ(import_weights(merged_chatglm), import_weights(merged));
   }
   // The Hugging Face base moved (here: the same weights in the THUDM layout): --model_id_or_path.
   const fs::path moved = r.root / "base_chatglm";
-  ASSERT_TRUE(run_export(export_options(r.full_ckpt(), moved, "chatglm")).is_ok());
+  ASSERT_TRUE(run_export(export_options(r.full_ckpt(), moved, HfLayout::chatglm)).is_ok());
   CliOptions o = export_options(r.hf_run(), r.root / "merged_moved_base");
   o.merge_lora = true;
   o.model_id_or_path = moved.string();

@@ -15,8 +15,8 @@
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
-#include "train/trainer.h"
 #include "test_util.h"
+#include "train/trainer.h"
 
 namespace glm::test {
 namespace {
@@ -39,8 +39,8 @@ TrainConfig lora_config() {
   t.warmup_steps = 1;
   t.weight_decay = 0.1;
   t.log_to_console = false;
-  t.save_strategy = "no";
-  t.train_type = "lora";
+  t.save_strategy = SaveStrategy::no;
+  t.train_type = TrainType::lora;
   t.lora.rank = 4;
   t.lora.alpha = 8;
   return t;
@@ -146,7 +146,7 @@ TrainSummary straight_with_checkpoint(const std::string& dir, int stage, Communi
   config.max_steps = 6;
   config.per_device_train_batch_size = kGlobalBatch / comm.size();
   config.output_dir = dir;
-  config.save_strategy = "steps";
+  config.save_strategy = SaveStrategy::steps;
   config.save_steps = 3;
   auto r = run(config, comm);
   EXPECT_TRUE(r.is_ok()) << r.status().message();
@@ -186,7 +186,7 @@ TEST_P(LoraResume, ResumedRunEqualsTheStraightOneBitwise) {
     config.max_steps = spec == "latest" ? 9 : 6;  // latest is checkpoint-6: 3 more steps of a 9-step run
     config.per_device_train_batch_size = kGlobalBatch / comm.size();
     config.output_dir = dir;
-    config.save_strategy = "no";
+    config.save_strategy = SaveStrategy::no;
     config.resume_from_checkpoint = spec;
     auto resumed = run(config, comm);
     ASSERT_TRUE(resumed.is_ok()) << resumed.status().message();
@@ -207,7 +207,7 @@ void expect_refused(const std::string& checkpoint, const std::string& needle,
   TrainConfig config = lora_config();
   config.max_steps = 6;
   config.per_device_train_batch_size = kGlobalBatch / comm.size();
-  config.save_strategy = "no";
+  config.save_strategy = SaveStrategy::no;
   config.resume_from_checkpoint = checkpoint;
   change(config);
   auto r = run(config, comm);
@@ -230,7 +230,7 @@ TEST(LoraCheckpoint, AnotherLoraConfigurationOrBaseIsRefused) {
     TrainConfig c = lora_config();
     c.max_steps = 6;
     c.per_device_train_batch_size = kGlobalBatch / comm.size();
-    c.save_strategy = "no";
+    c.save_strategy = SaveStrategy::no;
     c.resume_from_checkpoint = ckpt;
     c.lora.targets = {LoraTarget::dense_4h_to_h, LoraTarget::dense, LoraTarget::query_key_value,
                       LoraTarget::dense_h_to_4h};
@@ -242,7 +242,7 @@ TEST(LoraCheckpoint, AnotherLoraConfigurationOrBaseIsRefused) {
     TrainConfig c = lora_config();
     c.max_steps = 6;
     c.per_device_train_batch_size = kGlobalBatch / comm.size();
-    c.save_strategy = "no";
+    c.save_strategy = SaveStrategy::no;
     c.resume_from_checkpoint = ckpt;
     c.lora.dropout = 0.1;
     auto r = run(c, comm);
@@ -254,7 +254,7 @@ TEST(LoraCheckpoint, AnotherLoraConfigurationOrBaseIsRefused) {
   expect_refused(ckpt, "--model_id_or_path", [](TrainConfig& c) { c.base_model = "/models/glm-4-9b-chat"; });
   // A LoRA checkpoint given to full training.
   expect_refused(ckpt, "train_type is lora, this run's --train_type is full",
-                 [](TrainConfig& c) { c.train_type = "full"; });
+                 [](TrainConfig& c) { c.train_type = TrainType::full; });
   // Another model shape.
   expect_refused(ckpt, "hidden_size", [](TrainConfig& c) {
     c.model.hidden_size = 64;
@@ -268,11 +268,11 @@ TEST(LoraCheckpoint, FullTrainingCheckpointIsRefused) {
   if (kGlobalBatch % comm.size() != 0) GTEST_SKIP();
   const std::string dir = shared_dir("full");
   TrainConfig full = lora_config();
-  full.train_type = "full";
+  full.train_type = TrainType::full;
   full.max_steps = 1;
   full.per_device_train_batch_size = kGlobalBatch / comm.size();
   full.output_dir = dir;
-  full.save_strategy = "steps";
+  full.save_strategy = SaveStrategy::steps;
   full.save_steps = 1;
   auto r = run(full, comm);
   ASSERT_TRUE(r.is_ok()) << r.status().message();

@@ -248,7 +248,7 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
       o.losses.insert(o.losses.end(), l, l + hb->tokens.size());
     }
     o.bytes = model->activation_bytes();
-    EXPECT_EQ(o.bytes, Glm4Model::planned_activation_bytes(config, 16, 8, 8, policy)) << recompute_name(policy);
+    EXPECT_EQ(o.bytes, Glm4Model::planned_activation_bytes(config, 16, 8, 8, policy)) << enum_name(policy);
     return o;
   };
   const Outcome none = run(Recompute::none), selective = run(Recompute::selective), full = run(Recompute::full);
@@ -320,7 +320,7 @@ TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) EXPECT_GT(model->mlp_tail_from(l), 0) << l;
   }
   for (const Recompute policy : {Recompute::none, Recompute::full}) {
-    SCOPED_TRACE(recompute_name(policy));
+    SCOPED_TRACE(enum_name(policy));
     auto run = [&](bool in_backward) {
       auto backend = make_cpu_backend(DType::f32);
       auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 0.0, 0, policy)
@@ -457,8 +457,8 @@ TEST(Glm4Model, PersistentTensorsGiveIdenticalLossesAndGradients) {
   for (const PersistencePolicy& p : {PersistencePolicy{32}, PersistencePolicy{400, 300}, PersistencePolicy{1 << 30}}) {
     for (Recompute r : {Recompute::none, Recompute::full}) {
       const Outcome o = run(p, r);
-      EXPECT_EQ(o.losses, reference.losses) << p.max_tensor_numel << " " << recompute_name(r);
-      EXPECT_EQ(o.grads, reference.grads) << p.max_tensor_numel << " " << recompute_name(r);
+      EXPECT_EQ(o.losses, reference.losses) << p.max_tensor_numel << " " << enum_name(r);
+      EXPECT_EQ(o.grads, reference.grads) << p.max_tensor_numel << " " << enum_name(r);
     }
   }
 }

@@ -245,7 +245,7 @@ TEST(Packing, TrainerLossIsTheSamePackedOrNot) {
   config.max_steps = 2;
   config.learning_rate = 1e-2;
   config.warmup_ratio = 0;
-  config.lr_scheduler_type = "constant";
+  config.lr_scheduler_type = LrSchedulerType::constant;
   config.log_to_console = false;
   config.per_device_train_batch_size = 2;
   config.gradient_accumulation_steps = 6;  // 12 samples per step

@@ -19,9 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Per process: ctest runs every test case as its own process, in parallel.
-fs::path fresh_dir_root() {
-  return fs::temp_directory_path() / ("glm_hpc_shard_tests_" + std::to_string(::getpid()));
-}
+fs::path fresh_dir_root() { return fs::temp_directory_path() / ("glm_hpc_shard_tests_" + std::to_string(::getpid())); }
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path dir = fresh_dir_root() / name;
@@ -61,8 +59,8 @@ PrepareInfo info() {
   PrepareInfo p;
   p.datasets = {"data.jsonl"};
   p.max_length = 40;
-  p.truncation_strategy = "left";
-  p.loss_scale = "default";
+  p.truncation = Truncation::left;
+  p.loss_scale = LossScale::assistant;
   p.tokenizer = "bytes";
   p.tokenizer_hash = ByteTokenizer().content_hash();
   return p;

@@ -186,6 +186,96 @@ TEST(Options, BadInputNamesTheOptionOrFileLine) {
   expect_user_error(parse({"--max_length", "4096", "--max_position_embeddings", "1024"}), "exceeds max_position");
 }
 
+// Enums and element counts are typed once, by the parser: every accepted name (aliases too) gives
+// its value, every other text is refused naming the option (or file:line) and all the choices, and
+// args.json records the typed value under the option's spelling.
+TEST(Options, EnumsAndCountsAreTypedByTheParser) {
+  auto d = parse({});
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  const CliOptions& def = d.value();
+  EXPECT_EQ(def.train.train_type, TrainType::full);
+  EXPECT_EQ(def.train.truncation_strategy, Truncation::remove);
+  EXPECT_EQ(def.train.loss_scale, LossScale::assistant);
+  EXPECT_EQ(def.train.zero_options.reduce_bucket_size, ZeroOptions::kDefaultBucketSize);
+  EXPECT_EQ(def.train.zero_options.param_persistence_threshold, ZeroOptions::kDeepSpeedParamPersistenceThreshold);
+  EXPECT_EQ(def.backend.lm_head_scratch_bytes, BackendConfig{}.lm_head_scratch_bytes) << "one default";
+  EXPECT_EQ(def.effective["truncation_strategy"]["value"], "delete");
+  EXPECT_EQ(def.effective["reduce_bucket_size"]["value"], ZeroOptions::kDefaultBucketSize);
+  EXPECT_EQ(def.effective["model_persistence_threshold"]["value"], "inf");
+
+  auto o = parse({"--train_type",
+                  "lora",
+                  "--truncation_strategy",
+                  "left",
+                  "--loss_scale",
+                  "last_round",
+                  "--on_bad_sample",
+                  "skip",
+                  "--lr_scheduler_type",
+                  "constant",
+                  "--save_strategy",
+                  "no",
+                  "--recompute",
+                  "selective",
+                  "--grad_reduce_dtype",
+                  "bf16",
+                  "--reduce_bucket_size",
+                  "auto",
+                  "--prefetch_bucket_size",
+                  "0",
+                  "--model_persistence_threshold",
+                  "2e6",
+                  "--device",
+                  "cpu",
+                  "--gemm_autotune",
+                  "large",
+                  "--attention_kernel",
+                  "mma"});
+  ASSERT_TRUE(o.is_ok()) << o.status().message();
+  const CliOptions& c = o.value();
+  EXPECT_EQ(c.train.train_type, TrainType::lora);
+  EXPECT_EQ(c.train.truncation_strategy, Truncation::left);
+  EXPECT_EQ(c.train.loss_scale, LossScale::last_round);
+  EXPECT_EQ(c.train.on_bad_sample, OnBadSample::skip);
+  EXPECT_EQ(c.train.lr_scheduler_type, LrSchedulerType::constant);
+  EXPECT_EQ(c.train.save_strategy, SaveStrategy::no);
+  EXPECT_EQ(c.train.recompute, Recompute::selective);
+  EXPECT_EQ(c.train.zero_options.grad_reduce_dtype, DType::bf16);
+  EXPECT_EQ(c.train.zero_options.reduce_bucket_size, ZeroOptions::kAutoBucketSize);
+  EXPECT_EQ(c.train.zero_options.unmeasured_reduce_bucket_size(), ZeroOptions::kDefaultBucketSize);
+  EXPECT_EQ(c.train.zero_options.prefetch_bucket_size, 0);
+  EXPECT_EQ(c.train.zero_options.model_persistence_threshold, 2'000'000);
+  EXPECT_EQ(c.device, Device::cpu);
+  EXPECT_EQ(c.backend.gemm_autotune, GemmAutotune::large);
+  EXPECT_EQ(c.backend.attention_kernel, AttentionKernel::mma);
+  // The alias is recorded under the value's own spelling; counts as numbers, words as words.
+  EXPECT_EQ(c.effective["lr_scheduler_type"]["value"], "constant_with_warmup");
+  EXPECT_EQ(c.effective["reduce_bucket_size"]["value"], "auto");
+  EXPECT_EQ(c.effective["model_persistence_threshold"]["value"], 2'000'000);
+  EXPECT_EQ(c.effective["grad_reduce_dtype"]["value"], "bf16");
+
+  expect_user_error(parse({"--lr_scheduler_type", "cosin"}),
+                    "--lr_scheduler_type must be cosine, linear, constant_with_warmup or constant, got 'cosin'");
+  expect_user_error(parse({"--train_type", "qlora"}), "--train_type must be full or lora, got 'qlora'");
+  expect_user_error(parse({"--loss_scale", "assistant"}), "--loss_scale must be default, last_round or all");
+  expect_user_error(parse({"--reduce_bucket_size", "0"}), "--reduce_bucket_size must be a positive element count");
+  expect_user_error(parse({"--allgather_bucket_size", "auto"}), "--allgather_bucket_size must be a positive");
+  expect_user_error(parse({"--config", temp_file("e.cfg", "max_steps = 3\ngrad_reduce_dtype = fp16\n")}),
+                    "e.cfg:2: grad_reduce_dtype must be fp32 or bf16, got 'fp16'");
+}
+
+TEST(EnumNames, FirstNameIsTheSpellingLaterOnesAreAliases) {
+  EXPECT_EQ(enum_name(LrSchedulerType::constant), "constant_with_warmup");
+  EXPECT_EQ(enum_from_name<LrSchedulerType>("constant"), LrSchedulerType::constant);
+  EXPECT_EQ(enum_from_name<LrSchedulerType>("Cosine"), std::nullopt) << "names are exact";
+  EXPECT_EQ(enum_choices<SaveStrategy>(), "steps or no");
+  EXPECT_EQ(enum_choices<Recompute>(), "none, selective or full");
+  // Every value of these enums has a name, and each name reads back as its value.
+  for (Truncation t : {Truncation::remove, Truncation::left, Truncation::right})
+    EXPECT_EQ(enum_from_name<Truncation>(enum_name(t)), t);
+  for (HfLayout l : {HfLayout::glm, HfLayout::chatglm}) EXPECT_EQ(enum_from_name<HfLayout>(enum_name(l)), l);
+}
+
 TEST(Options, HelpListsEveryOptionWithDefault) {
   const std::string h = help_text();
   for (const char* name : {"--per_device_train_batch_size", "--gradient_accumulation_steps", "--learning_rate",

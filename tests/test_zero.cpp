@@ -15,12 +15,12 @@
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/trainer.h"
 #include "zero/comm_buckets.h"
 #include "zero/memory_plan.h"
-#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -65,7 +65,7 @@ const Dataset& validation() {
 
 struct Reference {
   std::vector<double> losses;
-  std::vector<double> eval_losses;  // after steps 10 and 20
+  std::vector<double> eval_losses;    // after steps 10 and 20
   std::vector<int64_t> eval_correct;  // argmax-correct validation tokens after steps 10 and 20
   double checksum = 0;
 };
@@ -133,8 +133,7 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
   EXPECT_GT(ref.eval_correct[1], 0) << "a trained model predicts some validation tokens";
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(r.value().losses[i], ref.losses[i], kTrajectoryTolerance * ref.losses[i])
-        << "stage " << stage << " step " << i + 1 << " world " << comm.size() << " recompute "
-        << recompute_name(recompute);
+        << "stage " << stage << " step " << i + 1 << " world " << comm.size() << " recompute " << enum_name(recompute);
   EXPECT_NEAR(r.value().parameter_checksum, ref.checksum, kTrajectoryTolerance * ref.checksum);
   // Every rank ends with bit-identical parameters (the checksum is of the whole model at every stage).
   double mine = r.value().parameter_checksum, lo = 0, hi = 0;
@@ -277,7 +276,7 @@ TEST(Checkpoint, PersistenceThresholdMayChangeOnResume) {
   auto resume = [&](TrainConfig c, const char* from, Communicator& on) {
     c.resume_from_checkpoint = dir + "/" + from + "/checkpoint-4";
     c.output_dir += "-resumed";
-    c.save_strategy = "no";
+    c.save_strategy = SaveStrategy::no;
     auto b = make_cpu_backend(DType::f32);
     return train(c, dataset(), on, *b);
   };
@@ -360,14 +359,15 @@ TEST(Checkpoint, ResumesAtAnyStageAndWorldSize) {
   auto resume = [&](TrainConfig c, Communicator& with, const char* out) {
     c.resume_from_checkpoint = dir + "/checkpoint-10";
     c.output_dir = dir + "/" + out;
-    c.save_strategy = "no";
+    c.save_strategy = SaveStrategy::no;
     auto b = make_cpu_backend(DType::f32);
     return train(c, dataset(), with, *b);
   };
   auto same = resume(base, comm, "same");
   ASSERT_TRUE(same.is_ok()) << same.status().message();
   ASSERT_EQ(same.value().losses.size(), 10u);
-  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(same.value().losses[i], straight.value().losses[10 + i]) << "step " << 11 + i;
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_EQ(same.value().losses[i], straight.value().losses[10 + i]) << "step " << 11 + i;
 
   TrainConfig stage1 = base;
   stage1.zero_stage = 1;
@@ -547,7 +547,7 @@ TEST(MemoryPlan, ActivationBytesMatchWhatTheModelAllocates) {
     for (int64_t tokens : {1, 77, 512}) {
       auto model = Glm4Model::create(c, *backend, tokens, policy).take();
       EXPECT_EQ(model->activation_bytes(), Glm4Model::planned_activation_bytes(c, tokens, 4, 4, policy))
-          << tokens << " " << recompute_name(policy);
+          << tokens << " " << enum_name(policy);
     }
   }
 }
@@ -604,7 +604,7 @@ TEST(MemoryPlan, PredictsTheMeasuredH200LoraPeaks) {
   in.lora = LoraConfig{};  // rank 8, alpha 32, dropout 0.05, every linear: the bench's options
   for (const auto& [policy, measured] : {std::pair{Recompute::none, 62.0}, std::pair{Recompute::full, 25.0}}) {
     in.recompute = policy;
-    EXPECT_NEAR(plan_gib(in), measured, 0.1 * measured) << recompute_name(policy);
+    EXPECT_NEAR(plan_gib(in), measured, 0.1 * measured) << enum_name(policy);
   }
 }
 
@@ -657,8 +657,7 @@ TEST(MemoryPlan, LoraTermsAreTheHandCountedBytes) {
     EXPECT_EQ(plan_row(lora, same), plan_row(plain, same)) << same;
   EXPECT_LT(lora.total, plain.total);
   // Full training on one GPU also keeps the embedding's deferred rows: a step per row and the step's rows.
-  EXPECT_EQ(plan_row(plain, "optimizer: deferred embedding rows (row steps, step rows)"),
-            8 * in.model.vocab_size);
+  EXPECT_EQ(plan_row(plain, "optimizer: deferred embedding rows (row steps, step rows)"), 8 * in.model.vocab_size);
   EXPECT_EQ(plain.total - lora.total, 2 * layout.total_numel() + 10 * layout.total_numel() + 8 * in.model.vocab_size -
                                           16 * kTinyRank4Adapters - 2 * kTinyRank4Activations);
   in.lora->dropout = 0;  // no scratch: the adapters see x itself

@@ -303,7 +303,7 @@ Status read_merged_units(const CheckpointInfo& info, const LoraBaseSource& base,
 }  // namespace
 
 Result<std::string> run_export(const CliOptions& o) {
-  const HfLayout format = o.export_format == "chatglm" ? HfLayout::chatglm : HfLayout::glm;
+  const HfLayout format = o.export_format;
   GLM_ASSIGN_OR_RETURN(const uint64_t max_shard_bytes, parse_byte_size(o.max_shard_size));
   GLM_ASSIGN_OR_RETURN(const std::string ckpt, resolve_export_checkpoint(o.ckpt_dir));
   GLM_ASSIGN_OR_RETURN(const CheckpointInfo info, read_checkpoint_info(ckpt));

@@ -4,12 +4,15 @@
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
+#include "base/enum_names.h"
 #include "cli/ini_file.h"
 #include "io/durable_file.h"
 #include "io/hf_export.h"
@@ -32,7 +35,68 @@ std::string show(const T& v) {
   return s.str();
 }
 
-// The option table: each option is registered once with its default, help and a JSON getter.
+std::string strip_dashes(std::string s) {
+  while (!s.empty() && s.front() == '-') s.erase(s.begin());
+  return s;
+}
+
+// DeepSpeed writes sizes as 5e8 or 500000000: a whole number of elements, plain or in e-notation.
+Result<int64_t> parse_element_count(const std::string& text, bool allow_zero) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(value) || value != std::floor(value) || value < 0 ||
+      value > 4e18 || (value == 0 && !allow_zero))
+    return GLM_USER_ERROR("not an element count");
+  return static_cast<int64_t>(value);
+}
+
+struct Sources {
+  std::string config_file;
+  std::map<std::string, int> config_lines;  // key -> line (last occurrence)
+  std::map<std::string, bool> command_line;
+  std::string where(const std::string& name) const {
+    if (command_line.count(name)) return concat("--", name);
+    auto it = config_lines.find(name);
+    if (it != config_lines.end()) return concat(config_file, ":", it->second, ": ", name);
+    return concat("--", name);
+  }
+};
+
+Status check(bool ok, const Sources& src, const std::string& name, const std::string& requirement) {
+  if (ok) return Status::ok();
+  return GLM_USER_ERROR(src.where(name), " ", requirement);
+}
+
+// An element count as DeepSpeed's configs show it: 5e8, 1e5; other values in full.
+std::string count_text(int64_t v) {
+  int exponent = 0;
+  int64_t mantissa = v;
+  while (mantissa >= 10 && mantissa % 10 == 0) {
+    mantissa /= 10;
+    ++exponent;
+  }
+  return exponent >= 3 && mantissa < 10 ? concat(mantissa, "e", exponent) : std::to_string(v);
+}
+
+// What an element-count option accepts: zero or not, and a word that stands for a value (auto, inf).
+struct CountRule {
+  bool allow_zero = false;
+  const char* word = nullptr;
+  int64_t word_value = 0;
+  const char* requirement = "";  // for the message: "must be <requirement>, got '...'"
+};
+
+constexpr std::pair<DType, std::string_view> kReduceDTypes[] = {{DType::f32, "fp32"}, {DType::bf16, "bf16"}};
+
+// The option table: each option is registered once, with its target field (whose value before
+// parsing is the default), help and a JSON getter. Enums and element counts are typed as well:
+// Boost reads their text, resolve() turns it into the field's value or says where it was set and
+// what it must be.
 class OptionTable {
  public:
   explicit OptionTable(CliOptions& o) : o_(o) { build(); }
@@ -42,12 +106,65 @@ class OptionTable {
     for (const auto& [name, get] : getters_) j[name] = get();
     return j;
   }
+  Status resolve(const Sources& src) const {
+    for (const Typed& t : typed_) {
+      const std::string failed = t.assign(t.text);
+      if (!failed.empty()) return GLM_USER_ERROR(src.where(t.name), " ", failed);
+    }
+    return Status::ok();
+  }
 
  private:
+  struct Typed {
+    std::string name;
+    std::string text;
+    std::function<std::string(const std::string&)> assign;  // "" or the requirement the text failed
+    std::function<nlohmann::json()> value;
+  };
+
   template <typename T>
   void add(po::options_description& group, const char* name, T* target, const char* help) {
     group.add_options()(name, po::value<T>(target)->default_value(*target, show(*target)), help);
     getters_.emplace_back(name, [target] { return nlohmann::json(*target); });
+  }
+
+  Typed& add_typed(po::options_description& group, const char* name, std::string default_text, const char* help) {
+    Typed& t = typed_.emplace_back(Typed{name, std::move(default_text), {}, {}});
+    group.add_options()(name, po::value<std::string>(&t.text)->default_value(t.text), help);
+    getters_.emplace_back(name, [&t] { return t.value(); });
+    return t;
+  }
+
+  template <typename E>
+  void add_enum(po::options_description& group, const char* name, E* target, const char* help,
+                EnumTable<E> table = EnumNames<E>::table) {
+    Typed& t = add_typed(group, name, std::string(enum_name(*target, table)), help);
+    t.assign = [target, table](const std::string& text) {
+      const std::optional<E> value = enum_from_name(text, table);
+      if (!value) return concat("must be ", enum_choices(table), ", got '", text, "'");
+      *target = *value;
+      return std::string();
+    };
+    t.value = [target, table] { return nlohmann::json(std::string(enum_name(*target, table))); };
+  }
+
+  void add_count(po::options_description& group, const char* name, int64_t* target, CountRule rule, const char* help) {
+    const bool word = rule.word != nullptr && *target == rule.word_value;
+    Typed& t = add_typed(group, name, word ? rule.word : count_text(*target), help);
+    t.assign = [target, rule](const std::string& text) {
+      if (rule.word != nullptr && text == rule.word) {
+        *target = rule.word_value;
+        return std::string();
+      }
+      auto n = parse_element_count(text, rule.allow_zero);
+      if (!n.is_ok()) return concat("must be ", rule.requirement, ", got '", text, "'");
+      *target = n.value();
+      return std::string();
+    };
+    t.value = [target, rule] {
+      if (rule.word != nullptr && *target == rule.word_value) return nlohmann::json(rule.word);
+      return nlohmann::json(*target);
+    };
   }
 
   void build() {
@@ -81,7 +198,7 @@ class OptionTable {
     general.add_options()("help,h", "print this help and exit")(
         "config", po::value<std::string>(&o_.config_file)->value_name("FILE"),
         "INI file of option defaults (key = value per line); the command line overrides it");
-    add(general, "device", &o_.device, "backend: auto (cuda when a GPU and the CUDA backend exist), cpu or cuda");
+    add_enum(general, "device", &o_.device, "backend: auto (cuda when a GPU and the CUDA backend exist), cpu or cuda");
     add(general, "model_id_or_path", &o_.model_id_or_path,
         "Hugging Face model directory (config.json + safetensors, layout glm or chatglm) to start from");
     add(general, "output_dir", &t.output_dir,
@@ -89,8 +206,8 @@ class OptionTable {
         "go");
     add(general, "seed", &t.seed, "seed for initialisation and data shuffling");
     add(general, "logging_steps", &t.logging_steps, "log every N optimizer steps (and the last)");
-    add(general, "save_strategy", &t.save_strategy,
-        "steps: save output_dir/checkpoint-N every --save_steps and at the end; no: never");
+    add_enum(general, "save_strategy", &t.save_strategy,
+             "steps: save output_dir/checkpoint-N every --save_steps and at the end; no: never");
     add(general, "save_steps", &t.save_steps, "optimizer steps between checkpoints");
     add(general, "save_total_limit", &t.save_total_limit, "keep the newest N checkpoints; <= 0 keeps all");
     add(general, "resume_from_checkpoint", &t.resume_from_checkpoint,
@@ -137,8 +254,8 @@ class OptionTable {
         "~/.cache/glm_hpc/datasets) and map them again while the files' contents, the tokenizer, the data options "
         "and the glm_hpc binary are unchanged");
     add(data, "max_length", &t.max_length, "longest sample in tokens; longer samples are deleted");
-    add(data, "truncation_strategy", &t.truncation_strategy,
-        "samples over max_length: delete, left (keep the last tokens) or right (keep the first)");
+    add_enum(data, "truncation_strategy", &t.truncation_strategy,
+             "samples over max_length: delete, left (keep the last tokens) or right (keep the first)");
     data.add_options()(
         "val_dataset",
         po::value<std::vector<std::string>>(&o_.val_datasets)->multitoken()->composing()->value_name("FILE..."),
@@ -146,14 +263,14 @@ class OptionTable {
     getters_.emplace_back("val_dataset", [this] { return nlohmann::json(o_.val_datasets); });
     add(data, "split_dataset_ratio", &o_.split_dataset_ratio,
         "without --val_dataset: share of --dataset held out for validation (seeded)");
-    add(data, "loss_scale", &t.loss_scale,
-        "trained tokens: default (every assistant turn), last_round (the last one) or all");
+    add_enum(data, "loss_scale", &t.loss_scale,
+             "trained tokens: default (every assistant turn), last_round (the last one) or all");
     add(data, "system", &t.system, "system prompt for conversations that have none");
     add(data, "packing", &t.packing,
         "true: bin-pack whole samples into rows of up to max_length tokens (each keeps its own positions and "
         "attention); a row then counts as one sample for batch sizes and steps per epoch");
-    add(data, "on_bad_sample", &t.on_bad_sample,
-        "error: report every bad line (file:line) and stop; skip: drop them, report the count");
+    add_enum(data, "on_bad_sample", &t.on_bad_sample,
+             "error: report every bad line (file:line) and stop; skip: drop them, report the count");
 
     po::options_description train("Training (transformers TrainingArguments names)");
     add(train, "per_device_train_batch_size", &t.per_device_train_batch_size, "samples per rank per micro-batch");
@@ -161,7 +278,8 @@ class OptionTable {
     add(train, "max_steps", &t.max_steps, "optimizer steps; -1 = num_train_epochs over the dataset");
     add(train, "num_train_epochs", &t.num_train_epochs, "epochs when max_steps is -1");
     add(train, "learning_rate", &t.learning_rate, "peak learning rate");
-    add(train, "lr_scheduler_type", &t.lr_scheduler_type, "cosine, linear or constant_with_warmup");
+    add_enum(train, "lr_scheduler_type", &t.lr_scheduler_type,
+             "cosine, linear or constant_with_warmup (constant: the same, transformers' other name)");
     add(train, "warmup_ratio", &t.warmup_ratio, "fraction of steps of linear warmup");
     add(train, "warmup_steps", &t.warmup_steps, "warmup steps (overrides warmup_ratio when > 0)");
     add(train, "weight_decay", &t.weight_decay, "decoupled AdamW weight decay (not on norms and biases)");
@@ -172,40 +290,50 @@ class OptionTable {
     add(train, "eval_steps", &t.eval_steps, "evaluate the validation set every N steps and at the end; 0 = never");
     add(train, "zero_stage", &t.zero_stage,
         "ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over ranks");
-    add(train, "recompute", &o_.recompute,
-        "activation recomputation: none, selective (RMSNorm and SwiGLU outputs recomputed) or full (each layer "
-        "recomputed from its input before its backward)");
+    add_enum(train, "recompute", &t.recompute,
+             "activation recomputation: none, selective (RMSNorm and SwiGLU outputs recomputed) or full (each layer "
+             "recomputed from its input before its backward)");
     add(train, "gradient_checkpointing", &o_.gradient_checkpointing,
         "true is --recompute full (the transformers/ms-swift name)");
-    add(train, "reduce_bucket_size", &o_.reduce_bucket_size,
+    ZeroOptions& z = t.zero_options;
+    z.param_persistence_threshold = ZeroOptions::kDeepSpeedParamPersistenceThreshold;
+    add_count(
+        train, "reduce_bucket_size", &z.reduce_bucket_size,
+        {false, "auto", ZeroOptions::kAutoBucketSize, "a positive element count (5e8, 500000000) or auto"},
         "ZeRO gradient bucket in elements (DeepSpeed's name; 5e8 or 500000000): consecutive layers' gradients are "
         "reduced in one collective up to this size, a larger layer alone; auto: the knee of the bus-bandwidth curve "
         "(90% of its plateau), from --comm_profile or measured at start");
-    add(train, "allgather_bucket_size", &o_.allgather_bucket_size,
-        "ZeRO-1/2 parameter all-gather bucket in elements after the optimizer step");
-    add(train, "overlap_comm", &t.zero_options.overlap_comm,
+    add_count(train, "allgather_bucket_size", &z.allgather_bucket_size,
+              {false, nullptr, 0, "a positive element count (5e8, 500000000)"},
+              "ZeRO-1/2 parameter all-gather bucket in elements after the optimizer step");
+    add(train, "overlap_comm", &z.overlap_comm,
         "true: start each bucket's collective as soon as it is complete, overlapping backward, the optimizer and "
         "the next layer's forward; false: after its producer, one at a time (a baseline)");
-    add(train, "prefetch_bucket_size", &o_.prefetch_bucket_size,
-        "ZeRO-3: gather the next layer ahead while the current one computes when it has at most this many "
-        "elements (one layer ahead at most); 0 disables prefetching");
-    add(train, "param_persistence_threshold", &o_.param_persistence_threshold,
-        "ZeRO-3: tensors of at most this many elements (DeepSpeed's stage3_param_persistence_threshold; 1e5 or "
-        "100000) are not partitioned: every rank keeps them whole for the whole run, never gathered per layer; "
-        "their gradients and optimizer state stay sharded and one all-gather after each optimizer step refreshes "
-        "them. 0: every tensor partitioned. No effect at stages 0-2");
-    add(train, "model_persistence_threshold", &o_.model_persistence_threshold,
-        "ZeRO-3: at most this many persistent elements in all (DeepSpeed's stage3_model_persistence_threshold: "
-        "tensors taken in layout order, one that would pass it stays partitioned); inf: no limit. No effect at "
-        "stages 0-2");
-    add(train, "grad_reduce_dtype", &o_.grad_reduce_dtype,
+    add_count(train, "prefetch_bucket_size", &z.prefetch_bucket_size,
+              {true, nullptr, 0, "an element count >= 0 (5e8, 0 = no prefetch)"},
+              "ZeRO-3: gather the next layer ahead while the current one computes when it has at most this many "
+              "elements (one layer ahead at most); 0 disables prefetching");
+    add_count(train, "param_persistence_threshold", &z.param_persistence_threshold,
+              {true, nullptr, 0, "an element count >= 0 (1e5, 100000; 0 = every tensor partitioned)"},
+              "ZeRO-3: tensors of at most this many elements (DeepSpeed's stage3_param_persistence_threshold; 1e5 or "
+              "100000) are not partitioned: every rank keeps them whole for the whole run, never gathered per layer; "
+              "their gradients and optimizer state stay sharded and one all-gather after each optimizer step refreshes "
+              "them. 0: every tensor partitioned. No effect at stages 0-2");
+    add_count(train, "model_persistence_threshold", &z.model_persistence_threshold,
+              {true, "inf", PersistencePolicy::kUnlimited, "an element count >= 0 (1e6, 1000000) or inf"},
+              "ZeRO-3: at most this many persistent elements in all (DeepSpeed's stage3_model_persistence_threshold: "
+              "tensors taken in layout order, one that would pass it stays partitioned); inf: no limit. No effect at "
+              "stages 0-2");
+    add_enum<DType>(
+        train, "grad_reduce_dtype", &z.grad_reduce_dtype,
         "dtype gradients are reduced in: fp32 (PyTorch FSDP2's reduce_dtype=float32; over exactly two GPUs it "
-        "travels as bf16, which gives the same bits) or bf16 (half the traffic)");
+        "travels as bf16, which gives the same bits) or bf16 (half the traffic)",
+        kReduceDTypes);
     add(train, "comm_profile", &t.comm_profile,
         "bench_comm --json file that --reduce_bucket_size auto reads instead of measuring at start");
     po::options_description tuner("Fine-tuning method (ms-swift names)");
-    add(tuner, "train_type", &t.train_type,
-        "full: train every parameter; lora: freeze the base model and train LoRA adapters on its linears");
+    add_enum(tuner, "train_type", &t.train_type,
+             "full: train every parameter; lora: freeze the base model and train LoRA adapters on its linears");
     add(tuner, "lora_rank", &t.lora.rank, "LoRA rank r");
     add(tuner, "lora_alpha", &t.lora.alpha, "LoRA alpha: the adapter output is scaled by alpha / r");
     add(tuner, "lora_dropout", &t.lora.dropout,
@@ -227,9 +355,9 @@ class OptionTable {
     add(hf_export, "ckpt_dir", &o_.ckpt_dir,
         "the checkpoint to export: a checkpoint-N directory, or an --output_dir (its latest checkpoint)");
     add(hf_export, "save_dir", &o_.save_dir, "the model directory to write (created; written whole or not at all)");
-    add(hf_export, "export_format", &o_.export_format,
-        "hf: transformers GlmForCausalLM (model_type glm); chatglm: the THUDM layout (model_type chatglm, "
-        "fused query_key_value, trust_remote_code)");
+    add_enum(hf_export, "export_format", &o_.export_format,
+             "hf: transformers GlmForCausalLM (model_type glm); chatglm: the THUDM layout (model_type chatglm, "
+             "fused query_key_value, trust_remote_code)");
     add(hf_export, "max_shard_size", &o_.max_shard_size,
         "largest safetensors shard: 5GB, 500MB, 2GiB or bytes, as transformers' save_pretrained");
     add(hf_export, "tokenizer_dir", &o_.tokenizer_dir,
@@ -254,12 +382,12 @@ class OptionTable {
     add(kernels, "optimizer_side_sms", &o_.backend.optimizer_side_sms,
         "CUDA: SMs left to the optimizer while it runs beside backward (GEMMs are planned for the rest; at most a "
         "quarter of the GPU); 0: GEMMs use every SM");
-    add(kernels, "gemm_autotune", &o_.gemm_autotune,
-        "CUDA: off (cuBLASLt's first heuristic), large (time cuBLASLt's candidates for large GEMM shapes at the "
-        "first call and keep the fastest) or all (every shape)");
-    add(kernels, "attention_kernel", &o_.attention_kernel,
-        "CUDA: auto (Hopper's wgmma flash attention on sm_90 at head_dim 128, else the mma.sync one) or mma "
-        "(the mma.sync kernels everywhere)");
+    add_enum(kernels, "gemm_autotune", &o_.backend.gemm_autotune,
+             "CUDA: off (cuBLASLt's first heuristic), large (time cuBLASLt's candidates for large GEMM shapes at the "
+             "first call and keep the fastest) or all (every shape)");
+    add_enum(kernels, "attention_kernel", &o_.backend.attention_kernel,
+             "CUDA: auto (Hopper's wgmma flash attention on sm_90 at head_dim 128, else the mma.sync one) or mma "
+             "(the mma.sync kernels everywhere)");
     add(kernels, "lm_head_scratch_mb", &o_.lm_head_scratch_mb,
         "CUDA: MiB of bf16 logits the fused lm_head + cross-entropy holds at once (it runs in chunks of rows that "
         "fit)");
@@ -274,6 +402,7 @@ class OptionTable {
   CliOptions& o_;
   po::options_description all_{"glm_hpc options", 100, 50};
   std::vector<std::pair<std::string, std::function<nlohmann::json()>>> getters_;
+  std::deque<Typed> typed_;  // a deque: Boost and the getters keep pointers to its elements
 };
 
 constexpr const char* kModelShapeOptions[] = {"vocab_size",
@@ -289,57 +418,12 @@ constexpr const char* kModelShapeOptions[] = {"vocab_size",
                                               "partial_rotary_factor",
                                               "rms_norm_eps"};
 
-std::string strip_dashes(std::string s) {
-  while (!s.empty() && s.front() == '-') s.erase(s.begin());
-  return s;
-}
-
-// DeepSpeed writes sizes as 5e8 or 500000000: a whole number of elements, plain or in e-notation.
-Result<int64_t> parse_element_count(const std::string& text, bool allow_zero) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !std::isfinite(value) || value != std::floor(value) || value < 0 ||
-      value > 4e18 || (value == 0 && !allow_zero))
-    return GLM_USER_ERROR("not an element count");
-  return static_cast<int64_t>(value);
-}
-
-struct Sources {
-  std::string config_file;
-  std::map<std::string, int> config_lines;  // key -> line (last occurrence)
-  std::map<std::string, bool> command_line;
-  std::string where(const std::string& name) const {
-    if (command_line.count(name)) return concat("--", name);
-    auto it = config_lines.find(name);
-    if (it != config_lines.end()) return concat(config_file, ":", it->second, ": ", name);
-    return concat("--", name);
-  }
-};
-
-Status check(bool ok, const Sources& src, const std::string& name, const std::string& requirement) {
-  if (ok) return Status::ok();
-  return GLM_USER_ERROR(src.where(name), " ", requirement);
-}
-
 Status validate_performance(CliOptions& o, const Sources& src) {
   TrainConfig& t = o.train;
   BackendConfig& b = o.backend;
   GLM_RETURN_IF_ERROR(check(t.defer_embedding_rows >= 0 && t.defer_embedding_rows <= 64, src, "defer_embedding_rows",
                             "must be in [0, 64]"));
   GLM_RETURN_IF_ERROR(check(b.optimizer_side_sms >= 0, src, "optimizer_side_sms", "must be >= 0"));
-  GLM_RETURN_IF_ERROR(check(o.gemm_autotune == "off" || o.gemm_autotune == "large" || o.gemm_autotune == "all", src,
-                            "gemm_autotune", "must be off, large or all, got '" + o.gemm_autotune + "'"));
-  b.gemm_autotune = o.gemm_autotune == "all"     ? GemmAutotune::all
-                    : o.gemm_autotune == "large" ? GemmAutotune::large
-                                                 : GemmAutotune::off;
-  GLM_RETURN_IF_ERROR(check(o.attention_kernel == "auto" || o.attention_kernel == "mma", src, "attention_kernel",
-                            "must be auto or mma, got '" + o.attention_kernel + "'"));
-  b.attention_kernel = o.attention_kernel == "mma" ? AttentionKernel::mma : AttentionKernel::auto_select;
   GLM_RETURN_IF_ERROR(check(o.lm_head_scratch_mb >= 1 && o.lm_head_scratch_mb <= (int64_t{1} << 30), src,
                             "lm_head_scratch_mb", "must be a positive number of MiB"));
   b.lm_head_scratch_bytes = o.lm_head_scratch_mb << 20;
@@ -349,8 +433,6 @@ Status validate_performance(CliOptions& o, const Sources& src) {
 
 Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) {
   TrainConfig& t = o.train;
-  GLM_RETURN_IF_ERROR(check(o.device == "auto" || o.device == "cpu" || o.device == "cuda", src, "device",
-                            "must be auto, cpu or cuda, got '" + o.device + "'"));
   GLM_RETURN_IF_ERROR(check(t.per_device_train_batch_size >= 1, src, "per_device_train_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(t.gradient_accumulation_steps >= 1, src, "gradient_accumulation_steps", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(t.max_steps == -1 || t.max_steps > 0, src, "max_steps", "must be -1 or positive"));
@@ -365,14 +447,10 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(t.adam_beta2 >= 0 && t.adam_beta2 < 1, src, "adam_beta2", "must be in [0, 1)"));
   GLM_RETURN_IF_ERROR(check(t.adam_epsilon > 0, src, "adam_epsilon", "must be positive"));
   GLM_RETURN_IF_ERROR(check(t.logging_steps >= 0, src, "logging_steps", "must be >= 0"));
-  GLM_RETURN_IF_ERROR(check(t.save_strategy == "steps" || t.save_strategy == "no", src, "save_strategy",
-                            "must be steps or no, got '" + t.save_strategy + "'"));
   GLM_RETURN_IF_ERROR(check(t.save_steps >= 1, src, "save_steps", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(!t.resume_only_model || !t.resume_from_checkpoint.empty(), src, "resume_only_model",
                             "needs --resume_from_checkpoint (the checkpoint whose weights to load)"));
   GLM_RETURN_IF_ERROR(check(t.zero_stage >= 0 && t.zero_stage <= 3, src, "zero_stage", "must be 0, 1, 2 or 3"));
-  GLM_RETURN_IF_ERROR(check(t.train_type == "full" || t.train_type == "lora", src, "train_type",
-                            "must be full or lora, got '" + t.train_type + "'"));
   {
     auto targets = parse_lora_targets(o.target_modules);
     if (!targets.is_ok()) return GLM_USER_ERROR(src.where("target_modules"), ": ", targets.status().message());
@@ -385,68 +463,18 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(o.collective_timeout > 0, src, "collective_timeout", "must be positive"));
   GLM_RETURN_IF_ERROR(validate_performance(o, src));
   {
-    auto policy = parse_recompute(o.recompute);
-    GLM_RETURN_IF_ERROR(
-        check(policy.is_ok(), src, "recompute", "must be none, selective or full, got '" + o.recompute + "'"));
-    t.recompute = policy.value();
     const bool explicit_policy = src.command_line.count("recompute") || src.config_lines.count("recompute");
     GLM_RETURN_IF_ERROR(check(!o.gradient_checkpointing || !explicit_policy || t.recompute == Recompute::full, src,
-                              "gradient_checkpointing", "true contradicts --recompute " + o.recompute));
+                              "gradient_checkpointing",
+                              concat("true contradicts --recompute ", enum_name(t.recompute))));
     if (o.gradient_checkpointing) t.recompute = Recompute::full;
   }
   {
-    ZeroOptions& z = t.zero_options;
-    if (o.reduce_bucket_size == "auto") {
-      z.reduce_bucket_size = ZeroOptions::kAutoBucketSize;
-    } else {
-      auto n = parse_element_count(o.reduce_bucket_size, false);
-      GLM_RETURN_IF_ERROR(
-          check(n.is_ok(), src, "reduce_bucket_size",
-                "must be a positive element count (5e8, 500000000) or auto, got '" + o.reduce_bucket_size + "'"));
-      z.reduce_bucket_size = n.value();
-    }
-    auto gather = parse_element_count(o.allgather_bucket_size, false);
-    GLM_RETURN_IF_ERROR(
-        check(gather.is_ok(), src, "allgather_bucket_size",
-              "must be a positive element count (5e8, 500000000), got '" + o.allgather_bucket_size + "'"));
-    z.allgather_bucket_size = gather.value();
-    auto prefetch = parse_element_count(o.prefetch_bucket_size, true);
-    GLM_RETURN_IF_ERROR(
-        check(prefetch.is_ok(), src, "prefetch_bucket_size",
-              "must be an element count >= 0 (5e8, 0 = no prefetch), got '" + o.prefetch_bucket_size + "'"));
-    z.prefetch_bucket_size = prefetch.value();
-    auto persist = parse_element_count(o.param_persistence_threshold, true);
-    GLM_RETURN_IF_ERROR(check(persist.is_ok(), src, "param_persistence_threshold",
-                              "must be an element count >= 0 (1e5, 100000; 0 = every tensor partitioned), got '" +
-                                  o.param_persistence_threshold + "'"));
-    z.param_persistence_threshold = persist.value();
-    if (o.model_persistence_threshold == "inf") {
-      z.model_persistence_threshold = PersistencePolicy::kUnlimited;
-    } else {
-      auto budget = parse_element_count(o.model_persistence_threshold, true);
-      GLM_RETURN_IF_ERROR(
-          check(budget.is_ok(), src, "model_persistence_threshold",
-                "must be an element count >= 0 (1e6, 1000000) or inf, got '" + o.model_persistence_threshold + "'"));
-      z.model_persistence_threshold = budget.value();
-    }
-    GLM_RETURN_IF_ERROR(check(o.grad_reduce_dtype == "fp32" || o.grad_reduce_dtype == "bf16", src, "grad_reduce_dtype",
-                              "must be fp32 or bf16, got '" + o.grad_reduce_dtype + "'"));
-    z.grad_reduce_dtype = o.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+    const ZeroOptions& z = t.zero_options;
     GLM_RETURN_IF_ERROR(check(t.comm_profile.empty() || z.reduce_bucket_size == ZeroOptions::kAutoBucketSize, src,
                               "comm_profile", "is only read by --reduce_bucket_size auto"));
   }
-  GLM_RETURN_IF_ERROR(check(t.lr_scheduler_type == "cosine" || t.lr_scheduler_type == "linear" ||
-                                t.lr_scheduler_type == "constant_with_warmup" || t.lr_scheduler_type == "constant",
-                            src, "lr_scheduler_type",
-                            "must be cosine, linear or constant_with_warmup, got '" + t.lr_scheduler_type + "'"));
   GLM_RETURN_IF_ERROR(check(!t.datasets.empty(), src, "dataset", "needs at least one file"));
-  GLM_RETURN_IF_ERROR(
-      check(t.truncation_strategy == "delete" || t.truncation_strategy == "left" || t.truncation_strategy == "right",
-            src, "truncation_strategy", "must be delete, left or right, got '" + t.truncation_strategy + "'"));
-  GLM_RETURN_IF_ERROR(check(t.loss_scale == "default" || t.loss_scale == "last_round" || t.loss_scale == "all", src,
-                            "loss_scale", "must be default, last_round or all, got '" + t.loss_scale + "'"));
-  GLM_RETURN_IF_ERROR(check(t.on_bad_sample == "error" || t.on_bad_sample == "skip", src, "on_bad_sample",
-                            "must be error or skip, got '" + t.on_bad_sample + "'"));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.print_example >= -1, src, "print_example", "must be a sample index, or -1 for none"));
@@ -463,8 +491,6 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   if (o.command == "export") {
     GLM_RETURN_IF_ERROR(check(!o.ckpt_dir.empty(), src, "ckpt_dir", "is required by 'glm_hpc export'"));
     GLM_RETURN_IF_ERROR(check(!o.save_dir.empty(), src, "save_dir", "is required by 'glm_hpc export'"));
-    GLM_RETURN_IF_ERROR(check(o.export_format == "hf" || o.export_format == "chatglm", src, "export_format",
-                              "must be hf or chatglm, got '" + o.export_format + "'"));
     auto shard = parse_byte_size(o.max_shard_size);
     if (!shard.is_ok()) return GLM_USER_ERROR(src.where("max_shard_size"), " ", shard.status().message());
   }
@@ -585,6 +611,7 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   } catch (const po::error& e) {
     return GLM_USER_ERROR(e.what());
   }
+  GLM_RETURN_IF_ERROR(table.resolve(src));
   GLM_RETURN_IF_ERROR(validate(o, src, vm));
 
   nlohmann::json values = table.values();

@@ -4,18 +4,31 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <utility>
 
+#include "base/enum_names.h"
 #include "base/status.h"
+#include "io/hf_import.h"
 #include "model/backend_config.h"
 #include "train/train_config.h"
 
 namespace glm {
 
+// --device: cuda when a GPU and the CUDA backend exist (auto), or the one named.
+enum class Device { auto_select, cpu, cuda };
+
+template <>
+struct EnumNames<Device> {
+  static constexpr std::pair<Device, std::string_view> table[] = {
+      {Device::auto_select, "auto"}, {Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
+};
+
 struct CliOptions {
   std::string command = "train";
   bool help = false;
   std::string config_file;
-  std::string device = "auto";
+  Device device = Device::auto_select;
   double collective_timeout = 600.0;
   std::string model_id_or_path;
   int64_t per_device_eval_batch_size = 8;
@@ -26,28 +39,18 @@ struct CliOptions {
   int64_t print_example = -1;             // glm_hpc prepare: the sample to print with trained tokens marked
   std::string tokenizer = "auto";         // --tokenizer: auto, bytes, or a rank file / model directory
   bool dataset_cache = true;              // --dataset_cache: reuse tokenized jsonl (data/dataset_cache.h)
-  std::string recompute = "none";         // --recompute, parsed into train.recompute
   bool gradient_checkpointing = false;    // transformers' name for --recompute full
   // glm_hpc export: a checkpoint to a Hugging Face model directory (src/cli/export.h).
-  std::string ckpt_dir;                // a checkpoint, or an output directory (its latest)
-  std::string save_dir;                // where the model directory goes
-  std::string export_format = "hf";    // hf (transformers GlmForCausalLM) or chatglm (THUDM layout)
-  std::string max_shard_size = "5GB";  // transformers' spellings: 5GB, 500MB, 2GiB, bytes
-  std::string tokenizer_dir;           // tokenizer files to copy; empty: the checkpoint's run's
-  bool overwrite = false;              // replace a non-empty save_dir
-  bool merge_lora = false;             // a LoRA checkpoint: base + adapters merged, not PEFT's adapter files
-  // ZeRO communication (DeepSpeed names, element counts such as 5e8), parsed into train.zero_options.
-  std::string reduce_bucket_size = "5e8";  // or auto
-  std::string allgather_bucket_size = "5e8";
-  std::string prefetch_bucket_size = "5e8";
-  std::string grad_reduce_dtype = "fp32";
-  std::string param_persistence_threshold = "1e5";  // DeepSpeed's default
-  std::string model_persistence_threshold = "inf";  // DeepSpeed's default: sys.maxsize
-  std::string target_modules = "all-linear";        // --target_modules, parsed into train.lora.targets
-  // Kernels and the device backend (BackendConfig), parsed from these strings.
-  std::string gemm_autotune = "off";
-  std::string attention_kernel = "auto";
-  int64_t lm_head_scratch_mb = 2048;
+  std::string ckpt_dir;                       // a checkpoint, or an output directory (its latest)
+  std::string save_dir;                       // where the model directory goes
+  HfLayout export_format = HfLayout::glm;     // hf (transformers GlmForCausalLM) or chatglm (THUDM layout)
+  std::string max_shard_size = "5GB";         // transformers' spellings: 5GB, 500MB, 2GiB, bytes
+  std::string tokenizer_dir;                  // tokenizer files to copy; empty: the checkpoint's run's
+  bool overwrite = false;                     // replace a non-empty save_dir
+  bool merge_lora = false;                    // a LoRA checkpoint: base + adapters merged, not PEFT's adapter files
+  std::string target_modules = "all-linear";  // --target_modules, parsed into train.lora.targets
+  int64_t lm_head_scratch_mb =
+      BackendConfig{}.lm_head_scratch_bytes >> 20;  // --lm_head_scratch_mb, into backend.lm_head_scratch_bytes
   BackendConfig backend;
   TrainConfig train;
   // Effective options: {"name": {"value": ..., "source": "default" | "config" | "command_line"}}.

@@ -104,7 +104,7 @@ Result<std::string> write_prepared(const CliOptions& options, const Dataset& dat
   PrepareInfo info;
   info.datasets = t.datasets;
   info.max_length = t.max_length;
-  info.truncation_strategy = t.truncation_strategy;
+  info.truncation = t.truncation_strategy;
   info.loss_scale = t.loss_scale;
   info.system = t.system;
   if (tokenizer != nullptr) {

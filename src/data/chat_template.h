@@ -4,8 +4,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "data/tokenizer.h"
 
 namespace glm {
@@ -23,6 +26,12 @@ struct Message {
 // Which turns are trained (ms-swift's --loss_scale): every assistant turn (default), only the last
 // one (last_round), or every token of the conversation (all).
 enum class LossScale { assistant, last_round, all };
+
+template <>
+struct EnumNames<LossScale> {
+  static constexpr std::pair<LossScale, std::string_view> table[] = {
+      {LossScale::assistant, "default"}, {LossScale::last_round, "last_round"}, {LossScale::all, "all"}};
+};
 
 struct Conversation {
   std::vector<Message> messages;

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "base/counter_rng.h"
 #include "data/conversation_reader.h"
 #include "data/token_shards.h"
-#include "base/counter_rng.h"
 
 namespace glm {
 namespace {
@@ -76,7 +76,7 @@ SampleView Dataset::sample(int64_t i) const {
 }
 
 std::string DatasetReport::describe() const {
-  return concat("dataset ", kept, " of ", read, " samples kept (max_length ", max_length, ", ", truncation_strategy,
+  return concat("dataset ", kept, " of ", read, " samples kept (max_length ", max_length, ", ", enum_name(truncation),
                 ": ", deleted_too_long, " deleted, ", truncated, " truncated, ", deleted_no_target,
                 " left without trained tokens), ", tokens, " tokens, ", target_tokens, " trained; ", length_summary());
 }
@@ -104,9 +104,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
   }
   Dataset d;
   d.report.max_length = max_length;
-  d.report.truncation_strategy = truncation == Truncation::left    ? "left"
-                                 : truncation == Truncation::right ? "right"
-                                                                   : "delete";
+  d.report.truncation = truncation;
   static const ByteTokenizer unused;
   ChatTemplate chat(tokenizer != nullptr ? *tokenizer : unused);
   for (const auto& path : paths) {
@@ -245,7 +243,7 @@ void recount(Dataset& d) {
   DatasetReport r;
   r.read = d.size();
   r.max_length = d.report.max_length;
-  r.truncation_strategy = d.report.truncation_strategy;
+  r.truncation = d.report.truncation;
   for (int64_t i = 0; i < d.size(); ++i) {
     const SampleView s = d.sample(i);
     r.tokens += s.size();
@@ -279,7 +277,7 @@ Status split_dataset(Dataset& train, double ratio, uint64_t seed, Dataset& valid
   for (int64_t i = 0; i < held; ++i) held_out[static_cast<size_t>(order[static_cast<size_t>(i)])] = true;
   validation = Dataset();
   validation.report.max_length = train.report.max_length;
-  validation.report.truncation_strategy = train.report.truncation_strategy;
+  validation.report.truncation = train.report.truncation;
   if (train.mapped) {
     // Both parts select from the same mapped shards.
     std::vector<int64_t> keep_selection;

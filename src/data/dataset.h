@@ -7,16 +7,35 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "base/enum_names.h"
+#include "base/status.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
-#include "base/status.h"
 
 namespace glm {
 
 // What happens to a sample longer than max_length (ms-swift's truncation_strategy).
 enum class Truncation { remove, left, right };  // delete it, keep its last / first max_length tokens
+
+template <>
+struct EnumNames<Truncation> {
+  static constexpr std::pair<Truncation, std::string_view> table[] = {
+      {Truncation::remove, "delete"}, {Truncation::left, "left"}, {Truncation::right, "right"}};
+};
+
+// A line that cannot become a sample (--on_bad_sample): error lists every one with file:line and
+// fails the load; skip drops them and counts them in the report.
+enum class OnBadSample { error, skip };
+
+template <>
+struct EnumNames<OnBadSample> {
+  static constexpr std::pair<OnBadSample, std::string_view> table[] = {{OnBadSample::error, "error"},
+                                                                       {OnBadSample::skip, "skip"}};
+};
 
 struct DatasetReport {
   int64_t read = 0;
@@ -34,7 +53,7 @@ struct DatasetReport {
   std::string skipped_reasons;  // the first few, one per line with file:line
   // The length control that was applied (at prepare time for prepared shards).
   int64_t max_length = 0;
-  std::string truncation_strategy = "delete";
+  Truncation truncation = Truncation::remove;
   // The line train and prepare print at start: samples kept of read, what length control did,
   // tokens, trained tokens and length_summary().
   std::string describe() const;

@@ -97,8 +97,8 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
   PrepareInfo info;
   info.datasets = paths;
   info.max_length = o.max_length;
-  info.truncation_strategy = o.truncation_name;
-  info.loss_scale = o.loss_scale_name;
+  info.truncation = o.truncation;
+  info.loss_scale = o.conversation.loss_scale;
   info.system = o.conversation.system;
   if (o.tokenizer != nullptr) {
     info.tokenizer = o.tokenizer->source();

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "base/status.h"
 
 namespace glm {
 
@@ -23,7 +23,6 @@ struct DatasetLoadOptions {
   bool skip_bad = false;
   Truncation truncation = Truncation::remove;
   ConversationOptions conversation;
-  std::string loss_scale_name, truncation_name;  // as the options spell them, for the shard manifest
 };
 
 struct CachedDataset {

@@ -85,7 +85,7 @@ nlohmann::json report_to_json(const DatasetReport& r) {
           {"skipped_bad", r.skipped_bad},
           {"skipped_reasons", r.skipped_reasons},
           {"max_length", r.max_length},
-          {"truncation_strategy", r.truncation_strategy},
+          {"truncation_strategy", enum_name(r.truncation)},
           {"lengths", r.lengths}};
 }
 
@@ -218,8 +218,8 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
                              {"prepared_from",
                               {{"dataset", info.datasets},
                                {"max_length", info.max_length},
-                               {"truncation_strategy", info.truncation_strategy},
-                               {"loss_scale", info.loss_scale},
+                               {"truncation_strategy", enum_name(info.truncation)},
+                               {"loss_scale", enum_name(info.loss_scale)},
                                {"system", info.system},
                                {"tokenizer", info.tokenizer},
                                {"tokenizer_hash", info.tokenizer_hash}}},
@@ -374,7 +374,10 @@ Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size, const 
     d.report.skipped_bad = r.at("skipped_bad").get<int64_t>();
     d.report.skipped_reasons = r.at("skipped_reasons").get<std::string>();
     d.report.max_length = r.at("max_length").get<int64_t>();
-    d.report.truncation_strategy = r.at("truncation_strategy").get<std::string>();
+    const auto truncation = enum_from_name<Truncation>(r.at("truncation_strategy").get<std::string>());
+    if (!truncation)
+      return GLM_USER_ERROR("'", manifest_path, "': report.truncation_strategy is not ", enum_choices<Truncation>());
+    d.report.truncation = *truncation;
     d.report.lengths = r.at("lengths").get<std::vector<int64_t>>();
     const auto& from = m.at("prepared_from");
     std::string files;

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.h"
 #include "base/status.h"
+#include "data/dataset.h"
 
 namespace glm {
 
@@ -34,7 +34,9 @@ inline constexpr int64_t kDefaultShardTokens = int64_t{1} << 28;  // 2 GiB of to
 struct PrepareInfo {
   std::vector<std::string> datasets;
   int64_t max_length = 0;
-  std::string truncation_strategy, loss_scale, system;
+  Truncation truncation = Truncation::remove;
+  LossScale loss_scale = LossScale::assistant;
+  std::string system;
   // The tokenizer's source() and content_hash(); both empty when there was none (pre-tokenized).
   std::string tokenizer, tokenizer_hash;
 };

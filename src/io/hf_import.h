@@ -5,15 +5,25 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "base/enum_names.h"
+#include "base/status.h"
 #include "model/config.h"
 #include "model/param_layout.h"
-#include "base/status.h"
 
 namespace glm {
 
 enum class HfLayout { glm, chatglm };
+
+// As --export_format spells them.
+template <>
+struct EnumNames<HfLayout> {
+  static constexpr std::pair<HfLayout, std::string_view> table[] = {{HfLayout::glm, "hf"},
+                                                                    {HfLayout::chatglm, "chatglm"}};
+};
 
 struct HfModel {
   std::string dir;

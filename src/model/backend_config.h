@@ -3,11 +3,26 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
+
+#include "base/enum_names.h"
 
 namespace glm {
 
 enum class GemmAutotune { off, large, all };      // --gemm_autotune
 enum class AttentionKernel { auto_select, mma };  // --attention_kernel: auto or mma (mma.sync everywhere)
+
+template <>
+struct EnumNames<GemmAutotune> {
+  static constexpr std::pair<GemmAutotune, std::string_view> table[] = {
+      {GemmAutotune::off, "off"}, {GemmAutotune::large, "large"}, {GemmAutotune::all, "all"}};
+};
+template <>
+struct EnumNames<AttentionKernel> {
+  static constexpr std::pair<AttentionKernel, std::string_view> table[] = {{AttentionKernel::auto_select, "auto"},
+                                                                           {AttentionKernel::mma, "mma"}};
+};
 
 struct BackendConfig {
   // SMs left to the optimizer's side stream while it updates beside backward (GEMMs are planned for

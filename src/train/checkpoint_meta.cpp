@@ -47,7 +47,9 @@ std::vector<int64_t> unpadded_units(const ModelConfig& c) {
   return sizes;
 }
 
-std::string train_type_of(const TrainingEngine& engine) { return engine.lora_layout() != nullptr ? "lora" : "full"; }
+TrainType train_type_of(const TrainingEngine& engine) {
+  return engine.lora_layout() != nullptr ? TrainType::lora : TrainType::full;
+}
 
 nlohmann::json lora_json(const LoraConfig& c, int64_t numel) {
   std::vector<LoraTarget> sorted = c.targets;  // the order of --target_modules does not matter
@@ -80,7 +82,7 @@ nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const Checkpoi
                          {"model", model_shape_json(engine.config())},
                          {"model_config", model_config_json(engine.config())},
                          {"units", unpadded_units(engine.config())},
-                         {"train_type", train_type_of(engine)}};
+                         {"train_type", enum_name(train_type_of(engine))}};
   if (lora != nullptr) {
     meta["lora"] = lora_json(lora->config(), lora->total_numel());
     meta["base"] = base_json(state.base_model, state.seed, base_sum_squares);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "train/checkpoint.h"
+#include "train/train_config.h"
 
 namespace glm {
 
@@ -15,7 +16,7 @@ namespace glm {
 nlohmann::json model_shape_json(const ModelConfig& c);
 // The unit sizes without world-size padding: what a checkpoint must cover.
 std::vector<int64_t> unpadded_units(const ModelConfig& c);
-std::string train_type_of(const TrainingEngine& engine);  // "lora" or "full"
+TrainType train_type_of(const TrainingEngine& engine);
 nlohmann::json lora_json(const LoraConfig& c, int64_t numel);
 // The base a LoRA checkpoint's adapters were trained on.
 nlohmann::json base_json(const std::string& base_model, uint64_t seed, double sum_squares);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "train/checkpoint_meta.h"
 
@@ -67,14 +68,18 @@ Status check_lora_base(const nlohmann::json& base, const ResumeExpectation& expe
 // train_type, and for LoRA the adapters' configuration and the base, against this run's.
 Status check_training_kind(const nlohmann::json& m, const TrainingEngine& engine, const ResumeExpectation& expect,
                            double base_sum_squares, const fs::path& meta) {
-  const std::string saved = m.contains("train_type") && m["train_type"].is_string() ? m["train_type"].get<std::string>()
-                                                                                    : std::string("full");
-  const std::string ours = train_type_of(engine);
-  if (saved != ours)
-    return GLM_USER_ERROR(meta.string(), ": the checkpoint's train_type is ", saved, ", this run's --train_type is ",
-                          ours,
-                          saved == "lora" ? " (a LoRA checkpoint holds only adapters, not the full weights)"
-                                          : " (a full-training checkpoint holds no LoRA adapters)");
+  const std::string name = m.contains("train_type") && m["train_type"].is_string() ? m["train_type"].get<std::string>()
+                                                                                   : std::string("full");
+  const std::optional<TrainType> saved = enum_from_name<TrainType>(name);
+  if (!saved)
+    return GLM_USER_ERROR(meta.string(), ": train_type '", name, "' is not ", enum_choices<TrainType>(),
+                          " (a damaged or foreign checkpoint)");
+  const TrainType ours = train_type_of(engine);
+  if (*saved != ours)
+    return GLM_USER_ERROR(meta.string(), ": the checkpoint's train_type is ", name, ", this run's --train_type is ",
+                          enum_name(ours),
+                          *saved == TrainType::lora ? " (a LoRA checkpoint holds only adapters, not the full weights)"
+                                                    : " (a full-training checkpoint holds no LoRA adapters)");
   const LoraLayout* lora = engine.lora_layout();
   if (lora == nullptr) return Status::ok();
   if (!m.contains("lora") || !m["lora"].is_object() || !m.contains("base") || !m["base"].is_object())

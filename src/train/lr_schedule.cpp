@@ -7,13 +7,6 @@
 
 namespace glm {
 
-Result<LrSchedulerType> parse_lr_scheduler_type(const std::string& name) {
-  if (name == "cosine") return LrSchedulerType::cosine;
-  if (name == "linear") return LrSchedulerType::linear;
-  if (name == "constant" || name == "constant_with_warmup") return LrSchedulerType::constant;
-  return GLM_USER_ERROR("--lr_scheduler_type must be cosine, linear or constant_with_warmup, got '", name, "'");
-}
-
 double LrSchedule::at(int64_t step) const {
   if (step < warmup_steps)
     return base_lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_steps));

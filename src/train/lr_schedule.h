@@ -3,13 +3,24 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 
-#include "base/status.h"
+#include "base/enum_names.h"
 
 namespace glm {
 
+// transformers' names; constant keeps the warmup as constant_with_warmup does (no warmup is warmup 0).
 enum class LrSchedulerType { cosine, linear, constant };
-Result<LrSchedulerType> parse_lr_scheduler_type(const std::string& name);
+
+template <>
+struct EnumNames<LrSchedulerType> {
+  static constexpr std::pair<LrSchedulerType, std::string_view> table[] = {
+      {LrSchedulerType::cosine, "cosine"},
+      {LrSchedulerType::linear, "linear"},
+      {LrSchedulerType::constant, "constant_with_warmup"},
+      {LrSchedulerType::constant, "constant"}};
+};
 
 struct LrSchedule {
   LrSchedulerType type = LrSchedulerType::cosine;

@@ -3,26 +3,47 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "base/enum_names.h"
+#include "data/dataset.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/recompute.h"
+#include "train/lr_schedule.h"
 #include "zero/zero_options.h"
 
 namespace glm {
 
+// --train_type: every parameter trained, or the base frozen and LoRA adapters trained (model/lora.h).
+enum class TrainType { full, lora };
+// --save_strategy: a checkpoint every save_steps and at the end, or none.
+enum class SaveStrategy { steps, no };
+
+template <>
+struct EnumNames<TrainType> {
+  static constexpr std::pair<TrainType, std::string_view> table[] = {{TrainType::full, "full"},
+                                                                     {TrainType::lora, "lora"}};
+};
+template <>
+struct EnumNames<SaveStrategy> {
+  static constexpr std::pair<SaveStrategy, std::string_view> table[] = {{SaveStrategy::steps, "steps"},
+                                                                        {SaveStrategy::no, "no"}};
+};
+
 struct TrainConfig {
   ModelConfig model;
-  std::string train_type = "full";  // full | lora (the base frozen, adapters trained: model/lora.h)
-  LoraConfig lora;                  // used when train_type is lora
-  std::string base_model;           // --model_id_or_path (LoRA checkpoints name their base); empty: random init
+  TrainType train_type = TrainType::full;
+  LoraConfig lora;         // used when train_type is lora
+  std::string base_model;  // --model_id_or_path (LoRA checkpoints name their base); empty: random init
   std::vector<std::string> datasets;
   int64_t max_length = 512;
-  std::string truncation_strategy = "delete";  // delete | left | right, for samples over max_length
-  std::string on_bad_sample = "error";         // error: list the problems and stop; skip: drop and count them
-  std::string loss_scale = "default";          // default (every assistant turn) | last_round | all
-  std::string system;                          // default system prompt for conversations without one
+  Truncation truncation_strategy = Truncation::remove;  // samples over max_length
+  OnBadSample on_bad_sample = OnBadSample::error;
+  LossScale loss_scale = LossScale::assistant;
+  std::string system;  // default system prompt for conversations without one
   // Bin-pack samples into rows of max_length (src/data/packing.h); a row then counts as a sample.
   bool packing = false;
   int64_t per_device_train_batch_size = 1;
@@ -37,17 +58,17 @@ struct TrainConfig {
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;
-  std::string lr_scheduler_type = "cosine";
+  LrSchedulerType lr_scheduler_type = LrSchedulerType::cosine;
   uint64_t seed = 42;
   int64_t logging_steps = 1;
   int64_t eval_steps = 0;  // evaluate the validation set every N steps (and at the end); 0 = never
   int64_t per_device_eval_batch_size = 8;
-  int zero_stage = 0;      // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_engine.h)
+  int zero_stage = 0;                     // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_engine.h)
   Recompute recompute = Recompute::none;  // activation recomputation (src/model/recompute.h)
   ZeroOptions zero_options;               // buckets, overlap, reduce dtype (src/zero/zero_options.h)
   std::string comm_profile;               // bench_comm JSON for --reduce_bucket_size auto; empty: measure at start
   std::string output_dir;                 // empty: no files (tests)
-  std::string save_strategy = "steps";    // steps: checkpoint every save_steps and at the end; no: never
+  SaveStrategy save_strategy = SaveStrategy::steps;
   int64_t save_steps = 500;
   int64_t save_total_limit = -1;       // keep at most this many checkpoints (<= 0: all)
   std::string resume_from_checkpoint;  // a checkpoint directory or "latest" (in output_dir)

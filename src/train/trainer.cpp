@@ -62,7 +62,7 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
   }
   std::string explanation;
   if (curve.empty()) {
-    z.reduce_bucket_size = ZeroOptions{}.reduce_bucket_size;
+    z.reduce_bucket_size = z.unmeasured_reduce_bucket_size();
     explanation = concat("--reduce_bucket_size auto: one rank communicates no gradients; keeping DeepSpeed's default ",
                          z.reduce_bucket_size, " elements");
   } else {
@@ -97,9 +97,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   adam.split_master = config.split_master_weights;
   GLM_ASSIGN_OR_RETURN(const ZeroOptions zero_options,
                        resolve_zero_options(config, comm, data_comm != nullptr ? *data_comm : comm, backend));
-  if (config.train_type != "full" && config.train_type != "lora")
-    return GLM_USER_ERROR("--train_type must be full or lora, got '", config.train_type, "'");
-  const bool lora = config.train_type == "lora";
+  const bool lora = config.train_type == TrainType::lora;
   EngineConfig engine_config;
   engine_config.model = config.model;
   engine_config.max_tokens = max_tokens;
@@ -118,8 +116,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     GLM_RETURN_IF_ERROR(engine->initialize_parameters(config.seed));
   }
   if (lora) GLM_RETURN_IF_ERROR(engine->initialize_lora(config.seed));
-  GLM_ASSIGN_OR_RETURN(LrSchedulerType schedule_type, parse_lr_scheduler_type(config.lr_scheduler_type));
-  LrSchedule schedule{schedule_type, config.learning_rate,
+  LrSchedule schedule{config.lr_scheduler_type, config.learning_rate,
                       resolve_warmup_steps(config.warmup_steps, config.warmup_ratio, total_steps), total_steps};
 
   const bool lead = rank == 0 && config.log_to_console;
@@ -164,8 +161,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
         mib(mem.parameter_bytes + adapters.parameter_bytes, adapters.parameter_bytes).c_str(),
         mib(mem.gradient_bytes + adapters.gradient_bytes, adapters.gradient_bytes).c_str(),
         mib(engine->optimizer_bytes(), adapters.optimizer_bytes).c_str(),
-        mib(mem.buffer_bytes + adapters.buffer_bytes, adapters.buffer_bytes).c_str(), recompute_name(config.recompute),
-        mib(engine->activation_bytes(), adapters.activation_bytes).c_str());
+        mib(mem.buffer_bytes + adapters.buffer_bytes, adapters.buffer_bytes).c_str(),
+        enum_name(config.recompute).data(), mib(engine->activation_bytes(), adapters.activation_bytes).c_str());
     std::fflush(stdout);
   }
   if (rep.skipped_bad > 0)
@@ -266,8 +263,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       eval_now = e.mean_loss();
       if (!best || e.mean_loss() < best->loss) best = EvalRecord{step + 1, e.mean_loss(), ""};
     }
-    const bool save_now =
-        !config.output_dir.empty() && config.save_strategy == "steps" && ((step + 1) % config.save_steps == 0 || last);
+    const bool save_now = !config.output_dir.empty() && config.save_strategy == SaveStrategy::steps &&
+                          ((step + 1) % config.save_steps == 0 || last);
     if (save_now) {
       GLM_RETURN_IF_ERROR(checkpoint(step + 1, eval_now).status());
     }
@@ -278,7 +275,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
         std::string saved = "no checkpoint saved (--save_strategy no, or no --output_dir)";
         if (save_now) {
           saved = "saved " + (std::filesystem::path(config.output_dir) / concat("checkpoint-", step + 1)).string();
-        } else if (!config.output_dir.empty() && config.save_strategy == "steps") {
+        } else if (!config.output_dir.empty() && config.save_strategy == SaveStrategy::steps) {
           GLM_ASSIGN_OR_RETURN(const std::string dir, checkpoint(step + 1, eval_now));
           saved = "saved " + dir;
         }

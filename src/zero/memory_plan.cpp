@@ -33,7 +33,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   };
   add(lora ? "base parameters (bf16, frozen)" : "parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
   ZeroOptions zero = in.zero_options;
-  if (zero.reduce_bucket_size == ZeroOptions::kAutoBucketSize) zero.reduce_bucket_size = ZeroOptions{}.reduce_bucket_size;
+  zero.reduce_bucket_size = zero.unmeasured_reduce_bucket_size();
   // Gradient buckets, packed send and receive slots, gathered units: what ZeroEngine allocates
   // (for a frozen base only stage 3's gathered units).
   int64_t buffers = zero_buffer_sizes(layout, stage, zero, DType::bf16, lora.has_value()).bytes();
@@ -85,7 +85,7 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
                 "micro-batch, recompute %s\n",
                 static_cast<long long>(in.model.parameter_count()), static_cast<long long>(in.model.num_hidden_layers),
                 in.world_size, in.zero_stage, static_cast<long long>(in.micro_batch_tokens),
-                recompute_name(in.recompute));
+                enum_name(in.recompute).data());
   out += line;
   if (in.lora) {
     const LoraLayout lora(in.model, *in.lora);

@@ -11,17 +11,19 @@ namespace glm {
 struct ZeroOptions {
   // --reduce_bucket_size: consecutive units' gradients (backward order) are coalesced into one
   // reduce-scatter / all-reduce of up to this many elements; a larger unit is a bucket of its own.
-  // kAutoBucketSize: measured at start (zero/bucket_autotune.h).
+  // kAutoBucketSize: measured at start (zero/bucket_autotune.h); where nothing is measured (one
+  // rank, the memory planner) auto is DeepSpeed's default, kDefaultBucketSize.
   static constexpr int64_t kAutoBucketSize = -1;
-  int64_t reduce_bucket_size = 500'000'000;
+  static constexpr int64_t kDefaultBucketSize = 500'000'000;
+  int64_t reduce_bucket_size = kDefaultBucketSize;
   // --allgather_bucket_size: stages 1-2 all-gather updated parameters in buckets of consecutive units.
-  int64_t allgather_bucket_size = 500'000'000;
+  int64_t allgather_bucket_size = kDefaultBucketSize;
   // --overlap_comm: collectives start as soon as their bucket is complete and overlap backward /
   // the optimizer / the next unit's forward; false issues them after the producer, one at a time.
   bool overlap_comm = true;
   // --prefetch_bucket_size (stage 3): the next unit is gathered ahead when it has at most this
   // many elements (one unit ahead at most: two gathered buffers). 0 disables prefetching.
-  int64_t prefetch_bucket_size = 500'000'000;
+  int64_t prefetch_bucket_size = kDefaultBucketSize;
   // --grad_reduce_dtype: the dtype gradients travel and are summed in (PyTorch FSDP2's reduce_dtype).
   DType grad_reduce_dtype = DType::f32;
   // --param_persistence_threshold / --model_persistence_threshold (stage 3; DeepSpeed's
@@ -34,6 +36,11 @@ struct ZeroOptions {
   static constexpr int64_t kDeepSpeedParamPersistenceThreshold = 100'000;
   int64_t param_persistence_threshold = 0;
   int64_t model_persistence_threshold = PersistencePolicy::kUnlimited;
+
+  // reduce_bucket_size with auto taken as the default: what a run that measures nothing uses.
+  int64_t unmeasured_reduce_bucket_size() const {
+    return reduce_bucket_size == kAutoBucketSize ? kDefaultBucketSize : reduce_bucket_size;
+  }
 };
 
 // The tensors ZeRO keeps whole on every rank: none below stage 3.
