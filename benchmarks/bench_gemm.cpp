@@ -1,7 +1,8 @@
 // The GEMMs of one GLM-4-9B layer and the lm_head at seq 4096 and 8192 (forward, input gradient,
 // weight gradient) through cuda::Gemm: cuBLASLt's first heuristic against the autotuned choice
-// (GEMM_AUTOTUNE in gemm.cuh), with each tuned shape's candidate times. A plain program: one table
-// on stdout; benchmarks/peers/gemm_bench.py times PyTorch's matmuls on the same shapes.
+// (Gemm::Autotune::all, the tuner behind --gemm_autotune in gemm.cuh), with each tuned shape's
+// candidate times. A plain program: one table on stdout; benchmarks/peers/gemm_bench.py times
+// PyTorch's matmuls on the same shapes.
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -1,7 +1,7 @@
 // cuBLASLt's candidates for each GEMM of the 12-layer benchmark step (GLM-4-9B shapes, seq 4096),
 // each timed under sustained load: the GPU is kept busy for the whole survey, so it runs at the
 // clock its power cap allows, as it does inside a training step, rather than at the boost clock of
-// a short burst (where session 4's autotuning timed them). Prints each candidate's rate and its
+// a short burst (which ranks the candidates differently). Prints each candidate's rate and its
 // configuration (tile, stages, cluster, split-K), with the first heuristic timed again at the end
 // of each shape to show the drift. A plain program: usage `gemm_sustained [seconds per candidate]
 // [candidates]`.

@@ -75,8 +75,8 @@ struct Shared {
   }
 };
 
-// Reused CUDA events: creating and destroying two or three events per collective cost tens of
-// microseconds a call. An event goes back to the pool only when nothing will query it again (its
+// Reused CUDA events: creating and destroying two or three events per collective would add host
+// work to every call. An event goes back to the pool only when nothing will query it again (its
 // Op is gone); stream waits already enqueued on it captured its state when they were issued, so
 // recording it again for a later collective is safe.
 class EventPool {

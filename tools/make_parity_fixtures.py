@@ -25,7 +25,7 @@ torch.set_float32_matmul_precision("highest")
 torch.set_num_threads(8)
 
 FIXTURES = {
-    # The shape the parity issue suggests: 2 KV groups, partial rotary 0.5, rope_theta 5e6.
+    # GLM-4's own shape features at a small size: 2 KV groups, partial rotary 0.5, rope_theta 5e6.
     "glm_a": dict(vocab_size=512, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
                   num_attention_heads=8, num_key_value_heads=2, head_dim=32, rope_theta=5e6,
                   rms_norm_eps=1e-5, batch=(2, 37), seed=1234),

@@ -67,8 +67,8 @@ cudaError_t launch_convert(void* dst, const void* src, int64_t n, cudaStream_t s
 }
 
 // bf16 <-> fp32 in 16-byte vectors of 8 elements where both pointers allow it (ZeRO packs gradient
-// buckets and unpacks shards through these: the scalar kernel reached about a third of the copy
-// bandwidth there); the last n % 8 elements and misaligned views take the scalar kernel.
+// buckets and unpacks shards through these, so they must run near copy bandwidth, which one element
+// per thread does not reach); the last n % 8 elements and misaligned views take the scalar kernel.
 __global__ void bf16_to_f32_vec_kernel(float* dst, const bf16* src, int64_t vecs) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {

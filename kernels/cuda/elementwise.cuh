@@ -18,8 +18,8 @@ cudaError_t fill(void* dst, int dst_dtype, int64_t n, double value, cudaStream_t
 cudaError_t fill_normal(void* dst, int dst_dtype, int64_t n, uint64_t key, int64_t offset, double std,
                         cudaStream_t stream);
 // Byte ranges set to zero in one launch: the many small added-to parts of a step's gradients (norm
-// weights and biases, 37 of them at GLM-4's 12 layers), which one memset each left the GPU waiting
-// for the host's launches. At most kZeroRanges ranges per call.
+// weights and biases, 37 of them at GLM-4's 12 layers), where one memset each would leave the GPU
+// waiting for the host's launches. At most kZeroRanges ranges per call.
 constexpr int kZeroRanges = 64;
 struct ZeroRanges {
   int count = 0;

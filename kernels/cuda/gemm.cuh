@@ -11,13 +11,12 @@
 // restored around the trials when the call accumulates into it). The trials run alone on the GPU
 // (after a device synchronisation), each candidate back to back for at least kTuneWindowSeconds,
 // twice (in order, then in reverse, against the drift), so that they are compared at the clock
-// the GPU's power cap allows under sustained load, as inside a training step: on one H200 the
-// first heuristic was 4-7% slower there than another candidate for four of GLM-4-9B's fifteen step
-// GEMMs (benchmarks/gemm_sustained.cpp), while short bursts at the boost clock (session 4's tuner)
-// ranked them within noise. It stays off by default: end to end (12 layers, seq 4096) it gained
-// +0.0% to +1.0% in four paired runs on one H200 (benchmarks/RESULTS.md, session 12), inside the
-// run-to-run noise; a timing-driven choice can differ between runs (and with it the last bits of
-// a large GEMM), and the tuning costs a few seconds at the start of a 9B-shaped run.
+// the GPU's power cap allows under sustained load, as inside a training step: there the first
+// heuristic is not the fastest candidate for some of GLM-4-9B's step GEMMs
+// (benchmarks/gemm_sustained.cpp), while short bursts at the boost clock rank them within noise.
+// It stays off by default: its end-to-end gain is within run-to-run noise (benchmarks/RESULTS.md),
+// a timing-driven choice can differ between runs (and with it the last bits of a large GEMM), and
+// the tuning costs a few seconds at the start of a 9B-shaped run.
 #pragma once
 
 #include <cublasLt.h>

@@ -1,5 +1,5 @@
-// The op interface the model and trainer are written against. The CPU backend (fp32/fp64 reference
-// ops, host memory) implements it now; the CUDA backend (bf16, device memory) implements it later.
+// The op interface the model and trainer are written against, implemented by the CPU backend
+// (fp32/fp64 reference ops, host memory) and the CUDA backend (bf16, device memory).
 #pragma once
 
 #include <algorithm>
@@ -111,7 +111,7 @@ class Backend {
   // The main stream, where every op outside on_side() is enqueued (cudaStream_t), for ordering
   // collectives; null on the host.
   virtual void* native_stream() { return nullptr; }
-  // Where a backend profiles its ops (GLM_PROFILE=1 on CUDA): forget what was measured so far.
+  // Where a backend profiles its ops (--profile on CUDA): forget what was measured so far.
   virtual void reset_profile() {}
   // A second queue for work that may run beside the main one (the optimizer updating the units
   // whose gradients backward has finished, while backward goes on). Ops called inside on_side(fn)

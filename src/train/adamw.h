@@ -1,5 +1,5 @@
-// AdamW over a contiguous range of the flat parameter layout (the whole model now, a ZeRO shard
-// later): fp32 master weights and moments, no weight decay on norms and biases.
+// AdamW over a contiguous range of the flat parameter layout (a unit, or this rank's ZeRO shard of
+// it; or the LoRA adapters): fp32 master weights and moments, no weight decay on norms and biases.
 #pragma once
 
 #include <vector>
