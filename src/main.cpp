@@ -50,8 +50,7 @@ void resolve_paths(glm::CliOptions& o) {
 }
 
 // auto: cuda when this build has CUDA and a GPU is visible, else cpu. Each rank takes the GPU of
-// its local rank. Multi-GPU gradient reduction needs NCCL (the distributed issue): until then the
-// CUDA backend runs one rank, and auto with several ranks means cpu.
+// its local rank (one rank per GPU).
 glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions& o, const glm::ProcessInfo& proc) {
   if (o.command == "prepare") return glm::make_cpu_backend(glm::DType::f32);  // data only: no device
   const int gpus = glm::cuda_device_count();
@@ -160,7 +159,7 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const s
 
 // NCCL's proxy thread and glm_hpc's own threads need more than one CPU core per rank: a rank pinned
 // to a single core (Open MPI binds to cores by default for up to 2 ranks) makes every collective
-// wait for the scheduler (measured: 3 ms per call on 2 x H200 instead of tens of microseconds).
+// wait for the scheduler.
 // Said once by rank 0, counted over all ranks.
 static void warn_if_bound_to_one_core(const glm::ProcessInfo& proc) {
   cpu_set_t set;

@@ -207,7 +207,7 @@ Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelCon
     return GLM_USER_ERROR(meta_path.string(), ": field 'lora.targets' is missing or not a list of module names");
   out.config.rank = l["rank"].get<int64_t>();
   out.config.alpha = l["alpha"].get<double>();
-  // Checkpoints written before dropout was implemented lack the field: they trained without dropout.
+  // A meta.json without lora.dropout (an older checkpoint) trained without dropout.
   out.config.dropout = l.contains("dropout") && l["dropout"].is_number() ? l["dropout"].get<double>() : 0.0;
   std::string names;
   for (const auto& t : l["targets"]) {

@@ -35,7 +35,7 @@ Status check_model_field(const nlohmann::json& saved, const nlohmann::json& ours
 // The run's state as meta.json records it.
 CheckpointState checkpoint_state_from_meta(const nlohmann::json& m);
 
-// meta.json's model_config; checkpoints written before it existed fall back on the run's args.json.
+// meta.json's model_config; without it (an older checkpoint) the run's args.json gives the model.
 Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohmann::json& args,
                                        const std::filesystem::path& meta_path);
 // meta.json's lora and base objects (written as lora_json and base_json), checked.

@@ -1,4 +1,5 @@
-// One optimizer step, replicated data parallelism (ZeRO stage 0): every rank holds everything.
+// One optimizer step over ZeRO stages 0-3 (the protocol of zero/zero_engine.h): forward and backward of
+// the micro-batches, the gradient reduction, clipping and the AdamW update.
 #include "train/engine.h"
 
 #include <algorithm>
@@ -45,9 +46,9 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
-  GLM_ASSIGN_OR_RETURN(e->model_,
-                       Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options),
-                                         backend, max_tokens, ec.recompute));
+  GLM_ASSIGN_OR_RETURN(
+      e->model_, Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options), backend,
+                                   max_tokens, ec.recompute));
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroEngine::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
                                                     zero_options, /*frozen=*/lora != nullptr));
   // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs.
@@ -116,8 +117,8 @@ Result<int64_t> TrainingEngine::upload_token_rows(std::span<const HostMicroBatch
       if (t < 0 || t >= vocab) return GLM_INTERNAL_ERROR("token ", t, " outside the vocabulary of ", vocab);
   rows_host_.clear();
   if (comm_.size() == 1) {
-    // The distinct tokens, ascending, from a linear sort of the step's tokens (a pass over a byte
-    // per word of the vocabulary took ~85 us at GLM-4's, host time the GPU waits for).
+    // The distinct tokens, ascending, from a linear sort of the step's tokens: it runs on the host
+    // while the GPU waits, and a pass over GLM-4's whole vocabulary would cost more.
     step_tokens_.clear();
     for (const HostMicroBatch& b : batches) step_tokens_.insert(step_tokens_.end(), b.tokens.begin(), b.tokens.end());
     const std::vector<int32_t> order = order_by_token(step_tokens_);
@@ -512,8 +513,7 @@ Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_
 Status TrainingEngine::apply_update(ZeroStep& zero_step) {
   GLM_RETURN_IF_ERROR(zero_step.update_units([&](int u) -> Status {
     if (update_.in_backward) return Status::ok();
-    return optimizers_[static_cast<size_t>(u)].step(zero_->owned_grads(u), update_.lr, update_.clip,
-                                                    update_.fused_sq);
+    return optimizers_[static_cast<size_t>(u)].step(zero_->owned_grads(u), update_.lr, update_.clip, update_.fused_sq);
   }));
   for (auto& opt : lora_optimizer_)
     GLM_RETURN_IF_ERROR(opt.step(lora_grads_.tensor(), update_.lr, update_.clip, update_.fused_sq));

@@ -18,12 +18,12 @@
 namespace glm {
 
 struct StepResult {
-  double loss = 0;                  // global mean target-token loss of the window
-  double grad_norm = 0;             // global, before clipping
-  int64_t tokens = 0;               // global tokens of the window
-  int64_t targets = 0;              // global target tokens of the window
-  double step_seconds = 0;          // this rank's wall time of the step
-  double exposed_comm_seconds = 0;  // of which waiting on collectives (not hidden behind compute)
+  double loss = 0;                   // global mean target-token loss of the window
+  double grad_norm = 0;              // global, before clipping
+  int64_t tokens = 0;                // global tokens of the window
+  int64_t targets = 0;               // global target tokens of the window
+  double step_seconds = 0;           // this rank's wall time of the step
+  double exposed_comm_seconds = 0;   // of which waiting on collectives (not hidden behind compute)
   bool updated_in_backward = false;  // the optimizer ran beside backward (see TrainingEngine::step)
 };
 
@@ -33,7 +33,9 @@ struct EvalResult {
   int64_t correct = 0;  // global count of target tokens whose logits' argmax is the target
   double mean_loss() const { return targets > 0 ? loss_sum / static_cast<double>(targets) : 0.0; }
   double perplexity() const { return std::exp(mean_loss()); }
-  double token_accuracy() const { return targets > 0 ? static_cast<double>(correct) / static_cast<double>(targets) : 0.0; }
+  double token_accuracy() const {
+    return targets > 0 ? static_cast<double>(correct) / static_cast<double>(targets) : 0.0;
+  }
 };
 
 // LoRA's device bytes on one rank (zeros without LoRA): the adapters and their gradients in the
@@ -54,7 +56,7 @@ struct EngineConfig {
   Recompute recompute = Recompute::none;
   ZeroOptions zero;
   std::optional<LoraConfig> lora;
-  bool optimizer_in_backward = true;  // --optimizer_in_backward
+  bool optimizer_in_backward = true;                  // --optimizer_in_backward
   int defer_embedding_rows = AdamWRows::kMaxHistory;  // --defer_embedding_rows: 0 updates every row every step
 };
 
@@ -148,8 +150,8 @@ class TrainingEngine {
   // Without clipping, on one rank at ZeRO stage 0 (no LoRA), each unit is updated as soon as the
   // last micro-batch's backward finished its gradient, on the backend's side queue beside the rest
   // of backward; the loss is then checked after the update too. set_optimizer_in_backward(false)
-  // (or GLM_OPTIMIZER_IN_BACKWARD=0) updates after backward instead: the same arithmetic per
-  // element (bit for bit on the CPU; on CUDA the GEMMs beside it are planned for fewer SMs, and the
+  // (--optimizer_in_backward false, EngineConfig::optimizer_in_backward) updates after backward instead: the same
+  // arithmetic per element (bit for bit on the CPU; on CUDA the GEMMs beside it are planned for fewer SMs, and the
   // norm's atomic sums and attention's run in another order).
   Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr);
   void set_optimizer_in_backward(bool on) { optimizer_in_backward_ = on; }
@@ -179,35 +181,35 @@ class TrainingEngine {
   Communicator& comm_;
   std::unique_ptr<Glm4Model> model_;
   std::unique_ptr<ZeroEngine> zero_;
-  Buffer batch_ints_;                // a micro-batch's i32 arrays and index (upload())
-  std::vector<int32_t> staging_;     // their host copy
+  Buffer batch_ints_;             // a micro-batch's i32 arrays and index (upload())
+  std::vector<int32_t> staging_;  // their host copy
   Buffer correct_, logits_;
   Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
   // One step's update, shared by the hook that updates units in backward and the update after it.
   struct StepUpdate {
     double lr = 0, clip = 1.0;
     bool clipping = false;
-    bool in_backward = false;  // units are updated as backward finishes them (see step())
-    Tensor fused_sq;           // without clipping: the gradient norm the update sums
+    bool in_backward = false;        // units are updated as backward finishes them (see step())
+    Tensor fused_sq;                 // without clipping: the gradient norm the update sums
     std::vector<char> updated;       // per unit: updated in backward
     std::vector<int64_t> tail_from;  // per unit: where its update began early (a layer's MLP half); -1: not yet
   };
   StepUpdate update_;
-  bool optimizer_in_backward_ = true;  // EngineConfig::optimizer_in_backward
+  bool optimizer_in_backward_ = true;       // EngineConfig::optimizer_in_backward
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;
   DType grad_reduce_dtype_ = DType::f32;
   std::unique_ptr<LoraLayout> lora_layout_;
   Buffer lora_params_, lora_grads_, lora_reduce_;  // lora_reduce_: grads in the reduce dtype, if it differs
   std::vector<AdamWOptimizer> lora_optimizer_;     // one over all adapters, when training LoRA
-  uint64_t lora_seed_ = 0;                          // initialize_lora's: keys the dropout masks
+  uint64_t lora_seed_ = 0;                         // initialize_lora's: keys the dropout masks
   Result<std::vector<float>> download_f32(Tensor t);
   Status reduce_lora_gradients();
   int64_t steps_taken() const;
   bool has_optimizer_ = false;
   double max_grad_norm_ = 0;
-  int deferred_unit_ = -1;        // the unit whose optimizer defers rows (the embedding's), or -1
-  Buffer step_rows_;              // i32: a step's distinct tokens (upload_token_rows)
+  int deferred_unit_ = -1;  // the unit whose optimizer defers rows (the embedding's), or -1
+  Buffer step_rows_;        // i32: a step's distinct tokens (upload_token_rows)
   // Rows of the table's gradient that may be nonzero, the first ones of step_rows_ (the last step's
   // tokens); -1: unknown (before the first step, or a step failed before it knew its rows).
   int64_t dirty_table_rows_ = -1;

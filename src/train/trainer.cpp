@@ -1,4 +1,5 @@
-// Data-parallel training loop (ZeRO stage 0 semantics: everything replicated, gradients all-reduced).
+// The data-parallel training loop: data, schedule, evaluation, logging, checkpoints and preemption
+// around TrainingEngine's steps.
 #include "train/trainer.h"
 
 #include <chrono>
@@ -224,7 +225,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       micro[static_cast<size_t>(m)] = loader.micro_batch(step, m);
     const double lr = schedule.at(step);
     GLM_ASSIGN_OR_RETURN(StepResult r, engine->step(micro, lr));
-    // GLM_PROFILE tables cover the steady steps: the first one loads kernels and plans GEMMs.
+    // --profile tables cover the steady steps: the first one loads kernels and plans GEMMs.
     if (step == start_step) engine->backend().reset_profile();
     summary.losses.push_back(r.loss);
     summary.grad_norms.push_back(r.grad_norm);
