@@ -77,7 +77,8 @@ glm::Result<std::optional<glm::HfModel>> resolve_model(glm::CliOptions& o) {
                                                            {"max_position_embeddings", c.max_position_embeddings},
                                                            {"rope_theta", c.rope_theta},
                                                            {"partial_rotary_factor", c.partial_rotary_factor},
-                                                           {"rms_norm_eps", c.rms_norm_eps}};
+                                                           {"rms_norm_eps", c.rms_norm_eps},
+                                                           {"pad_token_id", c.pad_token_id}};
   for (const auto& [name, value] : values) o.effective[name] = {{"value", value}, {"source", "model_id_or_path"}};
   if (o.command == "train" && o.train.max_length > c.max_position_embeddings)
     return GLM_USER_ERROR("--max_length ", o.train.max_length, " exceeds the model's max_position_embeddings ",

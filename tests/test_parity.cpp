@@ -137,6 +137,8 @@ void check_fixture(const std::string& model_dir, const std::string& golden_dir) 
 TEST(Parity, TransformersLayoutTwoKvGroups) { check_fixture("glm_a", "glm_a"); }
 TEST(Parity, ThudmLayoutShardedCheckpoint) { check_fixture("chatglm_a", "glm_a"); }
 TEST(Parity, FourKvGroupsLongSequence) { check_fixture("glm_b", "glm_b"); }
+// The pad token among the inputs: its embedding row gets no gradient, as transformers' padding_idx.
+TEST(Parity, PadTokenRowNeverTrains) { check_fixture("glm_pad", "glm_pad"); }
 
 TEST(Parity, ConfigsOfBothLayoutsAgree) {
   auto a = read_hf_config(kData + "glm_a");

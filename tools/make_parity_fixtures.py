@@ -33,6 +33,11 @@ FIXTURES = {
     "glm_b": dict(vocab_size=300, hidden_size=96, intermediate_size=160, num_hidden_layers=3,
                   num_attention_heads=8, num_key_value_heads=4, head_dim=12, rope_theta=1e8,
                   rms_norm_eps=1.5625e-07, batch=(1, 300), seed=99),
+    # A pad token among the inputs: GlmModel's embedding has padding_idx = pad_token_id, so that row
+    # never receives a gradient (given a non-zero value here, so the forward reads it too).
+    "glm_pad": dict(vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5e6,
+                    rms_norm_eps=1e-5, batch=(2, 41), seed=7, pad_token_id=3),
 }
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, max_grad_norm=1.0, steps=10)
 
@@ -43,7 +48,7 @@ def make_config(f):
                   num_attention_heads=f["num_attention_heads"], num_key_value_heads=f["num_key_value_heads"],
                   head_dim=f["head_dim"], max_position_embeddings=4096, rms_norm_eps=f["rms_norm_eps"],
                   attention_bias=True, tie_word_embeddings=False, hidden_act="silu",
-                  pad_token_id=None)  # the default 151329 is no row of these small vocabularies
+                  pad_token_id=f.get("pad_token_id"))  # the default 151329 is no row of these vocabularies
     rope = {"rope_type": "default", "rope_theta": f["rope_theta"], "partial_rotary_factor": 0.5}
     attempts = [
         lambda: GlmConfig(**common, rope_parameters=dict(rope)),
@@ -78,6 +83,9 @@ def make_batch(f, generator):
     labels[0, :5] = -100  # a prompt
     drop = torch.rand((b, t), generator=generator) < 0.2
     labels[drop] = -100
+    if "pad_token_id" in f:  # every fourth input is the pad token, not a target
+        ids[:, 1::4] = f["pad_token_id"]
+        labels[:, 1::4] = -100
     return ids, labels
 
 
@@ -89,6 +97,9 @@ def randomize(model, generator):
                 p.copy_(1.0 + 0.2 * (torch.rand(p.shape, generator=generator) - 0.5))
             elif name.endswith(".bias"):
                 p.copy_(0.05 * torch.randn(p.shape, generator=generator))
+        pad = model.config.pad_token_id
+        if pad is not None:  # transformers starts the padding row at zero; a loaded one may hold anything
+            model.model.embed_tokens.weight[pad].copy_(0.02 * torch.randn(model.config.hidden_size, generator=generator))
 
 
 def thudm_state(model, f):

@@ -234,6 +234,9 @@ class OptionTable {
     add(model, "partial_rotary_factor", &m.partial_rotary_factor, "fraction of each head's dims that RoPE rotates");
     add(model, "rms_norm_eps", &m.rms_norm_eps, "RMSNorm epsilon (layernorm_epsilon)");
     add(model, "initializer_range", &m.initializer_range, "std of the normal initialisation of weights");
+    add(model, "pad_token_id", &m.pad_token_id,
+        "the embedding row that starts at zero and never trains (transformers' padding_idx); -1: none. With "
+        "--model_id_or_path: config.json's (the glm layout's pad_token_id, default 151329; none for chatglm)");
 
     po::options_description data("Data");
     data.add_options()("dataset",
@@ -416,7 +419,8 @@ constexpr const char* kModelShapeOptions[] = {"vocab_size",
                                               "rope_ratio",
                                               "rope_theta",
                                               "partial_rotary_factor",
-                                              "rms_norm_eps"};
+                                              "rms_norm_eps",
+                                              "pad_token_id"};
 
 Status validate_performance(CliOptions& o, const Sources& src) {
   TrainConfig& t = o.train;

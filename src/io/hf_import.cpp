@@ -48,6 +48,8 @@ class ConfigReader {
   std::string path_;
 };
 
+constexpr int64_t kGlmConfigPadTokenId = 151329;
+
 Status read_glm(const ConfigReader& r, const nlohmann::json& j, HfModel& m) {
   ModelConfig& c = m.config;
   GLM_ASSIGN_OR_RETURN(c.vocab_size, r.integer("vocab_size"));
@@ -60,6 +62,12 @@ Status read_glm(const ConfigReader& r, const nlohmann::json& j, HfModel& m) {
   GLM_ASSIGN_OR_RETURN(c.max_position_embeddings, r.integer_or("max_position_embeddings", 131072));
   GLM_ASSIGN_OR_RETURN(c.rms_norm_eps, r.number_or("rms_norm_eps", 1.5625e-07));
   GLM_ASSIGN_OR_RETURN(c.initializer_range, r.number_or("initializer_range", 0.02));
+  // GlmModel's embedding padding_idx: pad_token_id, whose default in GlmConfig is 151329; null is none.
+  if (!j.contains("pad_token_id")) {
+    c.pad_token_id = kGlmConfigPadTokenId < c.vocab_size ? kGlmConfigPadTokenId : -1;
+  } else if (!j["pad_token_id"].is_null()) {
+    GLM_ASSIGN_OR_RETURN(c.pad_token_id, r.integer("pad_token_id"));
+  }
   if (r.has("hidden_act") && j["hidden_act"] != "silu")
     return r.error("hidden_act", "must be \"silu\" (GLM-4's SwiGLU)");
   // transformers 5 keeps RoPE settings in rope_parameters; older configs have them at the top.

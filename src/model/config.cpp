@@ -47,6 +47,9 @@ Status ModelConfig::finalize_and_validate() {
   if (!(rms_norm_eps > 0.0) || !std::isfinite(rms_norm_eps))
     return GLM_USER_ERROR("rms_norm_eps must be positive, got ", rms_norm_eps);
   if (!(initializer_range > 0.0)) return GLM_USER_ERROR("initializer_range must be positive, got ", initializer_range);
+  if (pad_token_id < -1 || pad_token_id >= vocab_size)
+    return GLM_USER_ERROR("pad_token_id must be a row of the vocabulary (0 to ", vocab_size - 1,
+                          ") or -1 for none, got ", pad_token_id);
   return Status::ok();
 }
 

@@ -21,6 +21,9 @@ struct ModelConfig {
   double partial_rotary_factor = 0.5;
   double rms_norm_eps = 1.5625e-07;
   double initializer_range = 0.02;
+  // The embedding row that never trains and starts at zero (transformers' GlmModel builds its
+  // embedding with padding_idx = pad_token_id; THUDM's remote code has none): -1 for none.
+  int64_t pad_token_id = -1;
 
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
   int64_t q_width() const { return num_attention_heads * head_dim; }

@@ -197,8 +197,7 @@ class CpuBackend final : public Backend {
                          correct.empty() ? nullptr : correct.as<int32_t>() + t0);
       if (grad)
         cpu::linear_backward(p(dhidden) + t0 * hidden_size, dweight.empty() ? static_cast<T*>(nullptr) : p(dweight),
-                             static_cast<T*>(nullptr), dlogits_.data(), h,
-                             p(weight), m, hidden_size, vocab, false);
+                             static_cast<T*>(nullptr), dlogits_.data(), h, p(weight), m, hidden_size, vocab, false);
     }
     return Status::ok();
   }
@@ -219,9 +218,10 @@ class CpuBackend final : public Backend {
       out[i] = static_cast<T>(std * counter_normal(key, static_cast<uint64_t>(offset + i)));
     return Status::ok();
   }
-  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
-               const AdamWStep& step, Tensor grad_sq_sum) override {
-    if (master.dtype != dtype_of<T>()) return GLM_INTERNAL_ERROR("adamw: a ", dtype_name(master.dtype), " master on the CPU");
+  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq, const AdamWStep& step,
+               Tensor grad_sq_sum) override {
+    if (master.dtype != dtype_of<T>())
+      return GLM_INTERNAL_ERROR("adamw: a ", dtype_name(master.dtype), " master on the CPU");
     if (!grad_sq_sum.empty()) *grad_sq_sum.as<double>() += cpu::sum_squares(p(grad), grad.numel);
     cpu::adamw(p(master), p(grad), p(exp_avg), p(exp_avg_sq), master.numel, step);
     if (param.data != master.data) return convert(param, master);
@@ -277,17 +277,19 @@ Status check_adamw_rows(const Tensor& param, const Tensor& master, const Tensor&
     return GLM_INTERNAL_ERROR("adamw_rows: ", r.count, " rows of ", r.width, " of a table of ", table_rows);
   const int64_t n = table_rows * r.width;
   for (const Tensor* t : {&param, &master, &grad, &exp_avg, &exp_avg_sq})
-    if (t->numel != n && !(t == &grad && !r.gradient && grad.empty())) return GLM_INTERNAL_ERROR("adamw_rows: ", t->numel, " elements for ", table_rows, " rows of ", r.width);
+    if (t->numel != n && !(t == &grad && !r.gradient && grad.empty()))
+      return GLM_INTERNAL_ERROR("adamw_rows: ", t->numel, " elements for ", table_rows, " rows of ", r.width);
   const int64_t steps = r.until - r.floor;
-  if (steps < 0 || steps > AdamWRows::kMaxHistory || static_cast<int64_t>(r.history.size()) < steps || r.until > INT32_MAX)
+  if (steps < 0 || steps > AdamWRows::kMaxHistory || static_cast<int64_t>(r.history.size()) < steps ||
+      r.until > INT32_MAX)
     return GLM_INTERNAL_ERROR("adamw_rows: steps ", r.floor, " .. ", r.until, " from a history of ", r.history.size());
   for (int64_t k = 0; k < steps; ++k) {
     const AdamWStep& a = r.history[static_cast<size_t>(k)];
     const AdamWStep& first = r.history.front();
     if (a.step != r.floor + 1 + k || a.beta1 != first.beta1 || a.beta2 != first.beta2 || a.eps != first.eps ||
         a.weight_decay != first.weight_decay)
-      return GLM_INTERNAL_ERROR("adamw_rows: history entry ", k, " is step ", a.step, " of other constants; expected step ",
-                                r.floor + 1 + k);
+      return GLM_INTERNAL_ERROR("adamw_rows: history entry ", k, " is step ", a.step,
+                                " of other constants; expected step ", r.floor + 1 + k);
   }
   return Status::ok();
 }

@@ -117,9 +117,9 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     stream_ = main_;
     // From the first on_side() until join_side() (enqueue order: the side stream may be idle
-    // already), GEMMs are planned for all SMs but --optimizer_side_sms (0 plans them for every SM): cuBLASLt's kernels fill every SM they are planned for and stay resident until
-    // they finish, so without SMs of its own the side work (the memory-bound optimizer) would only
-    // run in the gaps between GEMMs.
+    // already), GEMMs are planned for all SMs but --optimizer_side_sms (0 plans them for every SM): cuBLASLt's kernels
+    // fill every SM they are planned for and stay resident until they finish, so without SMs of its own the side work
+    // (the memory-bound optimizer) would only run in the gaps between GEMMs.
     int sms = 0;
     GLM_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
     int side_sms = std::max(config_.optimizer_side_sms, 0);
@@ -251,8 +251,8 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::embedding_forward(b(out), b(table), tokens.as<int32_t>(), n, hidden, stream_));
     return Status::ok();
   }
-  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Tensor token_order, Tensor token_runs,
-                            int64_t n, int64_t hidden) override {
+  Status embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Tensor token_order, Tensor token_runs, int64_t n,
+                            int64_t hidden) override {
     GLM_PROFILE_OP("embedding_backward");
     if (token_order.numel != n || token_order.dtype != DType::i32 || token_runs.dtype != DType::i32 ||
         token_runs.numel < (n > 0 ? 2 : 1))
@@ -292,8 +292,8 @@ class CudaBackend final : public Backend {
     int64_t floats = 0;
     GLM_CUDA_RETURN(cuda::rmsnorm_backward_scratch(n, hidden, &floats));
     GLM_ASSIGN_OR_RETURN(void* partials, norm_scratch_.get(sizeof(float) * static_cast<size_t>(floats)));
-    GLM_CUDA_RETURN(cuda::rmsnorm_backward(b(din), b(dweight), static_cast<float*>(partials), b(dout), b(in),
-                                           b(weight), rstd.as<float>(), n, hidden, stream_));
+    GLM_CUDA_RETURN(cuda::rmsnorm_backward(b(din), b(dweight), static_cast<float*>(partials), b(dout), b(in), b(weight),
+                                           rstd.as<float>(), n, hidden, stream_));
     return Status::ok();
   }
   Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
@@ -322,9 +322,8 @@ class CudaBackend final : public Backend {
     }
     if (!dweight.empty()) {
       GLM_PROFILE_OP("linear_wgrad");
-      GLM_CUBLAS_RETURN(
-          gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features, accumulate_dweight,
-                                       stream_));
+      GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), b(dout), b(in), n, in_features, out_features,
+                                                     accumulate_dweight, stream_));
     }
     if (!dbias.empty()) {
       GLM_PROFILE_OP("bias_grad");
@@ -420,18 +419,17 @@ class CudaBackend final : public Backend {
       {
         GLM_PROFILE_OP("cross_entropy");
         GLM_CUDA_RETURN(cuda::cross_entropy(losses.as<float>() + t0,
-                                            correct.empty() ? nullptr : correct.as<int32_t>() + t0,
-                                            dlogits, static_cast<const bf16*>(logits),
-                                            targets.as<int32_t>() + t0, m, vocab, static_cast<float>(grad_scale),
-                                            stream_));
+                                            correct.empty() ? nullptr : correct.as<int32_t>() + t0, dlogits,
+                                            static_cast<const bf16*>(logits), targets.as<int32_t>() + t0, m, vocab,
+                                            static_cast<float>(grad_scale), stream_));
       }
       if (grad) {
         GLM_PROFILE_OP("lm_head_backward");
-        GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, dlogits,
-                                                      b(weight), m, hidden_size, vocab, false, stream_));
+        GLM_CUBLAS_RETURN(gemm_.linear_backward_input(b(dhidden) + t0 * hidden_size, dlogits, b(weight), m, hidden_size,
+                                                      vocab, false, stream_));
         if (!dweight.empty())  // a frozen lm_head (LoRA) has no gradient
-          GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), dlogits, h, m, hidden_size,
-                                                         vocab, accumulate_dweight || t0 > 0, stream_));
+          GLM_CUBLAS_RETURN(gemm_.linear_backward_weight(b(dweight), dlogits, h, m, hidden_size, vocab,
+                                                         accumulate_dweight || t0 > 0, stream_));
       }
     }
     return Status::ok();
@@ -472,8 +470,8 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::fill_normal(dst.data, dtype_code(dst.dtype), dst.numel, key, offset, std, stream_));
     return Status::ok();
   }
-  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
-               const AdamWStep& step, Tensor grad_sq_sum) override {
+  Status adamw(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq, const AdamWStep& step,
+               Tensor grad_sq_sum) override {
     GLM_PROFILE_OP("adamw");
     GLM_RETURN_IF_ERROR(check_sum_dtype("adamw", grad_sq_sum));
     const cuda::AdamWArgs a = adamw_args(step);
@@ -505,13 +503,11 @@ class CudaBackend final : public Backend {
       h.bias_correction1[k] = a.bias_correction1;
       h.bias_correction2_sqrt[k] = a.bias_correction2_sqrt;
     }
-    GLM_CUDA_RETURN(cuda::adamw_rows(!split && param.data == master.data ? nullptr : b(param),
-                                     split ? nullptr : master.as<float>(), split ? master.as<int16_t>() : nullptr,
-                                     b(grad), exp_avg.as<float>(), exp_avg_sq.as<float>(),
-                                     r.rows.empty() ? nullptr : r.rows.as<int32_t>(), r.count, r.width,
-                                     r.row_step.as<int32_t>(), r.floor, r.until, r.gradient, h,
-                                     grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_,
-                                     stream_ == side_));
+    GLM_CUDA_RETURN(cuda::adamw_rows(
+        !split && param.data == master.data ? nullptr : b(param), split ? nullptr : master.as<float>(),
+        split ? master.as<int16_t>() : nullptr, b(grad), exp_avg.as<float>(), exp_avg_sq.as<float>(),
+        r.rows.empty() ? nullptr : r.rows.as<int32_t>(), r.count, r.width, r.row_step.as<int32_t>(), r.floor, r.until,
+        r.gradient, h, grad_sq_sum.empty() ? nullptr : grad_sq_sum.as<double>(), stream_, stream_ == side_));
     return Status::ok();
   }
 

@@ -80,11 +80,7 @@ MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<con
 
 Glm4Model::Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens,
                      Recompute recompute)
-    : config_(config),
-      layout_(std::move(layout)),
-      backend_(backend),
-      max_tokens_(max_tokens),
-      recompute_(recompute) {
+    : config_(config), layout_(std::move(layout)), backend_(backend), max_tokens_(max_tokens), recompute_(recompute) {
   shape_.heads = config.num_attention_heads;
   shape_.kv_heads = config.num_key_value_heads;
   shape_.head_dim = config.head_dim;
@@ -551,8 +547,11 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   }
   GLM_ASSIGN_OR_RETURN(Tensor embedding_grads, params.unit_grads(layout_.embedding_unit()));
   Tensor eg = grad_view(embedding_grads, layout_.embedding());
-  if (!eg.empty())
+  if (!eg.empty()) {
     GLM_RETURN_IF_ERROR(backend_.embedding_backward(eg, dres, b.tokens, b.token_order, b.token_runs, n, h));
+    // The padding row gets no gradient (transformers' padding_idx), whatever reads it.
+    if (config_.pad_token_id >= 0) GLM_RETURN_IF_ERROR(backend_.zero(eg.slice(config_.pad_token_id * h, h)));
+  }
   GLM_RETURN_IF_ERROR(params.grads_ready(layout_.embedding_unit()));
   GLM_RETURN_IF_ERROR(release_persistent(params));
   if (persistent < 0) return Status::ok();

@@ -10,8 +10,8 @@
 namespace glm {
 namespace {
 
-constexpr std::array<LoraTarget, kLoraTargetCount> kAllTargets = {
-    LoraTarget::query_key_value, LoraTarget::dense, LoraTarget::dense_h_to_4h, LoraTarget::dense_4h_to_h};
+constexpr std::array<LoraTarget, kLoraTargetCount> kAllTargets = {LoraTarget::query_key_value, LoraTarget::dense,
+                                                                  LoraTarget::dense_h_to_4h, LoraTarget::dense_4h_to_h};
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -25,17 +25,22 @@ std::string_view trim(std::string_view s) {
 
 const char* lora_target_name(LoraTarget target) {
   switch (target) {
-    case LoraTarget::query_key_value: return "query_key_value";
-    case LoraTarget::dense: return "dense";
-    case LoraTarget::dense_h_to_4h: return "dense_h_to_4h";
-    case LoraTarget::dense_4h_to_h: return "dense_4h_to_h";
+    case LoraTarget::query_key_value:
+      return "query_key_value";
+    case LoraTarget::dense:
+      return "dense";
+    case LoraTarget::dense_h_to_4h:
+      return "dense_h_to_4h";
+    case LoraTarget::dense_4h_to_h:
+      return "dense_4h_to_h";
   }
   return "?";
 }
 
 Result<std::vector<LoraTarget>> parse_lora_targets(std::string_view text) {
   text = trim(text);
-  if (text == "all-linear" || text == "all_linear") return std::vector<LoraTarget>(kAllTargets.begin(), kAllTargets.end());
+  if (text == "all-linear" || text == "all_linear")
+    return std::vector<LoraTarget>(kAllTargets.begin(), kAllTargets.end());
   std::vector<LoraTarget> out;
   while (true) {
     const size_t comma = text.find(',');
@@ -66,11 +71,14 @@ std::string lora_targets_text(const std::vector<LoraTarget>& targets) {
   return s;
 }
 
-bool LoraConfig::targets_module(LoraTarget t) const { return std::find(targets.begin(), targets.end(), t) != targets.end(); }
+bool LoraConfig::targets_module(LoraTarget t) const {
+  return std::find(targets.begin(), targets.end(), t) != targets.end();
+}
 
 Status LoraConfig::validate() const {
   if (rank < 1) return GLM_USER_ERROR("--lora_rank must be >= 1, got ", rank);
-  if (!(alpha > 0) || !std::isfinite(alpha)) return GLM_USER_ERROR("--lora_alpha must be a positive number, got ", alpha);
+  if (!(alpha > 0) || !std::isfinite(alpha))
+    return GLM_USER_ERROR("--lora_alpha must be a positive number, got ", alpha);
   if (!(dropout >= 0 && dropout < 1)) return GLM_USER_ERROR("--lora_dropout must be in [0, 1), got ", dropout);
   if (targets.empty()) return GLM_USER_ERROR("--target_modules names no module");
   return Status::ok();
@@ -93,10 +101,18 @@ LoraLayout::LoraLayout(const ModelConfig& c, const LoraConfig& lora) : lora_(lor
       e.layer = l;
       e.target = t;
       switch (t) {
-        case LoraTarget::query_key_value: e.in_features = h, e.out_features = c.qkv_width(); break;
-        case LoraTarget::dense: e.in_features = c.q_width(), e.out_features = h; break;
-        case LoraTarget::dense_h_to_4h: e.in_features = h, e.out_features = 2 * f; break;
-        case LoraTarget::dense_4h_to_h: e.in_features = f, e.out_features = h; break;
+        case LoraTarget::query_key_value:
+          e.in_features = h, e.out_features = c.qkv_width();
+          break;
+        case LoraTarget::dense:
+          e.in_features = c.q_width(), e.out_features = h;
+          break;
+        case LoraTarget::dense_h_to_4h:
+          e.in_features = h, e.out_features = 2 * f;
+          break;
+        case LoraTarget::dense_4h_to_h:
+          e.in_features = f, e.out_features = h;
+          break;
       }
       e.a_offset = align_up(total_, a);
       e.b_offset = align_up(e.a_offset + lora.rank * e.in_features, a);
@@ -139,8 +155,8 @@ std::vector<float> initial_lora_values(const LoraLayout& layout, uint64_t seed) 
   for (const LoraEntry& e : layout.entries()) {
     // torch.nn.init.kaiming_uniform_(a=sqrt(5)) on [r, in]: gain sqrt(2 / 6), bound gain * sqrt(3 / in).
     const double bound = 1.0 / std::sqrt(static_cast<double>(e.in_features));
-    const uint64_t key = splitmix64_mix(seed ^ 0x4c6f5241ULL) ^ splitmix64_mix(static_cast<uint64_t>(e.layer) * 8 +
-                                                                               static_cast<uint64_t>(e.target));
+    const uint64_t key = splitmix64_mix(seed ^ 0x4c6f5241ULL) ^
+                         splitmix64_mix(static_cast<uint64_t>(e.layer) * 8 + static_cast<uint64_t>(e.target));
     for (int64_t i = 0; i < r * e.in_features; ++i)
       v[static_cast<size_t>(e.a_offset + i)] =
           static_cast<float>(bound * (2.0 * counter_uniform(key, static_cast<uint64_t>(i)) - 1.0));

@@ -29,6 +29,12 @@ Status initialize_parameter_range(const ParamLayout& layout, const ModelConfig& 
     } else {
       GLM_RETURN_IF_ERROR(backend.fill_normal(t, seed ^ fnv1a(e.name), lo - e.offset, config.initializer_range));
     }
+    if (e.kind == ParamKind::embedding && config.pad_token_id >= 0) {
+      // The padding row starts at zero, as transformers initialises an embedding's padding_idx.
+      const int64_t row = e.offset + config.pad_token_id * config.hidden_size;
+      const int64_t row_lo = std::max(lo, row), row_hi = std::min(hi, row + config.hidden_size);
+      if (row_lo < row_hi) GLM_RETURN_IF_ERROR(backend.zero(dst.slice(row_lo - begin, row_hi - row_lo)));
+    }
   }
   return backend.synchronize();
 }

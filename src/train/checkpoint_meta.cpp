@@ -20,6 +20,7 @@ nlohmann::json model_config_json(const ModelConfig& c) {
   j["partial_rotary_factor"] = c.partial_rotary_factor;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["initializer_range"] = c.initializer_range;
+  j["pad_token_id"] = c.pad_token_id;
   return j;
 }
 
@@ -186,6 +187,11 @@ Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohman
   GLM_ASSIGN_OR_RETURN(c.partial_rotary_factor, number("partial_rotary_factor"));
   GLM_ASSIGN_OR_RETURN(c.rms_norm_eps, number("rms_norm_eps"));
   GLM_ASSIGN_OR_RETURN(c.initializer_range, number("initializer_range"));
+  // Without pad_token_id (an older checkpoint) every row trained.
+  if (has_config && meta["model_config"].contains("pad_token_id")) {
+    GLM_ASSIGN_OR_RETURN(const double pad, number("pad_token_id"));
+    c.pad_token_id = static_cast<int64_t>(pad);
+  }
   Status valid = c.finalize_and_validate();
   if (!valid.is_ok()) return GLM_USER_ERROR(meta_path.string(), ": invalid model configuration: ", valid.message());
   return c;
