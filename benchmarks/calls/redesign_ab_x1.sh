@@ -3,7 +3,9 @@
 # reference commit's tree (.old/old.tar.gz, made with `git archive --format=tar.gz -o
 # .old/old.tar.gz COMMIT`, carried) side by side, runs the CUDA op tests of this tree, compares the
 # tiny model's CUDA and CPU losses, then the 12-layer GLM-4-9B-shaped step (seq 4096, no clipping)
-# with the old and the new binary alternately. Prints a short table last.
+# with the old and the new binary alternately. Prints a short table last. GLM_AB_CTEST=1 builds every
+# target and runs `ctest -L gpu` instead of test_cuda_ops alone; GLM_AB_FIXTURES=NAME regenerates that
+# parity fixture with transformers (tools/make_parity_fixtures.py) into $OUT/fixtures.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp/out}
@@ -16,13 +18,25 @@ t0=$(date +%s)
 (cd /tmp/old && GLM_BUILD_JOBS=8 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc" OUT=/tmp/old_out bash "$old_session" \
   >"$OUT/old_build.txt" 2>&1; echo "old build rc=$?" >>"$OUT/old_build.txt") &
 old_pid=$!
-GLM_BUILD_JOBS=10 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc test_cuda_ops" bash benchmarks/calls/gpu_session.sh ||
+if [ -n "${GLM_AB_FIXTURES:-}" ]; then
+  (python3 tools/make_parity_fixtures.py /tmp/fixtures >"$OUT/fixtures.log" 2>&1; echo "fixtures rc=$?" >>"$OUT/fixtures.log"
+   mkdir -p "$OUT/fixtures"; for f in $GLM_AB_FIXTURES; do cp -r "/tmp/fixtures/$f" "$OUT/fixtures/"; done) &
+  fixtures_pid=$!
+fi
+new_targets="glm_hpc test_cuda_ops"; [ "${GLM_AB_CTEST:-0}" = 1 ] && new_targets=""
+GLM_BUILD_JOBS=10 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="$new_targets" bash benchmarks/calls/gpu_session.sh ||
   { echo "new build failed"; exit 1; }
 wait $old_pid
 tail -2 "$OUT/old_build.txt"
 echo "builds: $(( $(date +%s) - t0 )) s"
-timeout 240 build-gpu/tests/test_cuda_ops --gtest_brief=1 >"$OUT/test_cuda_ops.log" 2>&1
-echo "test_cuda_ops rc=$?"; grep -E "PASSED|FAILED|SKIPPED \]" "$OUT/test_cuda_ops.log" | head -20
+if [ "${GLM_AB_CTEST:-0}" = 1 ]; then
+  (cd build-gpu && timeout 400 ctest -L gpu -E test_nccl --timeout 300 >"$OUT/ctest_gpu.log" 2>&1; echo "ctest -L gpu rc=$?")
+  grep -E "tests passed|Failed|\*\*\*|Not Run" "$OUT/ctest_gpu.log" | head -20
+else
+  timeout 240 build-gpu/tests/test_cuda_ops --gtest_brief=1 >"$OUT/test_cuda_ops.log" 2>&1
+  echo "test_cuda_ops rc=$?"; grep -E "PASSED|FAILED|SKIPPED \]" "$OUT/test_cuda_ops.log" | head -20
+fi
+if [ -n "${GLM_AB_FIXTURES:-}" ]; then wait "$fixtures_pid"; tail -3 "$OUT/fixtures.log"; fi
 for dev in cuda cpu; do
   timeout 120 mpirun -np 1 build-gpu/glm_hpc --device $dev --max_steps 50 --logging_steps 1 --output_dir /tmp/tiny_$dev \
     >"$OUT/tiny_$dev.log" 2>&1 || { echo "tiny $dev failed"; tail -5 "$OUT/tiny_$dev.log"; }
