@@ -1,16 +1,25 @@
 // CUDA kernels on GLM-4-9B shapes (seq 4096 and 8192, one micro-batch) through the Backend
 // interface, next to two ceilings measured in the same run: a large device-to-device copy (GB/s,
 // bytes read + written) and a large bf16 GEMM through cuBLASLt (TFLOP/s). Each row reports its
-// achieved rate and the fraction of the matching ceiling. Skips when no GPU is visible.
+// achieved rate and the fraction of the matching ceiling. Skips when no GPU is visible. Besides
+// Google Benchmark's flags it takes the backend's kernel choices (BackendConfig) to compare variants:
+//   --attention_kernel auto|mma  --attention_backward_head_chunk N  --attention_dq_vector_atomics true|false
+//   --gemm_autotune off|large|all  --lm_head_scratch_mb N
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "model/backend.h"
+#include "model/backend_config.h"
 #include "model/glm4_model.h"
 
 namespace {
@@ -22,10 +31,12 @@ using glm::DType;
 using glm::MicroBatchIndex;
 using glm::Tensor;
 
+glm::BackendConfig g_config;  // from the command line, before the first benchmark
+
 Backend* gpu() {
   static std::unique_ptr<Backend> backend = [] {
     if (glm::cuda_device_count() == 0) return std::unique_ptr<Backend>();
-    auto r = glm::make_cuda_backend(0);
+    auto r = glm::make_cuda_backend(0, g_config);
     return r.is_ok() ? r.take() : std::unique_ptr<Backend>();
   }();
   return backend.get();
@@ -240,7 +251,9 @@ void BM_AdamW(benchmark::State& state) {
   glm::AdamWStep step;
   step.lr = 1e-5;
   step.step = 10;
-  time_loop(state, [&] { return gpu()->adamw(p.tensor(), master.tensor(), g.tensor(), m.tensor(), v.tensor(), step, glm::Tensor{}); });
+  time_loop(state, [&] {
+    return gpu()->adamw(p.tensor(), master.tensor(), g.tensor(), m.tensor(), v.tensor(), step, glm::Tensor{});
+  });
   report_bytes(state, 28.0 * n);  // read grad 2, master 4, m 4, v 4; write master, m, v 12, param 2
 }
 
@@ -253,7 +266,9 @@ void BM_AdamWSplitMaster(benchmark::State& state) {
   glm::AdamWStep step;
   step.lr = 1e-5;
   step.step = 10;
-  time_loop(state, [&] { return gpu()->adamw(p.tensor(), lo.tensor(), g.tensor(), m.tensor(), v.tensor(), step, glm::Tensor{}); });
+  time_loop(state, [&] {
+    return gpu()->adamw(p.tensor(), lo.tensor(), g.tensor(), m.tensor(), v.tensor(), step, glm::Tensor{});
+  });
   report_bytes(state, 26.0 * n);  // read grad, param, low halves 6, m, v 8; write param, low halves 4, m, v 8
 }
 
@@ -325,19 +340,86 @@ BENCHMARK(BM_RmsNormForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchm
 BENCHMARK(BM_RmsNormBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SwigluForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SwigluBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_EmbeddingBackward)->Args({4096, 0})->Args({4096, 30})->Args({65536, 0})->Args({65536, 30})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EmbeddingBackward)
+    ->Args({4096, 0})
+    ->Args({4096, 30})
+    ->Args({65536, 0})
+    ->Args({65536, 30})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Rope)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AttentionForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamWSplitMaster)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AdamWRows)->Args({4040, 1, 1})->Args({4040, 32, 1})->Args({4040, 64, 1})->Args({0, 64, 1})->Args({4040, 32, 0})->Args({0, 64, 0})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AdamWRows)
+    ->Args({4040, 1, 1})
+    ->Args({4040, 32, 1})
+    ->Args({4040, 64, 1})
+    ->Args({0, 64, 1})
+    ->Args({4040, 32, 0})
+    ->Args({0, 64, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Takes the BackendConfig flags out of argv (Google Benchmark has removed its own); anything else
+// left is an error.
+bool parse_backend_flags(int argc, char** argv) {
+  auto fail = [](std::string_view flag, std::string_view why) {
+    std::fprintf(stderr, "bench_kernels: %.*s %.*s\n", static_cast<int>(flag.size()), flag.data(),
+                 static_cast<int>(why.size()), why.data());
+    return false;
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    if (const size_t eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return fail(arg, "needs a value");
+    }
+    char* end = nullptr;
+    const long long number = std::strtoll(value.c_str(), &end, 10);
+    const bool integer = !value.empty() && *end == '\0';
+    if (arg == "--attention_kernel") {
+      const auto k = glm::enum_from_name<glm::AttentionKernel>(value);
+      if (!k) return fail(arg, "must be " + glm::enum_choices<glm::AttentionKernel>());
+      g_config.attention_kernel = *k;
+    } else if (arg == "--gemm_autotune") {
+      const auto t = glm::enum_from_name<glm::GemmAutotune>(value);
+      if (!t) return fail(arg, "must be " + glm::enum_choices<glm::GemmAutotune>());
+      g_config.gemm_autotune = *t;
+    } else if (arg == "--attention_backward_head_chunk") {
+      if (!integer || number < 1) return fail(arg, "must be a positive integer");
+      g_config.attention_backward_head_chunk = static_cast<int>(number);
+    } else if (arg == "--attention_dq_vector_atomics") {
+      if (value != "true" && value != "false") return fail(arg, "must be true or false");
+      g_config.attention_dq_vector_atomics = value == "true";
+    } else if (arg == "--lm_head_scratch_mb") {
+      if (!integer || number < 1) return fail(arg, "must be a positive number of MiB");
+      g_config.lm_head_scratch_bytes = static_cast<int64_t>(number) << 20;
+    } else {
+      return fail(arg, "is not a flag of bench_kernels (see the comment at the top of bench_kernels.cpp)");
+    }
+  }
+  std::printf(
+      "bench_kernels: attention_kernel %s, attention_backward_head_chunk %d, attention_dq_vector_atomics %s, "
+      "gemm_autotune %s, lm_head_scratch_mb %lld\n",
+      std::string(glm::enum_name(g_config.attention_kernel)).c_str(), g_config.attention_backward_head_chunk,
+      g_config.attention_dq_vector_atomics ? "true" : "false",
+      std::string(glm::enum_name(g_config.gemm_autotune)).c_str(),
+      static_cast<long long>(g_config.lm_head_scratch_bytes >> 20));
+  return true;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  if (!parse_backend_flags(argc, argv)) return 2;
   CeilingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();

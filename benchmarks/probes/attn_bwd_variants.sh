@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # One single-H200 call: the wgmma attention backward's variants side by side (bench_kernels,
 # GLM-4-9B attention shapes at seq 4096 and 8192), after the attention tests on the GPU. Each
-# variant is an environment for bench_kernels (GLM_BWD_VARIANTS, lines "name;VAR=value VAR=value");
-# the default runs first and last, to show the drift between. GLM_BWD_TARGETS replaces the build
-# targets (add glm_hpc for e2e_variants.sh after it). Prints a table last.
-# The dQ/head-chunk variants were measured at the commits named in benchmarks/RESULTS.md (sessions 13-14) and are now compared by the FlashPackings test.
-# They are no longer environment settings (BackendConfig::attention_dq_vector_atomics and
-# attention_backward_head_chunk, chosen in code), so only the default is left to run here.
+# variant is a set of bench_kernels flags (BackendConfig's kernel choices; GLM_BWD_VARIANTS, lines
+# "name;--flag value --flag value"); the default runs first and last, to show the drift between.
+# GLM_BWD_TARGETS replaces the build targets (add glm_hpc for e2e_variants.sh after it). Prints a
+# table last.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
@@ -15,12 +13,12 @@ cd "$(dirname "$0")/../.."
 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="${GLM_BWD_TARGETS:-bench_kernels test_cuda_ops}" bash benchmarks/calls/gpu_session.sh || exit 1
 build-gpu/tests/test_cuda_ops --gtest_filter="${GLM_BWD_TESTS:-*Flash*:*Attention*}" 2>&1 | tee "$OUT/attn_tests.log" |
   grep -E "^\[  (PASSED|FAILED) |FAILED|Failure" | head -20
-default_variants=$'default;\ndefault_again;'
+default_variants=$'default;\nhead_chunk_4;--attention_backward_head_chunk 4\npaired_dq;--attention_dq_vector_atomics false\nmma;--attention_kernel mma\ndefault_again;'
 : >"$OUT/variants.log"
-while IFS=';' read -r name envs; do
+while IFS=';' read -r name flags; do
   [ -n "$name" ] || continue
-  case " $envs" in *" GLM_"*) echo "$name: skipped, bench_kernels reads no GLM_ settings from the environment"; continue ;; esac
-  env $envs build-gpu/benchmarks/bench_kernels --benchmark_filter="AttentionBackward" --benchmark_min_time=0.3s \
+  # shellcheck disable=SC2086  # the flags split into words on purpose
+  build-gpu/benchmarks/bench_kernels $flags --benchmark_filter="AttentionBackward" --benchmark_min_time=0.3s \
     --benchmark_repetitions="${GLM_BWD_REPS:-3}" --benchmark_report_aggregates_only=true 2>&1 |
     sed 's/\x1b\[[0-9;]*m//g' | grep -E "^BM_.*_median" | awk -v n="$name" '{print n, $1, $2, $3}' | tee -a "$OUT/variants.log"
 done <<<"${GLM_BWD_VARIANTS:-$default_variants}"
