@@ -45,15 +45,17 @@ struct LoraMemory {
 
 // What an engine is created with: the model, the largest micro-batch, the optimizer (nullopt: no
 // optimizer state, evaluation only), ZeRO, recomputation, LoRA, and where the optimizer runs.
+// Every member has an initializer, so designated initializers name only what they change (GCC's
+// -Wmissing-field-initializers flags a member left out that has none).
 struct EngineConfig {
-  ModelConfig model;
+  ModelConfig model{};
   int64_t max_tokens = 0;
-  std::optional<AdamWOptions> adam;
+  std::optional<AdamWOptions> adam{};
   double max_grad_norm = 1.0;
   int zero_stage = 0;
   Recompute recompute = Recompute::none;
-  ZeroOptions zero;
-  std::optional<LoraConfig> lora;
+  ZeroOptions zero{};
+  std::optional<LoraConfig> lora{};
   bool optimizer_in_backward = true;  // --optimizer_in_backward
   int defer_embedding_rows = AdamWRows::kMaxHistory;  // --defer_embedding_rows: 0 updates every row every step
 };
