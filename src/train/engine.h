@@ -68,14 +68,6 @@ class TrainingEngine {
   // their gradients all-reduced in --grad_reduce_dtype, fp32 master weights and Adam moments.
   static Result<std::unique_ptr<TrainingEngine>> create(const EngineConfig& config, Backend& backend,
                                                         Communicator& comm, Communicator* data_comm = nullptr);
-  // The same with the common settings given positionally (tests and tools).
-  static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
-                                                        int64_t max_tokens, std::optional<AdamWOptions> adam,
-                                                        double max_grad_norm, int zero_stage = 0,
-                                                        Recompute recompute = Recompute::none,
-                                                        Communicator* data_comm = nullptr,
-                                                        const ZeroOptions& zero_options = ZeroOptions{},
-                                                        const LoraConfig* lora = nullptr);
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
