@@ -139,9 +139,9 @@ glm::WeightLoader weight_loader(const std::optional<glm::HfModel>& hf) {
 glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const std::optional<glm::HfModel>& hf,
                      glm::Communicator& comm, glm::Communicator* data_comm, glm::Backend& backend) {
   const int64_t per_device = o.per_device_eval_batch_size;
-  GLM_ASSIGN_OR_RETURN(auto engine,
-                       glm::TrainingEngine::create(o.train.model, backend, comm, per_device * data.report.max_tokens,
-                                                   std::nullopt, 0.0, 0, glm::Recompute::none, data_comm));
+  const glm::EngineConfig config{
+      .model = o.train.model, .max_tokens = per_device * data.report.max_tokens, .max_grad_norm = 0.0};
+  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(config, backend, comm, data_comm));
   GLM_RETURN_IF_ERROR(weight_loader(hf)(*engine));
   const int64_t n = data.size();
   GLM_ASSIGN_OR_RETURN(glm::EvalResult total,

@@ -375,7 +375,8 @@ TEST(Evaluation, TokenAccuracyCountsArgmaxHitsOfTheLogits) {
   for (int64_t i = 0; i < 3; ++i) append_document(batch, data().sample(i));
   LocalCommunicator comm;
   auto backend = make_cpu_backend(DType::f32);
-  auto made = TrainingEngine::create(c.model, *backend, comm, batch.size(), AdamWOptions{}, 1.0);
+  auto made =
+      TrainingEngine::create({.model = c.model, .max_tokens = batch.size(), .adam = AdamWOptions{}}, *backend, comm);
   ASSERT_TRUE(made.is_ok()) << made.status().message();
   auto engine = made.take();
   ASSERT_TRUE(engine->initialize_parameters(3).is_ok());

@@ -1212,8 +1212,9 @@ TEST(CudaModel, StepMatchesCpuBackend) {
   auto gpu = make_cuda_backend(0).take();
   LocalCommunicator comm;
   AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
-  auto ce = TrainingEngine::create(c, *cpu, comm, 512, adam, 1.0).take();
-  auto ge = TrainingEngine::create(c, *gpu, comm, 512, adam, 1.0).take();
+  const EngineConfig ec{.model = c, .max_tokens = 512, .adam = adam};
+  auto ce = TrainingEngine::create(ec, *cpu, comm).take();
+  auto ge = TrainingEngine::create(ec, *gpu, comm).take();
   ASSERT_TRUE(ce->initialize_parameters(7).is_ok());
   ASSERT_TRUE(ge->initialize_parameters(7).is_ok());
   std::vector<HostMicroBatch> window = {random_batch(c, 1), random_batch(c, 2)};
@@ -1267,7 +1268,9 @@ TEST(CudaModel, RecomputationIsExactOnGpu) {
     int64_t bytes = 0;
   };
   auto run = [&](Recompute policy) {
-    auto e = TrainingEngine::create(c, *gpu, comm, 512, AdamWOptions{}, 1.0, 0, policy).take();
+    auto e =
+        TrainingEngine::create({.model = c, .max_tokens = 512, .adam = AdamWOptions{}, .recompute = policy}, *gpu, comm)
+            .take();
     EXPECT_TRUE(e->initialize_parameters(9).is_ok());
     Outcome o;
     for (int s = 0; s < 5; ++s) {
@@ -1308,7 +1311,9 @@ TEST(CudaModel, OptimizerBesideBackwardMatchesAfter) {
   std::vector<HostMicroBatch> window = {random_batch(c, 7), random_batch(c, 8)};
   std::vector<float> initial;
   auto run = [&](bool beside) {
-    auto e = TrainingEngine::create(c, *gpu, comm, 512, AdamWOptions{0.9, 0.999, 1e-8, 0.1}, 0.0).take();
+    const EngineConfig ec{
+        .model = c, .max_tokens = 512, .adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1}, .max_grad_norm = 0.0};
+    auto e = TrainingEngine::create(ec, *gpu, comm).take();
     EXPECT_TRUE(e->initialize_parameters(11).is_ok());
     if (initial.empty()) initial = e->parameters().take();
     StepTrace t = trace_steps(*e, window, 2e-3, 3, beside);
@@ -1343,7 +1348,7 @@ TEST(CudaModel, SplitMasterMatchesWholeAndRoundTrips) {
   auto make = [&](bool split) {
     AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
     adam.split_master = split;
-    auto e = TrainingEngine::create(c, *gpu, comm, 512, adam, 1.0).take();
+    auto e = TrainingEngine::create({.model = c, .max_tokens = 512, .adam = adam}, *gpu, comm).take();
     EXPECT_TRUE(e->initialize_parameters(12).is_ok());
     EXPECT_EQ(e->optimizer_shard(0).master.dtype, split ? DType::i16 : DType::f32);
     return e;
@@ -1448,9 +1453,8 @@ TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
     lora.rank = 4;
     lora.alpha = 8;
     lora.dropout = dropout;
-    auto e =
-        TrainingEngine::create(c, backend, comm, 512, AdamWOptions{}, 1.0, 0, policy, nullptr, ZeroOptions{}, &lora)
-            .take();
+    const EngineConfig ec{.model = c, .max_tokens = 512, .adam = AdamWOptions{}, .recompute = policy, .lora = lora};
+    auto e = TrainingEngine::create(ec, backend, comm).take();
     EXPECT_TRUE(e->initialize_parameters(7).is_ok());
     EXPECT_TRUE(e->initialize_lora(8).is_ok());
     // B != 0, so that the masks reach the loss and every gradient.
@@ -1522,7 +1526,9 @@ TEST(CudaModel, TransformersParityInBf16) {
     }
     auto gpu = make_cuda_backend(0).take();
     LocalCommunicator comm;
-    auto engine = TrainingEngine::create(model.config, *gpu, comm, batch.size(), AdamWOptions{}, 0.0).take();
+    const EngineConfig ec{
+        .model = model.config, .max_tokens = batch.size(), .adam = AdamWOptions{}, .max_grad_norm = 0.0};
+    auto engine = TrainingEngine::create(ec, *gpu, comm).take();
     ASSERT_TRUE(load_hf_weights(model, engine->layout(), [&](int e, std::span<const float> v) {
                   return engine->set_parameter(e, v);
                 }).is_ok());

@@ -148,7 +148,8 @@ std::vector<float> logits_of(const ModelConfig& config, const Weights& w) {
   }
   auto backend = make_cpu_backend(DType::f32);
   LocalCommunicator comm;
-  auto engine = TrainingEngine::create(config, *backend, comm, batch.size(), std::nullopt, 0.0).take();
+  const EngineConfig ec{.model = config, .max_tokens = batch.size(), .max_grad_norm = 0.0};
+  auto engine = TrainingEngine::create(ec, *backend, comm).take();
   for (size_t e = 0; e < w.size(); ++e) EXPECT_TRUE(engine->set_parameter(static_cast<int>(e), w[e]).is_ok());
   EXPECT_TRUE(engine->parameters_updated().is_ok());
   std::vector<float> logits;
@@ -189,7 +190,8 @@ TEST(Export, BothLayoutsRoundTripTheReassembledMasters) {
   {
     auto backend = make_cpu_backend(DType::f32);
     LocalCommunicator comm;
-    auto engine = TrainingEngine::create(expected, *backend, comm, 64, AdamWOptions{}, 1.0).take();
+    auto engine =
+        TrainingEngine::create({.model = expected, .max_tokens = 64, .adam = AdamWOptions{}}, *backend, comm).take();
     auto loaded = load_checkpoint(*engine, comm, ckpt.value());
     ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
     const ParamLayout& layout = engine->layout();

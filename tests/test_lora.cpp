@@ -196,8 +196,13 @@ INSTANTIATE_TEST_SUITE_P(RecomputeAndDropout, LoraGradients,
 std::unique_ptr<TrainingEngine> make_engine(const ModelConfig& config, Backend& backend, Communicator& comm,
                                             const LoraConfig* lora, int zero_stage = 0,
                                             Recompute recompute = Recompute::none) {
-  auto e = TrainingEngine::create(config, backend, comm, 32, AdamWOptions{0.9, 0.999, 1e-8, 0.01}, 1.0, zero_stage,
-                                  recompute, nullptr, ZeroOptions{}, lora);
+  EngineConfig ec{.model = config,
+                  .max_tokens = 32,
+                  .adam = AdamWOptions{0.9, 0.999, 1e-8, 0.01},
+                  .zero_stage = zero_stage,
+                  .recompute = recompute};
+  if (lora != nullptr) ec.lora = *lora;
+  auto e = TrainingEngine::create(ec, backend, comm);
   EXPECT_TRUE(e.is_ok()) << e.status().message();
   auto engine = e.take();
   EXPECT_TRUE(engine->initialize_parameters(5).is_ok());

@@ -144,9 +144,8 @@ struct Restored {
 std::unique_ptr<Restored> restored(const fs::path& run, const std::string& base_dir) {
   TrainConfig c = tiny(TrainType::lora);
   auto r = std::make_unique<Restored>();
-  r->engine = TrainingEngine::create(c.model, *r->backend, r->comm, 64, AdamWOptions{}, 1.0, 0, Recompute::none,
-                                     nullptr, ZeroOptions{}, &c.lora)
-                  .take();
+  const EngineConfig ec{.model = c.model, .max_tokens = 64, .adam = AdamWOptions{}, .lora = c.lora};
+  r->engine = TrainingEngine::create(ec, *r->backend, r->comm).take();
   TrainingEngine& engine = *r->engine;
   EXPECT_TRUE((base_dir.empty() ? engine.initialize_parameters(c.seed) : hf_loader(base_dir)(engine)).is_ok());
   EXPECT_TRUE(engine.initialize_lora(c.seed).is_ok());
@@ -207,7 +206,8 @@ std::vector<float> imported_logits(const fs::path& dir) {
   const ModelConfig config = read_hf_config(dir.string()).value().config;
   auto backend = make_cpu_backend(DType::f32);
   LocalCommunicator comm;
-  auto engine = TrainingEngine::create(config, *backend, comm, 64, std::nullopt, 0.0).take();
+  auto engine =
+      TrainingEngine::create({.model = config, .max_tokens = 64, .max_grad_norm = 0.0}, *backend, comm).take();
   for (size_t e = 0; e < w.size(); ++e) EXPECT_TRUE(engine->set_parameter(static_cast<int>(e), w[e]).is_ok());
   EXPECT_TRUE(engine->parameters_updated().is_ok());
   return engine_logits(*engine);

@@ -323,8 +323,12 @@ TEST(TrainingEngine, OptimizerInBackwardGivesTheSameTrajectory) {
     SCOPED_TRACE(enum_name(policy));
     auto run = [&](bool in_backward) {
       auto backend = make_cpu_backend(DType::f32);
-      auto e = TrainingEngine::create(config, *backend, comm, 128, AdamWOptions{0.9, 0.95, 1e-8, 0.1}, 0.0, 0, policy)
-                   .take();
+      const EngineConfig ec{.model = config,
+                            .max_tokens = 128,
+                            .adam = AdamWOptions{0.9, 0.95, 1e-8, 0.1},
+                            .max_grad_norm = 0.0,
+                            .recompute = policy};
+      auto e = TrainingEngine::create(ec, *backend, comm).take();
       EXPECT_TRUE(e->initialize_parameters(13).is_ok());
       return trace_steps(*e, window, 3e-3, 4, in_backward);
     };

@@ -297,7 +297,7 @@ TEST_P(NcclZero, SameTrajectoryAsOneGpu) {
   if (rank == 0) {
     auto gpu = make_cuda_backend(0).take();
     LocalCommunicator self;
-    auto e = TrainingEngine::create(c, *gpu, self, 512, adam, 1.0).take();
+    auto e = TrainingEngine::create({.model = c, .max_tokens = 512, .adam = adam}, *gpu, self).take();
     EXPECT_TRUE(e->initialize_parameters(3).is_ok());
     for (int s = 0; s < kSteps; ++s) {  // EXPECT only: rank 1 is waiting in the broadcast below
       auto r = e->step(global, 2e-3);
@@ -312,7 +312,8 @@ TEST_P(NcclZero, SameTrajectoryAsOneGpu) {
   ASSERT_TRUE(f.nccl);
   std::vector<HostMicroBatch> mine;
   for (int m = rank; m < window; m += size) mine.push_back(global[static_cast<size_t>(m)]);
-  auto e = TrainingEngine::create(c, *f.gpu, *f.mpi, 512, adam, 1.0, stage, recompute, f.nccl.get()).take();
+  const EngineConfig ec{.model = c, .max_tokens = 512, .adam = adam, .zero_stage = stage, .recompute = recompute};
+  auto e = TrainingEngine::create(ec, *f.gpu, *f.mpi, f.nccl.get()).take();
   ASSERT_TRUE(e->initialize_parameters(3).is_ok());
   for (int s = 0; s < kSteps; ++s) {
     auto r = e->step(mine, 2e-3);

@@ -182,7 +182,8 @@ StepOutput one_step(const ModelConfig& config, std::span<const HostMicroBatch> w
   LocalCommunicator comm;
   int64_t max_tokens = 0;
   for (const auto& m : window) max_tokens = std::max(max_tokens, m.size());
-  auto e = TrainingEngine::create(config, *backend, comm, max_tokens, AdamWOptions{}, 0.0);
+  auto e = TrainingEngine::create(
+      {.model = config, .max_tokens = max_tokens, .adam = AdamWOptions{}, .max_grad_norm = 0.0}, *backend, comm);
   EXPECT_TRUE(e.is_ok()) << e.status().message();
   auto engine = e.take();
   EXPECT_TRUE(engine->initialize_parameters(11).is_ok());

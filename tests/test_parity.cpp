@@ -66,8 +66,11 @@ std::unique_ptr<TrainingEngine> make_engine(const Fixture& fx, Backend& backend,
   const auto& a = fx.golden["adamw"];
   AdamWOptions adam{a["betas"][0].get<double>(), a["betas"][1].get<double>(), a["eps"].get<double>(),
                     a["weight_decay"].get<double>()};
-  auto e =
-      TrainingEngine::create(fx.model.config, backend, comm, fx.batch.size(), adam, a["max_grad_norm"].get<double>());
+  const EngineConfig ec{.model = fx.model.config,
+                        .max_tokens = fx.batch.size(),
+                        .adam = adam,
+                        .max_grad_norm = a["max_grad_norm"].get<double>()};
+  auto e = TrainingEngine::create(ec, backend, comm);
   EXPECT_TRUE(e.is_ok()) << e.status().message();
   auto engine = e.take();
   Status s = load_hf_weights(fx.model, engine->layout(),

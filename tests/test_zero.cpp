@@ -457,7 +457,8 @@ TEST(ZeroMemory, FollowsTheFormulas) {
   const ModelConfig model = zero_config().model;
   for (int stage = 0; stage <= 3; ++stage) {
     auto backend = make_cpu_backend(DType::f32);
-    auto e = TrainingEngine::create(model, *backend, comm, 64, AdamWOptions{}, 1.0, stage).take();
+    const EngineConfig ec{.model = model, .max_tokens = 64, .adam = AdamWOptions{}, .zero_stage = stage};
+    auto e = TrainingEngine::create(ec, *backend, comm).take();
     const double p = static_cast<double>(e->layout().total_numel());  // padded so it splits evenly
     const ZeroMemory m = e->memory();
     const double params = stage == 3 ? 4 * p / n : 4 * p;
@@ -482,8 +483,8 @@ TEST(ZeroMemory, PersistentTensorsAreWholeOnEveryRank) {
     ZeroOptions zero;
     zero.param_persistence_threshold = threshold;
     auto backend = make_cpu_backend(DType::f32);
-    auto e = TrainingEngine::create(model, *backend, comm, 64, AdamWOptions{}, 1.0, 3, Recompute::none, nullptr, zero)
-                 .take();
+    const EngineConfig ec{.model = model, .max_tokens = 64, .adam = AdamWOptions{}, .zero_stage = 3, .zero = zero};
+    auto e = TrainingEngine::create(ec, *backend, comm).take();
     const ParamLayout& layout = e->layout();
     EXPECT_EQ(layout.persistent_unit() >= 0, threshold > 0);
     const int64_t expected_tensors = threshold == 0 ? 0 : (threshold == 100 ? 7 : (threshold == 3000 ? 13 : 17));
@@ -704,9 +705,9 @@ TEST(MemoryPlan, LoraEngineAllocatesWhatThePlannerCounts) {
       ZeroOptions zero;
       zero.grad_reduce_dtype = reduce;
       auto backend = make_cpu_backend(DType::f32);
-      auto e = TrainingEngine::create(model, *backend, comm, 64, AdamWOptions{}, 1.0, stage, Recompute::none, nullptr,
-                                      zero, &lora)
-                   .take();
+      const EngineConfig ec{
+          .model = model, .max_tokens = 64, .adam = AdamWOptions{}, .zero_stage = stage, .zero = zero, .lora = lora};
+      auto e = TrainingEngine::create(ec, *backend, comm).take();
       const std::string where = concat("stage ", stage, " reduce ", dtype_name(reduce));
       const LoraMemory m = e->lora_memory();
       EXPECT_EQ(m.parameter_bytes, 4 * kTinyRank4Adapters) << where;

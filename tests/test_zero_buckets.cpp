@@ -264,9 +264,8 @@ TEST(ZeroBuckets, BufferBytesAreWhatThePlannerCounts) {
         o.allgather_bucket_size = bucket;
         o.grad_reduce_dtype = reduce;
         auto backend = make_cpu_backend(DType::f32);
-        auto e = TrainingEngine::create(model, *backend, comm, 64, AdamWOptions{}, 1.0, stage, Recompute::none,
-                                        nullptr, o)
-                     .take();
+        const EngineConfig ec{.model = model, .max_tokens = 64, .adam = AdamWOptions{}, .zero_stage = stage, .zero = o};
+        auto e = TrainingEngine::create(ec, *backend, comm).take();
         const ZeroBufferSizes sizes = zero_buffer_sizes(layout, stage, o, DType::f32);
         EXPECT_EQ(e->memory().buffer_bytes, sizes.bytes()) << "stage " << stage << " bucket " << bucket;
         if (comm.size() == 1 || stage == 0) continue;

@@ -117,17 +117,14 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   }
   auto backend = glm::make_cpu_backend(glm::DType::f32);
   glm::LocalCommunicator comm;
-  // The gradients of the function PEFT evaluates in eval mode: no dropout, whatever the run trained with.
-  std::optional<glm::LoraConfig> eval_lora;
+  glm::EngineConfig engine_config{.model = config, .max_tokens = batch.size(), .max_grad_norm = 0.0};
   if (lora) {
-    eval_lora = info->lora->config;
-    eval_lora->dropout = 0;
+    engine_config.adam = glm::AdamWOptions{};
+    engine_config.lora = info->lora->config;
+    // The gradients of the function PEFT evaluates in eval mode: no dropout, whatever the run trained with.
+    engine_config.lora->dropout = 0;
   }
-  const glm::LoraConfig* lora_config = eval_lora ? &*eval_lora : nullptr;
-  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(
-                                        config, *backend, comm, batch.size(),
-                                        lora ? std::optional<glm::AdamWOptions>(glm::AdamWOptions{}) : std::nullopt,
-                                        0.0, 0, glm::Recompute::none, nullptr, glm::ZeroOptions{}, lora_config));
+  GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(engine_config, *backend, comm));
   const glm::ParamLayout& layout = engine->layout();
   const glm::ParamLayout unpadded(config, 1);
   std::vector<float> values;

@@ -14,24 +14,6 @@
 
 namespace glm {
 
-Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const ModelConfig& config, Backend& backend,
-                                                               Communicator& comm, int64_t max_tokens,
-                                                               std::optional<AdamWOptions> adam, double max_grad_norm,
-                                                               int zero_stage, Recompute recompute,
-                                                               Communicator* data_comm, const ZeroOptions& zero_options,
-                                                               const LoraConfig* lora) {
-  EngineConfig c;
-  c.model = config;
-  c.max_tokens = max_tokens;
-  c.adam = adam;
-  c.max_grad_norm = max_grad_norm;
-  c.zero_stage = zero_stage;
-  c.recompute = recompute;
-  c.zero = zero_options;
-  if (lora != nullptr) c.lora = *lora;
-  return create(c, backend, comm, data_comm);
-}
-
 Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfig& ec, Backend& backend,
                                                                Communicator& comm, Communicator* data_comm) {
   const ModelConfig& config = ec.model;

@@ -47,15 +47,17 @@ struct LoraMemory {
 
 // What an engine is created with: the model, the largest micro-batch, the optimizer (nullopt: no
 // optimizer state, evaluation only), ZeRO, recomputation, LoRA, and where the optimizer runs.
+// Every member has an initializer, so designated initializers name only what they change (GCC's
+// -Wmissing-field-initializers flags a member left out that has none).
 struct EngineConfig {
-  ModelConfig model;
+  ModelConfig model{};
   int64_t max_tokens = 0;
-  std::optional<AdamWOptions> adam;
+  std::optional<AdamWOptions> adam{};
   double max_grad_norm = 1.0;
   int zero_stage = 0;
   Recompute recompute = Recompute::none;
-  ZeroOptions zero;
-  std::optional<LoraConfig> lora;
+  ZeroOptions zero{};
+  std::optional<LoraConfig> lora{};
   bool optimizer_in_backward = true;                  // --optimizer_in_backward
   int defer_embedding_rows = AdamWRows::kMaxHistory;  // --defer_embedding_rows: 0 updates every row every step
 };
@@ -68,14 +70,6 @@ class TrainingEngine {
   // their gradients all-reduced in --grad_reduce_dtype, fp32 master weights and Adam moments.
   static Result<std::unique_ptr<TrainingEngine>> create(const EngineConfig& config, Backend& backend,
                                                         Communicator& comm, Communicator* data_comm = nullptr);
-  // The same with the common settings given positionally (tests and tools).
-  static Result<std::unique_ptr<TrainingEngine>> create(const ModelConfig& config, Backend& backend, Communicator& comm,
-                                                        int64_t max_tokens, std::optional<AdamWOptions> adam,
-                                                        double max_grad_norm, int zero_stage = 0,
-                                                        Recompute recompute = Recompute::none,
-                                                        Communicator* data_comm = nullptr,
-                                                        const ZeroOptions& zero_options = ZeroOptions{},
-                                                        const LoraConfig* lora = nullptr);
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
