@@ -168,6 +168,15 @@ void expect_user_error(const Result<CliOptions>& r, const std::string& needle) {
 TEST(Options, BadInputNamesTheOptionOrFileLine) {
   expect_user_error(parse({"--config", "/nonexistent.cfg"}), "cannot open config file '/nonexistent.cfg'");
   expect_user_error(parse({"--no_such_option", "1"}), "no_such_option");
+  expect_user_error(parse({"--learning_rat", "1"}), "unknown option '--learning_rat' (did you mean --learning_rate?)");
+  expect_user_error(parse({"--lora_rnak", "4"}), "(did you mean --lora_rank?)");
+  expect_user_error(parse({"--config", temp_file("t.cfg", "max_step = 3\n")}),
+                    "t.cfg:1: unknown option 'max_step' (did you mean --max_steps?)");
+  {
+    auto far = parse({"--completely_unrelated", "1"});
+    ASSERT_FALSE(far.is_ok());
+    EXPECT_EQ(far.status().message().find("did you mean"), std::string::npos) << far.status().message();
+  }
   expect_user_error(parse({"--hidden_size", "abc"}), "hidden_size");
   expect_user_error(parse({"fly"}), "unknown command 'fly'");
   expect_user_error(parse({"--config", temp_file("u.cfg", "hidden_size = 64\n\nbogus_key = 1\n")}),

@@ -1,6 +1,7 @@
 // Option table, INI handling with file:line errors, value validation and args.json.
 #include "cli/options.h"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,8 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "base/enum_names.h"
 #include "cli/ini_file.h"
@@ -33,6 +36,36 @@ std::string show(const T& v) {
   std::ostringstream s;
   s << v;
   return s.str();
+}
+
+// Edits (insert, delete, substitute, swap two neighbours) between two option names.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// " (did you mean --name?)" for the closest registered option within a few edits, else "".
+std::string did_you_mean(const po::options_description& all, std::string_view typed) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, typed.size() / 4) + 1;
+  for (const auto& option : all.options()) {
+    const std::string& name = option->long_name();
+    const size_t distance = edit_distance(typed, name);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = name;
+    }
+  }
+  return best.empty() ? "" : concat(" (did you mean --", best, "?)");
 }
 
 std::string strip_dashes(std::string s) {
@@ -598,7 +631,8 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
         if (opt.unregistered) {
           auto it = src.config_lines.find(opt.string_key);
           return GLM_USER_ERROR(src.config_file, ":", it == src.config_lines.end() ? 0 : it->second,
-                                ": unknown option '", opt.string_key, "' (see glm_hpc --help)");
+                                ": unknown option '", opt.string_key, "'", did_you_mean(table.all(), opt.string_key),
+                                " (see glm_hpc --help)");
         }
         if (opt.string_key == "config" || opt.string_key == "help")
           return GLM_USER_ERROR(src.config_file, ":", src.config_lines[opt.string_key], ": '", opt.string_key,
@@ -607,6 +641,9 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
       po::store(file, vm);
     }
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    const std::string name = strip_dashes(e.get_option_name());
+    return GLM_USER_ERROR("unknown option '--", name, "'", did_you_mean(table.all(), name), " (see glm_hpc --help)");
   } catch (const po::error_with_option_name& e) {
     const std::string name = strip_dashes(e.get_option_name());
     if (!src.command_line.count(name) && src.config_lines.count(name))
