@@ -1,6 +1,7 @@
 // config.json parsing for both GLM-4 layouts and the weight-name mapping onto the flat layout.
 #include "io/hf_import.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -171,6 +172,16 @@ std::vector<HfPiece> hf_pieces(const HfModel& m, const ParamLayout& layout, int 
 
 namespace {
 
+// A NaN or infinity in a weight makes every loss NaN: said here, where the tensor has a name.
+Status check_finite(std::span<const float> values, const std::string& tensor, const std::string& file) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i]))
+      return GLM_USER_ERROR("tensor '", tensor, "' in '", file, "' holds ", values[i], " at element ", i, " of ",
+                            values.size(), " (as f32): the weights are damaged (a diverged or corrupt checkpoint)");
+  }
+  return Status::ok();
+}
+
 Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
                         const std::function<Status(int entry, std::span<const float> values)>* sink) {
   GLM_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(m.dir));
@@ -200,6 +211,7 @@ Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
       if (sink == nullptr) continue;
       std::span<float> out(values.data() + piece.offset, static_cast<size_t>(found.info->numel()));
       GLM_RETURN_IF_ERROR(read_as_f32(*found.file, *found.info, out));
+      GLM_RETURN_IF_ERROR(check_finite(out, piece.name, found.file->path()));
     }
     if (sink != nullptr) GLM_RETURN_IF_ERROR((*sink)(i, values));
   }

@@ -51,6 +51,10 @@ Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data,
     total.targets += r.targets;
     total.correct += r.correct;
   }
+  // The sums are global: every rank sees the same and fails alike.
+  if (!std::isfinite(total.loss_sum))
+    return GLM_ERROR(ErrorKind::internal, "the evaluation loss over ", total.targets, " target tokens is ",
+                     total.loss_sum, ": the model's logits are not finite (its weights overflow in the forward)");
   return total;
 }
 
