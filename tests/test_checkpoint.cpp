@@ -204,6 +204,31 @@ TEST(Checkpoint, HandEditedMetaFieldsAreRefusedNamingTheField) {
     EXPECT_EQ(info.status().exit_code(), 2);
     EXPECT_NE(info.status().message().find(needle), std::string::npos) << info.status().message();
   }
+
+  // glm_hpc copies the run's args.json into every checkpoint: consumed_samples must then be exactly
+  // step x its global batch (6 passes the multiple-of-world-size rule above, not this one).
+  const fs::path d = out / "with_args";
+  fs::copy(out / "checkpoint-2", d, fs::copy_options::recursive);
+  auto write_args = [&](const nlohmann::json& per_device) {
+    const nlohmann::json args = {{"command", "train"},
+                                 {"options",
+                                  {{"per_device_train_batch_size", {{"value", per_device}, {"source", "default"}}},
+                                   {"gradient_accumulation_steps", {{"value", 1}, {"source", "default"}}}}}};
+    std::ofstream(d / "args.json", std::ios::trunc) << args.dump(2);
+  };
+  write_args(2);
+  nlohmann::json meta = saved;
+  meta["consumed_samples"] = 6;
+  std::ofstream(d / "meta.json", std::ios::trunc) << meta.dump(2);
+  expect_refused(out, d.string(),
+                 "meta.json: field 'consumed_samples' is 6, but 2 steps of the run that saved it consume 4 "
+                 "(per_device_train_batch_size x gradient_accumulation_steps 2 in its args.json, x 1 rank(s))");
+  write_args("two");
+  expect_refused(out, d.string(),
+                 "args.json: field 'options.per_device_train_batch_size.value' must be an integer >= 1, got \"two\"");
+  write_args(2);
+  std::ofstream(d / "meta.json", std::ios::trunc) << saved.dump(2);
+  EXPECT_TRUE(read_checkpoint_info(d.string()).is_ok()) << "the saved values agree with args.json";
 }
 
 // The same checkpoint in version 1's layout (glm_hpc before block checksums): chunked datasets with

@@ -97,9 +97,46 @@ nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const Checkpoi
 
 namespace {
 
+// The saving run's per_device_train_batch_size x gradient_accumulation_steps, from the args.json
+// saved beside meta.json; 0 when the checkpoint has none or it does not record both.
+Result<int64_t> saved_batch_per_rank(const fs::path& dir) {
+  const fs::path path = dir / "args.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return int64_t{0};
+  std::ifstream in(path);
+  const nlohmann::json args = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (args.is_discarded()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
+  GLM_ASSIGN_OR_RETURN(const JsonFields f, JsonFields::of(args, path.string()));
+  if (!f.has("options")) return int64_t{0};
+  GLM_ASSIGN_OR_RETURN(const JsonFields options, f.object("options"));
+  int64_t product = 1;
+  for (const char* name : {"per_device_train_batch_size", "gradient_accumulation_steps"}) {
+    if (!options.has(name)) return int64_t{0};
+    GLM_ASSIGN_OR_RETURN(const JsonFields option, options.object(name));  // {"value": ..., "source": ...}
+    GLM_ASSIGN_OR_RETURN(const int64_t value, option.integer("value", 1));
+    if (__builtin_mul_overflow(product, value, &product))
+      return option.error("value", "makes a global batch beyond int64");
+  }
+  return product;
+}
+
 // consumed_samples is step x the saving run's global batch (per_device_train_batch_size x
-// world_size x gradient_accumulation_steps): a multiple of step x world_size, zero at step 0.
-Status check_consumed_samples(const JsonFields& f, int64_t step, int64_t consumed, int world_size) {
+// world_size x gradient_accumulation_steps): exactly that when the checkpoint's args.json records
+// the batch, else at least a multiple of step x world_size, zero at step 0.
+Status check_consumed_samples(const JsonFields& f, const fs::path& dir, int64_t step, int64_t consumed,
+                              int world_size) {
+  GLM_ASSIGN_OR_RETURN(const int64_t per_rank, saved_batch_per_rank(dir));
+  if (per_rank > 0) {
+    int64_t global = 0, expected = 0;
+    const bool fits = !__builtin_mul_overflow(per_rank, int64_t{world_size}, &global) &&
+                      !__builtin_mul_overflow(step, global, &expected);
+    if (fits && consumed == expected) return Status::ok();
+    return f.error("consumed_samples",
+                   concat("is ", consumed, ", but ", step, " steps of the run that saved it consume ",
+                          fits ? std::to_string(expected) : std::string("more than int64 holds"),
+                          " (per_device_train_batch_size x gradient_accumulation_steps ", per_rank,
+                          " in its args.json, x ", world_size, " rank(s))"));
+  }
   const int64_t per_step = step > 0 ? consumed / step : 0;
   const bool fits =
       step == 0 ? consumed == 0 : consumed % step == 0 && per_step >= world_size && per_step % world_size == 0;
@@ -129,7 +166,7 @@ Status read_evaluation(const JsonFields& f, CheckpointState& state) {
 }
 
 // The fields that say where the run stood: steps, samples, seed, world size, ZeRO stage.
-Status read_position(const JsonFields& f, CheckpointMeta& meta) {
+Status read_position(const JsonFields& f, const fs::path& dir, CheckpointMeta& meta) {
   CheckpointState& state = meta.state;
   GLM_ASSIGN_OR_RETURN(const int64_t world, f.integer("world_size", 1, kMaxCheckpointWorldSize));
   meta.world_size = static_cast<int>(world);
@@ -139,7 +176,7 @@ Status read_position(const JsonFields& f, CheckpointMeta& meta) {
   // Updates since the optimizer started (--resume_only_model restarts both at 0): never past step.
   GLM_ASSIGN_OR_RETURN(meta.optimizer_steps, f.integer("optimizer_steps", 0, state.step));
   GLM_ASSIGN_OR_RETURN(state.consumed_samples, f.integer("consumed_samples", 0));
-  GLM_RETURN_IF_ERROR(check_consumed_samples(f, state.step, state.consumed_samples, meta.world_size));
+  GLM_RETURN_IF_ERROR(check_consumed_samples(f, dir, state.step, state.consumed_samples, meta.world_size));
   GLM_ASSIGN_OR_RETURN(state.seed, f.unsigned_integer("seed"));
   return Status::ok();
 }
@@ -188,7 +225,7 @@ Result<CheckpointMeta> read_checkpoint_meta(const fs::path& dir) {
                           " is not one this glm_hpc reads (", kOldestReadableCheckpointVersion, " to ",
                           kCheckpointVersion, ")");
   meta.version = static_cast<int>(version.value());
-  GLM_RETURN_IF_ERROR(read_position(f, meta));
+  GLM_RETURN_IF_ERROR(read_position(f, dir, meta));
   GLM_RETURN_IF_ERROR(read_contents(f, meta));
   return meta;
 }
