@@ -476,5 +476,25 @@ TEST(Evaluation, TokenAccuracyCountsArgmaxHitsOfTheLogits) {
   EXPECT_DOUBLE_EQ(e.value().token_accuracy(), static_cast<double>(hits) / static_cast<double>(batch.target_count));
 }
 
+// Finite weights whose logits overflow give a non-finite evaluation loss: an error saying so, never
+// an eval_loss of nan or inf printed as a result.
+TEST(Evaluation, NonFiniteLossIsAnError) {
+  TrainConfig c = tiny(fresh("overflow"));
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  auto made = TrainingEngine::create(c.model, *backend, comm, 8 * 256, AdamWOptions{}, 1.0);
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  auto engine = made.take();
+  ASSERT_TRUE(engine->initialize_parameters(3).is_ok());
+  const ParamEntry& head = engine->layout().entry(engine->layout().output());
+  ASSERT_TRUE(engine->set_parameter(engine->layout().output(), std::vector<float>(head.numel, 3e38f)).is_ok());
+  ASSERT_TRUE(engine->parameters_updated().is_ok());
+  auto e = evaluate_dataset(*engine, data(), 8, 0, 1);
+  ASSERT_FALSE(e.is_ok()) << "mean loss " << e.value().mean_loss();
+  EXPECT_NE(e.status().message().find("the evaluation loss over "), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("the model's logits are not finite"), std::string::npos)
+      << e.status().message();
+}
+
 }  // namespace
 }  // namespace glm::test
