@@ -19,6 +19,13 @@ void register_abort_hook(std::function<void()> hook);
 // Rank/host prefix used in every message that may come from any rank: "rank 1/4 (host)".
 std::string rank_prefix();
 
+// Routes what would otherwise end a rank with a bare abort through the fatal path: an uncaught
+// exception (std::terminate) prints rank, host, where it was thrown, the exception and a backtrace,
+// then ends the job as fatal() does; SIGSEGV, SIGBUS, SIGFPE and SIGABRT print rank, host, the
+// signal and a backtrace, then end the process by that signal (the launcher then ends the job).
+// Called once per process by MpiRuntime, after MPI_Init (which installs handlers of its own).
+void install_fatal_handlers();
+
 }  // namespace glm
 
 #define GLM_FATAL(...) ::glm::fatal(__FILE__, __LINE__, ::glm::concat(__VA_ARGS__))

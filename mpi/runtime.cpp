@@ -18,6 +18,8 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   }
   // Errors come back as return codes so that we can report them with context.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // After MPI_Init, whose own handlers of these signals they replace.
+  install_fatal_handlers();
   auto info = discover_process_info(MPI_COMM_WORLD);
   if (!info.is_ok()) GLM_FATAL(info.status().message());
   info_ = info.take();

@@ -148,6 +148,89 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
   expect_refused(out, (out / "nowhere").string(), "is not a directory");
 }
 
+nlohmann::json meta_of(const fs::path& checkpoint) {
+  std::ifstream in(checkpoint / "meta.json");
+  return nlohmann::json::parse(in);
+}
+
+// A hand-edited meta.json that is still valid JSON: every field of the wrong type or outside what a
+// save could have written is refused by resume and by export alike, naming meta.json and the field,
+// exit code 2, before anything trains: no uncaught json type_error, no segfault at step -7, no NaN
+// from a negative optimizer step blamed on the learning rate.
+TEST(Checkpoint, HandEditedMetaFieldsAreRefusedNamingTheField) {
+  const fs::path out = trained("meta_fields");
+  // checkpoint-2 of a one-rank run of 2 samples a step: step 2, optimizer_steps 2, consumed_samples 4.
+  const nlohmann::json saved = meta_of(out / "checkpoint-2");
+  ASSERT_EQ(saved["step"], 2);
+  ASSERT_EQ(saved["consumed_samples"], 4);
+  const std::pair<nlohmann::json, std::string> edits[] = {
+      {{{"step", "abc"}}, "field 'step' must be an integer >= 0, got \"abc\""},
+      {{{"step", -7}}, "field 'step' must be an integer >= 0, got -7"},
+      {{{"step", nullptr}}, "field 'step' is missing"},
+      {{{"units", "x"}}, "field 'units' must be a list of integers >= 0, got \"x\""},
+      {{{"units", {1, "x"}}}, "field 'units[1]' must be an integer >= 0, got \"x\""},
+      {{{"optimizer_steps", -3}}, "field 'optimizer_steps' must be an integer in [0, 2], got -3"},
+      {{{"optimizer_steps", 9}}, "field 'optimizer_steps' must be an integer in [0, 2], got 9"},
+      {{{"consumed_samples", -1}}, "field 'consumed_samples' must be an integer >= 0, got -1"},
+      {{{"consumed_samples", 1e15}}, "field 'consumed_samples' must be an integer >= 0, got 1e+15"},
+      {{{"consumed_samples", 1000000000000001}}, "field 'consumed_samples' is 1000000000000001, which 2 steps"},
+      {{{"consumed_samples", 1}}, "field 'consumed_samples' is 1, which 2 steps on 1 rank(s) cannot have consumed"},
+      {{{"seed", -1}}, "field 'seed' must be an integer >= 0, got -1"},
+      {{{"world_size", "1"}}, "field 'world_size' must be an integer in [1, 1000000], got \"1\""},
+      {{{"world_size", 0}}, "field 'world_size' must be an integer in [1, 1000000], got 0"},
+      {{{"zero_stage", 7}}, "field 'zero_stage' must be an integer in [0, 3], got 7"},
+      {{{"train_type", "qlora"}}, "field 'train_type' must be full or lora, got 'qlora'"},
+      {{{"train_type", 3}}, "field 'train_type' must be a string, got 3"},
+      {{{"model", "x"}}, "field 'model' must be an object, got \"x\""},
+      {{{"model_config", 1}}, "field 'model_config' must be an object, got 1"},
+      {{{"tokenizer", "bytes"}}, "field 'tokenizer' must be an object, got \"bytes\""},
+      {{{"tokenizer", {{"content_hash", 5}}}}, "field 'tokenizer.content_hash' must be a string, got 5"},
+      {{{"eval_loss", "low"}}, "field 'eval_loss' must be a finite number, got \"low\""},
+      {{{"best_metric", 1.5}, {"best_global_step", 9}}, "field 'best_global_step' must be an integer in [0, 2]"},
+      {{{"best_metric", 1.5}, {"best_global_step", 1}, {"best_model_checkpoint", "../x"}},
+       "field 'best_model_checkpoint' must name a checkpoint directory beside this one"},
+  };
+  int k = 0;
+  for (const auto& [edit, needle] : edits) {
+    const fs::path d = out / ("edited_" + std::to_string(k++));
+    fs::copy(out / "checkpoint-2", d, fs::copy_options::recursive);
+    nlohmann::json meta = saved;
+    for (const auto& [field, value] : edit.items()) meta[field] = value;
+    std::ofstream(d / "meta.json", std::ios::trunc) << meta.dump(2);
+    SCOPED_TRACE(edit.dump());
+    expect_refused(out, d.string(), (d / "meta.json").string() + ": " + needle);
+    auto info = read_checkpoint_info(d.string());  // glm_hpc export reads it the same way
+    ASSERT_FALSE(info.is_ok());
+    EXPECT_EQ(info.status().exit_code(), 2);
+    EXPECT_NE(info.status().message().find(needle), std::string::npos) << info.status().message();
+  }
+
+  // glm_hpc copies the run's args.json into every checkpoint: consumed_samples must then be exactly
+  // step x its global batch (6 passes the multiple-of-world-size rule above, not this one).
+  const fs::path d = out / "with_args";
+  fs::copy(out / "checkpoint-2", d, fs::copy_options::recursive);
+  auto write_args = [&](const nlohmann::json& per_device) {
+    const nlohmann::json args = {{"command", "train"},
+                                 {"options",
+                                  {{"per_device_train_batch_size", {{"value", per_device}, {"source", "default"}}},
+                                   {"gradient_accumulation_steps", {{"value", 1}, {"source", "default"}}}}}};
+    std::ofstream(d / "args.json", std::ios::trunc) << args.dump(2);
+  };
+  write_args(2);
+  nlohmann::json meta = saved;
+  meta["consumed_samples"] = 6;
+  std::ofstream(d / "meta.json", std::ios::trunc) << meta.dump(2);
+  expect_refused(out, d.string(),
+                 "meta.json: field 'consumed_samples' is 6, but 2 steps of the run that saved it consume 4 "
+                 "(per_device_train_batch_size x gradient_accumulation_steps 2 in its args.json, x 1 rank(s))");
+  write_args("two");
+  expect_refused(out, d.string(),
+                 "args.json: field 'options.per_device_train_batch_size.value' must be an integer >= 1, got \"two\"");
+  write_args(2);
+  std::ofstream(d / "meta.json", std::ios::trunc) << saved.dump(2);
+  EXPECT_TRUE(read_checkpoint_info(d.string()).is_ok()) << "the saved values agree with args.json";
+}
+
 // The same checkpoint in version 1's layout (glm_hpc before block checksums): chunked datasets with
 // HDF5's Fletcher-32, no checksum_block_bytes attribute, "version": 1 in meta.json.
 void rewrite_as_version1(const fs::path& dir) {
@@ -231,11 +314,6 @@ TEST(Checkpoint, Version1CheckpointsStillResume) {
   meta["version"] = 4;
   std::ofstream(out / "v4" / "meta.json") << meta.dump(2);
   expect_refused(out, (out / "v4").string(), "checkpoint version 4 is not one this glm_hpc reads (1 to 3)");
-}
-
-nlohmann::json meta_of(const fs::path& checkpoint) {
-  std::ifstream in(checkpoint / "meta.json");
-  return nlohmann::json::parse(in);
 }
 
 // --resume_only_model from a checkpoint whose weights are the initial ones (two steps at learning
@@ -397,6 +475,26 @@ TEST(Evaluation, TokenAccuracyCountsArgmaxHitsOfTheLogits) {
   EXPECT_GT(hits, 0);
   EXPECT_LT(hits, batch.target_count);
   EXPECT_DOUBLE_EQ(e.value().token_accuracy(), static_cast<double>(hits) / static_cast<double>(batch.target_count));
+}
+
+// Finite weights whose logits overflow give a non-finite evaluation loss: an error saying so, never
+// an eval_loss of nan or inf printed as a result.
+TEST(Evaluation, NonFiniteLossIsAnError) {
+  TrainConfig c = tiny(fresh("overflow"));
+  LocalCommunicator comm;
+  auto backend = make_cpu_backend(DType::f32);
+  auto made = TrainingEngine::create({.model = c.model, .max_tokens = 8 * 256, .adam = AdamWOptions{}}, *backend, comm);
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  auto engine = made.take();
+  ASSERT_TRUE(engine->initialize_parameters(3).is_ok());
+  const ParamEntry& head = engine->layout().entry(engine->layout().output());
+  ASSERT_TRUE(engine->set_parameter(engine->layout().output(), std::vector<float>(head.numel, 3e38f)).is_ok());
+  ASSERT_TRUE(engine->parameters_updated().is_ok());
+  auto e = evaluate_dataset(*engine, data(), 8, 0, 1);
+  ASSERT_FALSE(e.is_ok()) << "mean loss " << e.value().mean_loss();
+  EXPECT_NE(e.status().message().find("the evaluation loss over "), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("the model's logits are not finite"), std::string::npos)
+      << e.status().message();
 }
 
 }  // namespace

@@ -128,6 +128,45 @@ TEST(CliBadInput, CheckpointMissingATensor) {
   expect_bad_input("eval --model_id_or_path " + dir.string(), "has no tensor 'model.layers.3.input_layernorm.weight'");
 }
 
+// The fixture's samples as a pre-tokenized jsonl file (input_ids and labels per line).
+std::string golden_samples(const std::string& model) {
+  std::ifstream in(std::string(GLM_TEST_WORKDIR) + "/tests/data/" + model + "/golden.json");
+  auto golden = nlohmann::json::parse(in);
+  std::string lines;
+  for (size_t row = 0; row < golden["input_ids"].size(); ++row)
+    lines += nlohmann::json({{"input_ids", golden["input_ids"][row]}, {"labels", golden["labels"][row]}}).dump() + "\n";
+  return write_file(model + "_samples.jsonl", lines);
+}
+
+// A NaN in one weight of --model_id_or_path is found when the weights are read, naming the tensor,
+// instead of an eval that exits 0 printing eval_loss: nan.
+TEST(CliBadInput, NonFiniteWeightIsNamedWhenLoaded) {
+  const auto dir = scratch_root() / "nan_weight";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a", dir);
+  const std::string tensor = "model.layers.1.mlp.down_proj.weight";
+  {
+    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_bytes = 0;
+    f.read(reinterpret_cast<char*>(&header_bytes), 8);
+    std::string header(header_bytes, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_bytes));
+    const auto meta = nlohmann::json::parse(header);
+    ASSERT_EQ(meta[tensor]["dtype"], "F32");
+    const uint64_t at = 8 + header_bytes + meta[tensor]["data_offsets"][0].get<uint64_t>() + 4 * 17;
+    const float nan = std::nanf("");
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(reinterpret_cast<const char*>(&nan), 4);
+  }
+  RunResult r = run_glm("eval --model_id_or_path " + dir.string() + " --dataset " + golden_samples("glm_a"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tensor '" + tensor + "' in '" + (dir / "model.safetensors").string() +
+                          "' holds nan at element 17 of 98304"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("eval_loss"), std::string::npos) << r.output;
+}
+
 // glm_hpc eval on a pre-tokenized file reproduces the loss transformers computed for the fixture.
 TEST(Cli, EvalMatchesTransformersLoss) {
   std::ifstream in(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a/golden.json");

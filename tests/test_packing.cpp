@@ -276,7 +276,7 @@ TEST(Packing, TrainerLossIsTheSamePackedOrNot) {
   config.max_steps = -1;
   config.num_train_epochs = 1;
   config.gradient_accumulation_steps = 1;
-  EXPECT_EQ(total_training_steps(config, plan.value().rows(), 1), plan.value().rows());
+  EXPECT_EQ(total_training_steps(config, plan.value().rows(), 1).value(), plan.value().rows());
 }
 
 }  // namespace

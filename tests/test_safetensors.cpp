@@ -206,12 +206,27 @@ TEST(HfImport, ErrorsNameTheTensorOrField) {
   {
     auto dir = fixture_copy("field");
     edit_config(dir, "\"hidden_size\": 256,", "");
-    expect_import_error(dir, "\"hidden_size\" is missing");
+    expect_import_error(dir, "config.json: field 'hidden_size' is missing");
+  }
+  {
+    auto dir = fixture_copy("field_type");
+    edit_config(dir, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": \"two\"");
+    expect_import_error(dir, "config.json: field 'num_hidden_layers' must be an integer >= 0, got \"two\"");
+  }
+  {
+    auto dir = fixture_copy("field_range");
+    edit_config(dir, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": -2");
+    expect_import_error(dir, "config.json: field 'num_hidden_layers' must be an integer >= 0, got -2");
+  }
+  {
+    auto dir = fixture_copy("field_number");
+    edit_config(dir, "\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": \"1e-05\"");
+    expect_import_error(dir, "config.json: field 'rms_norm_eps' must be a finite number, got \"1e-05\"");
   }
   {
     auto dir = fixture_copy("act");
     edit_config(dir, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
-    expect_import_error(dir, "\"hidden_act\"");
+    expect_import_error(dir, "field 'hidden_act' must be \"silu\"");
   }
   {
     auto dir = fixture_copy("rope");

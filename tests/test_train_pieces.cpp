@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "data/sharded_loader.h"
 #include "train/lr_schedule.h"
+#include "train/trainer.h"
 
 namespace glm::test {
 namespace {
@@ -193,6 +194,53 @@ TEST(Options, BadInputNamesTheOptionOrFileLine) {
   expect_user_error(parse({"--per_device_train_batch_size", "0"}), "--per_device_train_batch_size must be >= 1");
   expect_user_error(parse({"--device", "tpu"}), "--device must be auto, cpu or cuda");
   expect_user_error(parse({"--max_length", "4096", "--max_position_embeddings", "1024"}), "exceeds max_position");
+}
+
+// Nonsense numbers are refused where they are given, not carried into a run that then does something
+// else quietly (clipping off with nan, a flat loss with an infinite epsilon, one step of 1e30 epochs,
+// the seed -1 wrapped to 2^64 - 1).
+TEST(Options, NumbersMustBeFiniteAndUnsignedOnesUnsigned) {
+  expect_user_error(parse({"--max_grad_norm", "nan"}), "--max_grad_norm must be a finite number, got 'nan'");
+  expect_user_error(parse({"--adam_epsilon", "inf"}), "--adam_epsilon must be a finite number, got 'inf'");
+  expect_user_error(parse({"--num_train_epochs", "inf"}), "--num_train_epochs must be a finite number, got 'inf'");
+  expect_user_error(parse({"--weight_decay", "inf"}), "--weight_decay must be a finite number");
+  expect_user_error(parse({"--rope_theta", "nan"}), "--rope_theta must be a finite number, got 'nan'");
+  expect_user_error(parse({"--collective_timeout", "inf"}), "--collective_timeout must be a finite number");
+  expect_user_error(parse({"--config", temp_file("n.cfg", "max_steps = 3\nlearning_rate = nan\n")}),
+                    "n.cfg:2: learning_rate must be a finite number, got 'nan'");
+  expect_user_error(parse({"--seed", "-1"}), "--seed must be a non-negative integer, got '-1'");
+  expect_user_error(parse({"--config", temp_file("seed.cfg", "seed = -5\n")}),
+                    "seed.cfg:1: seed must be a non-negative integer, got '-5'");
+  expect_user_error(parse({"--seed", "18446744073709551616"}), "seed");  // past uint64
+  auto big = parse({"--seed", "18446744073709551615", "--max_grad_norm", "0"});
+  ASSERT_TRUE(big.is_ok()) << big.status().message();
+  EXPECT_EQ(big.value().train.seed, 18446744073709551615ull);
+  // The command line's value is the one checked when the config file gives another.
+  auto overridden = parse({"--config", temp_file("seed_ok.cfg", "seed = -5\n"), "--seed", "7"});
+  ASSERT_TRUE(overridden.is_ok()) << overridden.status().message();
+  EXPECT_EQ(overridden.value().train.seed, 7u);
+}
+
+// Epochs are finite but still bounded by use: every sample of the run is numbered in the loader's
+// int64 stream, so 1e30 epochs is refused naming the option (not cast into a single step).
+TEST(Options, StepCountMustFitTheSampleStream) {
+  TrainConfig c;
+  c.per_device_train_batch_size = 4;
+  c.num_train_epochs = 3;
+  EXPECT_EQ(total_training_steps(c, 100, 2).value(), 38);  // ceil(300 / 8)
+  c.num_train_epochs = 1e30;
+  auto huge = total_training_steps(c, 100, 2);
+  ASSERT_FALSE(huge.is_ok());
+  EXPECT_EQ(huge.status().exit_code(), 2);
+  EXPECT_NE(huge.status().message().find("--num_train_epochs 1e+30 over 100 samples per epoch"), std::string::npos)
+      << huge.status().message();
+  c.num_train_epochs = 1e12;  // large, but its samples fit: a long run, not an error
+  EXPECT_EQ(total_training_steps(c, 100, 2).value(), 12'500'000'000'000);
+  c.max_steps = int64_t{1} << 62;
+  auto steps = total_training_steps(c, 100, 2);
+  ASSERT_FALSE(steps.is_ok());
+  EXPECT_NE(steps.status().message().find("--max_steps 4611686018427387904 x a global batch of 8"), std::string::npos)
+      << steps.status().message();
 }
 
 // Enums and element counts are typed once, by the parser: every accepted name (aliases too) gives

@@ -336,6 +336,16 @@ TEST(BucketAutotune, ReadsABenchCommJsonFile) {
   ASSERT_FALSE(missing.is_ok());
   EXPECT_NE(missing.status().message().find("no all_reduce rows of type bf16"), std::string::npos)
       << missing.status().message();
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << R"({"rows": [{"collective": "reduce_scatter", "size": -4194304, "type": "f32", "time_us": 1, "busbw": 2}]})";
+  }
+  auto negative = read_bandwidth_curve(path, 1, DType::f32);
+  ASSERT_FALSE(negative.is_ok());
+  EXPECT_EQ(negative.status().exit_code(), 2);
+  EXPECT_NE(negative.status().message().find(path + ": field 'rows[0].size' must be an integer >= 1, got -4194304"),
+            std::string::npos)
+      << negative.status().message();
   auto absent = read_bandwidth_curve(path + ".absent", 1, DType::f32);
   ASSERT_FALSE(absent.is_ok());
   EXPECT_NE(absent.status().message().find("cannot be read"), std::string::npos);

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <typeinfo>
 #include <vector>
 
 #include "base/enum_names.h"
@@ -99,6 +100,33 @@ struct Sources {
     return concat("--", name);
   }
 };
+
+// The text of each option as given (the command line's where both give one: it wins).
+using OptionTexts = std::map<std::string, std::vector<std::string>>;
+
+bool is_unsigned_integer(const std::type_info& type) {
+  return type == typeid(unsigned long long) || type == typeid(unsigned long) || type == typeid(unsigned int) ||
+         type == typeid(unsigned short);
+}
+
+// Numbers as the option table types them: a floating-point option holds a finite value (no option
+// gives nan or inf a meaning), an unsigned one a text without a minus sign (Boost reads "-1" as
+// 2^64 - 1).
+Status check_numbers(const po::variables_map& vm, const OptionTexts& texts, const Sources& src) {
+  for (const auto& [name, value] : vm) {
+    const boost::any& held = value.value();
+    if (const double* d = boost::any_cast<double>(&held); d != nullptr && !std::isfinite(*d))
+      return GLM_USER_ERROR(src.where(name), " must be a finite number, got '", show(*d), "'");
+    const auto text = texts.find(name);
+    if (!is_unsigned_integer(held.type()) || text == texts.end()) continue;
+    for (const std::string& t : text->second) {
+      const size_t first = t.find_first_not_of(" \t");
+      if (first != std::string::npos && t[first] == '-')
+        return GLM_USER_ERROR(src.where(name), " must be a non-negative integer, got '", t, "'");
+    }
+  }
+  return Status::ok();
+}
 
 Status check(bool ok, const Sources& src, const std::string& name, const std::string& requirement) {
   if (ok) return Status::ok();
@@ -605,11 +633,15 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   }
   po::variables_map vm;
   Sources src;
+  OptionTexts texts;
   try {
     // No prefix guessing: a typo such as --learning_rat must fail, not pick --learning_rate.
     const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
     po::parsed_options cmd = po::command_line_parser(args).options(table.all()).style(style).run();
-    for (const auto& opt : cmd.options) src.command_line[opt.string_key] = true;
+    for (const auto& opt : cmd.options) {
+      src.command_line[opt.string_key] = true;
+      texts[opt.string_key] = opt.value;
+    }
     po::store(cmd, vm);
     if (vm.count("help")) {
       o.help = true;
@@ -628,6 +660,7 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
       std::ifstream in(src.config_file);
       po::parsed_options file = po::parse_config_file(in, table.all(), true);
       for (const auto& opt : file.options) {
+        texts.emplace(opt.string_key, opt.value);
         if (opt.unregistered) {
           auto it = src.config_lines.find(opt.string_key);
           return GLM_USER_ERROR(src.config_file, ":", it == src.config_lines.end() ? 0 : it->second,
@@ -653,6 +686,7 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
     return GLM_USER_ERROR(e.what());
   }
   GLM_RETURN_IF_ERROR(table.resolve(src));
+  GLM_RETURN_IF_ERROR(check_numbers(vm, texts, src));
   GLM_RETURN_IF_ERROR(validate(o, src, vm));
 
   nlohmann::json values = table.values();

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/json_fields.h"
+
 namespace glm {
 namespace {
 
@@ -322,71 +324,94 @@ SampleView MappedShards::sample(int64_t i) const {
   return shards_[k]->sample(i - first_[k]);
 }
 
+namespace {
+
+// prepared_from against this run's tokenizer: ids mean nothing without theirs, the same numbers from
+// another one are other text.
+Status check_prepared_tokenizer(const JsonFields& from, const std::string& dir, const Tokenizer& tokenizer) {
+  if (!from.has("tokenizer_hash"))
+    return GLM_USER_ERROR("'", dir, "' does not record the content hash of the tokenizer that made it (an older ",
+                          "glm_hpc prepared it): prepare it again");
+  GLM_ASSIGN_OR_RETURN(const std::string hash, from.string("tokenizer_hash"));
+  GLM_ASSIGN_OR_RETURN(const std::string made_by, from.string_or("tokenizer", ""));
+  if (!hash.empty() && hash != tokenizer.content_hash())
+    return GLM_USER_ERROR("'", dir, "' was tokenized with ", made_by, " (", hash, ") but this run's tokenizer is ",
+                          tokenizer.source(), " (", tokenizer.content_hash(),
+                          "): prepare it again with this tokenizer, or train with --tokenizer ", made_by);
+  return Status::ok();
+}
+
+// Every shard the manifest lists, mapped and checked against its entry's counts.
+Result<std::vector<std::unique_ptr<MappedShard>>> open_listed_shards(const JsonFields& m, const fs::path& root,
+                                                                     int64_t vocab_size) {
+  GLM_ASSIGN_OR_RETURN(const std::vector<JsonFields> list, m.objects("shards"));
+  if (list.empty()) return GLM_USER_ERROR("'", m.file(), "' lists no shards");
+  std::vector<std::unique_ptr<MappedShard>> shards;
+  for (const JsonFields& entry : list) {
+    GLM_ASSIGN_OR_RETURN(const std::string file, entry.string("file"));
+    if (fs::path(file).filename() != file)
+      return GLM_USER_ERROR("'", m.file(), "' names a shard outside its directory: '", file, "'");
+    GLM_ASSIGN_OR_RETURN(const int64_t samples, entry.integer("samples", 0));
+    GLM_ASSIGN_OR_RETURN(const int64_t tokens, entry.integer("tokens", 0));
+    GLM_ASSIGN_OR_RETURN(auto shard, MappedShard::open((root / file).string(), vocab_size));
+    if (shard->samples() != samples || shard->tokens() != tokens)
+      return GLM_USER_ERROR("token shard '", (root / file).string(), "' holds ", shard->samples(), " samples and ",
+                            shard->tokens(), " tokens; '", m.file(), "' says ", samples, " and ", tokens);
+    shards.push_back(std::move(shard));
+  }
+  return shards;
+}
+
+// The length report prepare printed, as training prints it again.
+Status read_prepared_report(const JsonFields& m, DatasetReport& report) {
+  GLM_ASSIGN_OR_RETURN(const JsonFields r, m.object("report"));
+  const std::pair<const char*, int64_t*> counts[] = {{"read", &report.read},
+                                                     {"deleted_too_long", &report.deleted_too_long},
+                                                     {"truncated", &report.truncated},
+                                                     {"deleted_no_target", &report.deleted_no_target},
+                                                     {"skipped_bad", &report.skipped_bad},
+                                                     {"max_length", &report.max_length}};
+  for (const auto& [field, target] : counts) {
+    GLM_ASSIGN_OR_RETURN(*target, r.integer(field, 0));
+  }
+  GLM_ASSIGN_OR_RETURN(report.skipped_reasons, r.string("skipped_reasons"));
+  GLM_ASSIGN_OR_RETURN(const std::string truncation_name, r.string("truncation_strategy"));
+  const auto truncation = enum_from_name<Truncation>(truncation_name);
+  if (!truncation) return r.error("truncation_strategy", concat("is not ", enum_choices<Truncation>()));
+  report.truncation = *truncation;
+  GLM_ASSIGN_OR_RETURN(report.lengths, r.integers("lengths", 0));
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size, const Tokenizer* tokenizer) {
   const fs::path root(dir);
   const std::string manifest_path = (root / kManifest).string();
-  GLM_ASSIGN_OR_RETURN(nlohmann::json m, read_manifest(root / kManifest));
+  GLM_ASSIGN_OR_RETURN(nlohmann::json json, read_manifest(root / kManifest));
+  if (!json.is_object() || json.value("format", "") != kFormat)
+    return GLM_USER_ERROR("'", manifest_path, "' is not a glm_hpc prepare manifest (\"format\" is not \"", kFormat,
+                          "\")");
+  GLM_ASSIGN_OR_RETURN(const JsonFields m, JsonFields::of(json, manifest_path));
+  if (m.raw("version") != kVersion)
+    return GLM_USER_ERROR("'", manifest_path, "' has version ", json_excerpt(m.raw("version")), "; this glm_hpc reads ",
+                          kVersion);
+  GLM_ASSIGN_OR_RETURN(const JsonFields from, m.object("prepared_from"));
+  if (tokenizer != nullptr) GLM_RETURN_IF_ERROR(check_prepared_tokenizer(from, dir, *tokenizer));
+  GLM_ASSIGN_OR_RETURN(const int64_t prepared_vocab, m.integer("vocab_size", 1));
+  if (prepared_vocab > vocab_size)
+    return GLM_USER_ERROR("'", dir, "' was prepared for vocab_size ", prepared_vocab, ", above the model's ",
+                          vocab_size);
+  GLM_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<MappedShard>> shards, open_listed_shards(m, root, vocab_size));
   Dataset d;
-  std::vector<std::unique_ptr<MappedShard>> shards;
-  try {
-    if (!m.is_object() || m.value("format", "") != kFormat)
-      return GLM_USER_ERROR("'", manifest_path, "' is not a glm_hpc prepare manifest (\"format\" is not \"", kFormat,
-                            "\")");
-    if (m.at("version").get<uint32_t>() != kVersion)
-      return GLM_USER_ERROR("'", manifest_path, "' has version ", m.at("version").dump(), "; this glm_hpc reads ",
-                            kVersion);
-    if (tokenizer != nullptr) {
-      // Ids mean nothing without their tokenizer: the same numbers from another one are other text.
-      const auto& from = m.at("prepared_from");
-      if (!from.contains("tokenizer_hash"))
-        return GLM_USER_ERROR("'", dir, "' does not record the content hash of the tokenizer that made it (an older ",
-                              "glm_hpc prepared it): prepare it again");
-      const std::string hash = from.at("tokenizer_hash").get<std::string>();
-      if (!hash.empty() && hash != tokenizer->content_hash())
-        return GLM_USER_ERROR("'", dir, "' was tokenized with ", from.at("tokenizer").get<std::string>(), " (", hash,
-                              ") but this run's tokenizer is ", tokenizer->source(), " (", tokenizer->content_hash(),
-                              "): prepare it again with this tokenizer, or train with --tokenizer ",
-                              from.at("tokenizer").get<std::string>());
-    }
-    const int64_t prepared_vocab = m.at("vocab_size").get<int64_t>();
-    if (prepared_vocab > vocab_size)
-      return GLM_USER_ERROR("'", dir, "' was prepared for vocab_size ", prepared_vocab, ", above the model's ",
-                            vocab_size);
-    const auto& list = m.at("shards");
-    if (!list.is_array() || list.empty()) return GLM_USER_ERROR("'", manifest_path, "' lists no shards");
-    for (const auto& entry : list) {
-      const std::string file = entry.at("file").get<std::string>();
-      if (fs::path(file).filename() != file)
-        return GLM_USER_ERROR("'", manifest_path, "' names a shard outside its directory: '", file, "'");
-      GLM_ASSIGN_OR_RETURN(auto shard, MappedShard::open((root / file).string(), vocab_size));
-      if (shard->samples() != entry.at("samples").get<int64_t>() ||
-          shard->tokens() != entry.at("tokens").get<int64_t>())
-        return GLM_USER_ERROR("token shard '", (root / file).string(), "' holds ", shard->samples(), " samples and ",
-                              shard->tokens(), " tokens; '", manifest_path, "' says ", entry.at("samples").dump(),
-                              " and ", entry.at("tokens").dump());
-      shards.push_back(std::move(shard));
-    }
-    const auto& r = m.at("report");
-    d.report.read = r.at("read").get<int64_t>();
-    d.report.deleted_too_long = r.at("deleted_too_long").get<int64_t>();
-    d.report.truncated = r.at("truncated").get<int64_t>();
-    d.report.deleted_no_target = r.at("deleted_no_target").get<int64_t>();
-    d.report.skipped_bad = r.at("skipped_bad").get<int64_t>();
-    d.report.skipped_reasons = r.at("skipped_reasons").get<std::string>();
-    d.report.max_length = r.at("max_length").get<int64_t>();
-    const auto truncation = enum_from_name<Truncation>(r.at("truncation_strategy").get<std::string>());
-    if (!truncation)
-      return GLM_USER_ERROR("'", manifest_path, "': report.truncation_strategy is not ", enum_choices<Truncation>());
-    d.report.truncation = *truncation;
-    d.report.lengths = r.at("lengths").get<std::vector<int64_t>>();
-    const auto& from = m.at("prepared_from");
-    std::string files;
-    for (const auto& f : from.at("dataset")) files += (files.empty() ? "" : " ") + f.get<std::string>();
-    d.prepared = concat(dir, " (prepared from ", files, ", loss_scale ", from.at("loss_scale").get<std::string>(),
-                        from.at("system").get<std::string>().empty() ? "" : ", with a default system prompt", ")");
-  } catch (const nlohmann::json::exception& e) {
-    return GLM_USER_ERROR("'", manifest_path, "' lacks a field or has a wrong type (", e.what(), ")");
-  }
+  GLM_RETURN_IF_ERROR(read_prepared_report(m, d.report));
+  GLM_ASSIGN_OR_RETURN(const std::vector<std::string> sources, from.strings("dataset"));
+  std::string files;
+  for (const std::string& f : sources) files += (files.empty() ? "" : " ") + f;
+  GLM_ASSIGN_OR_RETURN(const std::string loss_scale, from.string("loss_scale"));
+  GLM_ASSIGN_OR_RETURN(const std::string system, from.string("system"));
+  d.prepared = concat(dir, " (prepared from ", files, ", loss_scale ", loss_scale,
+                      system.empty() ? "" : ", with a default system prompt", ")");
   d.mapped = std::make_shared<MappedShards>(std::move(shards));
   for (int64_t i = 0; i < d.size(); ++i) {
     const SampleView s = d.sample(i);

@@ -1,40 +1,31 @@
 // config.json parsing for both GLM-4 layouts and the weight-name mapping onto the flat layout.
 #include "io/hf_import.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/json_fields.h"
 #include "io/safetensors.h"
 
 namespace glm {
 namespace {
 
+// config.json's fields, typed and range-checked (base/json_fields.h), "<path>: field 'x' ..." in messages.
 class ConfigReader {
  public:
-  ConfigReader(const nlohmann::json& j, std::string path) : j_(j), path_(std::move(path)) {}
-  Status error(const std::string& field, const std::string& what) const {
-    return GLM_USER_ERROR(path_, ": \"", field, "\" ", what);
-  }
-  bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
-  Result<int64_t> integer(const std::string& key) const {
-    if (!has(key)) return error(key, "is missing");
-    if (!j_[key].is_number_integer()) return error(key, "must be an integer");
-    return j_[key].get<int64_t>();
-  }
-  Result<int64_t> integer_or(const std::string& key, int64_t fallback) const {
-    return has(key) ? integer(key) : Result<int64_t>(fallback);
-  }
-  Result<double> number_or(const std::string& key, double fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_number()) return error(key, "must be a number");
-    return j_[key].get<double>();
-  }
-  Result<bool> boolean_or(const std::string& key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_boolean()) return error(key, "must be true or false");
-    return j_[key].get<bool>();
+  explicit ConfigReader(JsonFields fields) : f_(std::move(fields)) {}
+  Status error(const std::string& field, const std::string& what) const { return f_.error(field, what); }
+  bool has(const std::string& key) const { return f_.has(key); }
+  Result<int64_t> integer(const std::string& key) const { return f_.integer(key, 0); }
+  Result<int64_t> integer_or(const std::string& key, int64_t fallback) const { return f_.integer_or(key, fallback, 0); }
+  Result<double> number_or(const std::string& key, double fallback) const { return f_.number_or(key, fallback); }
+  Result<bool> boolean_or(const std::string& key, bool fallback) const { return f_.boolean_or(key, fallback); }
+  Result<ConfigReader> object(const std::string& key) const {
+    GLM_ASSIGN_OR_RETURN(JsonFields nested, f_.object(key));
+    return ConfigReader(std::move(nested));
   }
   Status require(const std::string& key, bool expected, bool fallback) const {
     GLM_ASSIGN_OR_RETURN(bool v, boolean_or(key, fallback));
@@ -44,8 +35,7 @@ class ConfigReader {
   }
 
  private:
-  const nlohmann::json& j_;
-  std::string path_;
+  JsonFields f_;
 };
 
 constexpr int64_t kGlmConfigPadTokenId = 151329;
@@ -76,8 +66,7 @@ Status read_glm(const ConfigReader& r, const nlohmann::json& j, HfModel& m) {
   GLM_ASSIGN_OR_RETURN(c.partial_rotary_factor, r.number_or("partial_rotary_factor", 0.5));
   if (r.has("rope_parameters")) {
     const auto& rp = j["rope_parameters"];
-    if (!rp.is_object()) return r.error("rope_parameters", "must be an object");
-    ConfigReader rr(rp, "config.json rope_parameters");
+    GLM_ASSIGN_OR_RETURN(const ConfigReader rr, r.object("rope_parameters"));
     GLM_ASSIGN_OR_RETURN(c.rope_theta, rr.number_or("rope_theta", c.rope_theta));
     GLM_ASSIGN_OR_RETURN(c.partial_rotary_factor, rr.number_or("partial_rotary_factor", c.partial_rotary_factor));
     if (rp.contains("rope_type") && rp["rope_type"] != "default")
@@ -136,7 +125,8 @@ Result<HfModel> read_hf_config(const std::string& dir) {
   if (!j.is_object()) return GLM_USER_ERROR("'", path, "' is not a JSON object");
   HfModel m;
   m.dir = dir;
-  ConfigReader r(j, path);
+  GLM_ASSIGN_OR_RETURN(const JsonFields fields, JsonFields::of(j, path));
+  const ConfigReader r(fields);
   const std::string type = j.value("model_type", "");
   if (type == "glm") {
     m.layout = HfLayout::glm;
@@ -190,6 +180,16 @@ std::vector<HfPiece> hf_pieces(const HfModel& m, const ParamLayout& layout, int 
 
 namespace {
 
+// A NaN or infinity in a weight makes every loss NaN: said here, where the tensor has a name.
+Status check_finite(std::span<const float> values, const std::string& tensor, const std::string& file) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i]))
+      return GLM_USER_ERROR("tensor '", tensor, "' in '", file, "' holds ", values[i], " at element ", i, " of ",
+                            values.size(), " (as f32): the weights are damaged (a diverged or corrupt checkpoint)");
+  }
+  return Status::ok();
+}
+
 Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
                         const std::function<Status(int entry, std::span<const float> values)>* sink) {
   GLM_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(m.dir));
@@ -219,6 +219,7 @@ Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
       if (sink == nullptr) continue;
       std::span<float> out(values.data() + piece.offset, static_cast<size_t>(found.info->numel()));
       GLM_RETURN_IF_ERROR(read_as_f32(*found.file, *found.info, out));
+      GLM_RETURN_IF_ERROR(check_finite(out, piece.name, found.file->path()));
     }
     if (sink != nullptr) GLM_RETURN_IF_ERROR((*sink)(i, values));
   }

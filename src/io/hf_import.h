@@ -46,7 +46,8 @@ struct HfPiece {
 std::vector<HfPiece> hf_pieces(const HfModel& model, const ParamLayout& layout, int entry);
 
 // Reads every parameter of the checkpoint (F32, BF16, F16 or F64) and hands it to sink as f32.
-// A missing tensor, a wrong shape or a tensor the model does not use is a user error naming it.
+// A missing tensor, a wrong shape, a tensor the model does not use or a NaN or infinity in a weight
+// (as f32) is a user error naming it.
 Status load_hf_weights(const HfModel& model, const ParamLayout& layout,
                        const std::function<Status(int entry, std::span<const float> values)>& sink);
 // The same checks as load_hf_weights (names, shapes, dtypes, unused tensors) without reading data,

@@ -57,15 +57,15 @@ Status write_own_file(TrainingEngine& engine, const fs::path& tmp, int rank, int
 }
 
 // This rank's part of a load: meta.json checked against this run, then its optimizer state read.
-Result<nlohmann::json> load_own_part(TrainingEngine& engine, const fs::path& dir, const ResumeExpectation& expect,
+Result<CheckpointMeta> load_own_part(TrainingEngine& engine, const fs::path& dir, const ResumeExpectation& expect,
                                      double base_sum_squares) {
-  GLM_ASSIGN_OR_RETURN(const nlohmann::json m, read_checkpoint_meta(dir));
+  GLM_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(dir));
   const std::vector<int64_t> units = unpadded_units(engine.config());
-  GLM_RETURN_IF_ERROR(check_resume_compatible(m, engine, expect, units, base_sum_squares, dir / "meta.json"));
+  GLM_RETURN_IF_ERROR(check_resume_compatible(meta, engine, expect, units, base_sum_squares));
   GLM_RETURN_IF_ERROR(engine.lora_layout() != nullptr
                           ? load_lora_file(engine, dir, expect.weights_only)
-                          : load_rank_slices(engine, dir, m["world_size"].get<int>(), units, expect.weights_only));
-  return m;
+                          : load_rank_slices(engine, dir, meta.world_size, units, expect.weights_only));
+  return meta;
 }
 
 }  // namespace
@@ -109,9 +109,8 @@ Result<CheckpointState> load_checkpoint(TrainingEngine& engine, Communicator& co
   auto meta = load_own_part(engine, fs::path(dir_name), expect, base_sum_squares);
   GLM_RETURN_IF_ERROR(agree(comm, meta.is_ok() ? Status::ok() : meta.status(), "loading the checkpoint"));
   // Weights only: the optimizer starts at step 0 (bias correction from scratch) with zero moments.
-  GLM_RETURN_IF_ERROR(
-      engine.optimizer_restored(expect.weights_only ? 0 : meta.value()["optimizer_steps"].get<int64_t>()));
-  return checkpoint_state_from_meta(meta.value());
+  GLM_RETURN_IF_ERROR(engine.optimizer_restored(expect.weights_only ? 0 : meta.value().optimizer_steps));
+  return meta.value().state;
 }
 
 }  // namespace glm

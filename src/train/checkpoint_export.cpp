@@ -80,33 +80,25 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
   const fs::path dir(dir_name);
   CheckpointInfo info;
   info.dir = dir_name;
-  GLM_ASSIGN_OR_RETURN(const nlohmann::json meta, read_checkpoint_meta(dir));
+  GLM_ASSIGN_OR_RETURN(const CheckpointMeta meta, read_checkpoint_meta(dir));
   for (const fs::path& args : {dir / "args.json", dir.parent_path() / "args.json"}) {
     if (fs::exists(args)) {
       GLM_ASSIGN_OR_RETURN(info.args, read_args(args));
       break;
     }
   }
-  const fs::path meta_path = dir / "meta.json";
-  GLM_ASSIGN_OR_RETURN(info.config, saved_model_config(meta, info.args, meta_path));
+  GLM_ASSIGN_OR_RETURN(info.config, saved_model_config(meta, info.args));
   const nlohmann::json ours = model_shape_json(info.config);
   for (const auto& [field, value] : ours.items())
-    GLM_RETURN_IF_ERROR(check_model_field(meta["model"], ours, field, meta_path));
-  if (!meta["units"].is_array() || meta["units"] != nlohmann::json(unpadded_units(info.config)))
-    return GLM_USER_ERROR(meta_path.string(), ": unit sizes differ from the layout of the model it describes");
-  for (const char* field : {"world_size", "step", "zero_stage"})
-    if (meta.contains(field) && !meta[field].is_number_integer())
-      return GLM_USER_ERROR(meta_path.string(), ": field '", field, "' must be an integer");
-  if (meta["world_size"].get<int64_t>() < 1 || meta["world_size"].get<int64_t>() > 1'000'000)
-    return GLM_USER_ERROR(meta_path.string(), ": world_size ", meta["world_size"].dump(), " is not a rank count");
-  info.world_size = meta["world_size"].get<int>();
-  info.zero_stage = meta.contains("zero_stage") ? meta["zero_stage"].get<int>() : 0;
-  info.step = meta["step"].get<int64_t>();
-  if (meta.contains("tokenizer") && meta["tokenizer"].is_object() && meta["tokenizer"].contains("path") &&
-      meta["tokenizer"]["path"].is_string())
-    info.tokenizer = meta["tokenizer"]["path"].get<std::string>();
-  if (meta.value("train_type", "full") == "lora") {
-    GLM_ASSIGN_OR_RETURN(info.lora, saved_lora(meta, info.config, meta_path));
+    GLM_RETURN_IF_ERROR(check_model_field(meta.json["model"], ours, field, meta.path));
+  if (meta.units != unpadded_units(info.config))
+    return GLM_USER_ERROR(meta.path.string(), ": unit sizes differ from the layout of the model it describes");
+  info.world_size = meta.world_size;
+  info.zero_stage = meta.zero_stage;
+  info.step = meta.state.step;
+  info.tokenizer = meta.state.tokenizer;
+  if (meta.train_type == TrainType::lora) {
+    GLM_ASSIGN_OR_RETURN(info.lora, saved_lora(meta, info.config));
   }
   return info;
 }

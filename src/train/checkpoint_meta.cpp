@@ -5,6 +5,7 @@
 #include <fstream>
 #include <optional>
 
+#include "base/json_fields.h"
 #include "train/checkpoint_format.h"
 
 namespace glm {
@@ -22,11 +23,6 @@ nlohmann::json model_config_json(const ModelConfig& c) {
   j["initializer_range"] = c.initializer_range;
   j["pad_token_id"] = c.pad_token_id;
   return j;
-}
-
-std::optional<double> optional_number(const nlohmann::json& m, const char* field) {
-  if (!m.contains(field) || !m[field].is_number()) return std::nullopt;
-  return m[field].get<double>();
 }
 
 }  // namespace
@@ -100,22 +96,138 @@ nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const Checkpoi
   return meta;
 }
 
-Result<nlohmann::json> read_checkpoint_meta(const fs::path& dir) {
-  const fs::path path = dir / "meta.json";
+namespace {
+
+// The saving run's per_device_train_batch_size x gradient_accumulation_steps, from the args.json
+// saved beside meta.json; 0 when the checkpoint has none or it does not record both.
+Result<int64_t> saved_batch_per_rank(const fs::path& dir) {
+  const fs::path path = dir / "args.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return int64_t{0};
   std::ifstream in(path);
+  const nlohmann::json args = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (args.is_discarded()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
+  GLM_ASSIGN_OR_RETURN(const JsonFields f, JsonFields::of(args, path.string()));
+  if (!f.has("options")) return int64_t{0};
+  GLM_ASSIGN_OR_RETURN(const JsonFields options, f.object("options"));
+  int64_t product = 1;
+  for (const char* name : {"per_device_train_batch_size", "gradient_accumulation_steps"}) {
+    if (!options.has(name)) return int64_t{0};
+    GLM_ASSIGN_OR_RETURN(const JsonFields option, options.object(name));  // {"value": ..., "source": ...}
+    GLM_ASSIGN_OR_RETURN(const int64_t value, option.integer("value", 1));
+    if (__builtin_mul_overflow(product, value, &product))
+      return option.error("value", "makes a global batch beyond int64");
+  }
+  return product;
+}
+
+// consumed_samples is step x the saving run's global batch (per_device_train_batch_size x
+// world_size x gradient_accumulation_steps): exactly that when the checkpoint's args.json records
+// the batch, else at least a multiple of step x world_size, zero at step 0.
+Status check_consumed_samples(const JsonFields& f, const fs::path& dir, int64_t step, int64_t consumed,
+                              int world_size) {
+  GLM_ASSIGN_OR_RETURN(const int64_t per_rank, saved_batch_per_rank(dir));
+  if (per_rank > 0) {
+    int64_t global = 0, expected = 0;
+    const bool fits = !__builtin_mul_overflow(per_rank, int64_t{world_size}, &global) &&
+                      !__builtin_mul_overflow(step, global, &expected);
+    if (fits && consumed == expected) return Status::ok();
+    return f.error("consumed_samples",
+                   concat("is ", consumed, ", but ", step, " steps of the run that saved it consume ",
+                          fits ? std::to_string(expected) : std::string("more than int64 holds"),
+                          " (per_device_train_batch_size x gradient_accumulation_steps ", per_rank,
+                          " in its args.json, x ", world_size, " rank(s))"));
+  }
+  const int64_t per_step = step > 0 ? consumed / step : 0;
+  const bool fits =
+      step == 0 ? consumed == 0 : consumed % step == 0 && per_step >= world_size && per_step % world_size == 0;
+  if (fits) return Status::ok();
+  return f.error("consumed_samples",
+                 concat("is ", consumed, ", which ", step, " steps on ", world_size,
+                        " rank(s) cannot have consumed: a step consumes per_device_train_batch_size x world_size x "
+                        "gradient_accumulation_steps samples, so it is step x a multiple of world_size (",
+                        step, " x a multiple of ", world_size, ")"));
+}
+
+// The evaluation fields (Hugging Face's trainer_state.json names), each null when there was none.
+Status read_evaluation(const JsonFields& f, CheckpointState& state) {
+  if (f.has("eval_loss")) {
+    GLM_ASSIGN_OR_RETURN(state.eval_loss, f.number("eval_loss"));
+  }
+  if (!f.has("best_metric")) return Status::ok();
+  EvalRecord best;
+  GLM_ASSIGN_OR_RETURN(best.loss, f.number("best_metric"));
+  GLM_ASSIGN_OR_RETURN(best.step, f.integer("best_global_step", 0, state.step));
+  GLM_ASSIGN_OR_RETURN(best.checkpoint, f.string_or("best_model_checkpoint", ""));
+  if (best.checkpoint.find('/') != std::string::npos)
+    return f.error("best_model_checkpoint",
+                   concat("must name a checkpoint directory beside this one, got '", best.checkpoint, "'"));
+  state.best = best;
+  return Status::ok();
+}
+
+// The fields that say where the run stood: steps, samples, seed, world size, ZeRO stage.
+Status read_position(const JsonFields& f, const fs::path& dir, CheckpointMeta& meta) {
+  CheckpointState& state = meta.state;
+  GLM_ASSIGN_OR_RETURN(const int64_t world, f.integer("world_size", 1, kMaxCheckpointWorldSize));
+  meta.world_size = static_cast<int>(world);
+  GLM_ASSIGN_OR_RETURN(const int64_t stage, f.integer_or("zero_stage", 0, 0, 3));
+  meta.zero_stage = static_cast<int>(stage);
+  GLM_ASSIGN_OR_RETURN(state.step, f.integer("step", 0));
+  // Updates since the optimizer started (--resume_only_model restarts both at 0): never past step.
+  GLM_ASSIGN_OR_RETURN(meta.optimizer_steps, f.integer("optimizer_steps", 0, state.step));
+  GLM_ASSIGN_OR_RETURN(state.consumed_samples, f.integer("consumed_samples", 0));
+  GLM_RETURN_IF_ERROR(check_consumed_samples(f, dir, state.step, state.consumed_samples, meta.world_size));
+  GLM_ASSIGN_OR_RETURN(state.seed, f.unsigned_integer("seed"));
+  return Status::ok();
+}
+
+// What was trained and with what: units, model, train_type, tokenizer, LoRA base.
+Status read_contents(const JsonFields& f, CheckpointMeta& meta) {
+  CheckpointState& state = meta.state;
+  GLM_ASSIGN_OR_RETURN(meta.units, f.integers("units", 0));
+  GLM_RETURN_IF_ERROR(f.object("model").status());
+  if (f.has("model_config")) GLM_RETURN_IF_ERROR(f.object("model_config").status());
+  GLM_ASSIGN_OR_RETURN(const std::string train_type, f.string_or("train_type", "full"));
+  const std::optional<TrainType> kind = enum_from_name<TrainType>(train_type);
+  if (!kind)
+    return f.error("train_type", concat("must be ", enum_choices<TrainType>(), ", got '", train_type,
+                                        "' (a damaged or foreign checkpoint)"));
+  meta.train_type = *kind;
+  if (f.has("tokenizer")) {
+    GLM_ASSIGN_OR_RETURN(const JsonFields t, f.object("tokenizer"));
+    GLM_ASSIGN_OR_RETURN(state.tokenizer, t.string_or("path", ""));
+    GLM_ASSIGN_OR_RETURN(state.tokenizer_hash, t.string_or("content_hash", ""));
+  }
+  if (meta.train_type == TrainType::lora) {
+    GLM_RETURN_IF_ERROR(f.object("lora").status());
+    GLM_ASSIGN_OR_RETURN(const JsonFields base, f.object("base"));
+    GLM_ASSIGN_OR_RETURN(state.base_model, base.string_or("model_id_or_path", ""));
+  }
+  return read_evaluation(f, state);
+}
+
+}  // namespace
+
+Result<CheckpointMeta> read_checkpoint_meta(const fs::path& dir) {
+  CheckpointMeta meta;
+  meta.path = dir / "meta.json";
+  const std::string path = meta.path.string();
+  std::ifstream in(meta.path);
   if (!in) return GLM_USER_ERROR("checkpoint '", dir.string(), "' has no readable meta.json");
-  nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.is_object()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
-  if (meta.value("format", "") != kCheckpointFormat)
-    return GLM_USER_ERROR(path.string(), " is not a glm_hpc checkpoint (its format field is not '", kCheckpointFormat,
-                          "')");
-  const int version = meta.contains("version") && meta["version"].is_number_integer() ? meta["version"].get<int>() : -1;
-  if (version < kOldestReadableCheckpointVersion || version > kCheckpointVersion)
-    return GLM_USER_ERROR(
-        path.string(), ": checkpoint version ", meta.contains("version") ? meta["version"].dump() : "(none)",
-        " is not one this glm_hpc reads (", kOldestReadableCheckpointVersion, " to ", kCheckpointVersion, ")");
-  for (const char* field : {"step", "world_size", "units", "model", "consumed_samples", "seed", "optimizer_steps"})
-    if (!meta.contains(field)) return GLM_USER_ERROR(path.string(), ": field '", field, "' is missing");
+  meta.json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (meta.json.is_discarded() || !meta.json.is_object()) return GLM_USER_ERROR(path, " is not valid JSON");
+  GLM_ASSIGN_OR_RETURN(const JsonFields f, JsonFields::of(meta.json, path));
+  if (f.raw("format") != kCheckpointFormat)
+    return GLM_USER_ERROR(path, " is not a glm_hpc checkpoint (its format field is not '", kCheckpointFormat, "')");
+  auto version = f.integer("version", kOldestReadableCheckpointVersion, kCheckpointVersion);
+  if (!version.is_ok())
+    return GLM_USER_ERROR(path, ": checkpoint version ", f.has("version") ? json_excerpt(f.raw("version")) : "(none)",
+                          " is not one this glm_hpc reads (", kOldestReadableCheckpointVersion, " to ",
+                          kCheckpointVersion, ")");
+  meta.version = static_cast<int>(version.value());
+  GLM_RETURN_IF_ERROR(read_position(f, dir, meta));
+  GLM_RETURN_IF_ERROR(read_contents(f, meta));
   return meta;
 }
 
@@ -128,50 +240,26 @@ Status check_model_field(const nlohmann::json& saved, const nlohmann::json& ours
   return Status::ok();
 }
 
-CheckpointState checkpoint_state_from_meta(const nlohmann::json& m) {
-  CheckpointState state;
-  state.step = m["step"].get<int64_t>();
-  state.consumed_samples = m["consumed_samples"].get<int64_t>();
-  state.seed = m["seed"].get<uint64_t>();
-  if (m.contains("base") && m["base"].is_object() && m["base"].contains("model_id_or_path") &&
-      m["base"]["model_id_or_path"].is_string())
-    state.base_model = m["base"]["model_id_or_path"].get<std::string>();
-  if (m.contains("tokenizer") && m["tokenizer"].is_object()) {
-    state.tokenizer = m["tokenizer"].value("path", "");
-    state.tokenizer_hash = m["tokenizer"].value("content_hash", "");
-  }
-  state.eval_loss = optional_number(m, "eval_loss");
-  const std::optional<double> best = optional_number(m, "best_metric");
-  if (best && m.contains("best_global_step") && m["best_global_step"].is_number_integer()) {
-    state.best = EvalRecord{m["best_global_step"].get<int64_t>(), *best,
-                            m.contains("best_model_checkpoint") && m["best_model_checkpoint"].is_string()
-                                ? m["best_model_checkpoint"].get<std::string>()
-                                : std::string()};
-  }
-  return state;
-}
-
-Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohmann::json& args,
-                                       const fs::path& meta_path) {
-  const bool has_config = meta.contains("model_config") && meta["model_config"].is_object();
-  const nlohmann::json* options = args.is_object() && args.contains("options") ? &args["options"] : nullptr;
-  if (!has_config && options == nullptr)
-    return GLM_USER_ERROR(meta_path.string(),
+Result<ModelConfig> saved_model_config(const CheckpointMeta& meta, const nlohmann::json& args) {
+  const std::string path = meta.path.string();
+  GLM_ASSIGN_OR_RETURN(const JsonFields f, JsonFields::of(meta.json, path));
+  const bool has_config = f.has("model_config");
+  const bool has_options = args.is_object() && args.contains("options") && args["options"].is_object();
+  if (!has_config && !has_options)
+    return GLM_USER_ERROR(path,
                           " has no model_config (an older glm_hpc wrote it) and no args.json is "
                           "beside the checkpoint to take RoPE and norm settings from");
-  auto number = [&](const char* field) -> Result<double> {
-    const nlohmann::json* v = nullptr;
-    if (has_config && meta["model_config"].contains(field)) {
-      v = &meta["model_config"][field];
-    } else if (!has_config && meta["model"].contains(field)) {
-      v = &meta["model"][field];
-    } else if (!has_config && options->contains(field) && (*options)[field].contains("value")) {
-      v = &(*options)[field]["value"];
-    }
-    if (v == nullptr || !v->is_number())
-      return GLM_USER_ERROR(meta_path.string(), ": model_config field '", field, "' is missing or not a number");
-    return v->get<double>();
-  };
+  // An older checkpoint: meta.json's model, the rest from args.json's options ({"value": ...}).
+  nlohmann::json legacy = nlohmann::json::object();
+  if (!has_config) {
+    for (const auto& [name, option] : args["options"].items())
+      if (option.is_object() && option.contains("value")) legacy[name] = option["value"];
+    for (const auto& [name, value] : meta.json["model"].items()) legacy[name] = value;
+  }
+  Result<JsonFields> fields =
+      has_config ? f.object("model_config") : JsonFields::of(legacy, path + " (its model, with args.json's options)");
+  GLM_RETURN_IF_ERROR(fields.status());
+  const JsonFields& c_fields = fields.value();
   ModelConfig c;
   int64_t* integers[] = {
       &c.vocab_size,          &c.hidden_size,         &c.intermediate_size, &c.num_hidden_layers,
@@ -180,65 +268,49 @@ Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohman
       "vocab_size",          "hidden_size",         "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "head_dim",          "max_position_embeddings"};
   for (size_t i = 0; i < std::size(integers); ++i) {
-    GLM_ASSIGN_OR_RETURN(const double v, number(integer_names[i]));
-    *integers[i] = static_cast<int64_t>(v);
+    GLM_ASSIGN_OR_RETURN(*integers[i], c_fields.integer(integer_names[i], 1));
   }
-  GLM_ASSIGN_OR_RETURN(c.rope_theta, number("rope_theta"));
-  GLM_ASSIGN_OR_RETURN(c.partial_rotary_factor, number("partial_rotary_factor"));
-  GLM_ASSIGN_OR_RETURN(c.rms_norm_eps, number("rms_norm_eps"));
-  GLM_ASSIGN_OR_RETURN(c.initializer_range, number("initializer_range"));
+  GLM_ASSIGN_OR_RETURN(c.rope_theta, c_fields.number("rope_theta"));
+  GLM_ASSIGN_OR_RETURN(c.partial_rotary_factor, c_fields.number("partial_rotary_factor"));
+  GLM_ASSIGN_OR_RETURN(c.rms_norm_eps, c_fields.number("rms_norm_eps"));
+  GLM_ASSIGN_OR_RETURN(c.initializer_range, c_fields.number("initializer_range"));
   // Without pad_token_id (an older checkpoint) every row trained.
-  if (has_config && meta["model_config"].contains("pad_token_id")) {
-    GLM_ASSIGN_OR_RETURN(const double pad, number("pad_token_id"));
-    c.pad_token_id = static_cast<int64_t>(pad);
-  }
+  GLM_ASSIGN_OR_RETURN(c.pad_token_id, c_fields.integer_or("pad_token_id", -1, -1, c.vocab_size - 1));
   Status valid = c.finalize_and_validate();
-  if (!valid.is_ok()) return GLM_USER_ERROR(meta_path.string(), ": invalid model configuration: ", valid.message());
+  if (!valid.is_ok()) return GLM_USER_ERROR(path, ": invalid model configuration: ", valid.message());
   return c;
 }
 
 // meta.json's lora and base objects (written by save_checkpoint: lora_json, base_json).
-Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelConfig& config,
-                                      const fs::path& meta_path) {
-  if (!meta.contains("lora") || !meta["lora"].is_object() || !meta.contains("base") || !meta["base"].is_object())
-    return GLM_USER_ERROR(meta_path.string(), ": a LoRA checkpoint without the 'lora' or 'base' object");
-  const nlohmann::json& l = meta["lora"];
-  const nlohmann::json& b = meta["base"];
+Result<LoraCheckpointInfo> saved_lora(const CheckpointMeta& meta, const ModelConfig& config) {
+  const std::string path = meta.path.string();
+  GLM_ASSIGN_OR_RETURN(const JsonFields f, JsonFields::of(meta.json, path));
+  GLM_ASSIGN_OR_RETURN(const JsonFields l, f.object("lora"));
+  GLM_ASSIGN_OR_RETURN(const JsonFields b, f.object("base"));
   LoraCheckpointInfo out;
-  if (!l.contains("rank") || !l["rank"].is_number_integer() || l["rank"].get<int64_t>() < 1)
-    return GLM_USER_ERROR(meta_path.string(), ": field 'lora.rank' is missing or not a positive integer");
-  if (!l.contains("alpha") || !l["alpha"].is_number() || !(l["alpha"].get<double>() > 0))
-    return GLM_USER_ERROR(meta_path.string(), ": field 'lora.alpha' is missing or not a positive number");
-  if (!l.contains("targets") || !l["targets"].is_array() || l["targets"].empty())
-    return GLM_USER_ERROR(meta_path.string(), ": field 'lora.targets' is missing or not a list of module names");
-  out.config.rank = l["rank"].get<int64_t>();
-  out.config.alpha = l["alpha"].get<double>();
+  GLM_ASSIGN_OR_RETURN(out.config.rank, l.integer("rank", 1));
+  GLM_ASSIGN_OR_RETURN(out.config.alpha, l.number("alpha"));
+  if (!(out.config.alpha > 0)) return l.error("alpha", concat("must be positive, got ", out.config.alpha));
   // A meta.json without lora.dropout (an older checkpoint) trained without dropout.
-  out.config.dropout = l.contains("dropout") && l["dropout"].is_number() ? l["dropout"].get<double>() : 0.0;
+  GLM_ASSIGN_OR_RETURN(out.config.dropout, l.number_or("dropout", 0.0, 0.0, 1.0));
+  GLM_ASSIGN_OR_RETURN(const std::vector<std::string> target_names, l.strings("targets"));
+  if (target_names.empty()) return l.error("targets", "is an empty list (of module names)");
   std::string names;
-  for (const auto& t : l["targets"]) {
-    if (!t.is_string()) return GLM_USER_ERROR(meta_path.string(), ": field 'lora.targets' holds a non-string");
-    names += (names.empty() ? "" : ",") + t.get<std::string>();
-  }
+  for (const std::string& t : target_names) names += (names.empty() ? "" : ",") + t;
   auto targets = parse_lora_targets(names);
-  if (!targets.is_ok()) return GLM_USER_ERROR(meta_path.string(), ": lora.targets: ", targets.status().message());
+  if (!targets.is_ok()) return GLM_USER_ERROR(path, ": lora.targets: ", targets.status().message());
   out.config.targets = targets.take();
   const int64_t numel = LoraLayout(config, out.config).total_numel();
-  if (l.value("numel", nlohmann::json()) != nlohmann::json(numel))
-    return GLM_USER_ERROR(meta_path.string(), ": lora.numel is ", l.value("numel", nlohmann::json()).dump(),
+  if (l.raw("numel") != nlohmann::json(numel))
+    return GLM_USER_ERROR(path, ": lora.numel is ", json_excerpt(l.raw("numel")),
                           ", the LoRA layout of its model and configuration has ", numel);
-  const nlohmann::json path = b.value("model_id_or_path", nlohmann::json());
-  const nlohmann::json seed = b.value("random_init_seed", nlohmann::json());
-  if (path.is_string() && !path.get<std::string>().empty()) {
-    out.base_model = path.get<std::string>();
-  } else if (seed.is_number_unsigned() || seed.is_number_integer()) {
-    out.random_init_seed = seed.get<uint64_t>();
-  } else {
-    return GLM_USER_ERROR(meta_path.string(), ": field 'base' names neither a model_id_or_path nor a random_init_seed");
+  GLM_ASSIGN_OR_RETURN(out.base_model, b.string_or("model_id_or_path", ""));
+  if (out.base_model.empty()) {
+    if (!b.has("random_init_seed"))
+      return GLM_USER_ERROR(path, ": field 'base' names neither a model_id_or_path nor a random_init_seed");
+    GLM_ASSIGN_OR_RETURN(out.random_init_seed, b.unsigned_integer("random_init_seed"));
   }
-  if (!b.contains("sum_squares") || !b["sum_squares"].is_number())
-    return GLM_USER_ERROR(meta_path.string(), ": field 'base.sum_squares' is missing or not a number");
-  out.base_sum_squares = b["sum_squares"].get<double>();
+  GLM_ASSIGN_OR_RETURN(out.base_sum_squares, b.number("sum_squares", 0.0));
   return out;
 }
 

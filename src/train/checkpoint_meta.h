@@ -25,21 +25,33 @@ nlohmann::json base_json(const std::string& base_model, uint64_t seed, double su
 nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const CheckpointState& state, int world,
                                     double base_sum_squares);
 
-// dir/meta.json, checked for format, a readable version and the fields every version has.
-Result<nlohmann::json> read_checkpoint_meta(const std::filesystem::path& dir);
+// A checkpoint's meta.json as read back: every field checked for its type and for the range a save
+// could have written, a user error naming the file and the field otherwise.
+struct CheckpointMeta {
+  std::filesystem::path path;  // dir/meta.json, for messages
+  nlohmann::json json;         // the whole file: its model, model_config, lora and base objects
+  int version = 0;
+  int world_size = 1;
+  int zero_stage = 0;
+  int64_t optimizer_steps = 0;
+  std::vector<int64_t> units;
+  TrainType train_type = TrainType::full;
+  CheckpointState state;  // step, consumed_samples, seed, tokenizer, evaluation, LoRA base
+};
+
+// Most ranks a checkpoint may name: a bound far above any machine, far below what overflows.
+inline constexpr int64_t kMaxCheckpointWorldSize = 1'000'000;
+
+// dir/meta.json: its format, a readable version, and every field (see CheckpointMeta).
+Result<CheckpointMeta> read_checkpoint_meta(const std::filesystem::path& dir);
 
 // saved[field] (meta.json's model) against ours[field], a user error naming both when they differ.
 Status check_model_field(const nlohmann::json& saved, const nlohmann::json& ours, const std::string& field,
                          const std::filesystem::path& meta_path);
 
-// The run's state as meta.json records it.
-CheckpointState checkpoint_state_from_meta(const nlohmann::json& m);
-
 // meta.json's model_config; without it (an older checkpoint) the run's args.json gives the model.
-Result<ModelConfig> saved_model_config(const nlohmann::json& meta, const nlohmann::json& args,
-                                       const std::filesystem::path& meta_path);
+Result<ModelConfig> saved_model_config(const CheckpointMeta& meta, const nlohmann::json& args);
 // meta.json's lora and base objects (written as lora_json and base_json), checked.
-Result<LoraCheckpointInfo> saved_lora(const nlohmann::json& meta, const ModelConfig& config,
-                                      const std::filesystem::path& meta_path);
+Result<LoraCheckpointInfo> saved_lora(const CheckpointMeta& meta, const ModelConfig& config);
 
 }  // namespace glm

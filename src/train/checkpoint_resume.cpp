@@ -14,14 +14,13 @@ namespace fs = std::filesystem;
 
 // The tokenizer recorded in meta.json against this run's: another vocabulary mapping would make the
 // trained embeddings mean other tokens.
-Status check_tokenizer(const nlohmann::json& m, const ResumeExpectation& expect, const fs::path& meta) {
-  if (expect.tokenizer_hash.empty() || !m.contains("tokenizer") || !m["tokenizer"].is_object()) return Status::ok();
-  const nlohmann::json& t = m["tokenizer"];
-  const std::string saved = t.value("content_hash", ""), path = t.value("path", "");
-  if (saved.empty() || saved == expect.tokenizer_hash) return Status::ok();
-  return GLM_USER_ERROR(meta.string(), ": the checkpoint was trained with the tokenizer '", path, "' (content hash ",
-                        saved, "), this run's tokenizer '", expect.tokenizer, "' has content hash ",
-                        expect.tokenizer_hash, ": resume with the tokenizer the checkpoint was trained with");
+Status check_tokenizer(const CheckpointState& saved, const ResumeExpectation& expect, const fs::path& meta) {
+  if (expect.tokenizer_hash.empty() || saved.tokenizer_hash.empty() || saved.tokenizer_hash == expect.tokenizer_hash)
+    return Status::ok();
+  return GLM_USER_ERROR(meta.string(), ": the checkpoint was trained with the tokenizer '", saved.tokenizer,
+                        "' (content hash ", saved.tokenizer_hash, "), this run's tokenizer '", expect.tokenizer,
+                        "' has content hash ", expect.tokenizer_hash,
+                        ": resume with the tokenizer the checkpoint was trained with");
 }
 
 // The adapters' configuration recorded in meta.json against this run's.
@@ -66,39 +65,34 @@ Status check_lora_base(const nlohmann::json& base, const ResumeExpectation& expe
 }
 
 // train_type, and for LoRA the adapters' configuration and the base, against this run's.
-Status check_training_kind(const nlohmann::json& m, const TrainingEngine& engine, const ResumeExpectation& expect,
-                           double base_sum_squares, const fs::path& meta) {
-  const std::string name = m.contains("train_type") && m["train_type"].is_string() ? m["train_type"].get<std::string>()
-                                                                                   : std::string("full");
-  const std::optional<TrainType> saved = enum_from_name<TrainType>(name);
-  if (!saved)
-    return GLM_USER_ERROR(meta.string(), ": train_type '", name, "' is not ", enum_choices<TrainType>(),
-                          " (a damaged or foreign checkpoint)");
+Status check_training_kind(const CheckpointMeta& saved, const TrainingEngine& engine, const ResumeExpectation& expect,
+                           double base_sum_squares) {
+  const fs::path& meta = saved.path;
   const TrainType ours = train_type_of(engine);
-  if (*saved != ours)
-    return GLM_USER_ERROR(meta.string(), ": the checkpoint's train_type is ", name, ", this run's --train_type is ",
-                          enum_name(ours),
-                          *saved == TrainType::lora ? " (a LoRA checkpoint holds only adapters, not the full weights)"
-                                                    : " (a full-training checkpoint holds no LoRA adapters)");
+  if (saved.train_type != ours)
+    return GLM_USER_ERROR(meta.string(), ": the checkpoint's train_type is ", enum_name(saved.train_type),
+                          ", this run's --train_type is ", enum_name(ours),
+                          saved.train_type == TrainType::lora
+                              ? " (a LoRA checkpoint holds only adapters, not the full weights)"
+                              : " (a full-training checkpoint holds no LoRA adapters)");
   const LoraLayout* lora = engine.lora_layout();
   if (lora == nullptr) return Status::ok();
-  if (!m.contains("lora") || !m["lora"].is_object() || !m.contains("base") || !m["base"].is_object())
-    return GLM_USER_ERROR(meta.string(), ": a LoRA checkpoint without the 'lora' or 'base' object");
-  GLM_RETURN_IF_ERROR(check_lora_config(m, *lora, meta));
-  return check_lora_base(m["base"], expect, base_sum_squares, meta);
+  // read_checkpoint_meta checked that a LoRA checkpoint has both objects.
+  GLM_RETURN_IF_ERROR(check_lora_config(saved.json, *lora, meta));
+  return check_lora_base(saved.json["base"], expect, base_sum_squares, meta);
 }
 
 }  // namespace
 
-Status check_resume_compatible(const nlohmann::json& m, const TrainingEngine& engine, const ResumeExpectation& expect,
-                               const std::vector<int64_t>& units, double base_sum_squares, const fs::path& meta_path) {
+Status check_resume_compatible(const CheckpointMeta& meta, const TrainingEngine& engine,
+                               const ResumeExpectation& expect, const std::vector<int64_t>& units,
+                               double base_sum_squares) {
   const nlohmann::json ours = model_shape_json(engine.config());
   for (const auto& [field, value] : ours.items())
-    GLM_RETURN_IF_ERROR(check_model_field(m["model"], ours, field, meta_path));
-  if (m["units"].get<std::vector<int64_t>>() != units)
-    return GLM_USER_ERROR(meta_path.string(), ": unit sizes differ from this model's layout");
-  GLM_RETURN_IF_ERROR(check_tokenizer(m, expect, meta_path));
-  return check_training_kind(m, engine, expect, base_sum_squares, meta_path);
+    GLM_RETURN_IF_ERROR(check_model_field(meta.json["model"], ours, field, meta.path));
+  if (meta.units != units) return GLM_USER_ERROR(meta.path.string(), ": unit sizes differ from this model's layout");
+  GLM_RETURN_IF_ERROR(check_tokenizer(meta.state, expect, meta.path));
+  return check_training_kind(meta, engine, expect, base_sum_squares);
 }
 
 bool lora_base_fingerprint_matches(double recorded, double computed) {

@@ -8,13 +8,14 @@
 #include <vector>
 
 #include "train/checkpoint.h"
+#include "train/checkpoint_meta.h"
 
 namespace glm {
 
-// meta.json `m` against this run; units: the model's unpadded unit sizes; base_sum_squares: this
-// run's LoRA base fingerprint. The first mismatch is a user error naming the field.
-Status check_resume_compatible(const nlohmann::json& m, const TrainingEngine& engine, const ResumeExpectation& expect,
-                               const std::vector<int64_t>& units, double base_sum_squares,
-                               const std::filesystem::path& meta_path);
+// meta.json against this run; units: the model's unpadded unit sizes; base_sum_squares: this run's
+// LoRA base fingerprint. The first mismatch is a user error naming the field.
+Status check_resume_compatible(const CheckpointMeta& meta, const TrainingEngine& engine,
+                               const ResumeExpectation& expect, const std::vector<int64_t>& units,
+                               double base_sum_squares);
 
 }  // namespace glm

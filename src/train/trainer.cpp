@@ -18,11 +18,22 @@
 
 namespace glm {
 
-int64_t total_training_steps(const TrainConfig& c, int64_t epoch_size, int world_size) {
-  if (c.max_steps > 0) return c.max_steps;
-  const double global = static_cast<double>(c.per_device_train_batch_size * world_size * c.gradient_accumulation_steps);
-  return std::max<int64_t>(
-      1, static_cast<int64_t>(std::ceil(c.num_train_epochs * static_cast<double>(epoch_size) / global)));
+Result<int64_t> total_training_steps(const TrainConfig& c, int64_t epoch_size, int world_size) {
+  const double global = static_cast<double>(c.per_device_train_batch_size) * world_size *
+                        static_cast<double>(c.gradient_accumulation_steps);
+  const double steps = c.max_steps > 0
+                           ? static_cast<double>(c.max_steps)
+                           : std::max(1.0, std::ceil(c.num_train_epochs * static_cast<double>(epoch_size) / global));
+  // The loader numbers the samples of every step in one int64 stream (step x global batch + ...).
+  constexpr double kStreamPositions = 9.2e18;  // below 2^63
+  if (!(steps * global < kStreamPositions)) {
+    if (c.max_steps > 0)
+      return GLM_USER_ERROR("--max_steps ", c.max_steps, " x a global batch of ", global,
+                            " is more samples than the loader can number (2^63)");
+    return GLM_USER_ERROR("--num_train_epochs ", c.num_train_epochs, " over ", epoch_size,
+                          " samples per epoch is more samples than the loader can number (2^63)");
+  }
+  return static_cast<int64_t>(steps);
 }
 
 Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
@@ -40,6 +51,10 @@ Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data,
     total.targets += r.targets;
     total.correct += r.correct;
   }
+  // The sums are global: every rank sees the same and fails alike.
+  if (!std::isfinite(total.loss_sum))
+    return GLM_ERROR(ErrorKind::internal, "the evaluation loss over ", total.targets, " target tokens is ",
+                     total.loss_sum, ": the model's logits are not finite (its weights overflow in the forward)");
   return total;
 }
 
@@ -89,7 +104,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     GLM_ASSIGN_OR_RETURN(packing, pack_dataset(dataset, config.max_length));
   }
   const int64_t epoch_units = packing ? packing->rows() : dataset.size();
-  const int64_t total_steps = total_training_steps(config, epoch_units, world);
+  GLM_ASSIGN_OR_RETURN(const int64_t total_steps, total_training_steps(config, epoch_units, world));
   const int64_t eval_tokens =
       validation != nullptr ? config.per_device_eval_batch_size * validation->report.max_tokens : 0;
   const int64_t max_tokens = std::max(config.per_device_train_batch_size * config.max_length, eval_tokens);

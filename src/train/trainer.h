@@ -25,8 +25,9 @@ struct TrainSummary {
 };
 
 // Number of optimizer steps the run makes (max_steps or epochs x epoch_size / global batch), where
-// epoch_size counts the loader's units: samples, or packed rows with --packing.
-int64_t total_training_steps(const TrainConfig& config, int64_t epoch_size, int world_size);
+// epoch_size counts the loader's units: samples, or packed rows with --packing. More samples in all
+// than the loader's int64 stream numbers is a user error naming --max_steps or --num_train_epochs.
+Result<int64_t> total_training_steps(const TrainConfig& config, int64_t epoch_size, int world_size);
 
 class TrainingEngine;
 struct EvalResult;

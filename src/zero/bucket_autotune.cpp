@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/json_fields.h"
+
 namespace glm {
 namespace {
 
@@ -91,20 +93,24 @@ Result<std::vector<BandwidthPoint>> read_bandwidth_curve(const std::string& path
   }
   if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array())
     return GLM_USER_ERROR("--comm_profile '", path, "' has no \"rows\" array (expected bench_comm --json output)");
+  GLM_ASSIGN_OR_RETURN(const JsonFields profile, JsonFields::of(j, concat("--comm_profile ", path)));
+  GLM_ASSIGN_OR_RETURN(const std::vector<JsonFields> rows, profile.objects("rows"));
   const std::string collective = gradient_collective(zero_stage);
   const std::string type = comm_type_name(comm_type_of(reduce));
   std::vector<BandwidthPoint> curve;
-  try {
-    for (const auto& row : j["rows"]) {
-      if (row.at("collective").get<std::string>() != collective || row.at("type").get<std::string>() != type) continue;
-      if (row.value("wrong", 0) != 0)
-        return GLM_USER_ERROR("--comm_profile '", path, "': a ", collective, " row of ", row.at("size").get<int64_t>(),
-                              " bytes has wrong results; measure again");
-      curve.push_back({row.at("size").get<int64_t>(), row.at("time_us").get<double>(), row.at("busbw").get<double>()});
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return GLM_USER_ERROR("--comm_profile '", path, "': a row lacks size, time_us, busbw, collective or type: ",
-                          e.what());
+  for (const JsonFields& row : rows) {
+    GLM_ASSIGN_OR_RETURN(const std::string row_collective, row.string("collective"));
+    GLM_ASSIGN_OR_RETURN(const std::string row_type, row.string("type"));
+    if (row_collective != collective || row_type != type) continue;
+    BandwidthPoint p;
+    GLM_ASSIGN_OR_RETURN(p.bytes, row.integer("size", 1));
+    GLM_ASSIGN_OR_RETURN(const int64_t wrong, row.integer_or("wrong", 0, 0));
+    if (wrong != 0)
+      return GLM_USER_ERROR("--comm_profile '", path, "': a ", collective, " row of ", p.bytes,
+                            " bytes has wrong results; measure again");
+    GLM_ASSIGN_OR_RETURN(p.time_us, row.number("time_us", 0.0));
+    GLM_ASSIGN_OR_RETURN(p.busbw, row.number("busbw", 0.0));
+    curve.push_back(p);
   }
   if (curve.empty())
     return GLM_USER_ERROR("--comm_profile '", path, "' has no ", collective, " rows of type ", type,
