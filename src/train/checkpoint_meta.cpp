@@ -123,7 +123,7 @@ Result<int64_t> saved_batch_per_rank(const fs::path& dir) {
 
 // consumed_samples is step x the saving run's global batch (per_device_train_batch_size x
 // world_size x gradient_accumulation_steps): exactly that when the checkpoint's args.json records
-// the batch, else at least a multiple of step x world_size, zero at step 0.
+// the batch, else a multiple of step x world_size, or zero (no data stream).
 Status check_consumed_samples(const JsonFields& f, const fs::path& dir, int64_t step, int64_t consumed,
                               int world_size) {
   GLM_ASSIGN_OR_RETURN(const int64_t per_rank, saved_batch_per_rank(dir));
@@ -139,8 +139,10 @@ Status check_consumed_samples(const JsonFields& f, const fs::path& dir, int64_t 
                           " in its args.json, x ", world_size, " rank(s))"));
   }
   const int64_t per_step = step > 0 ? consumed / step : 0;
+  // 0 at any step: a checkpoint saved without a data stream (the engine's own save); it resumes
+  // with the data from its beginning.
   const bool fits =
-      step == 0 ? consumed == 0 : consumed % step == 0 && per_step >= world_size && per_step % world_size == 0;
+      consumed == 0 || (step > 0 && consumed % step == 0 && per_step >= world_size && per_step % world_size == 0);
   if (fits) return Status::ok();
   return f.error("consumed_samples",
                  concat("is ", consumed, ", which ", step, " steps on ", world_size,
