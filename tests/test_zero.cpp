@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
@@ -72,6 +74,79 @@ struct Reference {
   double checksum = 0;
 };
 
+// One process at stage 0, the global batch accumulated: what every trajectory is compared with.
+Reference run_reference() {
+  Reference r;
+  r.losses.assign(20, 0.0);
+  r.eval_losses.assign(2, 0.0);
+  r.eval_correct.assign(2, 0);
+  TrainConfig single = zero_config();
+  single.gradient_accumulation_steps = kGlobalBatch;
+  MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
+  auto backend = make_cpu_backend(DType::f32);
+  auto s = train(single, dataset(), self, *backend, {}, &validation());
+  EXPECT_TRUE(s.is_ok()) << s.status().message();
+  if (!s.is_ok()) return r;
+  r.losses = s.value().losses;
+  r.checksum = s.value().parameter_checksum;
+  EXPECT_EQ(s.value().eval_losses.size(), 2u);
+  for (size_t i = 0; i < 2 && i < s.value().eval_losses.size(); ++i) r.eval_losses[i] = s.value().eval_losses[i].second;
+  for (size_t i = 0; i < 2 && i < s.value().eval_correct.size(); ++i)
+    r.eval_correct[i] = s.value().eval_correct[i].second;
+  return r;
+}
+
+// ctest runs this suite in parts, one process each (tests/CMakeLists.txt), and computes the
+// reference once for all of them: its fixture runs ReferenceRun.WrittenForTheOtherParts with
+// GLM_TEST_ZERO_REFERENCE_OUT set, and the parts read that file from GLM_TEST_ZERO_REFERENCE.
+// nlohmann::json writes doubles so that they read back to the same bits.
+nlohmann::json reference_json(const Reference& r) {
+  return {
+      {"losses", r.losses}, {"eval_losses", r.eval_losses}, {"eval_correct", r.eval_correct}, {"checksum", r.checksum}};
+}
+
+std::optional<Reference> read_reference() {
+  const char* path = std::getenv("GLM_TEST_ZERO_REFERENCE");
+  if (path == nullptr) return std::nullopt;
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_TRUE(j.is_object()) << "GLM_TEST_ZERO_REFERENCE: " << path << " is not a reference run";
+  if (!j.is_object()) return std::nullopt;
+  Reference r;
+  r.losses = j.at("losses").get<std::vector<double>>();
+  r.eval_losses = j.at("eval_losses").get<std::vector<double>>();
+  r.eval_correct = j.at("eval_correct").get<std::vector<int64_t>>();
+  r.checksum = j.at("checksum").get<double>();
+  EXPECT_EQ(r.losses.size(), 20u);
+  EXPECT_EQ(r.eval_losses.size(), 2u);
+  EXPECT_EQ(r.eval_correct.size(), 2u);
+  if (r.losses.size() != 20 || r.eval_losses.size() != 2 || r.eval_correct.size() != 2) return std::nullopt;
+  return r;
+}
+
+TEST(ReferenceRun, WrittenForTheOtherParts) {
+  const char* out = std::getenv("GLM_TEST_ZERO_REFERENCE_OUT");
+  if (out == nullptr) GTEST_SKIP() << "only ctest's fixture test_zero_reference writes the reference";
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return;
+  const Reference r = run_reference();
+  ASSERT_FALSE(HasFailure());
+  {
+    std::ofstream file(out);
+    file << reference_json(r).dump();
+    ASSERT_TRUE(file.good()) << out;
+  }
+  ScopedEnv in("GLM_TEST_ZERO_REFERENCE", out);
+  const std::optional<Reference> read = read_reference();
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->losses, r.losses) << "the parts read the same bits";
+  EXPECT_EQ(read->eval_losses, r.eval_losses);
+  EXPECT_EQ(read->eval_correct, r.eval_correct);
+  EXPECT_EQ(read->checksum, r.checksum);
+}
+
+// The reference of this process: ctest's file, else computed on rank 0, broadcast to every rank.
 const Reference& reference() {
   static Reference ref = [] {
     int rank = 0;
@@ -81,19 +156,8 @@ const Reference& reference() {
     r.eval_losses.assign(2, 0.0);
     r.eval_correct.assign(2, 0);
     if (rank == 0) {
-      TrainConfig single = zero_config();
-      single.gradient_accumulation_steps = kGlobalBatch;
-      MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
-      auto backend = make_cpu_backend(DType::f32);
-      auto s = train(single, dataset(), self, *backend, {}, &validation());
-      EXPECT_TRUE(s.is_ok()) << s.status().message();
-      r.losses = s.value().losses;
-      r.checksum = s.value().parameter_checksum;
-      EXPECT_EQ(s.value().eval_losses.size(), 2u);
-      for (size_t i = 0; i < 2 && i < s.value().eval_losses.size(); ++i)
-        r.eval_losses[i] = s.value().eval_losses[i].second;
-      for (size_t i = 0; i < 2 && i < s.value().eval_correct.size(); ++i)
-        r.eval_correct[i] = s.value().eval_correct[i].second;
+      std::optional<Reference> read = read_reference();
+      r = read ? *read : run_reference();
     }
     MPI_Bcast(r.losses.data(), 20, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Bcast(r.eval_losses.data(), 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -146,16 +210,26 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
   EXPECT_LT(r.value().losses.back(), r.value().losses.front() - 0.5);
 }
 
+// stage2_accumulated_full: what ctest's parts filter on (tests/CMakeLists.txt).
+std::string zero_case_name(const ::testing::TestParamInfo<Zero::ParamType>& info) {
+  const auto [stage, accumulate, recompute] = info.param;
+  return concat("stage", stage, accumulate ? "_accumulated" : "_window",
+                recompute == Recompute::none ? "" : concat("_", recompute_name(recompute)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, Zero,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(false, true),
-                                            ::testing::Values(Recompute::none)));
+                                            ::testing::Values(Recompute::none)),
+                         zero_case_name);
 // Recomputation under every stage (ZeRO-3 gathers each layer again for its recomputed forward).
 INSTANTIATE_TEST_SUITE_P(RecomputeAccumulated, Zero,
                          ::testing::Combine(::testing::Values(1, 3), ::testing::Values(true),
-                                            ::testing::Values(Recompute::selective, Recompute::full)));
+                                            ::testing::Values(Recompute::selective, Recompute::full)),
+                         zero_case_name);
 INSTANTIATE_TEST_SUITE_P(RecomputeFull, Zero,
                          ::testing::Combine(::testing::Values(0, 2), ::testing::Values(false),
-                                            ::testing::Values(Recompute::full)));
+                                            ::testing::Values(Recompute::full)),
+                         zero_case_name);
 
 // Without clipping (--max_grad_norm 0) AdamW sums the gradient norm as it reads the gradients
 // (no pass of its own). At every stage and world size the reported norms equal those of the
@@ -189,7 +263,8 @@ TEST_P(FusedNorm, EqualsTheSeparatePass) {
   EXPECT_EQ(fused.parameter_checksum, separate.parameter_checksum);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, FusedNorm, ::testing::Values(0, 1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Stages, FusedNorm, ::testing::Values(0, 1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& p) { return concat("stage", p.param); });
 
 // ZeRO-3 parameter persistence (--param_persistence_threshold, --model_persistence_threshold): the
 // same 20-step trajectory as one process at stage 0, every rank ending with identical parameters.
@@ -243,7 +318,11 @@ INSTANTIATE_TEST_SUITE_P(Thresholds, Persistence,
                                            PersistenceCase{3000, 5000, true, 1, true},
                                            PersistenceCase{ZeroOptions::kDeepSpeedParamPersistenceThreshold, kUnlimited,
                                                            false, 500'000'000, false},
-                                           PersistenceCase{1'000'000'000'000, kUnlimited, true, 500'000'000, true}));
+                                           PersistenceCase{1'000'000'000'000, kUnlimited, true, 500'000'000, true}),
+                         [](const ::testing::TestParamInfo<PersistenceCase>& p) {
+                           return concat("threshold", p.param.threshold,
+                                         p.param.accumulate ? "_accumulated" : "_window");
+                         });
 
 // Persistence changes where ZeRO-3 keeps tensors, not what a checkpoint holds: a checkpoint saved
 // with one threshold resumes with another (and the reverse), at another stage, and on one rank, and
