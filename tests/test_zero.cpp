@@ -1,4 +1,4 @@
-// Under mpirun -np N (1-4): the same global batch gives the same 20-step loss trajectory at every
+// Under mpirun -np N (1-4): the same global batch gives the same 10-step loss trajectory at every
 // world size and ZeRO stage 0-3, with and without gradient accumulation, as one process at stage 0
 // (relative difference < 1e-5), and every rank ends with identical parameters, also with ZeRO-3's
 // persistent tensors at any threshold; the per-rank model-state bytes follow the ZeRO formulas; the
@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
@@ -26,9 +28,11 @@ namespace glm::test {
 namespace {
 
 // fp32 sums in another order (per-rank partials, reduce-scatter instead of all-reduce) move losses
-// by ~1e-7 relative; 20 AdamW steps keep that well under the 1e-5.
+// by ~1e-7 relative; 10 AdamW steps keep that well under the 1e-5.
 constexpr double kTrajectoryTolerance = 1e-5;
 constexpr int64_t kGlobalBatch = 12;
+// Steps of a trajectory, evaluated halfway and at the end: 10 steps drop the loss by ~0.8.
+constexpr int kSteps = 10;
 
 TrainConfig zero_config() {
   TrainConfig t;
@@ -36,20 +40,22 @@ TrainConfig zero_config() {
   m = test::tiny_glm4();
   EXPECT_TRUE(m.finalize_and_validate().is_ok());
   t.datasets = {std::string(GLM_SOURCE_DIR) + "/data/sample/conversations.jsonl"};
-  t.max_length = 512;
-  t.max_steps = 20;
+  t.max_length = 256;
+  t.max_steps = kSteps;
   t.learning_rate = 5e-3;
   t.warmup_steps = 2;
   t.weight_decay = 0.1;
   t.log_to_console = false;
-  t.eval_steps = 10;
+  t.eval_steps = kSteps / 2;
   t.per_device_eval_batch_size = 3;
   return t;
 }
 
+// The 200 samples cut to their last 256 tokens (most have ~400): what ZeRO is checked on does not
+// depend on length, and the CPU attention's cost grows with its square.
 const Dataset& dataset() {
   static ByteTokenizer tokenizer;
-  static Dataset d = load_dataset(zero_config().datasets, &tokenizer, 512, 272).take();
+  static Dataset d = load_dataset(zero_config().datasets, &tokenizer, 256, 272, false, Truncation::left).take();
   return d;
 }
 
@@ -65,35 +71,98 @@ const Dataset& validation() {
 
 struct Reference {
   std::vector<double> losses;
-  std::vector<double> eval_losses;    // after steps 10 and 20
-  std::vector<int64_t> eval_correct;  // argmax-correct validation tokens after steps 10 and 20
+  std::vector<double> eval_losses;    // after steps kSteps / 2 and kSteps
+  std::vector<int64_t> eval_correct;  // argmax-correct validation tokens after steps kSteps / 2 and kSteps
   double checksum = 0;
 };
 
+// One process at stage 0, the global batch accumulated: what every trajectory is compared with.
+Reference run_reference() {
+  Reference r;
+  r.losses.assign(kSteps, 0.0);
+  r.eval_losses.assign(2, 0.0);
+  r.eval_correct.assign(2, 0);
+  TrainConfig single = zero_config();
+  single.gradient_accumulation_steps = kGlobalBatch;
+  MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
+  auto backend = make_cpu_backend(DType::f32);
+  auto s = train(single, dataset(), self, *backend, {}, &validation());
+  EXPECT_TRUE(s.is_ok()) << s.status().message();
+  if (!s.is_ok()) return r;
+  r.losses = s.value().losses;
+  r.checksum = s.value().parameter_checksum;
+  EXPECT_EQ(s.value().eval_losses.size(), 2u);
+  for (size_t i = 0; i < 2 && i < s.value().eval_losses.size(); ++i) r.eval_losses[i] = s.value().eval_losses[i].second;
+  for (size_t i = 0; i < 2 && i < s.value().eval_correct.size(); ++i)
+    r.eval_correct[i] = s.value().eval_correct[i].second;
+  return r;
+}
+
+// ctest runs this suite in parts, one process each (tests/CMakeLists.txt), and computes the
+// reference once for all of them: its fixture runs ReferenceRun.WrittenForTheOtherParts with
+// GLM_TEST_ZERO_REFERENCE_OUT set, and the parts read that file from GLM_TEST_ZERO_REFERENCE.
+// nlohmann::json writes doubles so that they read back to the same bits.
+nlohmann::json reference_json(const Reference& r) {
+  return {
+      {"losses", r.losses}, {"eval_losses", r.eval_losses}, {"eval_correct", r.eval_correct}, {"checksum", r.checksum}};
+}
+
+std::optional<Reference> read_reference() {
+  const char* path = std::getenv("GLM_TEST_ZERO_REFERENCE");
+  if (path == nullptr) return std::nullopt;
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  EXPECT_TRUE(j.is_object()) << "GLM_TEST_ZERO_REFERENCE: " << path << " is not a reference run";
+  if (!j.is_object()) return std::nullopt;
+  Reference r;
+  r.losses = j.at("losses").get<std::vector<double>>();
+  r.eval_losses = j.at("eval_losses").get<std::vector<double>>();
+  r.eval_correct = j.at("eval_correct").get<std::vector<int64_t>>();
+  r.checksum = j.at("checksum").get<double>();
+  EXPECT_EQ(r.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(r.eval_losses.size(), 2u);
+  EXPECT_EQ(r.eval_correct.size(), 2u);
+  if (r.losses.size() != static_cast<size_t>(kSteps) || r.eval_losses.size() != 2 || r.eval_correct.size() != 2)
+    return std::nullopt;
+  return r;
+}
+
+TEST(ReferenceRun, WrittenForTheOtherParts) {
+  const char* out = std::getenv("GLM_TEST_ZERO_REFERENCE_OUT");
+  if (out == nullptr) GTEST_SKIP() << "only ctest's fixture test_zero_reference writes the reference";
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return;
+  const Reference r = run_reference();
+  ASSERT_FALSE(HasFailure());
+  {
+    std::ofstream file(out);
+    file << reference_json(r).dump();
+    ASSERT_TRUE(file.good()) << out;
+  }
+  ScopedEnv in("GLM_TEST_ZERO_REFERENCE", out);
+  const std::optional<Reference> read = read_reference();
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->losses, r.losses) << "the parts read the same bits";
+  EXPECT_EQ(read->eval_losses, r.eval_losses);
+  EXPECT_EQ(read->eval_correct, r.eval_correct);
+  EXPECT_EQ(read->checksum, r.checksum);
+}
+
+// The reference of this process: ctest's file, else computed on rank 0, broadcast to every rank.
 const Reference& reference() {
   static Reference ref = [] {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     Reference r;
-    r.losses.assign(20, 0.0);
+    r.losses.assign(kSteps, 0.0);
     r.eval_losses.assign(2, 0.0);
     r.eval_correct.assign(2, 0);
     if (rank == 0) {
-      TrainConfig single = zero_config();
-      single.gradient_accumulation_steps = kGlobalBatch;
-      MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
-      auto backend = make_cpu_backend(DType::f32);
-      auto s = train(single, dataset(), self, *backend, {}, &validation());
-      EXPECT_TRUE(s.is_ok()) << s.status().message();
-      r.losses = s.value().losses;
-      r.checksum = s.value().parameter_checksum;
-      EXPECT_EQ(s.value().eval_losses.size(), 2u);
-      for (size_t i = 0; i < 2 && i < s.value().eval_losses.size(); ++i)
-        r.eval_losses[i] = s.value().eval_losses[i].second;
-      for (size_t i = 0; i < 2 && i < s.value().eval_correct.size(); ++i)
-        r.eval_correct[i] = s.value().eval_correct[i].second;
+      std::optional<Reference> read = read_reference();
+      r = read ? *read : run_reference();
     }
-    MPI_Bcast(r.losses.data(), 20, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(r.losses.data(), kSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Bcast(r.eval_losses.data(), 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Bcast(r.eval_correct.data(), 2, MPI_INT64_T, 0, MPI_COMM_WORLD);
     MPI_Bcast(&r.checksum, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -124,7 +193,7 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
   // Evaluation during training spreads the validation set over the ranks: same losses.
   ASSERT_EQ(r.value().eval_losses.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(r.value().eval_losses[i].first, static_cast<int64_t>(10 * (i + 1)));
+    EXPECT_EQ(r.value().eval_losses[i].first, static_cast<int64_t>(kSteps / 2 * (i + 1)));
     EXPECT_NEAR(r.value().eval_losses[i].second, ref.eval_losses[i], kTrajectoryTolerance * ref.eval_losses[i]);
     // Token accuracy: counts summed over the ranks like the loss; argmaxes this far from a tie
     // do not move with the ~1e-7 reordering, so the counts match exactly.
@@ -143,16 +212,26 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
   EXPECT_LT(r.value().losses.back(), r.value().losses.front() - 0.5);
 }
 
+// stage2_accumulated_full: what ctest's parts filter on (tests/CMakeLists.txt).
+std::string zero_case_name(const ::testing::TestParamInfo<Zero::ParamType>& info) {
+  const auto [stage, accumulate, recompute] = info.param;
+  return concat("stage", stage, accumulate ? "_accumulated" : "_window",
+                recompute == Recompute::none ? "" : concat("_", recompute_name(recompute)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, Zero,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(false, true),
-                                            ::testing::Values(Recompute::none)));
+                                            ::testing::Values(Recompute::none)),
+                         zero_case_name);
 // Recomputation under every stage (ZeRO-3 gathers each layer again for its recomputed forward).
 INSTANTIATE_TEST_SUITE_P(RecomputeAccumulated, Zero,
                          ::testing::Combine(::testing::Values(1, 3), ::testing::Values(true),
-                                            ::testing::Values(Recompute::selective, Recompute::full)));
+                                            ::testing::Values(Recompute::selective, Recompute::full)),
+                         zero_case_name);
 INSTANTIATE_TEST_SUITE_P(RecomputeFull, Zero,
                          ::testing::Combine(::testing::Values(0, 2), ::testing::Values(false),
-                                            ::testing::Values(Recompute::full)));
+                                            ::testing::Values(Recompute::full)),
+                         zero_case_name);
 
 // Without clipping (--max_grad_norm 0) AdamW sums the gradient norm as it reads the gradients
 // (no pass of its own). At every stage and world size the reported norms equal those of the
@@ -186,10 +265,11 @@ TEST_P(FusedNorm, EqualsTheSeparatePass) {
   EXPECT_EQ(fused.parameter_checksum, separate.parameter_checksum);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, FusedNorm, ::testing::Values(0, 1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Stages, FusedNorm, ::testing::Values(0, 1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& p) { return concat("stage", p.param); });
 
 // ZeRO-3 parameter persistence (--param_persistence_threshold, --model_persistence_threshold): the
-// same 20-step trajectory as one process at stage 0, every rank ending with identical parameters.
+// same trajectory as one process at stage 0, every rank ending with identical parameters.
 // On this model's shapes (hidden 32): 100 keeps the norms and QKV biases whole, 3000 also the QKV,
 // dense and down-projection weights (units then hold one or two tensors), a model budget of 5000
 // stops part way, 1e5 (DeepSpeed's default) and 1e12 keep everything (every unit but the
@@ -240,7 +320,11 @@ INSTANTIATE_TEST_SUITE_P(Thresholds, Persistence,
                                            PersistenceCase{3000, 5000, true, 1, true},
                                            PersistenceCase{ZeroOptions::kDeepSpeedParamPersistenceThreshold, kUnlimited,
                                                            false, 500'000'000, false},
-                                           PersistenceCase{1'000'000'000'000, kUnlimited, true, 500'000'000, true}));
+                                           PersistenceCase{1'000'000'000'000, kUnlimited, true, 500'000'000, true}),
+                         [](const ::testing::TestParamInfo<PersistenceCase>& p) {
+                           return concat("threshold", p.param.threshold,
+                                         p.param.accumulate ? "_accumulated" : "_window");
+                         });
 
 // Persistence changes where ZeRO-3 keeps tensors, not what a checkpoint holds: a checkpoint saved
 // with one threshold resumes with another (and the reverse), at another stage, and on one rank, and
@@ -335,7 +419,7 @@ TEST(Checkpoint, PersistenceThresholdMayChangeOnResume) {
   }
 }
 
-// Checkpoints: a straight 20-step run saves at step 10; resuming from it gives steps 11-20 bit for
+// Checkpoints: a straight run saves halfway; resuming from there gives the second half bit for
 // bit at the same world size and stage, and within fp32 reordering at another stage and on one
 // rank (resharding: the slices are located by their place in each unit, not by rank).
 TEST(Checkpoint, ResumesAtAnyStageAndWorldSize) {
@@ -350,14 +434,15 @@ TEST(Checkpoint, ResumesAtAnyStageAndWorldSize) {
   base.per_device_train_batch_size = kGlobalBatch / size;
   base.zero_stage = size > 1 ? 3 : 0;
   base.output_dir = dir;
-  base.save_steps = 10;
+  constexpr size_t half = kSteps / 2;
+  base.save_steps = half;
   auto backend = make_cpu_backend(DType::f32);
   auto straight = train(base, dataset(), comm, *backend);
   ASSERT_TRUE(straight.is_ok()) << straight.status().message();
-  ASSERT_EQ(straight.value().losses.size(), 20u);
+  ASSERT_EQ(straight.value().losses.size(), static_cast<size_t>(kSteps));
 
   auto resume = [&](TrainConfig c, Communicator& with, const char* out) {
-    c.resume_from_checkpoint = dir + "/checkpoint-10";
+    c.resume_from_checkpoint = dir + "/checkpoint-" + std::to_string(half);
     c.output_dir = dir + "/" + out;
     c.save_strategy = SaveStrategy::no;
     auto b = make_cpu_backend(DType::f32);
@@ -365,17 +450,17 @@ TEST(Checkpoint, ResumesAtAnyStageAndWorldSize) {
   };
   auto same = resume(base, comm, "same");
   ASSERT_TRUE(same.is_ok()) << same.status().message();
-  ASSERT_EQ(same.value().losses.size(), 10u);
-  for (size_t i = 0; i < 10; ++i)
-    EXPECT_EQ(same.value().losses[i], straight.value().losses[10 + i]) << "step " << 11 + i;
+  ASSERT_EQ(same.value().losses.size(), half);
+  for (size_t i = 0; i < half; ++i)
+    EXPECT_EQ(same.value().losses[i], straight.value().losses[half + i]) << "step " << half + 1 + i;
 
   TrainConfig stage1 = base;
   stage1.zero_stage = 1;
   auto other_stage = resume(stage1, comm, "stage1");
   ASSERT_TRUE(other_stage.is_ok()) << other_stage.status().message();
-  for (size_t i = 0; i < 10; ++i)
-    EXPECT_NEAR(other_stage.value().losses[i], straight.value().losses[10 + i],
-                kTrajectoryTolerance * straight.value().losses[10 + i]);
+  for (size_t i = 0; i < half; ++i)
+    EXPECT_NEAR(other_stage.value().losses[i], straight.value().losses[half + i],
+                kTrajectoryTolerance * straight.value().losses[half + i]);
 
   if (rank == 0 && size > 1) {  // the same checkpoint on one rank: the whole window accumulated
     MpiCommunicator self(MPI_COMM_SELF, std::chrono::seconds(120));
@@ -386,9 +471,9 @@ TEST(Checkpoint, ResumesAtAnyStageAndWorldSize) {
     auto single = resume(one, self, "single");
     EXPECT_TRUE(single.is_ok()) << single.status().message();
     if (single.is_ok()) {
-      for (size_t i = 0; i < 10; ++i)
-        EXPECT_NEAR(single.value().losses[i], straight.value().losses[10 + i],
-                    kTrajectoryTolerance * straight.value().losses[10 + i]);
+      for (size_t i = 0; i < half; ++i)
+        EXPECT_NEAR(single.value().losses[i], straight.value().losses[half + i],
+                    kTrajectoryTolerance * straight.value().losses[half + i]);
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);

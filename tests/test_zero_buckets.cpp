@@ -156,18 +156,37 @@ TrainSummary run(const TrainConfig& config, Communicator& comm) {
   return r.is_ok() ? r.value() : TrainSummary{};
 }
 
-// Every stage and bucket setting gives the trajectory of stage 0 with one bucket per unit.
-TEST(ZeroBuckets, SameTrajectoryAtEveryBucketSetting) {
-  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
-  if (kGlobalBatch % comm.size() != 0) GTEST_SKIP() << kGlobalBatch << " samples do not split over " << comm.size();
+// One sample per micro-batch, the global batch accumulated over each rank's share (stages 2-3
+// then reduce every micro-batch).
+TrainConfig accumulated_config(const Communicator& comm) {
   TrainConfig base = bucket_config();
   base.per_device_train_batch_size = 1;
-  base.gradient_accumulation_steps = kGlobalBatch / comm.size();  // stages 2-3 reduce every micro-batch
+  base.gradient_accumulation_steps = kGlobalBatch / comm.size();
+  return base;
+}
+
+// The trajectory every setting is compared with: stage 0, one bucket per unit. Run once per process
+// (every rank calls it first from the same test).
+const TrainSummary& reference_run(Communicator& comm) {
+  static const TrainSummary r = [&] {
+    TrainConfig c = accumulated_config(comm);
+    c.zero_options.reduce_bucket_size = 1;
+    return run(c, comm);
+  }();
+  return r;
+}
+
+// Every stage and bucket setting gives the trajectory of stage 0 with one bucket per unit.
+class ZeroBucketStages : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroBucketStages, SameTrajectoryAtEveryBucketSetting) {
+  const int stage = GetParam();
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  if (kGlobalBatch % comm.size() != 0) GTEST_SKIP() << kGlobalBatch << " samples do not split over " << comm.size();
+  const TrainConfig base = accumulated_config(comm);
   const ParamLayout layout(base.model, comm.size());
   const int64_t two_layers = layout.units()[1].numel + layout.units()[2].numel;
-  TrainConfig reference_config = base;
-  reference_config.zero_options.reduce_bucket_size = 1;
-  const TrainSummary reference = run(reference_config, comm);
+  const TrainSummary& reference = reference_run(comm);
   ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
 
   const Setting settings[] = {
@@ -178,36 +197,37 @@ TEST(ZeroBuckets, SameTrajectoryAtEveryBucketSetting) {
       {"one bucket per unit, overlap off", 1, 1, false, DType::f32},
       {"two layers, bf16 reduction", two_layers, two_layers, true, DType::bf16},
   };
-  for (int stage = 0; stage <= 3; ++stage) {
-    for (const Setting& s : settings) {
-      TrainConfig c = base;
-      c.zero_stage = stage;
-      c.zero_options.reduce_bucket_size = s.reduce_bucket;
-      c.zero_options.allgather_bucket_size = s.allgather_bucket;
-      c.zero_options.overlap_comm = s.overlap;
-      c.zero_options.grad_reduce_dtype = s.reduce_dtype;
-      const TrainSummary r = run(c, comm);
-      ASSERT_EQ(r.losses.size(), static_cast<size_t>(kSteps)) << describe(s, stage);
-      const double tolerance = s.reduce_dtype == DType::bf16 ? kBf16Tolerance : kFp32Tolerance;
-      bool differs = false;
-      for (size_t i = 0; i < r.losses.size(); ++i) {
-        EXPECT_NEAR(r.losses[i], reference.losses[i], tolerance * reference.losses[i])
-            << describe(s, stage) << " step " << i + 1 << " world " << comm.size();
-        differs = differs || r.losses[i] != reference.losses[i];
-      }
-      EXPECT_NEAR(r.parameter_checksum, reference.parameter_checksum, tolerance * reference.parameter_checksum)
-          << describe(s, stage);
-      // bf16 rounding must show between ranks (one rank communicates nothing, so nothing is rounded).
-      if (s.reduce_dtype == DType::bf16 && comm.size() > 1) {
-        EXPECT_TRUE(differs) << describe(s, stage);
-      }
-      double mine = r.parameter_checksum, lo = 0, hi = 0;
-      MPI_Allreduce(&mine, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-      MPI_Allreduce(&mine, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      EXPECT_EQ(lo, hi) << describe(s, stage) << ": ranks disagree on the parameters";
+  for (const Setting& s : settings) {
+    TrainConfig c = base;
+    c.zero_stage = stage;
+    c.zero_options.reduce_bucket_size = s.reduce_bucket;
+    c.zero_options.allgather_bucket_size = s.allgather_bucket;
+    c.zero_options.overlap_comm = s.overlap;
+    c.zero_options.grad_reduce_dtype = s.reduce_dtype;
+    const TrainSummary r = run(c, comm);
+    ASSERT_EQ(r.losses.size(), static_cast<size_t>(kSteps)) << describe(s, stage);
+    const double tolerance = s.reduce_dtype == DType::bf16 ? kBf16Tolerance : kFp32Tolerance;
+    bool differs = false;
+    for (size_t i = 0; i < r.losses.size(); ++i) {
+      EXPECT_NEAR(r.losses[i], reference.losses[i], tolerance * reference.losses[i])
+          << describe(s, stage) << " step " << i + 1 << " world " << comm.size();
+      differs = differs || r.losses[i] != reference.losses[i];
     }
+    EXPECT_NEAR(r.parameter_checksum, reference.parameter_checksum, tolerance * reference.parameter_checksum)
+        << describe(s, stage);
+    // bf16 rounding must show between ranks (one rank communicates nothing, so nothing is rounded).
+    if (s.reduce_dtype == DType::bf16 && comm.size() > 1) {
+      EXPECT_TRUE(differs) << describe(s, stage);
+    }
+    double mine = r.parameter_checksum, lo = 0, hi = 0;
+    MPI_Allreduce(&mine, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(lo, hi) << describe(s, stage) << ": ranks disagree on the parameters";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroBucketStages, ::testing::Values(0, 1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& p) { return concat("stage", p.param); });
 
 // ZeRO-3 with persistent tensors (--param_persistence_threshold 3000 here: norms, biases and the
 // smaller weights) under the bucket settings that change how its gradients travel: in place or
@@ -215,12 +235,8 @@ TEST(ZeroBuckets, SameTrajectoryAtEveryBucketSetting) {
 TEST(ZeroBuckets, PersistentTensorsAtEveryBucketSetting) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   if (kGlobalBatch % comm.size() != 0) GTEST_SKIP() << kGlobalBatch << " samples do not split over " << comm.size();
-  TrainConfig base = bucket_config();
-  base.per_device_train_batch_size = 1;
-  base.gradient_accumulation_steps = kGlobalBatch / comm.size();
-  TrainConfig reference_config = base;
-  reference_config.zero_options.reduce_bucket_size = 1;
-  const TrainSummary reference = run(reference_config, comm);
+  const TrainConfig base = accumulated_config(comm);
+  const TrainSummary& reference = reference_run(comm);
   ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
   const Setting settings[] = {
       {"one bucket per unit", 1, 1, true, DType::f32},
