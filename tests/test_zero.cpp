@@ -216,7 +216,7 @@ TEST_P(Zero, SameTrajectoryAsOneProcess) {
 std::string zero_case_name(const ::testing::TestParamInfo<Zero::ParamType>& info) {
   const auto [stage, accumulate, recompute] = info.param;
   return concat("stage", stage, accumulate ? "_accumulated" : "_window",
-                recompute == Recompute::none ? "" : concat("_", recompute_name(recompute)));
+                recompute == Recompute::none ? "" : concat("_", enum_name(recompute)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Zero,
