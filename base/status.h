@@ -19,6 +19,7 @@ class Status {
 
   bool is_ok() const { return kind_ == ErrorKind::ok; }
   ErrorKind kind() const { return kind_; }
+  // Valid UTF-8: user bytes quoted into it that are not are kept as \xNN (base/text.h).
   const std::string& message() const { return message_; }
   const std::string& location() const { return location_; }
   int exit_code() const { return kind_ == ErrorKind::ok ? 0 : (kind_ == ErrorKind::user_input ? 2 : 1); }

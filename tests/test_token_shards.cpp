@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/text.h"
 #include "data/packing.h"
 #include "data/sharded_loader.h"
 #include "data/token_shards.h"
@@ -133,6 +134,67 @@ TEST(TokenShards, RewritingAPreparedDirectoryReplacesIt) {
   Status s = write_token_shards(d, 272, info(), foreign.string());
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("holds files that glm_hpc prepare did not write"), std::string::npos) << s.message();
+}
+
+// A line that is not UTF-8 skipped with --on_bad_sample skip: its reason (with the parser's excerpt
+// of the raw bytes) is kept as \xNN, and the manifest that records it is written and read back.
+TEST(TokenShards, SkippedInvalidUtf8LineIsRecorded) {
+  const std::string good = R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]})";
+  const std::string bad =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9 x\"},"
+      "{\"role\":\"assistant\",\"content\":\"ok\"}]}";
+  const std::string path = write_text(fresh_dir("utf8") / "u.jsonl", good + "\n" + bad + "\n");
+  ByteTokenizer tok;
+  auto d = load_dataset({path}, &tok, 0, 272, /*skip_bad=*/true);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(d.value().report.skipped_bad, 1);
+  EXPECT_TRUE(is_valid_utf8(d.value().report.skipped_reasons)) << d.value().report.skipped_reasons;
+  EXPECT_NE(d.value().report.skipped_reasons.find("u.jsonl:2: malformed JSON"), std::string::npos);
+  EXPECT_NE(d.value().report.skipped_reasons.find("caf\\xe9"), std::string::npos) << d.value().report.skipped_reasons;
+  // A dataset path that is not UTF-8 either (file names are bytes): stored with U+FFFD, no exception.
+  PrepareInfo p = info();
+  p.datasets = {"caf\xe9.jsonl"};
+  const fs::path dir = fresh_dir("utf8_prepared");
+  Status wrote = write_token_shards(d.value(), 272, p, dir.string());
+  ASSERT_TRUE(wrote.is_ok()) << wrote.message();
+  auto loaded = load_prepared(dir.string(), 272);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(loaded.value().report.skipped_reasons, d.value().report.skipped_reasons);
+  EXPECT_NE(loaded.value().prepared.find("caf\xef\xbf\xbd.jsonl"), std::string::npos) << loaded.value().prepared;
+}
+
+// A write that fails (here: the manifest's temporary name is taken by a directory) leaves no
+// temporary behind and the earlier preparation in the directory loadable as it was.
+TEST(TokenShards, FailedWriteLeavesNoTemporaries) {
+  const Dataset d = source_dataset();
+  const fs::path dir = fresh_dir("failed_write");
+  ASSERT_TRUE(write_token_shards(d, 272, info(), dir.string()).is_ok());
+  fs::create_directories(dir / "prepared.json.tmp" / "occupied");
+  Status s = write_token_shards(d, 272, info(), dir.string(), 100);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("prepared.json.tmp"), std::string::npos) << s.message();
+  fs::remove_all(dir / "prepared.json.tmp");
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));
+  auto loaded = load_prepared(dir.string(), 272);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  expect_same_samples(d, loaded.value());
+}
+
+TEST(PrintableText, EscapesExactlyTheIllFormedBytes) {
+  EXPECT_EQ(printable_text("plain, tab\t and newline\n"), "plain, tab\t and newline\n");
+  EXPECT_EQ(printable_text("caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable_text("caf\xe9 x"), "caf\\xe9 x");                   // Latin-1
+  EXPECT_EQ(printable_text("\x80"), "\\x80");                             // a stray continuation byte
+  EXPECT_EQ(printable_text("\xc0\xaf"), "\\xc0\\xaf");                    // overlong '/'
+  EXPECT_EQ(printable_text("\xed\xa0\x80"), "\\xed\\xa0\\x80");           // a UTF-16 surrogate
+  EXPECT_EQ(printable_text("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
+  EXPECT_EQ(printable_text("ab\xe4\xb8"), "ab\\xe4\\xb8");                // truncated at the end
+  EXPECT_EQ(printable_text("\xe4\xb8x"), "\\xe4\\xb8x");                  // truncated in the middle
+  EXPECT_TRUE(is_valid_utf8(printable_text("\xff\xfe\xc3")));
+  // Status messages are always valid UTF-8, whatever was quoted into them.
+  EXPECT_EQ(GLM_USER_ERROR("cannot open '", std::string("caf\xe9"), "'").message(), "cannot open 'caf\\xe9'");
 }
 
 // Shards keep the content hash of their tokenizer: loading them for another tokenizer is refused,

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "base/enum_names.h"
+#include "base/json_text.h"
 #include "cli/ini_file.h"
 #include "io/durable_file.h"
 #include "io/hf_export.h"
@@ -635,7 +636,7 @@ Status write_args_json(const CliOptions& options) {
   fs::create_directories(dir, ec);
   if (ec) return GLM_USER_ERROR("cannot create --output_dir '", dir, "': ", ec.message());
   const nlohmann::json j = {{"command", options.command}, {"options", options.effective}};
-  return write_file_durably(dir + "/args.json", j.dump(2) + "\n");
+  return write_file_durably(dir + "/args.json", json_text(j, 2) + "\n");
 }
 
 }  // namespace glm

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "base/scope_exit.h"
 #include "data/content_hash.h"
 #include "data/token_shards.h"
 
@@ -94,6 +95,11 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
   if (damaged) fs::remove_all(entry, ec);
   const fs::path tmp = fs::path(cache_dir) / concat(key, ".tmp.", ::getpid());
   fs::remove_all(tmp, ec);
+  // Gone on every way out: renamed into place, or removed after an error or an exception.
+  ScopeExit remove_tmp([&] {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+  });
   PrepareInfo info;
   info.datasets = paths;
   info.max_length = o.max_length;
@@ -110,7 +116,6 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
     if (ec && !is_prepared_dir(entry.string()))
       wrote = GLM_ERROR(ErrorKind::io, "cannot rename '", tmp.string(), "' to '", entry.string(), "': ", ec.message());
   }
-  fs::remove_all(tmp, ec);
   const std::string line = wrote.is_ok() ? concat("glm_hpc: tokenization cache: wrote ", entry.string())
                                          : concat("glm_hpc: tokenization cache: not written (", wrote.message(), ")");
   out.note += (out.note.empty() ? "" : "\n") + line;
