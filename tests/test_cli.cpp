@@ -1,6 +1,7 @@
 // The glm_hpc binary as a user runs it: mpirun -np 2 with bad input must print one clear message,
 // exit 2 on every rank and never hang; a good short run writes args.json and logging.jsonl.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -126,6 +127,36 @@ TEST(CliBadInput, CheckpointMissingATensor) {
   cfg = cfg.substr(0, at) + "\"num_hidden_layers\": 4" + cfg.substr(at + 22);
   std::ofstream(dir / "config.json", std::ios::trunc) << cfg;
   expect_bad_input("eval --model_id_or_path " + dir.string(), "has no tensor 'model.layers.3.input_layernorm.weight'");
+}
+
+// Inputs that are not what their option expects are refused before anything opens them: a FIFO
+// would block the reader forever, /dev/zero would never end (a hang shows up as exit code 124).
+TEST(CliBadInput, SpecialFilesAsDataOrConfig) {
+  const std::string fifo = (scratch_root() / "fifo").string();
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_bad_input("--dataset /dev/zero", "--dataset: '/dev/zero' is a character device, not a regular file or a "
+                                          "directory");
+  expect_bad_input("--dataset " + fifo, "--dataset: '" + fifo + "' is a FIFO (named pipe)");
+  expect_bad_input("--val_dataset " + fifo, "--val_dataset: '" + fifo + "' is a FIFO (named pipe)");
+  expect_bad_input("--config /dev/zero", "--config: '/dev/zero' is a character device, not a regular file");
+  expect_bad_input("--config " + fifo, "--config: '" + fifo + "' is a FIFO (named pipe), not a regular file");
+}
+TEST(CliBadInput, SpecialFilesAsModelTokenizerOrProfile) {
+  const std::string fifo = (scratch_root() / "fifo").string();
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_bad_input("--tokenizer /dev/zero", "--tokenizer: '/dev/zero' is a character device");
+  expect_bad_input("--model_id_or_path " + fifo, "--model_id_or_path: '" + fifo + "' is a FIFO (named pipe), not a "
+                                                 "directory");
+  expect_bad_input("--reduce_bucket_size auto --comm_profile " + fifo, "--comm_profile: '" + fifo + "' is a FIFO");
+  // A file inside the model directory: its config.json.
+  const auto dir = scratch_root() / "fifo_config";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0600), 0);
+  expect_bad_input("eval --model_id_or_path " + dir.string(),
+                   "--model_id_or_path: '" + (dir / "config.json").string() + "' is a FIFO (named pipe)");
 }
 
 // glm_hpc eval on a pre-tokenized file reproduces the loss transformers computed for the fixture.

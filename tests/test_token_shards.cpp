@@ -1,6 +1,7 @@
 // Token shards: a prepared directory reads back as the dataset that was written (samples, labels,
 // report, loader batches), and every kind of damage to it is one precise user error.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -9,7 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/input_path.h"
 #include "base/text.h"
+#include "data/content_hash.h"
 #include "data/packing.h"
 #include "data/sharded_loader.h"
 #include "data/token_shards.h"
@@ -180,6 +183,32 @@ TEST(TokenShards, FailedWriteLeavesNoTemporaries) {
   auto loaded = load_prepared(dir.string(), 272);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
   expect_same_samples(d, loaded.value());
+}
+
+// What each reader is given is checked before it opens it: FIFOs and devices never reach open().
+TEST(InputPath, SpecialFilesAreRefusedWithoutOpeningThem) {
+  const fs::path dir = fresh_dir("special");
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string file = write_text(dir / "file.jsonl", "{}\n");
+  EXPECT_TRUE(check_input_path(file).is_ok());
+  EXPECT_TRUE(check_input_path((dir / "missing").string()).is_ok()) << "the reader says it cannot open it";
+  EXPECT_TRUE(check_input_path(dir.string(), InputKind::directory).is_ok());
+  EXPECT_TRUE(check_input_path(dir.string(), InputKind::file_or_directory).is_ok());
+  EXPECT_EQ(check_input_path(fifo).message(), "'" + fifo + "' is a FIFO (named pipe), not a regular file");
+  EXPECT_EQ(check_input_path("/dev/zero").message(), "'/dev/zero' is a character device, not a regular file");
+  EXPECT_EQ(check_input_path(dir.string()).exit_code(), 2);
+  EXPECT_EQ(check_input_path(file, InputKind::directory).message(), "'" + file + "' is a regular file, not a directory");
+  // The readers: a dataset, its hash for the cache key, a tokenizer rank file.
+  ByteTokenizer tok;
+  auto d = load_dataset({fifo}, &tok, 0, 272);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("is a FIFO (named pipe), not a regular file"), std::string::npos);
+  EXPECT_FALSE(hash_file("/dev/zero").is_ok());
+  auto t = load_tokenizer("/dev/zero");
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("'/dev/zero' is a character device"), std::string::npos);
 }
 
 TEST(PrintableText, EscapesExactlyTheIllFormedBytes) {

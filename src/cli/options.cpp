@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "base/enum_names.h"
+#include "base/input_path.h"
 #include "base/json_text.h"
 #include "cli/ini_file.h"
 #include "io/durable_file.h"
@@ -432,6 +433,29 @@ Status validate_performance(CliOptions& o, const Sources& src) {
   return Status::ok();
 }
 
+// Every path option names what it expects (base/input_path.h): a FIFO, a device or a directory given
+// for a file (or the reverse) is refused here, before any reader opens it and blocks or never ends.
+// Missing paths are left to the readers, which say they cannot open them.
+Status validate_input_paths(const CliOptions& o, const Sources& src) {
+  const TrainConfig& t = o.train;
+  auto expect = [&](const char* name, const std::string& path, InputKind kind) -> Status {
+    if (path.empty()) return Status::ok();
+    Status s = check_input_path(path, kind);
+    return s.is_ok() ? s : GLM_USER_ERROR(src.where(name), ": ", s.message());
+  };
+  for (const auto& path : t.datasets) GLM_RETURN_IF_ERROR(expect("dataset", path, InputKind::file_or_directory));
+  for (const auto& path : o.val_datasets)
+    GLM_RETURN_IF_ERROR(expect("val_dataset", path, InputKind::file_or_directory));
+  if (o.tokenizer != "auto" && o.tokenizer != "bytes")
+    GLM_RETURN_IF_ERROR(expect("tokenizer", o.tokenizer, InputKind::file_or_directory));
+  GLM_RETURN_IF_ERROR(expect("model_id_or_path", o.model_id_or_path, InputKind::directory));
+  GLM_RETURN_IF_ERROR(expect("comm_profile", t.comm_profile, InputKind::file));
+  if (t.resume_from_checkpoint != "latest")
+    GLM_RETURN_IF_ERROR(expect("resume_from_checkpoint", t.resume_from_checkpoint, InputKind::directory));
+  GLM_RETURN_IF_ERROR(expect("ckpt_dir", o.ckpt_dir, InputKind::directory));
+  return expect("tokenizer_dir", o.tokenizer_dir, InputKind::directory);
+}
+
 Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) {
   TrainConfig& t = o.train;
   GLM_RETURN_IF_ERROR(check(t.per_device_train_batch_size >= 1, src, "per_device_train_batch_size", "must be >= 1"));
@@ -476,6 +500,7 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                               "comm_profile", "is only read by --reduce_bucket_size auto"));
   }
   GLM_RETURN_IF_ERROR(check(!t.datasets.empty(), src, "dataset", "needs at least one file"));
+  GLM_RETURN_IF_ERROR(validate_input_paths(o, src));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.print_example >= -1, src, "print_example", "must be a sample index, or -1 for none"));

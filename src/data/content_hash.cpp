@@ -5,6 +5,8 @@
 #include <fstream>
 #include <vector>
 
+#include "base/input_path.h"
+
 namespace glm {
 
 ContentHash& ContentHash::update(std::string_view bytes) {
@@ -29,6 +31,7 @@ std::string ContentHash::hex() const {
 }
 
 Result<std::string> hash_file(const std::string& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path));
   std::ifstream in(path, std::ios::binary);
   if (!in) return GLM_USER_ERROR("cannot open '", path, "'");
   ContentHash h;

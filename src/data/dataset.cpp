@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/counter_rng.h"
+#include "base/input_path.h"
 #include "data/conversation_reader.h"
 #include "data/token_shards.h"
 
@@ -109,6 +110,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
   ChatTemplate chat(tokenizer != nullptr ? *tokenizer : unused);
   for (const auto& path : paths) {
     d.files.push_back(path);
+    GLM_RETURN_IF_ERROR(check_input_path(path).with_context("dataset file"));
     std::ifstream in(path, std::ios::binary);
     if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");
     std::string errors;

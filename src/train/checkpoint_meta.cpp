@@ -5,6 +5,7 @@
 #include <fstream>
 #include <optional>
 
+#include "base/input_path.h"
 #include "train/checkpoint_format.h"
 
 namespace glm {
@@ -101,6 +102,7 @@ nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const Checkpoi
 
 Result<nlohmann::json> read_checkpoint_meta(const fs::path& dir) {
   const fs::path path = dir / "meta.json";
+  GLM_RETURN_IF_ERROR(check_input_path(path.string()));
   std::ifstream in(path);
   if (!in) return GLM_USER_ERROR("checkpoint '", dir.string(), "' has no readable meta.json");
   nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
