@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "base/stop_signal.h"
 #include "cli/export.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
@@ -32,10 +33,19 @@ int settle(const glm::Status& local) {
   glm::AgreedStatus agreed = glm::agree_on_status(local, MPI_COMM_WORLD);
   if (agreed.status.is_ok()) return 0;
   if (agreed.report_here) {
-    std::fprintf(stderr, "glm_hpc: error: %s\n", agreed.status.message().c_str());
+    if (agreed.status.kind() == glm::ErrorKind::stopped)
+      std::fprintf(stderr, "glm_hpc: %s; exit code %d\n", agreed.status.message().c_str(), glm::kStoppedExitCode);
+    else
+      std::fprintf(stderr, "glm_hpc: error: %s\n", agreed.status.message().c_str());
     std::fflush(stderr);
   }
   return agreed.status.exit_code();
+}
+
+// A stop while train reads its data comes before anything is trained or saved: the message says so.
+glm::Status before_training(const glm::Status& s, const glm::CliOptions& o) {
+  if (s.kind() != glm::ErrorKind::stopped || o.command != "train") return s;
+  return glm::Status::error(glm::ErrorKind::stopped, s.message() + ", before training started; nothing was saved");
 }
 
 void resolve_paths(glm::CliOptions& o) {
@@ -143,8 +153,7 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const s
                                                    std::nullopt, 0.0, 0, glm::Recompute::none, data_comm));
   GLM_RETURN_IF_ERROR(weight_loader(hf)(*engine));
   const int64_t n = data.size();
-  GLM_ASSIGN_OR_RETURN(glm::EvalResult total,
-                       glm::evaluate_dataset(*engine, data, per_device, comm.rank(), comm.size()));
+  GLM_ASSIGN_OR_RETURN(glm::EvalResult total, glm::evaluate_dataset(*engine, data, per_device, comm));
   if (comm.rank() == 0) {
     std::printf("glm_hpc: eval of %s on %lld samples, %lld target tokens\n", o.model_id_or_path.c_str(),
                 static_cast<long long>(n), static_cast<long long>(total.targets));
@@ -212,10 +221,10 @@ int main(int argc, char** argv) {
     if (proc.rank == 0) std::printf("%s", report.value().c_str());
     return 0;
   }
-  // SIGUSR1/SIGTERM are caught from here on: one during start-up stops training after its first step.
-  if (options.command == "train") {
-    if (int code = settle(glm::install_preemption_handlers())) return code;
-  }
+  // SIGTERM, SIGUSR1 and SIGINT are caught from here on (base/stop_signal.h): reading, tokenizing and
+  // caching data, writing shards and evaluation stop at once, exit code 75; once train has its data,
+  // one stops training after its first step with a checkpoint.
+  if (int code = settle(glm::install_stop_handlers())) return code;
   resolve_paths(options);
   auto backend = choose_backend(options, proc);
   if (int code = settle(backend.status())) return code;
@@ -268,7 +277,9 @@ int main(int argc, char** argv) {
   const std::string cache_dir =
       options.dataset_cache && options.command != "prepare" ? glm::default_dataset_cache_dir() : "";
   auto read_dataset = [&](const std::vector<std::string>& paths) -> glm::Result<glm::Dataset> {
-    GLM_ASSIGN_OR_RETURN(glm::CachedDataset cached, glm::load_dataset_cached(cache_dir, proc.rank == 0, paths, load));
+    auto loaded = glm::load_dataset_cached(cache_dir, proc.rank == 0, paths, load);
+    if (!loaded.is_ok()) return before_training(loaded.status(), options);
+    glm::CachedDataset cached = loaded.take();
     if (proc.rank == 0 && !cached.note.empty()) {
       std::printf("%s\n", cached.note.c_str());
       std::fflush(stdout);
@@ -318,6 +329,7 @@ int main(int argc, char** argv) {
   if (eval) {
     // A failure here may leave peers inside a collective: the fatal path aborts them all.
     glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, nccl.get(), *backend.value());
+    if (s.kind() == glm::ErrorKind::stopped) return settle(s);  // every rank stopped at the same batch
     if (!s.is_ok()) glm::fatal_status(s);
     return 0;
   }
@@ -326,7 +338,8 @@ int main(int argc, char** argv) {
   if (!result.is_ok()) {
     // Bad input found by every rank alike (a checkpoint that does not fit, for one) is said once,
     // with exit code 2; anything else may have left peers inside a collective: the fatal path.
-    if (result.status().kind() == glm::ErrorKind::user_input) return settle(result.status());
+    if (result.status().kind() == glm::ErrorKind::user_input || result.status().kind() == glm::ErrorKind::stopped)
+      return settle(result.status());
     glm::fatal_status(result.status());
   }
   // Stopped by a signal after a checkpoint (the trainer printed which): every rank exits with 75.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,8 +12,10 @@
 #include <set>
 
 #include "base/input_path.h"
+#include "base/stop_signal.h"
 #include "base/text.h"
 #include "data/content_hash.h"
+#include "data/dataset_cache.h"
 #include "data/packing.h"
 #include "data/sharded_loader.h"
 #include "data/token_shards.h"
@@ -183,6 +186,58 @@ TEST(TokenShards, FailedWriteLeavesNoTemporaries) {
   auto loaded = load_prepared(dir.string(), 272);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
   expect_same_samples(d, loaded.value());
+}
+
+// Clears the stop flag whichever way a test leaves.
+struct StopFlagReset {
+  StopFlagReset() { clear_stop_signal(); }
+  ~StopFlagReset() { clear_stop_signal(); }
+};
+
+// A stop by signal (the flag the handlers set) ends hashing, tokenizing and writing with an
+// ErrorKind::stopped status (exit code 75), and leaves no temporary file: not in a prepared
+// directory, whose earlier preparation stays loadable, nor in the tokenization cache.
+TEST(TokenShards, StopBySignalEndsCleanly) {
+  StopFlagReset reset;
+  const Dataset d = source_dataset();
+  const fs::path dir = fresh_dir("stopped");
+  ASSERT_TRUE(write_token_shards(d, 272, info(), dir.string()).is_ok());
+  const std::string jsonl = write_text(fresh_dir("stopped_source") / "x.jsonl",
+                                       R"({"input_ids": [1, 2, 3], "labels": [1, 2, 3]})"
+                                       "\n");
+  const fs::path cache = fresh_dir("stopped_cache");
+  fs::create_directories(cache);
+  request_stop(SIGTERM);
+  Status wrote = write_token_shards(d, 272, info(), dir.string(), 100);
+  ASSERT_FALSE(wrote.is_ok());
+  EXPECT_EQ(wrote.kind(), ErrorKind::stopped);
+  EXPECT_EQ(wrote.exit_code(), 75);
+  EXPECT_NE(wrote.message().find("stopped by SIGTERM while writing"), std::string::npos) << wrote.message();
+  auto hashed = hash_file(jsonl);
+  ASSERT_FALSE(hashed.is_ok());
+  EXPECT_NE(hashed.status().message().find("stopped by SIGTERM while hashing"), std::string::npos);
+  ByteTokenizer tok;
+  auto read = load_dataset({jsonl}, &tok, 0, 272);
+  ASSERT_FALSE(read.is_ok());
+  EXPECT_NE(read.status().message().find("stopped by SIGTERM while tokenizing '" + jsonl), std::string::npos)
+      << read.status().message();
+  DatasetLoadOptions options;
+  options.tokenizer = &tok;
+  options.vocab_size = 272;
+  auto cached = load_dataset_cached(cache.string(), true, {jsonl}, options);
+  ASSERT_FALSE(cached.is_ok());
+  EXPECT_EQ(cached.status().kind(), ErrorKind::stopped);
+  clear_stop_signal();
+  EXPECT_TRUE(fs::is_empty(cache)) << "nothing written to the cache";
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));
+  auto loaded = load_prepared(dir.string(), 272);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  expect_same_samples(d, loaded.value());
+  // Without a stop the same calls succeed.
+  EXPECT_TRUE(hash_file(jsonl).is_ok());
+  EXPECT_TRUE(load_dataset_cached(cache.string(), true, {jsonl}, options).is_ok());
 }
 
 // What each reader is given is checked before it opens it: FIFOs and devices never reach open().

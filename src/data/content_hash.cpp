@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/input_path.h"
+#include "base/stop_signal.h"
 
 namespace glm {
 
@@ -37,6 +38,7 @@ Result<std::string> hash_file(const std::string& path) {
   ContentHash h;
   std::vector<char> block(1 << 20);
   while (in) {
+    if (stop_signal() != 0) return stopped_status(concat("while hashing '", path, "'"));
     in.read(block.data(), static_cast<std::streamsize>(block.size()));
     h.update(std::string_view(block.data(), static_cast<size_t>(in.gcount())));
   }

@@ -27,8 +27,8 @@ std::string binary_identity() {
 }
 
 // The hash naming the cache entry, or an empty string when a file cannot be hashed (load_dataset
-// then reports it).
-std::string cache_key(const std::vector<std::string>& paths, const DatasetLoadOptions& o) {
+// then reports it); a stop by signal while hashing is returned.
+Result<std::string> cache_key(const std::vector<std::string>& paths, const DatasetLoadOptions& o) {
   ContentHash h;
   h.field("glm_hpc dataset cache 1").field(binary_identity());
   h.field(o.tokenizer != nullptr ? o.tokenizer->content_hash() : "no tokenizer");
@@ -37,7 +37,10 @@ std::string cache_key(const std::vector<std::string>& paths, const DatasetLoadOp
   h.field(std::to_string(static_cast<int>(o.conversation.loss_scale))).field(o.conversation.system);
   for (const auto& path : paths) {
     auto file = hash_file(path);
-    if (!file.is_ok()) return "";
+    if (!file.is_ok()) {
+      if (file.status().kind() == ErrorKind::stopped) return file.status();
+      return std::string();
+    }
     h.field(file.value());
   }
   return h.hex().substr(std::string("fnv1a64:").size());
@@ -66,7 +69,10 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
   };
   bool jsonl = !cache_dir.empty() && !paths.empty();
   for (const auto& p : paths) jsonl = jsonl && !is_prepared_dir(p);
-  const std::string key = jsonl ? cache_key(paths, o) : "";
+  std::string key;
+  if (jsonl) {
+    GLM_ASSIGN_OR_RETURN(key, cache_key(paths, o));
+  }
   CachedDataset out;
   if (key.empty()) {
     GLM_ASSIGN_OR_RETURN(out.dataset, plain());
@@ -85,6 +91,7 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
                         "again)");
       return out;
     }
+    if (hit.status().kind() == ErrorKind::stopped) return hit.status();  // not damaged: interrupted
     damaged = true;
     out.note =
         concat("glm_hpc: tokenization cache: ignoring the damaged ", entry.string(), " (", hit.status().message(), ")");
@@ -111,6 +118,7 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
     info.tokenizer_hash = o.tokenizer->content_hash();
   }
   Status wrote = write_token_shards(out.dataset, o.vocab_size, info, tmp.string());
+  if (wrote.kind() == ErrorKind::stopped) return wrote;  // the guard removes the temporary entry
   if (wrote.is_ok()) {
     fs::rename(tmp, entry, ec);  // fails when another job stored the same entry first: keep theirs
     if (ec && !is_prepared_dir(entry.string()))

@@ -17,6 +17,7 @@
 
 #include "base/json_text.h"
 #include "base/scope_exit.h"
+#include "base/stop_signal.h"
 
 namespace glm {
 namespace {
@@ -113,10 +114,12 @@ Status write_shard(const Dataset& dataset, int64_t first, int64_t end, int64_t v
   };
   put(offsets.data(), offsets.size() * sizeof(int64_t));
   for (int64_t i = first; i < end; ++i) {
+    if (stop_signal() != 0) return stopped_status(concat("while writing '", tmp, "'"));
     const SampleView s = dataset.sample(i);
     put(s.tokens.data(), s.tokens.size_bytes());
   }
   for (int64_t i = first; i < end; ++i) {
+    if (stop_signal() != 0) return stopped_status(concat("while writing '", tmp, "'"));
     const SampleView s = dataset.sample(i);
     put(s.labels.data(), s.labels.size_bytes());
   }
@@ -362,6 +365,7 @@ Result<Dataset> load_prepared(const std::string& dir, int64_t vocab_size, const 
       const std::string file = entry.at("file").get<std::string>();
       if (fs::path(file).filename() != file)
         return GLM_USER_ERROR("'", manifest_path, "' names a shard outside its directory: '", file, "'");
+      if (stop_signal() != 0) return stopped_status(concat("while checking the token shards of '", dir, "'"));
       GLM_ASSIGN_OR_RETURN(auto shard, MappedShard::open((root / file).string(), vocab_size));
       if (shard->samples() != entry.at("samples").get<int64_t>() ||
           shard->tokens() != entry.at("tokens").get<int64_t>())
