@@ -183,10 +183,8 @@ static void warn_if_bound_to_one_core(const glm::ProcessInfo& proc) {
                  single, proc.world_size);
 }
 
-int main(int argc, char** argv) {
-  glm::MpiRuntime mpi(&argc, &argv);
-  const glm::ProcessInfo& proc = mpi.info();
-
+// Everything a command does; main() owns MPI and sees that no exception escapes this.
+static int run_command(int argc, char** argv, const glm::ProcessInfo& proc) {
   auto parsed = glm::parse_options(argc, argv);
   if (int code = settle(parsed.status())) return code;
   glm::CliOptions options = parsed.take();
@@ -350,4 +348,18 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.steps), s.losses.front(), s.losses.back(), options.train.output_dir.c_str());
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  glm::MpiRuntime mpi(&argc, &argv);
+  // An exception that escapes a command (std::bad_alloc above all) ends through the one fatal path
+  // (rank, host, what; MPI_Abort, so no peer waits for this rank), after unwinding has removed the
+  // temporary files of whatever it interrupted.
+  try {
+    return run_command(argc, argv, mpi.info());
+  } catch (const std::bad_alloc&) {
+    glm::fatal(__FILE__, __LINE__, "out of host memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    glm::fatal(__FILE__, __LINE__, glm::concat("uncaught exception: ", e.what()));
+  }
 }

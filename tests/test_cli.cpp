@@ -159,6 +159,26 @@ TEST(CliBadInput, SpecialFilesAsModelTokenizerOrProfile) {
                    "--model_id_or_path: '" + (dir / "config.json").string() + "' is a FIFO (named pipe)");
 }
 
+// Sizes that no run could use are refused with their bound before anything is allocated (they
+// ended in std::bad_alloc, or the kernel's OOM killer, before).
+TEST(CliBadInput, HugeSizesAreBoundedBeforeAllocating) {
+  expect_bad_input("--gradient_accumulation_steps 1000000000000",
+                   "--gradient_accumulation_steps 1000000000000 x --per_device_train_batch_size 4 x --max_length 512");
+  expect_bad_input("--num_hidden_layers 1000000000000",
+                   "num_hidden_layers 1000000000000 exceeds 65536, the most glm_hpc builds");
+  expect_bad_input("--hidden_size 10000000000 --head_dim 8", "parameters, more than the 2^44");
+  const auto dir = scratch_root() / "deep_model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_b", dir);
+  std::ifstream in(dir / "config.json");
+  std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = cfg.find("\"num_hidden_layers\": 3");
+  ASSERT_NE(at, std::string::npos);
+  cfg = cfg.substr(0, at) + "\"num_hidden_layers\": 1000000000000" + cfg.substr(at + 22);
+  std::ofstream(dir / "config.json", std::ios::trunc) << cfg;
+  expect_bad_input("eval --model_id_or_path " + dir.string(), "num_hidden_layers 1000000000000 exceeds 65536");
+}
+
 // glm_hpc eval on a pre-tokenized file reproduces the loss transformers computed for the fixture.
 TEST(Cli, EvalMatchesTransformersLoss) {
   std::ifstream in(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a/golden.json");
