@@ -8,8 +8,13 @@
 
 namespace glm {
 
-// What went wrong decides the exit code: bad user input exits 2, everything else 1.
-enum class ErrorKind { ok, user_input, io, comm, internal };
+// What went wrong decides the exit code: bad user input exits 2; a stop that a signal asked for
+// (base/stop_signal.h) exits kStoppedExitCode; everything else 1.
+enum class ErrorKind { ok, user_input, io, comm, internal, stopped };
+
+// EX_TEMPFAIL from sysexits.h ("try again later"): stopped by SIGTERM, SIGUSR1 or SIGINT with
+// nothing half-written (after a checkpoint when training had begun). slurm/*.sh requeue on it.
+inline constexpr int kStoppedExitCode = 75;
 
 class Status {
  public:
@@ -19,9 +24,14 @@ class Status {
 
   bool is_ok() const { return kind_ == ErrorKind::ok; }
   ErrorKind kind() const { return kind_; }
+  // Valid UTF-8: user bytes quoted into it that are not are kept as \xNN (base/text.h).
   const std::string& message() const { return message_; }
   const std::string& location() const { return location_; }
-  int exit_code() const { return kind_ == ErrorKind::ok ? 0 : (kind_ == ErrorKind::user_input ? 2 : 1); }
+  int exit_code() const {
+    if (kind_ == ErrorKind::ok) return 0;
+    if (kind_ == ErrorKind::user_input) return 2;
+    return kind_ == ErrorKind::stopped ? kStoppedExitCode : 1;
+  }
   // Prefixes context ("while reading X: ...") keeping kind and location.
   Status with_context(const std::string& context) const;
 

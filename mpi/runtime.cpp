@@ -59,16 +59,22 @@ MpiRuntime::~MpiRuntime() {
 AgreedStatus agree_on_status(const Status& local, MPI_Comm comm) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  // Lowest failing rank and worst exit code, so every rank returns the same code.
-  int mine[2] = {local.is_ok() ? 0 : local.exit_code(), local.is_ok() ? INT32_MAX : rank};
-  int worst_code = 0, first_rank = INT32_MAX;
-  if (MPI_Allreduce(&mine[0], &worst_code, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
+  // Lowest failing rank and worst outcome, so every rank returns the same code. Worst first: bad
+  // input (2), another failure (1), a stop by signal (75: only when that is all that happened), ok.
+  auto severity = [](const Status& s) {
+    if (s.is_ok()) return 0;
+    if (s.kind() == ErrorKind::stopped) return 1;
+    return s.exit_code() == 2 ? 3 : 2;
+  };
+  int mine[2] = {severity(local), local.is_ok() ? INT32_MAX : rank};
+  int worst = 0, first_rank = INT32_MAX;
+  if (MPI_Allreduce(&mine[0], &worst, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS ||
       MPI_Allreduce(&mine[1], &first_rank, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
     GLM_FATAL("MPI_Allreduce failed while agreeing on a status");
-  if (worst_code == 0) return {};
+  if (worst == 0) return {};
   AgreedStatus agreed;
   agreed.report_here = first_rank == rank;
-  const ErrorKind kind = worst_code == 2 ? ErrorKind::user_input : ErrorKind::internal;
+  const ErrorKind kind = worst == 3 ? ErrorKind::user_input : worst == 2 ? ErrorKind::internal : ErrorKind::stopped;
   // Every rank exits with the worst code, whatever its own failure was.
   agreed.status = Status::error(kind, local.is_ok() ? concat("rank ", first_rank, " failed") : local.message());
   return agreed;

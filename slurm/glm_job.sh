@@ -31,11 +31,13 @@
 # the launcher (mpirun and srun pass it on to every rank); glm_hpc's ranks agree on it after the
 # step in progress, all save a checkpoint of that step, and exit 75. This script then runs
 # "scontrol requeue", and the job (same id, same output directory) starts again later with
-# --resume_from_checkpoint latest. Choose N larger than one step plus one checkpoint save.
+# --resume_from_checkpoint latest (or from the start, when the signal came before training did:
+# glm_hpc then stops at once with the same code). Choose N larger than one step plus one checkpoint
+# save.
 # SIGTERM (scancel, or the time limit itself) is forwarded the same way, so the ranks save what
 # they can before Slurm's KillWait ends them, but it does not requeue: a cancelled job stays so.
 
-readonly GLM_PREEMPTED_EXIT=75  # kPreemptedExitCode in src/train/preemption.h
+readonly GLM_PREEMPTED_EXIT=75  # kStoppedExitCode in base/status.h
 
 glm_log() { echo "glm_job: $*"; }
 
@@ -185,10 +187,10 @@ glm_job_run() {
 
   if [[ $rc -eq $GLM_PREEMPTED_EXIT ]]; then
     if [[ "$glm_signal" == "USR1" && "${GLM_REQUEUE:-1}" == "1" && $under_slurm == 1 ]]; then
-      glm_log "glm_hpc stopped for preemption after a checkpoint in $out; requeueing job $SLURM_JOB_ID: it resumes from latest"
+      glm_log "glm_hpc stopped for preemption (after a checkpoint in $out if training had begun); requeueing job $SLURM_JOB_ID: it resumes from the latest checkpoint, if any"
       scontrol requeue "$SLURM_JOB_ID" || glm_die "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? --requeue, JobRequeue)"
     else
-      glm_log "glm_hpc stopped after a checkpoint in $out (exit $rc); not requeued (signal ${glm_signal:-to the ranks directly}, GLM_REQUEUE=${GLM_REQUEUE:-1})"
+      glm_log "glm_hpc stopped (after a checkpoint in $out if training had begun; exit $rc); not requeued (signal ${glm_signal:-to the ranks directly}, GLM_REQUEUE=${GLM_REQUEUE:-1})"
     fi
   elif [[ $rc -ne 0 ]]; then
     glm_log "glm_hpc failed with exit code $rc"

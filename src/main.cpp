@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "base/stop_signal.h"
 #include "cli/export.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
@@ -32,10 +33,19 @@ int settle(const glm::Status& local) {
   glm::AgreedStatus agreed = glm::agree_on_status(local, MPI_COMM_WORLD);
   if (agreed.status.is_ok()) return 0;
   if (agreed.report_here) {
-    std::fprintf(stderr, "glm_hpc: error: %s\n", agreed.status.message().c_str());
+    if (agreed.status.kind() == glm::ErrorKind::stopped)
+      std::fprintf(stderr, "glm_hpc: %s; exit code %d\n", agreed.status.message().c_str(), glm::kStoppedExitCode);
+    else
+      std::fprintf(stderr, "glm_hpc: error: %s\n", agreed.status.message().c_str());
     std::fflush(stderr);
   }
   return agreed.status.exit_code();
+}
+
+// A stop while train reads its data comes before anything is trained or saved: the message says so.
+glm::Status before_training(const glm::Status& s, const glm::CliOptions& o) {
+  if (s.kind() != glm::ErrorKind::stopped || o.command != "train") return s;
+  return glm::Status::error(glm::ErrorKind::stopped, s.message() + ", before training started; nothing was saved");
 }
 
 void resolve_paths(glm::CliOptions& o) {
@@ -144,8 +154,7 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const s
   GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(config, backend, comm, data_comm));
   GLM_RETURN_IF_ERROR(weight_loader(hf)(*engine));
   const int64_t n = data.size();
-  GLM_ASSIGN_OR_RETURN(glm::EvalResult total,
-                       glm::evaluate_dataset(*engine, data, per_device, comm.rank(), comm.size()));
+  GLM_ASSIGN_OR_RETURN(glm::EvalResult total, glm::evaluate_dataset(*engine, data, per_device, comm));
   if (comm.rank() == 0) {
     std::printf("glm_hpc: eval of %s on %lld samples, %lld target tokens\n", o.model_id_or_path.c_str(),
                 static_cast<long long>(n), static_cast<long long>(total.targets));
@@ -175,10 +184,8 @@ static void warn_if_bound_to_one_core(const glm::ProcessInfo& proc) {
                  single, proc.world_size);
 }
 
-int main(int argc, char** argv) {
-  glm::MpiRuntime mpi(&argc, &argv);
-  const glm::ProcessInfo& proc = mpi.info();
-
+// Everything a command does; main() owns MPI and sees that no exception escapes this.
+static int run_command(int argc, char** argv, const glm::ProcessInfo& proc) {
   auto parsed = glm::parse_options(argc, argv);
   if (int code = settle(parsed.status())) return code;
   glm::CliOptions options = parsed.take();
@@ -213,10 +220,10 @@ int main(int argc, char** argv) {
     if (proc.rank == 0) std::printf("%s", report.value().c_str());
     return 0;
   }
-  // SIGUSR1/SIGTERM are caught from here on: one during start-up stops training after its first step.
-  if (options.command == "train") {
-    if (int code = settle(glm::install_preemption_handlers())) return code;
-  }
+  // SIGTERM, SIGUSR1 and SIGINT are caught from here on (base/stop_signal.h): reading, tokenizing and
+  // caching data, writing shards and evaluation stop at once, exit code 75; once train has its data,
+  // one stops training after its first step with a checkpoint.
+  if (int code = settle(glm::install_stop_handlers())) return code;
   resolve_paths(options);
   auto backend = choose_backend(options, proc);
   if (int code = settle(backend.status())) return code;
@@ -269,7 +276,9 @@ int main(int argc, char** argv) {
   const std::string cache_dir =
       options.dataset_cache && options.command != "prepare" ? glm::default_dataset_cache_dir() : "";
   auto read_dataset = [&](const std::vector<std::string>& paths) -> glm::Result<glm::Dataset> {
-    GLM_ASSIGN_OR_RETURN(glm::CachedDataset cached, glm::load_dataset_cached(cache_dir, proc.rank == 0, paths, load));
+    auto loaded = glm::load_dataset_cached(cache_dir, proc.rank == 0, paths, load);
+    if (!loaded.is_ok()) return before_training(loaded.status(), options);
+    glm::CachedDataset cached = loaded.take();
     if (proc.rank == 0 && !cached.note.empty()) {
       std::printf("%s\n", cached.note.c_str());
       std::fflush(stdout);
@@ -319,6 +328,7 @@ int main(int argc, char** argv) {
   if (eval) {
     // A failure here may leave peers inside a collective: the fatal path aborts them all.
     glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, nccl.get(), *backend.value());
+    if (s.kind() == glm::ErrorKind::stopped) return settle(s);  // every rank stopped at the same batch
     if (!s.is_ok()) glm::fatal_status(s);
     return 0;
   }
@@ -327,7 +337,8 @@ int main(int argc, char** argv) {
   if (!result.is_ok()) {
     // Bad input found by every rank alike (a checkpoint that does not fit, for one) is said once,
     // with exit code 2; anything else may have left peers inside a collective: the fatal path.
-    if (result.status().kind() == glm::ErrorKind::user_input) return settle(result.status());
+    if (result.status().kind() == glm::ErrorKind::user_input || result.status().kind() == glm::ErrorKind::stopped)
+      return settle(result.status());
     glm::fatal_status(result.status());
   }
   // Stopped by a signal after a checkpoint (the trainer printed which): every rank exits with 75.
@@ -338,4 +349,18 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.steps), s.losses.front(), s.losses.back(), options.train.output_dir.c_str());
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  glm::MpiRuntime mpi(&argc, &argv);
+  // An exception that escapes a command (std::bad_alloc above all) ends through the one fatal path
+  // (rank, host, what; MPI_Abort, so no peer waits for this rank), after unwinding has removed the
+  // temporary files of whatever it interrupted.
+  try {
+    return run_command(argc, argv, mpi.info());
+  } catch (const std::bad_alloc&) {
+    glm::fatal(__FILE__, __LINE__, "out of host memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    glm::fatal(__FILE__, __LINE__, glm::concat("uncaught exception: ", e.what()));
+  }
 }

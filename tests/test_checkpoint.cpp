@@ -490,7 +490,7 @@ TEST(Evaluation, NonFiniteLossIsAnError) {
   const ParamEntry& head = engine->layout().entry(engine->layout().output());
   ASSERT_TRUE(engine->set_parameter(engine->layout().output(), std::vector<float>(head.numel, 3e38f)).is_ok());
   ASSERT_TRUE(engine->parameters_updated().is_ok());
-  auto e = evaluate_dataset(*engine, data(), 8, 0, 1);
+  auto e = evaluate_dataset(*engine, data(), 8, comm);
   ASSERT_FALSE(e.is_ok()) << "mean loss " << e.value().mean_loss();
   EXPECT_NE(e.status().message().find("the evaluation loss over "), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("the model's logits are not finite"), std::string::npos)

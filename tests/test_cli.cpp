@@ -1,6 +1,7 @@
 // The glm_hpc binary as a user runs it: mpirun -np 2 with bad input must print one clear message,
 // exit 2 on every rank and never hang; a good short run writes args.json and logging.jsonl.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -167,6 +168,56 @@ TEST(CliBadInput, NonFiniteWeightIsNamedWhenLoaded) {
   EXPECT_EQ(r.output.find("eval_loss"), std::string::npos) << r.output;
 }
 
+// Inputs that are not what their option expects are refused before anything opens them: a FIFO
+// would block the reader forever, /dev/zero would never end (a hang shows up as exit code 124).
+TEST(CliBadInput, SpecialFilesAsDataOrConfig) {
+  const std::string fifo = (scratch_root() / "fifo").string();
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_bad_input("--dataset /dev/zero", "--dataset: '/dev/zero' is a character device, not a regular file or a "
+                                          "directory");
+  expect_bad_input("--dataset " + fifo, "--dataset: '" + fifo + "' is a FIFO (named pipe)");
+  expect_bad_input("--val_dataset " + fifo, "--val_dataset: '" + fifo + "' is a FIFO (named pipe)");
+  expect_bad_input("--config /dev/zero", "--config: '/dev/zero' is a character device, not a regular file");
+  expect_bad_input("--config " + fifo, "--config: '" + fifo + "' is a FIFO (named pipe), not a regular file");
+}
+TEST(CliBadInput, SpecialFilesAsModelTokenizerOrProfile) {
+  const std::string fifo = (scratch_root() / "fifo").string();
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_bad_input("--tokenizer /dev/zero", "--tokenizer: '/dev/zero' is a character device");
+  expect_bad_input("--model_id_or_path " + fifo, "--model_id_or_path: '" + fifo + "' is a FIFO (named pipe), not a "
+                                                 "directory");
+  expect_bad_input("--reduce_bucket_size auto --comm_profile " + fifo, "--comm_profile: '" + fifo + "' is a FIFO");
+  // A file inside the model directory: its config.json.
+  const auto dir = scratch_root() / "fifo_config";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0600), 0);
+  expect_bad_input("eval --model_id_or_path " + dir.string(),
+                   "--model_id_or_path: '" + (dir / "config.json").string() + "' is a FIFO (named pipe)");
+}
+
+// Sizes that no run could use are refused with their bound before anything is allocated (they
+// ended in std::bad_alloc, or the kernel's OOM killer, before).
+TEST(CliBadInput, HugeSizesAreBoundedBeforeAllocating) {
+  expect_bad_input("--gradient_accumulation_steps 1000000000000",
+                   "--gradient_accumulation_steps 1000000000000 x --per_device_train_batch_size 4 x --max_length 512");
+  expect_bad_input("--num_hidden_layers 1000000000000",
+                   "num_hidden_layers 1000000000000 exceeds 65536, the most glm_hpc builds");
+  expect_bad_input("--hidden_size 10000000000 --head_dim 8", "parameters, more than the 2^44");
+  const auto dir = scratch_root() / "deep_model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_b", dir);
+  std::ifstream in(dir / "config.json");
+  std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = cfg.find("\"num_hidden_layers\": 3");
+  ASSERT_NE(at, std::string::npos);
+  cfg = cfg.substr(0, at) + "\"num_hidden_layers\": 1000000000000" + cfg.substr(at + 22);
+  std::ofstream(dir / "config.json", std::ios::trunc) << cfg;
+  expect_bad_input("eval --model_id_or_path " + dir.string(), "num_hidden_layers 1000000000000 exceeds 65536");
+}
+
 // glm_hpc eval on a pre-tokenized file reproduces the loss transformers computed for the fixture.
 TEST(Cli, EvalMatchesTransformersLoss) {
   std::ifstream in(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a/golden.json");
@@ -186,6 +237,68 @@ TEST(Cli, EvalMatchesTransformersLoss) {
   ASSERT_NE(ppl, std::string::npos);
   EXPECT_NEAR(std::stod(r.output.substr(ppl + 10)), std::exp(loss), 1e-4 * std::exp(loss));
 }
+
+// A jsonl of `lines` conversations of about 1 KB of varied words each: a few seconds of
+// tokenization per 10,000 lines on two cores.
+std::string write_large_dataset(const std::string& name, int lines) {
+  const std::string path = (scratch_root() / name).string();
+  std::ofstream out(path, std::ios::trunc);
+  const char* words[] = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+                         "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon"};
+  uint64_t state = 12345;
+  for (int i = 0; i < lines; ++i) {
+    std::string text;
+    while (text.size() < 1000) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      text += words[(state >> 33) % 20];
+      text += (state >> 40) % 7 == 0 ? ", " : " ";
+    }
+    out << R"({"messages": [{"role": "user", "content": "question )" << i << R"("}, {"role": "assistant", "content": ")"
+        << text << "\"}]}\n";
+  }
+  return path;
+}
+
+// A background shell command for run_glm's `before`: once `ranks` processes whose command line holds
+// `marker` catch SIGTERM (bit 15 of SigCgt in /proc: glm_hpc has installed its handlers), wait
+// `delay` seconds and send `signal` to each of them (the ranks, not mpirun).
+std::string signal_ranks_when_ready(const std::string& marker, int ranks, const char* signal, double delay) {
+  const std::string pattern = "'^[^ ]*glm_hpc .*" + marker + "'";
+  return "(for i in $(seq 600); do n=0; for p in $(pgrep -f " + pattern +
+         "); do m=$(awk '/^SigCgt/{print $2}' /proc/$p/status 2>/dev/null); m=${m#${m%????}}; "
+         "[ -n \"$m\" ] && [ $((0x$m & 16384)) -ne 0 ] && n=$((n+1)); done; [ $n -ge " +
+         std::to_string(ranks) + " ] && break; sleep 0.05; done; sleep " + std::to_string(delay) + "; pkill -" + signal +
+         " -f " + pattern + ") & ";
+}
+
+// SIGTERM (Slurm, timeout) or SIGINT (Ctrl-C) to every rank while the dataset is being tokenized:
+// the job stops within seconds (it used to tokenize on, and then train), says so once, exits 75 on
+// every rank and leaves nothing in the tokenization cache.
+void expect_prompt_stop(const char* signal, const char* name) {
+  const std::string data = write_large_dataset("large.jsonl", 60000);
+  const std::string marker = std::string("glm_hpc_stop_marker_") + signal + std::to_string(::getpid());
+  const auto out = scratch_root() / marker;
+  const auto cache = scratch_root() / "xdg_cache";
+  std::filesystem::remove_all(cache);
+  const auto start = std::chrono::steady_clock::now();
+  RunResult r = run_glm("--dataset " + data + " --max_length 2048 --max_steps 1 --output_dir " + out.string(), 2,
+                        signal_ranks_when_ready(marker, 2, signal, 1.0));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::filesystem::remove(data);
+  EXPECT_EQ(r.exit_code, 75) << r.output;
+  const std::string said = std::string("glm_hpc: stopped by ") + name + " while tokenizing '" + data;
+  EXPECT_EQ(count(r.output, said), 1) << r.output;
+  EXPECT_NE(r.output.find("before training started; nothing was saved; exit code 75"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(count(r.output, "step "), 0) << r.output;
+  EXPECT_LT(seconds, 20.0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out / "args.json"));
+  const auto entries = cache / "glm_hpc" / "datasets";
+  if (std::filesystem::exists(entries))
+    EXPECT_TRUE(std::filesystem::is_empty(entries)) << "no entry and no temporary in the cache";
+}
+TEST(CliStop, SigtermWhileTokenizingStopsAtOnce) { expect_prompt_stop("TERM", "SIGTERM"); }
+TEST(CliStop, SigintWhileTokenizingStopsAtOnce) { expect_prompt_stop("INT", "SIGINT"); }
 
 // A background shell command for run_glm's `before`: once the run in `dir` has logged a step (its
 // logging.jsonl is not empty; 60 s at most), SIGKILL the newest process whose command line names

@@ -13,9 +13,10 @@
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
 #include "mpi/runtime.h"
+#include "test_util.h"
+#include "train/engine.h"
 #include "train/preemption.h"
 #include "train/trainer.h"
-#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -89,8 +90,8 @@ std::string shared_directory(const char* name) {
 
 TEST(Preemption, EveryRankAgreesOnTheSignalOfOne) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(60));
-  ASSERT_TRUE(install_preemption_handlers().is_ok());
-  clear_preemption_signal();
+  ASSERT_TRUE(install_stop_handlers().is_ok());
+  clear_stop_signal();
   auto none = agree_on_preemption(comm);
   ASSERT_TRUE(none.is_ok()) << none.status().message();
   EXPECT_EQ(none.value(), 0);
@@ -98,13 +99,13 @@ TEST(Preemption, EveryRankAgreesOnTheSignalOfOne) {
   if (comm.rank() == comm.size() - 1) {
     ASSERT_EQ(std::raise(SIGTERM), 0);
   }
-  EXPECT_EQ(received_preemption_signal(), comm.rank() == comm.size() - 1 ? SIGTERM : 0);
+  EXPECT_EQ(stop_signal(), comm.rank() == comm.size() - 1 ? SIGTERM : 0);
   auto agreed = agree_on_preemption(comm);
   ASSERT_TRUE(agreed.is_ok()) << agreed.status().message();
   EXPECT_EQ(agreed.value(), SIGTERM);
-  EXPECT_EQ(preemption_signal_name(agreed.value()), "SIGTERM");
-  clear_preemption_signal();
-  EXPECT_EQ(received_preemption_signal(), 0);
+  EXPECT_EQ(signal_name(agreed.value()), "SIGTERM");
+  clear_stop_signal();
+  EXPECT_EQ(stop_signal(), 0);
 }
 
 // SIGUSR1 on the last rank before training (as when it arrives during start-up): every rank stops
@@ -113,8 +114,8 @@ TEST(Preemption, EveryRankAgreesOnTheSignalOfOne) {
 TEST(Preemption, StopsEveryRankAtOneStepWithACheckpointAndResumes) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   const std::string dir = shared_directory("glm_preemption_");
-  ASSERT_TRUE(install_preemption_handlers().is_ok());
-  clear_preemption_signal();
+  ASSERT_TRUE(install_stop_handlers().is_ok());
+  clear_stop_signal();
 
   TrainConfig straight_config = tiny_config();
   auto backend = make_cpu_backend(DType::f32);
@@ -138,7 +139,7 @@ TEST(Preemption, StopsEveryRankAtOneStepWithACheckpointAndResumes) {
   std::string name;
   latest >> name;
   EXPECT_EQ(name, "checkpoint-1");
-  clear_preemption_signal();
+  clear_stop_signal();
 
   c.resume_from_checkpoint = "latest";
   auto resumed = train(c, dataset(), comm, *make_cpu_backend(DType::f32));
@@ -150,6 +151,47 @@ TEST(Preemption, StopsEveryRankAtOneStepWithACheckpointAndResumes) {
   EXPECT_EQ(resumed.value().parameter_checksum, straight.value().parameter_checksum);
   MPI_Barrier(MPI_COMM_WORLD);
   if (comm.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// A stop asked of one rank during evaluation: every rank leaves at the same batch with a stopped
+// status (none waits in a collective for a peer that left), exit code 75.
+TEST(Preemption, EvaluationStopsOnEveryRankAlike) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(60));
+  clear_stop_signal();
+  Dataset few;
+  few.samples.assign(dataset().samples.begin(), dataset().samples.begin() + 12);
+  few.report = dataset().report;
+  auto backend = make_cpu_backend(DType::f32);
+  auto engine = TrainingEngine::create(
+      {.model = tiny_config().model, .max_tokens = 2 * few.report.max_tokens, .max_grad_norm = 0.0}, *backend, comm);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  ASSERT_TRUE(engine.value()->initialize_parameters(3).is_ok());
+  auto whole = evaluate_dataset(*engine.value(), few, 2, comm);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  EXPECT_GT(whole.value().targets, 0);
+  if (comm.rank() == comm.size() - 1) request_stop(SIGTERM);
+  auto stopped = evaluate_dataset(*engine.value(), few, 2, comm);
+  clear_stop_signal();
+  ASSERT_FALSE(stopped.is_ok());
+  EXPECT_EQ(stopped.status().kind(), ErrorKind::stopped);
+  EXPECT_EQ(stopped.status().exit_code(), kPreemptedExitCode);
+  EXPECT_NE(stopped.status().message().find("stopped by SIGTERM during evaluation, after 0 of 12 samples"), std::string::npos)
+      << stopped.status().message();
+}
+
+// The agreement before exiting: a stop alone exits 75 on every rank; a real failure on any rank wins.
+TEST(Preemption, AStopExitsWithItsCodeUnlessARankFailed) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const Status stop = Status::error(ErrorKind::stopped, "stopped by SIGTERM while tokenizing");
+  AgreedStatus alone = agree_on_status(rank == size - 1 ? stop : Status::ok(), MPI_COMM_WORLD);
+  EXPECT_EQ(alone.status.kind(), ErrorKind::stopped);
+  EXPECT_EQ(alone.status.exit_code(), 75);
+  EXPECT_EQ(alone.report_here, rank == size - 1);
+  const Status bad = GLM_USER_ERROR("bad input");
+  AgreedStatus mixed = agree_on_status(rank == 0 ? bad : stop, MPI_COMM_WORLD);
+  EXPECT_EQ(mixed.status.exit_code(), 2);
 }
 
 }  // namespace

@@ -1,14 +1,21 @@
 // Token shards: a prepared directory reads back as the dataset that was written (samples, labels,
 // report, loader batches), and every kind of damage to it is one precise user error.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/input_path.h"
+#include "base/stop_signal.h"
+#include "base/text.h"
+#include "data/content_hash.h"
+#include "data/dataset_cache.h"
 #include "data/packing.h"
 #include "data/sharded_loader.h"
 #include "data/token_shards.h"
@@ -133,6 +140,145 @@ TEST(TokenShards, RewritingAPreparedDirectoryReplacesIt) {
   Status s = write_token_shards(d, 272, info(), foreign.string());
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("holds files that glm_hpc prepare did not write"), std::string::npos) << s.message();
+}
+
+// A line that is not UTF-8 skipped with --on_bad_sample skip: its reason (with the parser's excerpt
+// of the raw bytes) is kept as \xNN, and the manifest that records it is written and read back.
+TEST(TokenShards, SkippedInvalidUtf8LineIsRecorded) {
+  const std::string good = R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]})";
+  const std::string bad =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"caf\xe9 x\"},"
+      "{\"role\":\"assistant\",\"content\":\"ok\"}]}";
+  const std::string path = write_text(fresh_dir("utf8") / "u.jsonl", good + "\n" + bad + "\n");
+  ByteTokenizer tok;
+  auto d = load_dataset({path}, &tok, 0, 272, /*skip_bad=*/true);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(d.value().report.skipped_bad, 1);
+  EXPECT_TRUE(is_valid_utf8(d.value().report.skipped_reasons)) << d.value().report.skipped_reasons;
+  EXPECT_NE(d.value().report.skipped_reasons.find("u.jsonl:2: malformed JSON"), std::string::npos);
+  EXPECT_NE(d.value().report.skipped_reasons.find("caf\\xe9"), std::string::npos) << d.value().report.skipped_reasons;
+  // A dataset path that is not UTF-8 either (file names are bytes): stored with U+FFFD, no exception.
+  PrepareInfo p = info();
+  p.datasets = {"caf\xe9.jsonl"};
+  const fs::path dir = fresh_dir("utf8_prepared");
+  Status wrote = write_token_shards(d.value(), 272, p, dir.string());
+  ASSERT_TRUE(wrote.is_ok()) << wrote.message();
+  auto loaded = load_prepared(dir.string(), 272);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(loaded.value().report.skipped_reasons, d.value().report.skipped_reasons);
+  EXPECT_NE(loaded.value().prepared.find("caf\xef\xbf\xbd.jsonl"), std::string::npos) << loaded.value().prepared;
+}
+
+// A write that fails (here: the manifest's temporary name is taken by a directory) leaves no
+// temporary behind and the earlier preparation in the directory loadable as it was.
+TEST(TokenShards, FailedWriteLeavesNoTemporaries) {
+  const Dataset d = source_dataset();
+  const fs::path dir = fresh_dir("failed_write");
+  ASSERT_TRUE(write_token_shards(d, 272, info(), dir.string()).is_ok());
+  fs::create_directories(dir / "prepared.json.tmp" / "occupied");
+  Status s = write_token_shards(d, 272, info(), dir.string(), 100);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("prepared.json.tmp"), std::string::npos) << s.message();
+  fs::remove_all(dir / "prepared.json.tmp");
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));
+  auto loaded = load_prepared(dir.string(), 272);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  expect_same_samples(d, loaded.value());
+}
+
+// Clears the stop flag whichever way a test leaves.
+struct StopFlagReset {
+  StopFlagReset() { clear_stop_signal(); }
+  ~StopFlagReset() { clear_stop_signal(); }
+};
+
+// A stop by signal (the flag the handlers set) ends hashing, tokenizing and writing with an
+// ErrorKind::stopped status (exit code 75), and leaves no temporary file: not in a prepared
+// directory, whose earlier preparation stays loadable, nor in the tokenization cache.
+TEST(TokenShards, StopBySignalEndsCleanly) {
+  StopFlagReset reset;
+  const Dataset d = source_dataset();
+  const fs::path dir = fresh_dir("stopped");
+  ASSERT_TRUE(write_token_shards(d, 272, info(), dir.string()).is_ok());
+  const std::string jsonl = write_text(fresh_dir("stopped_source") / "x.jsonl",
+                                       R"({"input_ids": [1, 2, 3], "labels": [1, 2, 3]})"
+                                       "\n");
+  const fs::path cache = fresh_dir("stopped_cache");
+  fs::create_directories(cache);
+  request_stop(SIGTERM);
+  Status wrote = write_token_shards(d, 272, info(), dir.string(), 100);
+  ASSERT_FALSE(wrote.is_ok());
+  EXPECT_EQ(wrote.kind(), ErrorKind::stopped);
+  EXPECT_EQ(wrote.exit_code(), 75);
+  EXPECT_NE(wrote.message().find("stopped by SIGTERM while writing"), std::string::npos) << wrote.message();
+  auto hashed = hash_file(jsonl);
+  ASSERT_FALSE(hashed.is_ok());
+  EXPECT_NE(hashed.status().message().find("stopped by SIGTERM while hashing"), std::string::npos);
+  ByteTokenizer tok;
+  auto read = load_dataset({jsonl}, &tok, 0, 272);
+  ASSERT_FALSE(read.is_ok());
+  EXPECT_NE(read.status().message().find("stopped by SIGTERM while tokenizing '" + jsonl), std::string::npos)
+      << read.status().message();
+  DatasetLoadOptions options;
+  options.tokenizer = &tok;
+  options.vocab_size = 272;
+  auto cached = load_dataset_cached(cache.string(), true, {jsonl}, options);
+  ASSERT_FALSE(cached.is_ok());
+  EXPECT_EQ(cached.status().kind(), ErrorKind::stopped);
+  clear_stop_signal();
+  EXPECT_TRUE(fs::is_empty(cache)) << "nothing written to the cache";
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));
+  auto loaded = load_prepared(dir.string(), 272);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  expect_same_samples(d, loaded.value());
+  // Without a stop the same calls succeed.
+  EXPECT_TRUE(hash_file(jsonl).is_ok());
+  EXPECT_TRUE(load_dataset_cached(cache.string(), true, {jsonl}, options).is_ok());
+}
+
+// What each reader is given is checked before it opens it: FIFOs and devices never reach open().
+TEST(InputPath, SpecialFilesAreRefusedWithoutOpeningThem) {
+  const fs::path dir = fresh_dir("special");
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string file = write_text(dir / "file.jsonl", "{}\n");
+  EXPECT_TRUE(check_input_path(file).is_ok());
+  EXPECT_TRUE(check_input_path((dir / "missing").string()).is_ok()) << "the reader says it cannot open it";
+  EXPECT_TRUE(check_input_path(dir.string(), InputKind::directory).is_ok());
+  EXPECT_TRUE(check_input_path(dir.string(), InputKind::file_or_directory).is_ok());
+  EXPECT_EQ(check_input_path(fifo).message(), "'" + fifo + "' is a FIFO (named pipe), not a regular file");
+  EXPECT_EQ(check_input_path("/dev/zero").message(), "'/dev/zero' is a character device, not a regular file");
+  EXPECT_EQ(check_input_path(dir.string()).exit_code(), 2);
+  EXPECT_EQ(check_input_path(file, InputKind::directory).message(), "'" + file + "' is a regular file, not a directory");
+  // The readers: a dataset, its hash for the cache key, a tokenizer rank file.
+  ByteTokenizer tok;
+  auto d = load_dataset({fifo}, &tok, 0, 272);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("is a FIFO (named pipe), not a regular file"), std::string::npos);
+  EXPECT_FALSE(hash_file("/dev/zero").is_ok());
+  auto t = load_tokenizer("/dev/zero");
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("'/dev/zero' is a character device"), std::string::npos);
+}
+
+TEST(PrintableText, EscapesExactlyTheIllFormedBytes) {
+  EXPECT_EQ(printable_text("plain, tab\t and newline\n"), "plain, tab\t and newline\n");
+  EXPECT_EQ(printable_text("caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable_text("caf\xe9 x"), "caf\\xe9 x");                   // Latin-1
+  EXPECT_EQ(printable_text("\x80"), "\\x80");                             // a stray continuation byte
+  EXPECT_EQ(printable_text("\xc0\xaf"), "\\xc0\\xaf");                    // overlong '/'
+  EXPECT_EQ(printable_text("\xed\xa0\x80"), "\\xed\\xa0\\x80");           // a UTF-16 surrogate
+  EXPECT_EQ(printable_text("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
+  EXPECT_EQ(printable_text("ab\xe4\xb8"), "ab\\xe4\\xb8");                // truncated at the end
+  EXPECT_EQ(printable_text("\xe4\xb8x"), "\\xe4\\xb8x");                  // truncated in the middle
+  EXPECT_TRUE(is_valid_utf8(printable_text("\xff\xfe\xc3")));
+  // Status messages are always valid UTF-8, whatever was quoted into them.
+  EXPECT_EQ(GLM_USER_ERROR("cannot open '", std::string("caf\xe9"), "'").message(), "cannot open 'caf\\xe9'");
 }
 
 // Shards keep the content hash of their tokenizer: loading them for another tokenizer is refused,

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "base/json_text.h"
 #include "data/tokenizer.h"
 #include "io/hf_export.h"
 #include "io/peft_adapter.h"
@@ -160,7 +161,7 @@ Result<HfTokenIds> token_ids(const TokenizerSource& src, const ModelConfig& c, s
 
 Status write_json(const fs::path& path, const nlohmann::ordered_json& j) {
   std::ofstream out(path, std::ios::trunc);
-  out << j.dump(2) << '\n';
+  out << json_text(j, 2) << '\n';
   out.flush();
   if (!out) return GLM_ERROR(ErrorKind::io, "error writing '", path.string(), "' (disk full?)");
   return Status::ok();

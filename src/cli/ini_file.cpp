@@ -3,6 +3,8 @@
 
 #include <fstream>
 
+#include "base/input_path.h"
+
 namespace glm {
 namespace {
 std::string trim(const std::string& s) {
@@ -14,6 +16,7 @@ std::string trim(const std::string& s) {
 }  // namespace
 
 Result<std::vector<IniEntry>> scan_ini_file(const std::string& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path).with_context("--config"));
   std::ifstream in(path);
   if (!in) return GLM_USER_ERROR("cannot open config file '", path, "'");
   std::vector<IniEntry> entries;

@@ -1,6 +1,8 @@
 // Option table, INI handling with file:line errors, value validation and args.json.
 #include "cli/options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -17,7 +19,10 @@
 #include <vector>
 
 #include "base/enum_names.h"
+#include "base/input_path.h"
+#include "base/json_text.h"
 #include "cli/ini_file.h"
+#include "data/sharded_loader.h"
 #include "io/durable_file.h"
 #include "io/hf_export.h"
 
@@ -496,6 +501,48 @@ Status validate_performance(CliOptions& o, const Sources& src) {
   return Status::ok();
 }
 
+// Every path option names what it expects (base/input_path.h): a FIFO, a device or a directory given
+// for a file (or the reverse) is refused here, before any reader opens it and blocks or never ends.
+// Missing paths are left to the readers, which say they cannot open them.
+Status validate_input_paths(const CliOptions& o, const Sources& src) {
+  const TrainConfig& t = o.train;
+  auto expect = [&](const char* name, const std::string& path, InputKind kind) -> Status {
+    if (path.empty()) return Status::ok();
+    Status s = check_input_path(path, kind);
+    return s.is_ok() ? s : GLM_USER_ERROR(src.where(name), ": ", s.message());
+  };
+  for (const auto& path : t.datasets) GLM_RETURN_IF_ERROR(expect("dataset", path, InputKind::file_or_directory));
+  for (const auto& path : o.val_datasets)
+    GLM_RETURN_IF_ERROR(expect("val_dataset", path, InputKind::file_or_directory));
+  if (o.tokenizer != "auto" && o.tokenizer != "bytes")
+    GLM_RETURN_IF_ERROR(expect("tokenizer", o.tokenizer, InputKind::file_or_directory));
+  GLM_RETURN_IF_ERROR(expect("model_id_or_path", o.model_id_or_path, InputKind::directory));
+  GLM_RETURN_IF_ERROR(expect("comm_profile", t.comm_profile, InputKind::file));
+  if (t.resume_from_checkpoint != "latest")
+    GLM_RETURN_IF_ERROR(expect("resume_from_checkpoint", t.resume_from_checkpoint, InputKind::directory));
+  GLM_RETURN_IF_ERROR(expect("ckpt_dir", o.ckpt_dir, InputKind::directory));
+  return expect("tokenizer_dir", o.tokenizer_dir, InputKind::directory);
+}
+
+// One optimizer step's micro-batches are built on the host before the step, 16 bytes a token
+// (tokens, targets, positions, document starts): batch sizes whose product passes this host's
+// memory are refused before anything is allocated.
+Status validate_step_size(const CliOptions& o, const Sources& src) {
+  const TrainConfig& t = o.train;
+  const double micro_batches = static_cast<double>(t.gradient_accumulation_steps);
+  const double tokens =
+      micro_batches * static_cast<double>(t.per_device_train_batch_size) * static_cast<double>(t.max_length);
+  const double bytes = tokens * 4 * sizeof(int32_t) + micro_batches * sizeof(HostMicroBatch);
+  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (host <= 0 || bytes <= host) return Status::ok();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  return GLM_USER_ERROR(src.where("gradient_accumulation_steps"), " ", t.gradient_accumulation_steps, " x ",
+                        src.where("per_device_train_batch_size"), " ", t.per_device_train_batch_size, " x ",
+                        src.where("max_length"), " ", t.max_length, " = ", tokens,
+                        " tokens in one optimizer step: their micro-batches need ", bytes / gib,
+                        " GiB of host memory (16 bytes a token), more than this host's ", host / gib, " GiB");
+}
+
 Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) {
   TrainConfig& t = o.train;
   GLM_RETURN_IF_ERROR(check(t.per_device_train_batch_size >= 1, src, "per_device_train_batch_size", "must be >= 1"));
@@ -540,6 +587,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                               "comm_profile", "is only read by --reduce_bucket_size auto"));
   }
   GLM_RETURN_IF_ERROR(check(!t.datasets.empty(), src, "dataset", "needs at least one file"));
+  GLM_RETURN_IF_ERROR(validate_input_paths(o, src));
+  if (o.command == "train") GLM_RETURN_IF_ERROR(validate_step_size(o, src));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.print_example >= -1, src, "print_example", "must be a sample index, or -1 for none"));
@@ -710,7 +759,7 @@ Status write_args_json(const CliOptions& options) {
   fs::create_directories(dir, ec);
   if (ec) return GLM_USER_ERROR("cannot create --output_dir '", dir, "': ", ec.message());
   const nlohmann::json j = {{"command", options.command}, {"options", options.effective}};
-  return write_file_durably(dir + "/args.json", j.dump(2) + "\n");
+  return write_file_durably(dir + "/args.json", json_text(j, 2) + "\n");
 }
 
 }  // namespace glm

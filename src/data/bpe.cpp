@@ -10,11 +10,15 @@
 #include <functional>
 #include <sstream>
 
+#include "base/input_path.h"
+
 namespace glm {
 namespace {
 
 // Special ids follow the ordinary ranks; keep room so that they stay int32.
 constexpr int64_t kMaxRanks = std::numeric_limits<int32_t>::max() - 64;
+// A rank file is read whole into memory; GLM-4's (151,329 ranks) is 2.6 MB, cl100k_base's 1.7 MB.
+constexpr int64_t kMaxRankFileBytes = int64_t{1} << 30;
 
 // Tokens are short (most under 8 bytes), so one multiply per 8 bytes and a final avalanche is
 // enough; the table's tags take the high bits, the slot index the low ones.
@@ -174,6 +178,8 @@ Result<BpeRanks> BpeRanks::parse(std::string_view text, const std::string& sourc
 }
 
 Result<BpeRanks> BpeRanks::load(const std::string& path) {
+  GLM_RETURN_IF_ERROR(check_input_file_size(path, kMaxRankFileBytes,
+                                            "a tiktoken rank file may hold (GLM-4's tokenizer.model is 2.6 MB)"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return GLM_USER_ERROR("cannot open tokenizer file '", path, "': ", std::strerror(errno));
   std::ostringstream contents;

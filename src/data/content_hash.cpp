@@ -5,6 +5,9 @@
 #include <fstream>
 #include <vector>
 
+#include "base/input_path.h"
+#include "base/stop_signal.h"
+
 namespace glm {
 
 ContentHash& ContentHash::update(std::string_view bytes) {
@@ -29,11 +32,13 @@ std::string ContentHash::hex() const {
 }
 
 Result<std::string> hash_file(const std::string& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path));
   std::ifstream in(path, std::ios::binary);
   if (!in) return GLM_USER_ERROR("cannot open '", path, "'");
   ContentHash h;
   std::vector<char> block(1 << 20);
   while (in) {
+    if (stop_signal() != 0) return stopped_status(concat("while hashing '", path, "'"));
     in.read(block.data(), static_cast<std::streamsize>(block.size()));
     h.update(std::string_view(block.data(), static_cast<size_t>(in.gcount())));
   }

@@ -23,7 +23,8 @@ class ContentHash {
   uint64_t hash_ = 0xcbf29ce484222325ULL;
 };
 
-// The hash of a file's bytes; an unreadable file is a user error naming it.
+// The hash of a file's bytes; an unreadable file (or not a regular one) is a user error naming it,
+// a stop by signal (base/stop_signal.h) an ErrorKind::stopped status.
 Result<std::string> hash_file(const std::string& path);
 
 }  // namespace glm

@@ -7,6 +7,8 @@
 #include <thread>
 
 #include "base/counter_rng.h"
+#include "base/input_path.h"
+#include "base/stop_signal.h"
 #include "data/conversation_reader.h"
 #include "data/token_shards.h"
 
@@ -109,6 +111,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
   ChatTemplate chat(tokenizer != nullptr ? *tokenizer : unused);
   for (const auto& path : paths) {
     d.files.push_back(path);
+    GLM_RETURN_IF_ERROR(check_input_path(path).with_context("dataset file"));
     std::ifstream in(path, std::ios::binary);
     if (!in) return GLM_USER_ERROR("cannot open dataset file '", path, "'");
     std::string errors;
@@ -168,7 +171,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
       batch_status.assign(batch.size(), Status::ok());
       const size_t workers = std::min(threads, (batch.size() + 63) / 64);
       auto run = [&](size_t w) {
-        for (size_t i = w; i < batch.size(); i += std::max<size_t>(workers, 1))
+        for (size_t i = w; i < batch.size() && stop_signal() == 0; i += std::max<size_t>(workers, 1))
           batch_status[i] = process(batch[i], batch_samples[i]);
       };
       if (workers <= 1) {
@@ -178,6 +181,7 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         for (size_t w = 0; w < workers; ++w) pool.emplace_back(run, w);
         for (auto& t : pool) t.join();
       }
+      if (stop_signal() != 0) return stopped_status(concat("while tokenizing '", path, "' (", line_no, " lines read)"));
       for (size_t b = 0; b < batch.size(); ++b) {
         line_no = batch_line_nos[b];
         TokenizedSample sample = std::move(batch_samples[b]);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "base/scope_exit.h"
 #include "data/content_hash.h"
 #include "data/token_shards.h"
 
@@ -26,8 +27,8 @@ std::string binary_identity() {
 }
 
 // The hash naming the cache entry, or an empty string when a file cannot be hashed (load_dataset
-// then reports it).
-std::string cache_key(const std::vector<std::string>& paths, const DatasetLoadOptions& o) {
+// then reports it); a stop by signal while hashing is returned.
+Result<std::string> cache_key(const std::vector<std::string>& paths, const DatasetLoadOptions& o) {
   ContentHash h;
   h.field("glm_hpc dataset cache 1").field(binary_identity());
   h.field(o.tokenizer != nullptr ? o.tokenizer->content_hash() : "no tokenizer");
@@ -36,7 +37,10 @@ std::string cache_key(const std::vector<std::string>& paths, const DatasetLoadOp
   h.field(std::to_string(static_cast<int>(o.conversation.loss_scale))).field(o.conversation.system);
   for (const auto& path : paths) {
     auto file = hash_file(path);
-    if (!file.is_ok()) return "";
+    if (!file.is_ok()) {
+      if (file.status().kind() == ErrorKind::stopped) return file.status();
+      return std::string();
+    }
     h.field(file.value());
   }
   return h.hex().substr(std::string("fnv1a64:").size());
@@ -65,7 +69,10 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
   };
   bool jsonl = !cache_dir.empty() && !paths.empty();
   for (const auto& p : paths) jsonl = jsonl && !is_prepared_dir(p);
-  const std::string key = jsonl ? cache_key(paths, o) : "";
+  std::string key;
+  if (jsonl) {
+    GLM_ASSIGN_OR_RETURN(key, cache_key(paths, o));
+  }
   CachedDataset out;
   if (key.empty()) {
     GLM_ASSIGN_OR_RETURN(out.dataset, plain());
@@ -84,6 +91,7 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
                         "again)");
       return out;
     }
+    if (hit.status().kind() == ErrorKind::stopped) return hit.status();  // not damaged: interrupted
     damaged = true;
     out.note =
         concat("glm_hpc: tokenization cache: ignoring the damaged ", entry.string(), " (", hit.status().message(), ")");
@@ -94,6 +102,11 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
   if (damaged) fs::remove_all(entry, ec);
   const fs::path tmp = fs::path(cache_dir) / concat(key, ".tmp.", ::getpid());
   fs::remove_all(tmp, ec);
+  // Gone on every way out: renamed into place, or removed after an error or an exception.
+  ScopeExit remove_tmp([&] {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+  });
   PrepareInfo info;
   info.datasets = paths;
   info.max_length = o.max_length;
@@ -105,12 +118,12 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
     info.tokenizer_hash = o.tokenizer->content_hash();
   }
   Status wrote = write_token_shards(out.dataset, o.vocab_size, info, tmp.string());
+  if (wrote.kind() == ErrorKind::stopped) return wrote;  // the guard removes the temporary entry
   if (wrote.is_ok()) {
     fs::rename(tmp, entry, ec);  // fails when another job stored the same entry first: keep theirs
     if (ec && !is_prepared_dir(entry.string()))
       wrote = GLM_ERROR(ErrorKind::io, "cannot rename '", tmp.string(), "' to '", entry.string(), "': ", ec.message());
   }
-  fs::remove_all(tmp, ec);
   const std::string line = wrote.is_ok() ? concat("glm_hpc: tokenization cache: wrote ", entry.string())
                                          : concat("glm_hpc: tokenization cache: not written (", wrote.message(), ")");
   out.note += (out.note.empty() ? "" : "\n") + line;

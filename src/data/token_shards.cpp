@@ -16,6 +16,9 @@
 #include <fstream>
 
 #include "base/json_fields.h"
+#include "base/json_text.h"
+#include "base/scope_exit.h"
+#include "base/stop_signal.h"
 
 namespace glm {
 namespace {
@@ -91,10 +94,8 @@ nlohmann::json report_to_json(const DatasetReport& r) {
           {"lengths", r.lengths}};
 }
 
-// Writes one shard under a temporary name; returns that name.
-Result<std::string> write_shard(const Dataset& dataset, int64_t first, int64_t end, int64_t vocab_size,
-                                const fs::path& final_path) {
-  const std::string tmp = final_path.string() + ".tmp";
+// Writes samples [first, end) as one shard file at `tmp` (the caller renames it).
+Status write_shard(const Dataset& dataset, int64_t first, int64_t end, int64_t vocab_size, const std::string& tmp) {
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   if (!out) return GLM_USER_ERROR("cannot write '", tmp, "'");
   ShardHeader h{};
@@ -114,10 +115,12 @@ Result<std::string> write_shard(const Dataset& dataset, int64_t first, int64_t e
   };
   put(offsets.data(), offsets.size() * sizeof(int64_t));
   for (int64_t i = first; i < end; ++i) {
+    if (stop_signal() != 0) return stopped_status(concat("while writing '", tmp, "'"));
     const SampleView s = dataset.sample(i);
     put(s.tokens.data(), s.tokens.size_bytes());
   }
   for (int64_t i = first; i < end; ++i) {
+    if (stop_signal() != 0) return stopped_status(concat("while writing '", tmp, "'"));
     const SampleView s = dataset.sample(i);
     put(s.labels.data(), s.labels.size_bytes());
   }
@@ -125,7 +128,7 @@ Result<std::string> write_shard(const Dataset& dataset, int64_t first, int64_t e
   out.seekp(0);
   out.write(reinterpret_cast<const char*>(&h), sizeof h);
   if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "'");
-  return tmp;
+  return Status::ok();
 }
 
 Status replace_file(const std::string& from, const fs::path& to) {
@@ -178,39 +181,22 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
     tokens += n;
     if (i + 1 == dataset.size()) ranges.emplace_back(first, i + 1);
   }
+  // Every temporary is removed on every way out (an error, an exception) but the complete one.
   std::vector<std::string> temporaries;
+  ScopeExit remove_temporaries([&] {
+    std::error_code ignored;
+    for (const auto& t : temporaries) fs::remove(t, ignored);
+  });
   nlohmann::json shards = nlohmann::json::array();
   int64_t total_tokens = 0;
   for (size_t k = 0; k < ranges.size(); ++k) {
-    auto tmp = write_shard(dataset, ranges[k].first, ranges[k].second, vocab_size, root / shard_name(k));
-    if (!tmp.is_ok()) {
-      for (const auto& t : temporaries) fs::remove(t, ec);
-      return tmp.status();
-    }
-    temporaries.push_back(tmp.value());
+    temporaries.push_back((root / shard_name(k)).string() + ".tmp");
+    GLM_RETURN_IF_ERROR(write_shard(dataset, ranges[k].first, ranges[k].second, vocab_size, temporaries.back()));
     int64_t tokens = 0;
     for (int64_t i = ranges[k].first; i < ranges[k].second; ++i) tokens += dataset.sample(i).size();
     total_tokens += tokens;
     shards.push_back({{"file", shard_name(k)}, {"samples", ranges[k].second - ranges[k].first}, {"tokens", tokens}});
   }
-  // An earlier preparation stops being loadable first, so an interruption leaves no mixed state.
-  std::vector<std::string> old_files;
-  if (is_prepared_dir(dir)) {
-    auto old = read_manifest(root / kManifest);
-    if (old.is_ok() && old.value().contains("shards") && old.value()["shards"].is_array())
-      for (const auto& s : old.value()["shards"])
-        if (s.contains("file") && s["file"].is_string()) old_files.push_back(s["file"].get<std::string>());
-    fs::remove(root / kManifest, ec);
-    if (ec) return GLM_ERROR(ErrorKind::io, "cannot remove the old '", (root / kManifest).string(), "'");
-  }
-  for (size_t k = 0; k < temporaries.size(); ++k)
-    GLM_RETURN_IF_ERROR(replace_file(temporaries[k], root / shard_name(k)));
-  for (const auto& f : old_files) {
-    bool current = false;
-    for (size_t k = 0; k < ranges.size(); ++k) current |= f == shard_name(k);
-    if (!current && fs::path(f).filename() == f) fs::remove(root / f, ec);
-  }
-  DatasetReport report = dataset.report;
   nlohmann::json manifest = {{"format", kFormat},
                              {"version", kVersion},
                              {"vocab_size", vocab_size},
@@ -225,16 +211,36 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
                                {"system", info.system},
                                {"tokenizer", info.tokenizer},
                                {"tokenizer_hash", info.tokenizer_hash}}},
-                             {"report", report_to_json(report)}};
+                             {"report", report_to_json(dataset.report)}};
+  // The manifest is written before anything is replaced, so a failure leaves an earlier preparation whole.
   const fs::path manifest_path = root / kManifest;
   const std::string manifest_tmp = manifest_path.string() + ".tmp";
+  temporaries.push_back(manifest_tmp);
   {
     std::ofstream out(manifest_tmp, std::ios::trunc);
     if (!out) return GLM_USER_ERROR("cannot write '", manifest_tmp, "'");
-    out << manifest.dump() << '\n';  // one line: the lengths array holds one number per sample read
+    out << json_text(manifest) << '\n';  // one line: the lengths array holds one number per sample read
     if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", manifest_tmp, "'");
   }
-  return replace_file(manifest_tmp, manifest_path);
+  // An earlier preparation stops being loadable first, so an interruption leaves no mixed state.
+  std::vector<std::string> old_files;
+  if (is_prepared_dir(dir)) {
+    auto old = read_manifest(root / kManifest);
+    if (old.is_ok() && old.value().contains("shards") && old.value()["shards"].is_array())
+      for (const auto& s : old.value()["shards"])
+        if (s.contains("file") && s["file"].is_string()) old_files.push_back(s["file"].get<std::string>());
+    fs::remove(root / kManifest, ec);
+    if (ec) return GLM_ERROR(ErrorKind::io, "cannot remove the old '", (root / kManifest).string(), "'");
+  }
+  for (size_t k = 0; k < ranges.size(); ++k) GLM_RETURN_IF_ERROR(replace_file(temporaries[k], root / shard_name(k)));
+  for (const auto& f : old_files) {
+    bool current = false;
+    for (size_t k = 0; k < ranges.size(); ++k) current |= f == shard_name(k);
+    if (!current && fs::path(f).filename() == f) fs::remove(root / f, ec);
+  }
+  GLM_RETURN_IF_ERROR(replace_file(manifest_tmp, manifest_path));
+  remove_temporaries.release();
+  return Status::ok();
 }
 
 Result<std::unique_ptr<MappedShard>> MappedShard::open(const std::string& path, int64_t vocab_size) {

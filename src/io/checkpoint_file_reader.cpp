@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/input_path.h"
 #include "io/checkpoint_file.h"
 #include "io/checkpoint_file_hdf5.h"
 #include "io/crc32c.h"
@@ -130,6 +131,7 @@ CheckpointFileReader& CheckpointFileReader::operator=(CheckpointFileReader&&) no
 CheckpointFileReader::~CheckpointFileReader() = default;
 
 Result<CheckpointFileReader> CheckpointFileReader::open(const std::string& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path));
   quiet_hdf5();
   auto file = std::make_unique<H5Handle>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file->ok()) return GLM_USER_ERROR(path, " is not a readable HDF5 file (truncated or corrupt)");

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "base/json_fields.h"
+#include "base/input_path.h"
 #include "io/safetensors.h"
 
 namespace glm {
@@ -114,6 +115,7 @@ Status read_chatglm(const ConfigReader& r, HfModel& m) {
 Result<HfModel> read_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   if (!std::filesystem::is_directory(dir)) return GLM_USER_ERROR("--model_id_or_path '", dir, "' is not a directory");
+  GLM_RETURN_IF_ERROR(check_input_path(path).with_context("--model_id_or_path"));
   std::ifstream in(path);
   if (!in) return GLM_USER_ERROR("cannot open '", path, "'");
   nlohmann::json j;

@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/input_path.h"
+
 namespace glm {
 namespace {
 
@@ -81,6 +83,7 @@ int64_t StTensorInfo::numel() const {
 }
 
 Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path));
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return GLM_USER_ERROR("cannot open '", path, "': ", std::strerror(errno));
   struct stat st {};
@@ -262,6 +265,7 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& dir
   std::map<std::string, std::string> expected;  // tensor -> shard file, from the index
   std::vector<std::string> shard_files;
   if (fs::exists(index_path)) {
+    GLM_RETURN_IF_ERROR(check_input_path(index_path.string()));
     nlohmann::json j;
     try {
       std::ifstream in(index_path);

@@ -25,6 +25,12 @@ Status ModelConfig::finalize_and_validate() {
   GLM_RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
   GLM_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
   if (vocab_size > INT32_MAX) return GLM_USER_ERROR("vocab_size ", vocab_size, " does not fit 32-bit token ids");
+  if (max_position_embeddings > INT32_MAX)
+    return GLM_USER_ERROR("max_position_embeddings ", max_position_embeddings,
+                          " does not fit the 32-bit positions of a micro-batch (at most ", INT32_MAX, ")");
+  if (num_hidden_layers > kMaxHiddenLayers)
+    return GLM_USER_ERROR("num_hidden_layers ", num_hidden_layers, " exceeds ", kMaxHiddenLayers,
+                          ", the most glm_hpc builds (GLM-4-9B has 40)");
   if (num_attention_heads % num_key_value_heads != 0)
     return GLM_USER_ERROR("num_attention_heads (", num_attention_heads, ") must be divisible by num_key_value_heads (",
                           num_key_value_heads, ")");
@@ -36,6 +42,20 @@ Status ModelConfig::finalize_and_validate() {
     head_dim = hidden_size / num_attention_heads;
   }
   GLM_RETURN_IF_ERROR(positive("head_dim", head_dim));
+  {
+    // In double, so that a huge shape is measured, not overflowed; within the bound every product
+    // that parameter_count() and the layout form fits int64.
+    const double h = static_cast<double>(hidden_size), layers = static_cast<double>(num_hidden_layers);
+    const double heads = static_cast<double>(num_attention_heads), kv = static_cast<double>(num_key_value_heads);
+    const double dim = static_cast<double>(head_dim), ffn = static_cast<double>(intermediate_size);
+    const double per_layer = 2 * h + (heads + 2 * kv) * dim * (h + 1) + heads * dim * h + 3 * ffn * h;
+    const double parameters = 2 * static_cast<double>(vocab_size) * h + h + layers * per_layer;
+    if (parameters > static_cast<double>(kMaxParameters))
+      return GLM_USER_ERROR("hidden_size ", hidden_size, " with intermediate_size ", intermediate_size, ", ",
+                            num_hidden_layers, " layers, ", num_attention_heads, " heads of ", head_dim,
+                            " and vocab_size ", vocab_size, " makes ", parameters, " parameters, more than the 2^44 (",
+                            kMaxParameters, ") whose training state (16 bytes each) any cluster could hold");
+  }
   if (!(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0))
     return GLM_USER_ERROR("partial_rotary_factor must be in (0, 1], got ", partial_rotary_factor);
   const double rot = static_cast<double>(head_dim) * partial_rotary_factor;

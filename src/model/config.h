@@ -8,6 +8,13 @@
 
 namespace glm {
 
+// Bounds checked before anything is allocated from a shape. Every rank keeps a named view of each
+// layer's tensors (GLM-4-9B has 40 layers); a model of more than 2^44 parameters would need 256 TiB
+// for its training state at 16 bytes a parameter (bf16 weights and gradients, fp32 master weights
+// and Adam moments), more than any cluster's GPUs hold.
+inline constexpr int64_t kMaxHiddenLayers = int64_t{1} << 16;
+inline constexpr int64_t kMaxParameters = int64_t{1} << 44;
+
 struct ModelConfig {
   int64_t vocab_size = 0;  // padded_vocab_size
   int64_t hidden_size = 0;
@@ -30,7 +37,8 @@ struct ModelConfig {
   int64_t qkv_width() const { return (num_attention_heads + 2 * num_key_value_heads) * head_dim; }
   int64_t parameter_count() const;
 
-  // Resolves head_dim and checks every relation the architecture needs. The message names the field.
+  // Resolves head_dim and checks every relation the architecture needs and the bounds above. The
+  // message starts with the field's name.
   Status finalize_and_validate();
 };
 

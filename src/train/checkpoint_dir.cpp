@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "base/json_text.h"
 #include "io/durable_file.h"
 #include "train/checkpoint.h"
 
@@ -41,7 +42,7 @@ std::vector<fs::path> complete_checkpoints(const fs::path& output_dir) {
 
 // meta.json, the run's args.json and the COMPLETE marker, durable with the directory entry.
 Status write_checkpoint_contents(const fs::path& tmp, const fs::path& output_dir, const nlohmann::json& meta) {
-  GLM_RETURN_IF_ERROR(write_file_durably(tmp / "meta.json", meta.dump(2) + "\n"));
+  GLM_RETURN_IF_ERROR(write_file_durably(tmp / "meta.json", json_text(meta, 2) + "\n"));
   if (fs::exists(output_dir / "args.json")) {  // the run's options travel with its checkpoints (export reads them)
     std::ifstream in(output_dir / "args.json", std::ios::binary);
     std::ostringstream text;

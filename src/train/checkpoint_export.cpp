@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/input_path.h"
 #include "io/checkpoint_file.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_format.h"
@@ -17,6 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 
 Result<nlohmann::json> read_args(const fs::path& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path.string()));
   std::ifstream in(path);
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return GLM_USER_ERROR(path.string(), " is not valid JSON");

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "base/json_fields.h"
+#include "base/input_path.h"
 #include "train/checkpoint_format.h"
 
 namespace glm {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "base/json_text.h"
 #include "io/durable_file.h"
 
 namespace glm {
@@ -68,12 +69,11 @@ Status MetricsLogger::log_eval(int64_t step, int64_t max_steps, double eval_loss
                 static_cast<long long>(eval_tokens));
   print(line);
   if (jsonl_.is_open()) {
-    jsonl_ << nlohmann::json{{"step", step},
-                             {"eval_loss", eval_loss},
-                             {"eval_ppl", ppl},
-                             {"eval_token_acc", token_accuracy},
-                             {"eval_tokens", eval_tokens}}
-                  .dump()
+    jsonl_ << json_text(nlohmann::json{{"step", step},
+                                       {"eval_loss", eval_loss},
+                                       {"eval_ppl", ppl},
+                                       {"eval_token_acc", token_accuracy},
+                                       {"eval_tokens", eval_tokens}})
            << '\n';
     jsonl_.flush();
     if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
@@ -88,12 +88,11 @@ Status MetricsLogger::log_save(int64_t step, const std::string& dir, int64_t byt
   std::snprintf(detail, sizeof(detail), " (%.3f GB in %.2f s, %.2f GB/s)", gb, seconds, rate);
   print("glm_hpc: saved " + dir + detail);
   if (jsonl_.is_open()) {
-    jsonl_ << nlohmann::json{{"step", step},
-                             {"checkpoint", dir},
-                             {"save_bytes", bytes},
-                             {"save_seconds", seconds},
-                             {"save_gb_per_s", rate}}
-                  .dump()
+    jsonl_ << json_text(nlohmann::json{{"step", step},
+                                       {"checkpoint", dir},
+                                       {"save_bytes", bytes},
+                                       {"save_seconds", seconds},
+                                       {"save_gb_per_s", rate}})
            << '\n';
     jsonl_.flush();
     if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
@@ -131,7 +130,7 @@ Status MetricsLogger::log(const StepMetrics& m) {
                         {"step_seconds", m.step_seconds},
                         {"exposed_comm_seconds", m.exposed_comm_seconds}};
     if (m.device_memory_bytes >= 0) j["device_memory_gib"] = static_cast<double>(m.device_memory_bytes) / (1 << 30);
-    jsonl_ << j.dump() << '\n';
+    jsonl_ << json_text(j) << '\n';
     jsonl_.flush();
     if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
   }

@@ -36,11 +36,14 @@ Result<int64_t> total_training_steps(const TrainConfig& c, int64_t epoch_size, i
   return static_cast<int64_t>(steps);
 }
 
-Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
-                                    int world) {
-  const int64_t n = data.size(), per_round = per_device * world;
+Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device,
+                                    Communicator& comm) {
+  const int rank = comm.rank();
+  const int64_t n = data.size(), per_round = per_device * comm.size();
   EvalResult total;
   for (int64_t first = 0; first < n; first += per_round) {
+    GLM_ASSIGN_OR_RETURN(const int stop, agree_on_preemption(comm));
+    if (stop != 0) return stopped_status(concat("during evaluation, after ", first, " of ", n, " samples"), stop);
     HostMicroBatch batch;
     for (int64_t b = 0; b < per_device; ++b) {
       const int64_t index = first + rank * per_device + b;
@@ -271,13 +274,21 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     }
     std::optional<double> eval_now;
     if (validation != nullptr && config.eval_steps > 0 && ((step + 1) % config.eval_steps == 0 || last)) {
-      GLM_ASSIGN_OR_RETURN(EvalResult e,
-                           evaluate_dataset(*engine, *validation, config.per_device_eval_batch_size, rank, world));
-      summary.eval_losses.emplace_back(step + 1, e.mean_loss());
-      summary.eval_correct.emplace_back(step + 1, e.correct);
-      GLM_RETURN_IF_ERROR(logger.log_eval(step + 1, total_steps, e.mean_loss(), e.token_accuracy(), e.targets));
-      eval_now = e.mean_loss();
-      if (!best || e.mean_loss() < best->loss) best = EvalRecord{step + 1, e.mean_loss(), ""};
+      auto evaluated = evaluate_dataset(*engine, *validation, config.per_device_eval_batch_size, comm);
+      if (evaluated.is_ok()) {
+        const EvalResult& e = evaluated.value();
+        summary.eval_losses.emplace_back(step + 1, e.mean_loss());
+        summary.eval_correct.emplace_back(step + 1, e.correct);
+        GLM_RETURN_IF_ERROR(logger.log_eval(step + 1, total_steps, e.mean_loss(), e.token_accuracy(), e.targets));
+        eval_now = e.mean_loss();
+        if (!best || e.mean_loss() < best->loss) best = EvalRecord{step + 1, e.mean_loss(), ""};
+      } else if (evaluated.status().kind() == ErrorKind::stopped) {
+        // Every rank stopped the evaluation alike; the step's checkpoint and the stop follow below
+        // (after the last step the run is complete but for this evaluation).
+        logger.print(concat("glm_hpc: step ", step + 1, ": ", evaluated.status().message()));
+      } else {
+        return evaluated.status();
+      }
     }
     const bool save_now = !config.output_dir.empty() && config.save_strategy == SaveStrategy::steps &&
                           ((step + 1) % config.save_steps == 0 || last);
@@ -295,7 +306,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
           GLM_ASSIGN_OR_RETURN(const std::string dir, checkpoint(step + 1, eval_now));
           saved = "saved " + dir;
         }
-        logger.print(concat("glm_hpc: preempted: ", preemption_signal_name(summary.preempted_by),
+        logger.print(concat("glm_hpc: preempted: ", signal_name(summary.preempted_by),
                             " received; every rank stopped after step ", step + 1, " of ", total_steps, ", ", saved,
                             "; exit code ", kPreemptedExitCode, " (continue with --resume_from_checkpoint latest)"));
         break;

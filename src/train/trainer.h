@@ -45,8 +45,10 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
 Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator& comm, Communicator& data,
                                          Backend& backend);
 
-// Mean loss of every sample of `data`, spread over the ranks in batches of per_device samples.
-Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device, int rank,
-                                    int world);
+// Mean loss of every sample of `data`, spread over the ranks of comm in batches of per_device
+// samples. The ranks agree on the stop flag before each batch: a stop by signal is an
+// ErrorKind::stopped status on every rank alike.
+Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device,
+                                    Communicator& comm);
 
 }  // namespace glm

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/json_fields.h"
+#include "base/input_path.h"
 
 namespace glm {
 namespace {
@@ -83,6 +84,7 @@ Result<std::vector<BandwidthPoint>> measure_bandwidth_curve(Communicator& data, 
 }
 
 Result<std::vector<BandwidthPoint>> read_bandwidth_curve(const std::string& path, int zero_stage, DType reduce) {
+  GLM_RETURN_IF_ERROR(check_input_path(path).with_context("--comm_profile"));
   std::ifstream in(path);
   if (!in) return GLM_USER_ERROR("--comm_profile '", path, "' cannot be read");
   nlohmann::json j;
