@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "base/temp_names.h"
 #include "data/content_hash.h"
 #include "data/token_shards.h"
 
@@ -92,8 +93,7 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
   if (!write) return out;
   std::error_code ec;
   if (damaged) fs::remove_all(entry, ec);
-  const fs::path tmp = fs::path(cache_dir) / concat(key, ".tmp.", ::getpid());
-  fs::remove_all(tmp, ec);
+  const fs::path tmp = temp_path_for(entry);  // jobs on several hosts may share the cache
   PrepareInfo info;
   info.datasets = paths;
   info.max_length = o.max_length;

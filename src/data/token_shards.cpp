@@ -15,6 +15,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/errno_text.h"
+#include "base/temp_names.h"
+
 namespace glm {
 namespace {
 
@@ -92,9 +95,9 @@ nlohmann::json report_to_json(const DatasetReport& r) {
 // Writes one shard under a temporary name; returns that name.
 Result<std::string> write_shard(const Dataset& dataset, int64_t first, int64_t end, int64_t vocab_size,
                                 const fs::path& final_path) {
-  const std::string tmp = final_path.string() + ".tmp";
+  const std::string tmp = temp_path_for(final_path).string();
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out) return GLM_USER_ERROR("cannot write '", tmp, "'");
+  if (!out) return GLM_USER_ERROR("cannot write '", final_path.string(), "': ", errno_text(errno));
   ShardHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
@@ -122,7 +125,13 @@ Result<std::string> write_shard(const Dataset& dataset, int64_t first, int64_t e
   h.checksum = hash.value();
   out.seekp(0);
   out.write(reinterpret_cast<const char*>(&h), sizeof h);
-  if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "'");
+  if (!out.flush()) {
+    const int err = errno;
+    out.close();
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    return GLM_ERROR(ErrorKind::io, "cannot write '", final_path.string(), "': ", errno_text(err));
+  }
   return tmp;
 }
 
@@ -131,6 +140,14 @@ Status replace_file(const std::string& from, const fs::path& to) {
   fs::rename(from, to, ec);
   if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", from, "' to '", to.string(), "': ", ec.message());
   return Status::ok();
+}
+
+// Empty but for the lock of the run writing it (base/temp_names.h).
+bool holds_only_lock(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename() != kDirectoryLockFile) return false;
+  return !ec;
 }
 
 Result<nlohmann::json> read_manifest(const fs::path& path) {
@@ -145,6 +162,15 @@ Result<nlohmann::json> read_manifest(const fs::path& path) {
 
 }  // namespace
 
+bool is_token_shards_file(std::string_view name) {
+  if (name == kManifest) return true;
+  // shard_name's pattern: shard_<5 or more digits>.bin
+  constexpr std::string_view kPrefix = "shard_", kSuffix = ".bin";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return false;
+  const std::string_view digits = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  return digits.size() >= 5 && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 bool is_prepared_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kManifest, ec);
@@ -157,7 +183,7 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
   std::error_code ec;
   if (fs::exists(root, ec)) {
     if (!fs::is_directory(root, ec)) return GLM_USER_ERROR("--output_dir '", dir, "' exists and is not a directory");
-    if (!fs::is_empty(root, ec) && !is_prepared_dir(dir))
+    if (!holds_only_lock(root) && !is_prepared_dir(dir))
       return GLM_USER_ERROR("--output_dir '", dir,
                             "' holds files that glm_hpc prepare did not write: give a new or empty directory");
   }
@@ -225,12 +251,17 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
                                {"tokenizer_hash", info.tokenizer_hash}}},
                              {"report", report_to_json(report)}};
   const fs::path manifest_path = root / kManifest;
-  const std::string manifest_tmp = manifest_path.string() + ".tmp";
+  const std::string manifest_tmp = temp_path_for(manifest_path).string();
   {
     std::ofstream out(manifest_tmp, std::ios::trunc);
-    if (!out) return GLM_USER_ERROR("cannot write '", manifest_tmp, "'");
+    if (!out) return GLM_USER_ERROR("cannot write '", manifest_path.string(), "': ", errno_text(errno));
     out << manifest.dump() << '\n';  // one line: the lengths array holds one number per sample read
-    if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", manifest_tmp, "'");
+    if (!out.flush()) {
+      const int err = errno;
+      out.close();
+      fs::remove(manifest_tmp, ec);
+      return GLM_ERROR(ErrorKind::io, "cannot write '", manifest_path.string(), "': ", errno_text(err));
+    }
   }
   return replace_file(manifest_tmp, manifest_path);
 }
