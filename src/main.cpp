@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -10,6 +11,7 @@
 #include "cli/export.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
+#include "cli/run_directory.h"
 #include "data/dataset.h"
 #include "data/dataset_cache.h"
 #include "data/tokenizer.h"
@@ -174,7 +176,11 @@ static void warn_if_bound_to_one_core(const glm::ProcessInfo& proc) {
                  single, proc.world_size);
 }
 
+static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, nlohmann::json& ending);
+
 int main(int argc, char** argv) {
+  // A file over the size limit (ulimit -f) is a write error naming the file, not a core dump.
+  std::signal(SIGXFSZ, SIG_IGN);
   glm::MpiRuntime mpi(&argc, &argv);
   const glm::ProcessInfo& proc = mpi.info();
 
@@ -205,6 +211,39 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  // The directory this command writes is this run's alone until it exits: rank 0 holds its lock
+  // (cli/run_directory.h) and every rank learns the outcome before anything is written.
+  auto claimed = proc.rank == 0 ? glm::claim_run_directory(options)
+                                : glm::Result<std::unique_ptr<glm::RunDirectory>>(std::unique_ptr<glm::RunDirectory>());
+  if (int code = settle(claimed.status())) return code;
+  const std::shared_ptr<glm::RunDirectory> run_directory = claimed.take();
+  if (run_directory != nullptr) {
+    if (!run_directory->report().empty()) {
+      std::printf("%s", run_directory->report().c_str());
+      std::fflush(stdout);
+    }
+    // The fatal path ends rank 0 without unwinding: the status says so and the lock goes with it.
+    glm::register_abort_hook([weak = std::weak_ptr<glm::RunDirectory>(run_directory)] {
+      if (const auto held = weak.lock()) {
+        (void)held->record_status({{"status", "failed"}, {"exit_code", 1}, {"reason", "fatal error (see the log)"}});
+        held->release();
+      }
+    });
+  }
+  nlohmann::json ending;
+  const int code = run_command(options, proc, ending);
+  if (run_directory != nullptr) {
+    ending["status"] = code == 0 ? "completed" : code == glm::kPreemptedExitCode ? "preempted" : "failed";
+    ending["exit_code"] = code;
+    const glm::Status recorded = run_directory->record_status(ending);
+    if (!recorded.is_ok()) std::fprintf(stderr, "glm_hpc: error: %s\n", recorded.message().c_str());
+    run_directory->release();
+  }
+  return code;
+}
+
+// The command, once its directory is held; `ending` gets what run_status.json says beside the code.
+static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, nlohmann::json& ending) {
   if (options.command == "export") {
     // Files only, on one process (rank 0 under mpirun): no device, no data.
     auto report = proc.rank == 0 ? glm::run_export(options) : glm::Result<std::string>(std::string());
@@ -330,7 +369,12 @@ int main(int argc, char** argv) {
     glm::fatal_status(result.status());
   }
   // Stopped by a signal after a checkpoint (the trainer printed which): every rank exits with 75.
-  if (result.value().preempted_by != 0) return glm::kPreemptedExitCode;
+  ending["steps"] = result.value().steps;
+  if (result.value().preempted_by != 0) {
+    ending["signal"] = glm::preemption_signal_name(result.value().preempted_by);
+    ending["resume"] = "--resume_from_checkpoint latest";
+    return glm::kPreemptedExitCode;
+  }
   if (proc.rank == 0) {
     const auto& s = result.value();
     std::printf("glm_hpc: done: %lld steps, first loss %.4f, final loss %.4f; args.json and logging.jsonl in %s\n",
