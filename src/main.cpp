@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "cli/export.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
+#include "cli/run_directory.h"
 #include "data/dataset.h"
 #include "data/dataset_cache.h"
 #include "data/tokenizer.h"
@@ -184,35 +186,8 @@ static void warn_if_bound_to_one_core(const glm::ProcessInfo& proc) {
                  single, proc.world_size);
 }
 
-// Everything a command does; main() owns MPI and sees that no exception escapes this.
-static int run_command(int argc, char** argv, const glm::ProcessInfo& proc) {
-  auto parsed = glm::parse_options(argc, argv);
-  if (int code = settle(parsed.status())) return code;
-  glm::CliOptions options = parsed.take();
-  if (options.help) {
-    if (proc.rank == 0) std::printf("%s", glm::help_text().c_str());
-    return 0;
-  }
-  if (options.command == "plan") {
-    // Arithmetic only: no GPU, no data. The model comes from --config/options or config.json.
-    auto hf_model = resolve_model(options);
-    if (int code = settle(hf_model.status())) return code;
-    if (proc.rank == 0) {
-      glm::MemoryPlanInput in;
-      in.model = options.train.model;
-      in.world_size = static_cast<int>(options.plan_world_size);
-      in.zero_stage = options.train.zero_stage;
-      in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
-      in.recompute = options.train.recompute;
-      in.zero_options = options.train.zero_options;
-      if (options.train.train_type == glm::TrainType::lora) in.lora = options.train.lora;
-      in.split_master = options.train.split_master_weights;
-      in.defer_embedding = options.train.defer_embedding_rows > 0;
-      in.lm_head_scratch_bytes = options.backend.lm_head_scratch_bytes;
-      std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
-    }
-    return 0;
-  }
+// The command, once its directory is held; `ending` gets what run_status.json says beside the code.
+static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, nlohmann::json& ending) {
   if (options.command == "export") {
     // Files only, on one process (rank 0 under mpirun): no device, no data.
     auto report = proc.rank == 0 ? glm::run_export(options) : glm::Result<std::string>(std::string());
@@ -342,7 +317,12 @@ static int run_command(int argc, char** argv, const glm::ProcessInfo& proc) {
     glm::fatal_status(result.status());
   }
   // Stopped by a signal after a checkpoint (the trainer printed which): every rank exits with 75.
-  if (result.value().preempted_by != 0) return glm::kPreemptedExitCode;
+  ending["steps"] = result.value().steps;
+  if (result.value().preempted_by != 0) {
+    ending["signal"] = glm::signal_name(result.value().preempted_by);
+    ending["resume"] = "--resume_from_checkpoint latest";
+    return glm::kPreemptedExitCode;
+  }
   if (proc.rank == 0) {
     const auto& s = result.value();
     std::printf("glm_hpc: done: %lld steps, first loss %.4f, final loss %.4f; args.json and logging.jsonl in %s\n",
@@ -351,13 +331,84 @@ static int run_command(int argc, char** argv, const glm::ProcessInfo& proc) {
   return 0;
 }
 
+// Parses the options and runs the command, holding the directory it writes for its whole life.
+static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
+  auto parsed = glm::parse_options(argc, argv);
+  if (int code = settle(parsed.status())) return code;
+  glm::CliOptions options = parsed.take();
+  if (options.help) {
+    if (proc.rank == 0) std::printf("%s", glm::help_text().c_str());
+    return 0;
+  }
+  if (options.command == "plan") {
+    // Arithmetic only: no GPU, no data. The model comes from --config/options or config.json.
+    auto hf_model = resolve_model(options);
+    if (int code = settle(hf_model.status())) return code;
+    if (proc.rank == 0) {
+      glm::MemoryPlanInput in;
+      in.model = options.train.model;
+      in.world_size = static_cast<int>(options.plan_world_size);
+      in.zero_stage = options.train.zero_stage;
+      in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
+      in.recompute = options.train.recompute;
+      in.zero_options = options.train.zero_options;
+      if (options.train.train_type == glm::TrainType::lora) in.lora = options.train.lora;
+      in.split_master = options.train.split_master_weights;
+      in.defer_embedding = options.train.defer_embedding_rows > 0;
+      in.lm_head_scratch_bytes = options.backend.lm_head_scratch_bytes;
+      std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
+    }
+    return 0;
+  }
+  // The directory this command writes is this run's alone until it exits: rank 0 holds its lock
+  // (cli/run_directory.h) and every rank learns the outcome before anything is written.
+  auto claimed = proc.rank == 0 ? glm::claim_run_directory(options)
+                                : glm::Result<std::unique_ptr<glm::RunDirectory>>(std::unique_ptr<glm::RunDirectory>());
+  if (int code = settle(claimed.status())) return code;
+  const std::shared_ptr<glm::RunDirectory> run_directory = claimed.take();
+  if (run_directory != nullptr) {
+    if (!run_directory->report().empty()) {
+      std::printf("%s", run_directory->report().c_str());
+      std::fflush(stdout);
+    }
+    // The fatal path ends rank 0 without unwinding: the status says so and the lock goes with it.
+    glm::register_abort_hook([weak = std::weak_ptr<glm::RunDirectory>(run_directory)] {
+      if (const auto held = weak.lock()) {
+        (void)held->record_status({{"status", "failed"}, {"exit_code", 1}, {"reason", "fatal error (see the log)"}});
+        held->release();
+      }
+    });
+  }
+  nlohmann::json ending;
+  int code = 0;
+  try {
+    code = run_command(options, proc, ending);
+  } catch (...) {  // main() ends it through the fatal path; the directory says so and is released first
+    if (run_directory != nullptr) {
+      (void)run_directory->record_status({{"status", "failed"}, {"exit_code", 1}, {"reason", "uncaught exception"}});
+      run_directory->release();
+    }
+    throw;
+  }
+  if (run_directory != nullptr) {
+    ending["status"] = code == 0 ? "completed" : code == glm::kPreemptedExitCode ? "preempted" : "failed";
+    ending["exit_code"] = code;
+    const glm::Status recorded = run_directory->record_status(ending);
+    if (!recorded.is_ok()) std::fprintf(stderr, "glm_hpc: error: %s\n", recorded.message().c_str());
+    run_directory->release();
+  }
+  return code;
+}
+
 int main(int argc, char** argv) {
+  // A file over the size limit (ulimit -f) is a write error naming the file, not a core dump.
+  std::signal(SIGXFSZ, SIG_IGN);
   glm::MpiRuntime mpi(&argc, &argv);
   // An exception that escapes a command (std::bad_alloc above all) ends through the one fatal path
   // (rank, host, what; MPI_Abort, so no peer waits for this rank), after unwinding has removed the
   // temporary files of whatever it interrupted.
   try {
-    return run_command(argc, argv, mpi.info());
+    return run(argc, argv, mpi.info());
   } catch (const std::bad_alloc&) {
     glm::fatal(__FILE__, __LINE__, "out of host memory (std::bad_alloc)");
   } catch (const std::exception& e) {

@@ -8,10 +8,12 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace glm::test {
 namespace {
@@ -28,14 +30,24 @@ struct RunResult {
   std::string output;
 };
 
-// Runs glm_hpc under mpirun with a hard time limit (a hang shows up as exit code 124).
-RunResult run_glm(const std::string& args, int ranks = 2, const std::string& before = "") {
+// The shell command running glm_hpc under mpirun with a hard time limit (a hang shows up as exit
+// code 124). A train run without --output_dir gets this test's own: the default ('output' in the
+// source tree) would be one directory for every test, which one run at a time may hold.
+std::string glm_command(const std::string& args, int ranks, const std::string& before) {
+  const bool other_command = args.rfind("prepare", 0) == 0 || args.rfind("export", 0) == 0 ||
+                             args.rfind("eval", 0) == 0 || args.rfind("plan", 0) == 0;
+  const std::string output_dir = other_command || args.find("--output_dir") != std::string::npos
+                                     ? std::string()
+                                     : " --output_dir " + (scratch_root() / "default_output").string();
   // Open MPI refuses root unless told; CI and the dev machines run as root. The dataset cache goes
   // to a scratch directory, not the home directory (`before` may export another).
-  const std::string cmd = "export XDG_CACHE_HOME=" + (scratch_root() / "xdg_cache").string() + "; cd " +
-                          GLM_TEST_WORKDIR + " && " + before +
-                          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC +
-                          " --oversubscribe -np " + std::to_string(ranks) + " " + GLM_BINARY + " " + args + " 2>&1";
+  return "export XDG_CACHE_HOME=" + (scratch_root() / "xdg_cache").string() + "; cd " + GLM_TEST_WORKDIR + " && " +
+         before + "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + GLM_MPIEXEC +
+         " --oversubscribe -np " + std::to_string(ranks) + " " + GLM_BINARY + " " + args + output_dir;
+}
+
+RunResult run_glm(const std::string& args, int ranks = 2, const std::string& before = "") {
+  const std::string cmd = glm_command(args, ranks, before) + " 2>&1";
   RunResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -520,6 +532,158 @@ TEST(Cli, ShortRunWritesArgsAndLog) {
   }
   EXPECT_EQ(lines, 3);
   EXPECT_EQ(saves, 1);
+}
+
+// Starts glm_hpc in the background: its output goes to `log`, its exit code to `log`.rc when it ends.
+void start_glm(const std::string& args, int ranks, const std::filesystem::path& log) {
+  const std::string cmd =
+      "(" + glm_command(args, ranks, "") + " > " + log.string() + " 2>&1; echo $? > " + log.string() + ".rc) &";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Polls (every 0.1 s, at most `seconds`) until `ready` holds.
+template <typename Ready>
+bool eventually(Ready ready, double seconds = 90) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    ::usleep(100 * 1000);
+  }
+  return true;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The exit code a start_glm run wrote, once it has ended (-1: still running after 60 s).
+int exit_code_of(const std::filesystem::path& log) {
+  const std::filesystem::path rc = log.string() + ".rc";
+  if (!eventually([&] { return !read_text(rc).empty(); }, 60)) return -1;
+  return std::stoi(read_text(rc));
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+// Two runs on one --output_dir: the second is refused at start (exit 2 on every rank, the holder
+// named) and the first's args.json, logging.jsonl and checkpoints stay its own.
+TEST(CliRunDirectory, SecondRunIsRefusedAndTheFirstKeepsItsFiles) {
+  namespace fs = std::filesystem;
+  const std::string marker = "glm_hpc_lock_marker_" + std::to_string(::getpid());
+  const fs::path dir = scratch_root() / marker, log = scratch_root() / "first.log";
+  fs::remove_all(dir);
+  start_glm(kTiny + "--max_steps 100000 --save_steps 3 --logging_steps 1 --output_dir " + dir.string(), 1, log);
+  ASSERT_TRUE(eventually([&] { return fs::exists(dir / "checkpoint-3" / "COMPLETE"); })) << read_text(log);
+  const nlohmann::json holder = read_json(dir / ".glm_hpc.lock");
+  ASSERT_TRUE(holder.is_object()) << "the first run holds the lock";
+
+  RunResult second = run_glm(kTiny + "--max_steps 2 --save_steps 1 --output_dir " + dir.string(), 2);
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  const std::string named = "--output_dir '" + dir.string() + "' is in use by another glm_hpc run: train on host " +
+                            holder["host"].get<std::string>() + " (pid " + std::to_string(holder["pid"].get<int>()) +
+                            ") since " + holder["started"].get<std::string>();
+  EXPECT_NE(second.output.find(named), std::string::npos) << second.output;
+  EXPECT_EQ(count(second.output, "glm_hpc: error:"), 1) << second.output;
+  EXPECT_EQ(count(second.output, "step "), 0) << second.output;
+
+  // The first goes on until SIGUSR1 to its mpirun, then saves and exits 75.
+  ASSERT_EQ(std::system(("pkill -USR1 -n -f '^[^ ]*mpi(run|exec) .*" + marker + "'").c_str()), 0);
+  EXPECT_EQ(exit_code_of(log), 75) << read_text(log);
+  EXPECT_EQ(read_json(dir / "args.json")["options"]["max_steps"]["value"], 100000) << "the first run's options";
+  std::ifstream jsonl(dir / "logging.jsonl");
+  std::string line;
+  int64_t steps = 0;
+  while (std::getline(jsonl, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(record.is_object()) << "a torn record: " << line;
+    if (record.contains("loss")) EXPECT_EQ(record["step"], ++steps) << "one run's steps, in order";
+  }
+  EXPECT_GE(steps, 3);
+  int checkpoints = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("checkpoint-", 0) != 0) continue;
+    ++checkpoints;
+    EXPECT_TRUE(fs::exists(entry.path() / "COMPLETE")) << name;
+    EXPECT_EQ(read_json(entry.path() / "meta.json")["step"], std::stoll(name.substr(11))) << name;
+    EXPECT_EQ(read_json(entry.path() / "args.json")["options"]["max_steps"]["value"], 100000) << name;
+  }
+  EXPECT_GE(checkpoints, 1);
+  const nlohmann::json status = read_json(dir / "run_status.json");
+  EXPECT_EQ(status["status"], "preempted") << status;
+  EXPECT_EQ(status["exit_code"], 75) << status;
+  EXPECT_EQ(status["signal"], "SIGUSR1") << status;
+  EXPECT_FALSE(fs::exists(dir / ".glm_hpc.lock")) << "released at exit";
+}
+
+// kill -9 of the holder leaves its lock: the next run takes it over, says so, and removes what the
+// killed run left (here: a save's temporary directory) before it trains.
+TEST(CliRunDirectory, KilledRunsLockIsTakenOver) {
+  namespace fs = std::filesystem;
+  const fs::path dir = scratch_root() / "killed_holder", log = scratch_root() / "killed.log";
+  fs::remove_all(dir);
+  start_glm(kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " + dir.string(), 1, log);
+  ASSERT_TRUE(eventually([&] { return !read_text(dir / "logging.jsonl").empty(); })) << read_text(log);
+  const nlohmann::json holder = read_json(dir / ".glm_hpc.lock");
+  ASSERT_TRUE(holder.is_object());
+  const int pid = holder["pid"].get<int>();
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  EXPECT_NE(exit_code_of(log), 0) << read_text(log);
+  ASSERT_TRUE(fs::exists(dir / ".glm_hpc.lock")) << "SIGKILL leaves the lock";
+  EXPECT_EQ(read_json(dir / "run_status.json")["status"], "running") << "died without ending itself";
+  const std::string leftover = ".checkpoint-7.tmp-node1-" + std::to_string(pid) + "-0123456789abcdef";
+  fs::create_directories(dir / leftover);
+
+  RunResult next = run_glm(kTiny + "--max_steps 2 --logging_steps 1 --output_dir " + dir.string(), 2);
+  ASSERT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_NE(
+      next.output.find("glm_hpc: took over the stale lock " + (dir / ".glm_hpc.lock").string() + " of train on host " +
+                       holder["host"].get<std::string>() + " (pid " + std::to_string(pid) + ")"),
+      std::string::npos)
+      << next.output;
+  EXPECT_NE(next.output.find("process " + std::to_string(pid) + " is gone"), std::string::npos) << next.output;
+  EXPECT_NE(next.output.find("glm_hpc: removed what earlier runs left in " + dir.string() + ": " + leftover +
+                             " (directory)\n"),
+            std::string::npos)
+      << next.output;
+  EXPECT_FALSE(fs::exists(dir / leftover));
+  const nlohmann::json status = read_json(dir / "run_status.json");
+  EXPECT_EQ(status["status"], "completed") << status;
+  EXPECT_EQ(status["exit_code"], 0) << status;
+  EXPECT_FALSE(fs::exists(dir / ".glm_hpc.lock"));
+}
+
+// A full disk names the file and the reason: --output_dir on a 12 KiB tmpfs holds the lock and
+// run_status.json (a page each) but not args.json (two pages). Skipped where no tmpfs can be mounted
+// (not root, or no CAP_SYS_ADMIN); test_run_directory's DurableFile tests cover the same path.
+TEST(CliRunDirectory, FullDiskNamesTheFileAndTheReason) {
+  namespace fs = std::filesystem;
+  const fs::path dir = scratch_root() / "full";
+  fs::create_directories(dir);
+  if (std::system(("mount -t tmpfs -o size=12k glm_full_disk_test " + dir.string() + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)std::system(("umount " + dir).c_str()); }
+  } unmount{dir.string()};
+  RunResult r = run_glm(kTiny + "--max_steps 1 --dataset_cache false --output_dir " + dir.string(), 2);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(
+      r.output.find("glm_hpc: error: cannot write '" + (dir / "args.json").string() + "': No space left on device"),
+      std::string::npos)
+      << r.output;
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"run_status.json"}) << "no temporaries, no lock";
+  const nlohmann::json status = read_json(dir / "run_status.json");
+  EXPECT_EQ(status["status"], "failed") << status;
+  EXPECT_EQ(status["exit_code"], 1) << status;
 }
 
 }  // namespace

@@ -14,7 +14,9 @@
 #include <sstream>
 
 #include "base/json_text.h"
+#include "base/temp_names.h"
 #include "data/tokenizer.h"
+#include "io/durable_file.h"
 #include "io/hf_export.h"
 #include "io/peft_adapter.h"
 #include "train/checkpoint.h"
@@ -160,11 +162,7 @@ Result<HfTokenIds> token_ids(const TokenizerSource& src, const ModelConfig& c, s
 }
 
 Status write_json(const fs::path& path, const nlohmann::ordered_json& j) {
-  std::ofstream out(path, std::ios::trunc);
-  out << json_text(j, 2) << '\n';
-  out.flush();
-  if (!out) return GLM_ERROR(ErrorKind::io, "error writing '", path.string(), "' (disk full?)");
-  return Status::ok();
+  return write_file_durably(path, json_text(j, 2) + "\n");
 }
 
 // Removes the temporary directory unless the export was published.
@@ -202,8 +200,7 @@ Status publish(const fs::path& tmp, const fs::path& save, bool replace) {
       fs::remove(save, ec);  // an empty directory
       if (ec) return GLM_ERROR(ErrorKind::io, "cannot remove the empty '", save.string(), "': ", ec.message());
     } else {
-      const fs::path old = save.parent_path() / ("." + save.filename().string() + ".old-" + std::to_string(::getpid()));
-      fs::remove_all(old, ec);
+      const fs::path old = aside_path_for(save);
       fs::rename(save, old, ec);
       if (ec) return GLM_ERROR(ErrorKind::io, "cannot move the old '", save.string(), "' aside: ", ec.message());
       fs::rename(tmp, save, ec);
@@ -241,7 +238,7 @@ Status copy_files(const std::vector<std::pair<fs::path, std::string>>& files, co
   std::error_code ec;
   for (const auto& [source, name] : files) {
     fs::copy_file(source, dir / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return GLM_ERROR(ErrorKind::io, "cannot copy '", source.string(), "': ", ec.message());
+    if (ec) return GLM_FILE_ERROR(concat("cannot copy '", source.string(), "' to"), dir / name, ec.value());
     written.push_back(name);
   }
   return Status::ok();
@@ -353,10 +350,9 @@ Result<std::string> run_export(const CliOptions& o) {
   const fs::path parent = save.has_parent_path() ? save.parent_path() : fs::path(".");
   fs::create_directories(parent, ec);
   if (ec) return GLM_USER_ERROR("cannot create '", parent.string(), "' for --save_dir: ", ec.message());
-  TemporaryDirectory tmp(parent / ("." + save.filename().string() + ".export-" + std::to_string(::getpid()) + ".tmp"));
-  fs::remove_all(tmp.path(), ec);
+  TemporaryDirectory tmp(temp_path_for(save));
   fs::create_directory(tmp.path(), ec);
-  if (ec) return GLM_ERROR(ErrorKind::io, "cannot create '", tmp.path().string(), "': ", ec.message());
+  if (ec) return GLM_FILE_ERROR("cannot create", tmp.path(), ec.value());
 
   const std::string origin = concat(ckpt, " (step ", info.step, ", saved by ", info.world_size,
                                     info.world_size == 1 ? " rank" : " ranks", " at ZeRO stage ", info.zero_stage, ")");

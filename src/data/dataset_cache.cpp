@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "base/scope_exit.h"
+#include "base/temp_names.h"
 #include "data/content_hash.h"
 #include "data/token_shards.h"
 
@@ -100,8 +101,7 @@ Result<CachedDataset> load_dataset_cached(const std::string& cache_dir, bool wri
   if (!write) return out;
   std::error_code ec;
   if (damaged) fs::remove_all(entry, ec);
-  const fs::path tmp = fs::path(cache_dir) / concat(key, ".tmp.", ::getpid());
-  fs::remove_all(tmp, ec);
+  const fs::path tmp = temp_path_for(entry);  // jobs on several hosts may share the cache
   // Gone on every way out: renamed into place, or removed after an error or an exception.
   ScopeExit remove_tmp([&] {
     std::error_code ignored;

@@ -19,6 +19,8 @@
 #include "base/json_text.h"
 #include "base/scope_exit.h"
 #include "base/stop_signal.h"
+#include "base/errno_text.h"
+#include "base/temp_names.h"
 
 namespace glm {
 namespace {
@@ -94,10 +96,11 @@ nlohmann::json report_to_json(const DatasetReport& r) {
           {"lengths", r.lengths}};
 }
 
-// Writes samples [first, end) as one shard file at `tmp` (the caller renames it).
-Status write_shard(const Dataset& dataset, int64_t first, int64_t end, int64_t vocab_size, const std::string& tmp) {
+// Writes samples [first, end) as one shard file at `tmp` (the caller renames it to final_path).
+Status write_shard(const Dataset& dataset, int64_t first, int64_t end, int64_t vocab_size, const std::string& tmp,
+                   const fs::path& final_path) {
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out) return GLM_USER_ERROR("cannot write '", tmp, "'");
+  if (!out) return GLM_USER_ERROR("cannot write '", final_path.string(), "': ", errno_text(errno));
   ShardHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
@@ -115,19 +118,19 @@ Status write_shard(const Dataset& dataset, int64_t first, int64_t end, int64_t v
   };
   put(offsets.data(), offsets.size() * sizeof(int64_t));
   for (int64_t i = first; i < end; ++i) {
-    if (stop_signal() != 0) return stopped_status(concat("while writing '", tmp, "'"));
+    if (stop_signal() != 0) return stopped_status(concat("while writing '", final_path.string(), "'"));
     const SampleView s = dataset.sample(i);
     put(s.tokens.data(), s.tokens.size_bytes());
   }
   for (int64_t i = first; i < end; ++i) {
-    if (stop_signal() != 0) return stopped_status(concat("while writing '", tmp, "'"));
+    if (stop_signal() != 0) return stopped_status(concat("while writing '", final_path.string(), "'"));
     const SampleView s = dataset.sample(i);
     put(s.labels.data(), s.labels.size_bytes());
   }
   h.checksum = hash.value();
   out.seekp(0);
   out.write(reinterpret_cast<const char*>(&h), sizeof h);
-  if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "'");
+  if (!out.flush()) return GLM_ERROR(ErrorKind::io, "cannot write '", final_path.string(), "': ", errno_text(errno));
   return Status::ok();
 }
 
@@ -136,6 +139,14 @@ Status replace_file(const std::string& from, const fs::path& to) {
   fs::rename(from, to, ec);
   if (ec) return GLM_ERROR(ErrorKind::io, "cannot rename '", from, "' to '", to.string(), "': ", ec.message());
   return Status::ok();
+}
+
+// Empty but for the lock of the run writing it (base/temp_names.h).
+bool holds_only_lock(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename() != kDirectoryLockFile) return false;
+  return !ec;
 }
 
 Result<nlohmann::json> read_manifest(const fs::path& path) {
@@ -150,6 +161,15 @@ Result<nlohmann::json> read_manifest(const fs::path& path) {
 
 }  // namespace
 
+bool is_token_shards_file(std::string_view name) {
+  if (name == kManifest) return true;
+  // shard_name's pattern: shard_<5 or more digits>.bin
+  constexpr std::string_view kPrefix = "shard_", kSuffix = ".bin";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return false;
+  const std::string_view digits = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  return digits.size() >= 5 && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 bool is_prepared_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kManifest, ec);
@@ -162,7 +182,7 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
   std::error_code ec;
   if (fs::exists(root, ec)) {
     if (!fs::is_directory(root, ec)) return GLM_USER_ERROR("--output_dir '", dir, "' exists and is not a directory");
-    if (!fs::is_empty(root, ec) && !is_prepared_dir(dir))
+    if (!holds_only_lock(root) && !is_prepared_dir(dir))
       return GLM_USER_ERROR("--output_dir '", dir,
                             "' holds files that glm_hpc prepare did not write: give a new or empty directory");
   }
@@ -190,8 +210,9 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
   nlohmann::json shards = nlohmann::json::array();
   int64_t total_tokens = 0;
   for (size_t k = 0; k < ranges.size(); ++k) {
-    temporaries.push_back((root / shard_name(k)).string() + ".tmp");
-    GLM_RETURN_IF_ERROR(write_shard(dataset, ranges[k].first, ranges[k].second, vocab_size, temporaries.back()));
+    temporaries.push_back(temp_path_for(root / shard_name(k)).string());
+    GLM_RETURN_IF_ERROR(
+        write_shard(dataset, ranges[k].first, ranges[k].second, vocab_size, temporaries.back(), root / shard_name(k)));
     int64_t tokens = 0;
     for (int64_t i = ranges[k].first; i < ranges[k].second; ++i) tokens += dataset.sample(i).size();
     total_tokens += tokens;
@@ -214,13 +235,14 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
                              {"report", report_to_json(dataset.report)}};
   // The manifest is written before anything is replaced, so a failure leaves an earlier preparation whole.
   const fs::path manifest_path = root / kManifest;
-  const std::string manifest_tmp = manifest_path.string() + ".tmp";
+  const std::string manifest_tmp = temp_path_for(manifest_path).string();
   temporaries.push_back(manifest_tmp);
   {
     std::ofstream out(manifest_tmp, std::ios::trunc);
-    if (!out) return GLM_USER_ERROR("cannot write '", manifest_tmp, "'");
+    if (!out) return GLM_USER_ERROR("cannot write '", manifest_path.string(), "': ", errno_text(errno));
     out << json_text(manifest) << '\n';  // one line: the lengths array holds one number per sample read
-    if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", manifest_tmp, "'");
+    if (!out.flush())
+      return GLM_ERROR(ErrorKind::io, "cannot write '", manifest_path.string(), "': ", errno_text(errno));
   }
   // An earlier preparation stops being loadable first, so an interruption leaves no mixed state.
   std::vector<std::string> old_files;

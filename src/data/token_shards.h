@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -42,10 +43,14 @@ struct PrepareInfo {
 };
 
 // Writes `dataset` (in memory or mapped) as shards of at most max_shard_tokens tokens (a sample is
-// never split) and prepared.json into `dir`, which must be absent, empty or an earlier prepared
-// directory (replaced). Files are written under temporary names and renamed, prepared.json last.
+// never split) and prepared.json into `dir`, which must be absent, empty (but for the lock of the
+// run writing it) or an earlier prepared directory (replaced). Files are written under temporary
+// names and renamed, prepared.json last.
 Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const PrepareInfo& info, const std::string& dir,
                           int64_t max_shard_tokens = kDefaultShardTokens);
+
+// True for the names write_token_shards writes: prepared.json and the shard files.
+bool is_token_shards_file(std::string_view name);
 
 // True when `path` is a directory holding prepared.json.
 bool is_prepared_dir(const std::string& path);

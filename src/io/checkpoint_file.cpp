@@ -18,6 +18,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/errno_text.h"
 #include "io/checkpoint_file_hdf5.h"
 #include "io/crc32c.h"
 #include "io/hdf5_handle.h"
@@ -62,6 +63,10 @@ struct Placement {
 
 int64_t blocks_of(int64_t bytes, int64_t block) { return (bytes + block - 1) / block; }
 
+// HDF5's file driver leaves the system's reason in errno when a call below it failed (callers
+// clear errno first): ": <strerror>", or nothing when there is none.
+std::string system_reason() { return errno != 0 ? ": " + errno_text(errno) : std::string(); }
+
 Status write_int64_attribute(hid_t where, const std::string& name, const std::vector<int64_t>& values,
                              const std::string& what) {
   const hsize_t n = values.size();
@@ -86,16 +91,20 @@ Result<std::vector<std::vector<Placement>>> lay_out(const std::string& path,
   if (!dcpl.ok() || H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS) < 0 ||
       H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0)
     return GLM_ERROR(ErrorKind::io, "HDF5 dataset properties failed for '", path, "'");
+  errno = 0;
   H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.ok()) return GLM_ERROR(ErrorKind::io, "cannot create '", path, "'");
+  if (!file.ok()) return GLM_ERROR(ErrorKind::io, "cannot create '", path, "'", system_reason());
   GLM_RETURN_IF_ERROR(write_int64_attribute(file.get(), kChecksumBlockAttribute, {block_bytes}, "'" + path + "'"));
   std::vector<std::vector<Placement>> placed(groups.size());
   auto create = [&](hid_t group, const std::string& name, hid_t type, int64_t count, const std::string& where,
                     int64_t& offset) -> Status {
     const hsize_t n = static_cast<hsize_t>(count);
     H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    errno = 0;
     H5Handle ds(H5Dcreate2(group, name.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-    if (!ds.ok()) return GLM_ERROR(ErrorKind::io, "cannot create ", where, "/", name, " in '", path, "' (disk full?)");
+    if (!ds.ok())
+      return GLM_ERROR(ErrorKind::io, "cannot create ", where, "/", name, " in '", path, "'",
+                       errno != 0 ? system_reason() : " (disk full?)");
     const haddr_t at = H5Dget_offset(ds.get());
     if (at == HADDR_UNDEF) return GLM_ERROR(ErrorKind::io, where, "/", name, " in '", path, "' has no file offset");
     offset = static_cast<int64_t>(at);
@@ -118,7 +127,10 @@ Result<std::vector<std::vector<Placement>>> lay_out(const std::string& path,
       placed[g].push_back(p);
     }
   }
-  if (!file.release()) return GLM_ERROR(ErrorKind::io, "cannot close '", path, "' after laying it out (disk full?)");
+  errno = 0;
+  if (!file.release())
+    return GLM_ERROR(ErrorKind::io, "cannot close '", path, "' after laying it out",
+                     errno != 0 ? system_reason() : " (disk full?)");
   return placed;
 }
 
@@ -140,7 +152,7 @@ int pwrite_all_errno(int fd, const void* data, int64_t bytes, int64_t offset, in
 }
 
 Status write_error(const std::string& path, int64_t at, int err) {
-  return GLM_ERROR(ErrorKind::io, "cannot write '", path, "' at byte ", at, ": ", std::strerror(err), " (disk full?)");
+  return GLM_ERROR(ErrorKind::io, "cannot write '", path, "' at byte ", at, ": ", std::strerror(err));
 }
 
 Status pwrite_all(int fd, const void* data, int64_t bytes, int64_t offset, const std::string& path) {

@@ -16,6 +16,8 @@
 #include <set>
 
 #include "base/input_path.h"
+#include "base/temp_names.h"
+#include "io/durable_file.h"
 
 namespace glm {
 namespace {
@@ -366,15 +368,20 @@ Status write_safetensors(const std::string& path, const std::vector<StTensorView
   std::vector<StTensorSpec> specs;
   for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
   GLM_ASSIGN_OR_RETURN(const std::string header, make_header(specs, metadata));
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = temp_path_for(path).string();
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp, "'");
+    if (!out) return GLM_FILE_ERROR("cannot write", path, errno);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     for (const auto& t : tensors)
       out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(byte_size(t.dtype, t.shape)));
     out.flush();
-    if (!out) return GLM_ERROR(ErrorKind::io, "error writing '", tmp, "' (disk full?)");
+    if (!out) {
+      const int err = errno;
+      out.close();
+      ::unlink(tmp.c_str());
+      return GLM_FILE_ERROR("cannot write", path, err);
+    }
   }
   return rename_into_place(tmp, path);
 }
@@ -429,9 +436,10 @@ Status SafetensorsShardWriter::close_shard() {
   const std::string path = dir_ + "/" + shard_names_[static_cast<size_t>(open_shard_)];
   out_->flush();
   const bool ok = static_cast<bool>(*out_);
+  const int err = errno;
   out_.reset();
-  if (!ok) return GLM_ERROR(ErrorKind::io, "error writing '", path, ".tmp' (disk full?)");
-  GLM_RETURN_IF_ERROR(rename_into_place(path + ".tmp", path));
+  if (!ok) return GLM_FILE_ERROR("cannot write", path, err);
+  GLM_RETURN_IF_ERROR(rename_into_place(open_tmp_, path));
   files_.push_back(shard_names_[static_cast<size_t>(open_shard_)]);
   open_shard_ = -1;
   return Status::ok();
@@ -447,14 +455,15 @@ Status SafetensorsShardWriter::write(const std::string& name, const void* data) 
     std::vector<StTensorSpec> mine;
     for (size_t i = next_; i < tensors_.size() && shard_of_[i] == shard; ++i) mine.push_back(tensors_[i]);
     GLM_ASSIGN_OR_RETURN(const std::string header, make_header(mine, {{"format", "pt"}}));
-    const std::string tmp = dir_ + "/" + shard_names_[shard] + ".tmp";
-    out_ = std::make_unique<std::ofstream>(tmp, std::ios::binary | std::ios::trunc);
-    if (!*out_) return GLM_ERROR(ErrorKind::io, "cannot write '", tmp, "'");
+    const std::string path = dir_ + "/" + shard_names_[shard];
+    open_tmp_ = temp_path_for(path).string();
+    out_ = std::make_unique<std::ofstream>(open_tmp_, std::ios::binary | std::ios::trunc);
+    if (!*out_) return GLM_FILE_ERROR("cannot write", path, errno);
     out_->write(header.data(), static_cast<std::streamsize>(header.size()));
     open_shard_ = static_cast<int>(shard);
   }
   out_->write(static_cast<const char*>(data), static_cast<std::streamsize>(tensors_[next_].bytes()));
-  if (!*out_) return GLM_ERROR(ErrorKind::io, "error writing '", dir_, "/", shard_names_[shard], ".tmp' (disk full?)");
+  if (!*out_) return GLM_FILE_ERROR("cannot write", dir_ + "/" + shard_names_[shard], errno);
   ++next_;
   return Status::ok();
 }
@@ -473,12 +482,7 @@ Status SafetensorsShardWriter::finish() {
   for (size_t i = 0; i < tensors_.size(); ++i) weight_map[tensors_[i].name] = shard_names_[shard_of_[i]];
   nlohmann::ordered_json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
   const std::string path = dir_ + "/model.safetensors.index.json";
-  {
-    std::ofstream out(path + ".tmp", std::ios::trunc);
-    out << index.dump(2) << '\n';
-    if (!out.flush()) return GLM_ERROR(ErrorKind::io, "error writing '", path, ".tmp'");
-  }
-  GLM_RETURN_IF_ERROR(rename_into_place(path + ".tmp", path));
+  GLM_RETURN_IF_ERROR(write_file_durably(path, index.dump(2) + "\n"));
   files_.push_back("model.safetensors.index.json");
   return Status::ok();
 }

@@ -134,6 +134,7 @@ class SafetensorsShardWriter {
   uint64_t total_bytes_ = 0;
   size_t next_ = 0;
   int open_shard_ = -1;
+  std::string open_tmp_;  // the open shard's temporary name
   std::unique_ptr<std::ofstream> out_;
 };
 

@@ -3,10 +3,12 @@
 // checkpoint_resume (compatibility), checkpoint_shards (rank files), lora_checkpoint (adapters.h5).
 #include "train/checkpoint.h"
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 
+#include "base/temp_names.h"
 #include "train/checkpoint_dir.h"
 #include "train/checkpoint_format.h"
 #include "train/checkpoint_meta.h"
@@ -68,14 +70,32 @@ Result<CheckpointMeta> load_own_part(TrainingEngine& engine, const fs::path& dir
   return meta;
 }
 
+// Rank 0 names this save's temporary directory (unique to its process: base/temp_names.h); every
+// rank writes its file into it.
+Result<fs::path> agreed_temp_dir(Communicator& comm, const fs::path& final_dir) {
+  std::array<char, 256> name{};
+  if (comm.rank() == 0) temp_path_for(final_dir).filename().string().copy(name.data(), name.size() - 1);
+  GLM_RETURN_IF_ERROR(comm.broadcast(name.data(), name.size(), CommType::u8, 0));
+  return final_dir.parent_path() / std::string(name.data());
+}
+
 }  // namespace
 
 Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, const std::string& output_dir,
                                    const CheckpointState& state, int64_t save_total_limit) {
   const auto started = std::chrono::steady_clock::now();
   const fs::path out(output_dir), final_dir = checkpoint_dir_path(out, state.step);
-  const fs::path tmp = checkpoint_temp_path(out, state.step);
+  GLM_ASSIGN_OR_RETURN(const fs::path tmp, agreed_temp_dir(comm, final_dir));
   const int rank = comm.rank(), world = comm.size();
+  // A failed save leaves nothing behind (after publication the temporary is gone already).
+  struct RemoveUnpublished {
+    const fs::path& dir;
+    bool owner;
+    ~RemoveUnpublished() {
+      std::error_code ec;
+      if (owner) fs::remove_all(dir, ec);
+    }
+  } unpublished{tmp, rank == 0};
   GLM_RETURN_IF_ERROR(
       agree(comm, rank == 0 ? make_checkpoint_temp_dir(tmp) : Status::ok(), "creating the checkpoint directory"));
   double base_sum_squares = 0;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/json_text.h"
+#include "base/temp_names.h"
 #include "io/durable_file.h"
 #include "train/checkpoint.h"
 
@@ -16,17 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int64_t step_of(const fs::path& dir) {
-  const std::string name = dir.filename().string();
-  if (name.rfind("checkpoint-", 0) != 0) return -1;
-  try {
-    size_t used = 0;
-    const int64_t step = std::stoll(name.substr(11), &used);
-    return used == name.size() - 11 ? step : -1;
-  } catch (...) {
-    return -1;
-  }
-}
+int64_t step_of(const fs::path& dir) { return checkpoint_step_of(dir.filename().string()); }
 
 // Complete checkpoints of output_dir, oldest first.
 std::vector<fs::path> complete_checkpoints(const fs::path& output_dir) {
@@ -57,13 +48,16 @@ Status write_checkpoint_contents(const fs::path& tmp, const fs::path& output_dir
 Status rename_into_place(const fs::path& tmp, const fs::path& final_dir) {
   std::error_code ec;
   if (fs::exists(final_dir)) {  // a rerun into the same output_dir: replace, never half
-    const fs::path old = final_dir.string() + ".old";
-    fs::remove_all(old, ec);
+    const fs::path old = aside_path_for(final_dir);
     fs::rename(final_dir, old, ec);
     if (ec)
       return GLM_ERROR(ErrorKind::io, "cannot move the previous '", final_dir.string(), "' aside: ", ec.message());
     fs::rename(tmp, final_dir, ec);
-    fs::remove_all(old);
+    std::error_code ignored;  // what a failure here leaves, the next run holding the directory removes
+    if (ec)
+      fs::rename(old, final_dir, ignored);  // the previous one stays published
+    else
+      fs::remove_all(old, ignored);
   } else {
     fs::rename(tmp, final_dir, ec);
   }
@@ -98,15 +92,21 @@ fs::path checkpoint_dir_path(const fs::path& output_dir, int64_t step) {
   return output_dir / ("checkpoint-" + std::to_string(step));
 }
 
-fs::path checkpoint_temp_path(const fs::path& output_dir, int64_t step) {
-  return output_dir / (".checkpoint-" + std::to_string(step) + ".tmp");
+int64_t checkpoint_step_of(std::string_view name) {
+  constexpr std::string_view kPrefix = "checkpoint-";
+  if (!name.starts_with(kPrefix) || name.size() == kPrefix.size() || name.size() > kPrefix.size() + 18) return -1;
+  int64_t step = 0;
+  for (const char c : name.substr(kPrefix.size())) {
+    if (c < '0' || c > '9') return -1;
+    step = step * 10 + (c - '0');
+  }
+  return step;
 }
 
 Status make_checkpoint_temp_dir(const fs::path& tmp) {
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return GLM_ERROR(ErrorKind::io, "cannot create '", tmp.string(), "': ", ec.message());
+  fs::create_directories(tmp, ec);  // and the output directory, for a first save
+  if (ec) return GLM_FILE_ERROR("cannot create", tmp, ec.value());
   return Status::ok();
 }
 

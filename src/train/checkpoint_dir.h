@@ -7,16 +7,18 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
 namespace glm {
 
 std::filesystem::path checkpoint_dir_path(const std::filesystem::path& output_dir, int64_t step);
-// Where checkpoint-<step> is assembled before its rename.
-std::filesystem::path checkpoint_temp_path(const std::filesystem::path& output_dir, int64_t step);
+// N for a directory name "checkpoint-N", else -1.
+int64_t checkpoint_step_of(std::string_view name);
 
-// An empty temporary directory: what a save killed earlier left there was never published.
+// The directory where a checkpoint is assembled before its rename (a temporary of its own,
+// base/temp_names.h: what a killed save leaves is removed when the next run takes the directory).
 Status make_checkpoint_temp_dir(const std::filesystem::path& tmp);
 
 // Rank 0, after every rank file is on disk: meta.json (and the run's args.json), the COMPLETE

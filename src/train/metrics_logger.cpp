@@ -1,6 +1,7 @@
 // Console and jsonl metrics.
 #include "train/metrics_logger.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -43,12 +44,12 @@ Status MetricsLogger::begin(int64_t resumed_step) {
       }
       GLM_RETURN_IF_ERROR(write_file_durably(path_, kept));
       jsonl_.open(path_, std::ios::out | std::ios::app);
-      if (!jsonl_) return GLM_ERROR(ErrorKind::io, "cannot write '", path_, "'");
+      if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
       return Status::ok();
     }
   }
   jsonl_.open(path_, std::ios::out | std::ios::trunc);
-  if (!jsonl_) return GLM_ERROR(ErrorKind::io, "cannot write '", path_, "'");
+  if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
   return Status::ok();
 }
 
@@ -76,7 +77,7 @@ Status MetricsLogger::log_eval(int64_t step, int64_t max_steps, double eval_loss
                                        {"eval_tokens", eval_tokens}})
            << '\n';
     jsonl_.flush();
-    if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
+    if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
   }
   return Status::ok();
 }
@@ -95,7 +96,7 @@ Status MetricsLogger::log_save(int64_t step, const std::string& dir, int64_t byt
                                        {"save_gb_per_s", rate}})
            << '\n';
     jsonl_.flush();
-    if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
+    if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
   }
   return Status::ok();
 }
@@ -132,7 +133,7 @@ Status MetricsLogger::log(const StepMetrics& m) {
     if (m.device_memory_bytes >= 0) j["device_memory_gib"] = static_cast<double>(m.device_memory_bytes) / (1 << 30);
     jsonl_ << json_text(j) << '\n';
     jsonl_.flush();
-    if (!jsonl_) return GLM_ERROR(ErrorKind::io, "error writing '", path_, "'");
+    if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
   }
   return Status::ok();
 }
