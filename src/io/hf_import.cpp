@@ -137,7 +137,11 @@ Result<HfModel> read_hf_config(const std::string& dir) {
   HfModel m;
   m.dir = dir;
   ConfigReader r(j, path);
-  const std::string type = j.value("model_type", "");
+  std::string type;
+  if (r.has("model_type")) {
+    if (!j["model_type"].is_string()) return r.error("model_type", "must be a string: \"glm\" or \"chatglm\"");
+    type = j["model_type"].get<std::string>();
+  }
   if (type == "glm") {
     m.layout = HfLayout::glm;
     GLM_RETURN_IF_ERROR(read_glm(r, j, m));
