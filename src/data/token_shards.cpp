@@ -145,6 +145,12 @@ Result<nlohmann::json> read_manifest(const fs::path& path) {
 
 }  // namespace
 
+uint64_t token_shard_checksum(const void* payload, size_t bytes) {
+  WordHash hash;
+  hash.update(payload, bytes);
+  return hash.value();
+}
+
 bool is_prepared_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kManifest, ec);

@@ -47,6 +47,9 @@ struct PrepareInfo {
 Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const PrepareInfo& info, const std::string& dir,
                           int64_t max_shard_tokens = kDefaultShardTokens);
 
+// The checksum a shard's header holds: over the `bytes` after the header (a whole number of words).
+uint64_t token_shard_checksum(const void* payload, size_t bytes);
+
 // True when `path` is a directory holding prepared.json.
 bool is_prepared_dir(const std::string& path);
 
