@@ -97,10 +97,15 @@ Result<std::vector<BandwidthPoint>> read_bandwidth_curve(const std::string& path
   try {
     for (const auto& row : j["rows"]) {
       if (row.at("collective").get<std::string>() != collective || row.at("type").get<std::string>() != type) continue;
+      // An integer first: converting a larger number (1e30) to int64 is undefined.
+      const auto& size = row.at("size");
+      if (!size.is_number_integer() || size.get<int64_t>() < 1)
+        return GLM_USER_ERROR("--comm_profile '", path, "': a ", collective, " row's size ", size.dump(),
+                              " is not a positive number of bytes");
       if (row.value("wrong", 0) != 0)
-        return GLM_USER_ERROR("--comm_profile '", path, "': a ", collective, " row of ", row.at("size").get<int64_t>(),
+        return GLM_USER_ERROR("--comm_profile '", path, "': a ", collective, " row of ", size.get<int64_t>(),
                               " bytes has wrong results; measure again");
-      curve.push_back({row.at("size").get<int64_t>(), row.at("time_us").get<double>(), row.at("busbw").get<double>()});
+      curve.push_back({size.get<int64_t>(), row.at("time_us").get<double>(), row.at("busbw").get<double>()});
     }
   } catch (const nlohmann::json::exception& e) {
     return GLM_USER_ERROR("--comm_profile '", path, "': a row lacks size, time_us, busbw, collective or type: ",
