@@ -16,9 +16,8 @@
 
 namespace glm::fuzz {
 
-// A directory of this process under $TMPDIR, created on first use and removed at a normal exit
-// (libFuzzer's -max_total_time ends with exit()); scripts/fuzz.sh points TMPDIR into the build
-// directory, so what a crash leaves stays there.
+// A directory of this process under $TMPDIR, created on first use. libFuzzer stops without running
+// atexit handlers, so run_fuzz_target.sh points TMPDIR into the build directory and empties it.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
     const char* tmp = std::getenv("TMPDIR");
@@ -26,10 +25,6 @@ inline const std::filesystem::path& scratch_dir() {
                               ("glm_fuzz_" + std::to_string(::getpid()));
     std::filesystem::remove_all(d);
     std::filesystem::create_directories(d);
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(scratch_dir(), ec);
-    });
     return d;
   }();
   return dir;

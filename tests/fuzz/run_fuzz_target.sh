@@ -8,6 +8,7 @@ set -uo pipefail
 binary=$1 seeds=$2 work=$3 seconds=$4
 shift 4
 name=$(basename "$binary")
+rm -rf "$work/tmp"
 mkdir -p "$work/corpus" "$work/tmp"
 dict=()
 if [ $# -gt 0 ]; then
@@ -23,6 +24,7 @@ export UBSAN_OPTIONS=print_stacktrace=1
 "$binary" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=2048 -print_final_stats=1 "${dict[@]}" \
   -artifact_prefix="$work/" "$work/corpus" "$seeds" >"$work/log.txt" 2>&1
 status=$?
+rm -rf "$work/tmp"
 tail -n 20 "$work/log.txt"
 if [ $status -ne 0 ]; then
   # The reproducers of this run, also as base64 so that a CI log alone is enough to get them back.
