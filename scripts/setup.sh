@@ -14,6 +14,9 @@ packages=(
   gnuplot-nox
   # The function-size check of the engine and ZeRO (tests/CMakeLists.txt, function_size).
   clang-tidy
+  # The fuzz targets and sanitizer builds (scripts/fuzz.sh, scripts/sanitize.sh): clang, and the
+  # compiler-rt archives (libFuzzer, ASan, UBSan), which clang only recommends.
+  clang libclang-rt-dev
 )
 
 # node and npm run npm tiktoken, the oracle of the tokenizer tests (tools/tiktoken_peer). Checked

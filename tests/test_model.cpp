@@ -568,6 +568,10 @@ TEST(ModelConfig, RejectsInconsistentShapes) {
   c.partial_rotary_factor = 0.75;  // 4 x 0.75 = 3
   EXPECT_NE(c.finalize_and_validate().message().find("even integer"), std::string::npos);
   c = tiny_config();
+  c.head_dim = INT64_MAX;  // x 1.0 rounds to 2^63 in a double: no exact rotary dimension
+  c.partial_rotary_factor = 1.0;
+  EXPECT_NE(c.finalize_and_validate().message().find("even integer"), std::string::npos);
+  c = tiny_config();
   c.head_dim = 0;
   c.hidden_size = 14;  // 14 / 4 heads
   EXPECT_NE(c.finalize_and_validate().message().find("divisible by num_attention_heads"), std::string::npos);

@@ -198,6 +198,12 @@ TEST(HfImport, ErrorsNameTheTensorOrField) {
     edit_config(dir, "\"model_type\": \"glm\"", "\"model_type\": \"glm4\"");
     expect_import_error(dir, "GLM-4-0414");
   }
+  for (const char* value : {"4", "null", "[\"glm\"]"}) {
+    auto dir = fixture_copy("type_value");
+    edit_config(dir, "\"model_type\": \"glm\"", std::string("\"model_type\": ") + value);
+    expect_import_error(
+        dir, std::string(value) == "null" ? "unsupported model_type \"\"" : "\"model_type\" must be a string");
+  }
   {
     auto dir = fixture_copy("llama");
     edit_config(dir, "\"model_type\": \"glm\"", "\"model_type\": \"llama\"");

@@ -365,6 +365,16 @@ TEST(BucketAutotune, ReadsABenchCommJsonFile) {
   auto absent = read_bandwidth_curve(path + ".absent", 1, DType::f32);
   ASSERT_FALSE(absent.is_ok());
   EXPECT_NE(absent.status().message().find("cannot be read"), std::string::npos);
+  // Sizes that are no byte count, 1e30 among them (past int64).
+  for (const char* size : {"1e30", "-4", "0", "1.5", "\"4\""}) {
+    std::ofstream(path, std::ios::trunc) << R"({"rows": [{"collective": "all_reduce", "type": "f32", "size": )" << size
+                                         << R"(, "time_us": 1, "busbw": 1, "wrong": 0}]})";
+    auto bad = read_bandwidth_curve(path, 0, DType::f32);
+    ASSERT_FALSE(bad.is_ok()) << size;
+    EXPECT_EQ(bad.status().exit_code(), 2);
+    EXPECT_NE(bad.status().message().find("is not a positive number of bytes"), std::string::npos)
+        << bad.status().message();
+  }
   std::filesystem::remove(path);
 }
 

@@ -170,6 +170,12 @@ bool is_token_shards_file(std::string_view name) {
   return digits.size() >= 5 && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+uint64_t token_shard_checksum(const void* payload, size_t bytes) {
+  WordHash hash;
+  hash.update(payload, bytes);
+  return hash.value();
+}
+
 bool is_prepared_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kManifest, ec);

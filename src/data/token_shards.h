@@ -52,6 +52,9 @@ Status write_token_shards(const Dataset& dataset, int64_t vocab_size, const Prep
 // True for the names write_token_shards writes: prepared.json and the shard files.
 bool is_token_shards_file(std::string_view name);
 
+// The checksum a shard's header holds: over the `bytes` after the header (a whole number of words).
+uint64_t token_shard_checksum(const void* payload, size_t bytes);
+
 // True when `path` is a directory holding prepared.json.
 bool is_prepared_dir(const std::string& path);
 

@@ -129,7 +129,7 @@ Result<HfModel> read_hf_config(const std::string& dir) {
   m.dir = dir;
   GLM_ASSIGN_OR_RETURN(const JsonFields fields, JsonFields::of(j, path));
   const ConfigReader r(fields);
-  const std::string type = j.value("model_type", "");
+  GLM_ASSIGN_OR_RETURN(const std::string type, fields.string_or("model_type", ""));
   if (type == "glm") {
     m.layout = HfLayout::glm;
     GLM_RETURN_IF_ERROR(read_glm(r, j, m));

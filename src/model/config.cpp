@@ -59,7 +59,8 @@ Status ModelConfig::finalize_and_validate() {
   if (!(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0))
     return GLM_USER_ERROR("partial_rotary_factor must be in (0, 1], got ", partial_rotary_factor);
   const double rot = static_cast<double>(head_dim) * partial_rotary_factor;
-  if (rot != std::floor(rot) || static_cast<int64_t>(rot) % 2 != 0)
+  // Below 2^53 a double holds every integer exactly (and converting a larger one to int64 is undefined).
+  if (!(rot < 0x1p53) || rot != std::floor(rot) || static_cast<int64_t>(rot) % 2 != 0)
     return GLM_USER_ERROR("partial_rotary_factor x head_dim = ", partial_rotary_factor, " x ", head_dim, " = ", rot,
                           " (the rotary dimension) must be an even integer");
   if (!(rope_theta > 1.0) || !std::isfinite(rope_theta))

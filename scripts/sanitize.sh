@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds glm_hpc and its tests into build-sanitize with clang, AddressSanitizer and UBSan (a report
+# ends the program), and runs the unit and mpi tests there. Too slow for CI (everything is built a
+# second time, instrumented); run it before a release or after touching memory-heavy code.
+#   scripts/sanitize.sh [ctest arguments]      e.g. scripts/sanitize.sh -R Tokenizer
+# Leak reports ignore Open MPI's own allocations (tests/sanitize/lsan.supp); docs/FUZZING.md says why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+bash scripts/setup.sh
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+cmake -S . -B build-sanitize -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O1 -DCMAKE_C_FLAGS_DEBUG=-O1 -DGLM_CUDA=OFF \
+  -DGLM_SANITIZE=address,undefined "${launcher[@]}" >/dev/null
+# The options reach every instrumented process: gtest's test discovery during the build, the tests,
+# and the ranks mpirun starts (it passes the environment on).
+export LSAN_OPTIONS=suppressions=$root/tests/sanitize/lsan.supp:print_suppressions=0
+export UBSAN_OPTIONS=print_stacktrace=1
+cmake --build build-sanitize --parallel "$(nproc)"
+source scripts/mpi_env.sh
+cd build-sanitize
+ctest -L 'unit|mpi' --output-on-failure --parallel "$(nproc)" "$@"
