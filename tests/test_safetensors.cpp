@@ -202,7 +202,7 @@ TEST(HfImport, ErrorsNameTheTensorOrField) {
     auto dir = fixture_copy("type_value");
     edit_config(dir, "\"model_type\": \"glm\"", std::string("\"model_type\": ") + value);
     expect_import_error(
-        dir, std::string(value) == "null" ? "unsupported model_type \"\"" : "\"model_type\" must be a string");
+        dir, std::string(value) == "null" ? "unsupported model_type \"\"" : "field 'model_type' must be a string");
   }
   {
     auto dir = fixture_copy("llama");
