@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ctest lint_comments: code comments in base/, kernels/, mpi/ and src/ say what and why, never the
-# history (STYLE.md: measurements and history go to benchmarks/RESULTS.md and commit messages).
+# ctest lint_comments: code comments in base/, kernels/, mpi/, src/, tests/, benchmarks/ and tools/
+# say what and why, never the history (STYLE.md: measurements and history go to
+# benchmarks/RESULTS.md and commit messages).
 # Fails printing file:line for a comment that names a session or a numbered experiment, a signed
 # percentage, a speed-up, a before/after timing, a tokens/s figure, a date, "A/B", an issue number,
 # or a GLM_* name that is neither a macro or CMake option of this tree nor GLM_TEST_KILL_DURING_SAVE
@@ -18,7 +19,7 @@ import os, re, sys
 
 root = sys.argv[1]
 self_test = len(sys.argv) > 2
-DIRS = ("base", "kernels", "mpi", "src")
+DIRS = ("base", "kernels", "mpi", "src", "tests", "benchmarks", "tools")
 EXTS = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
 
 # Each rule: (name, compiled pattern), applied to comment text only.
@@ -99,6 +100,8 @@ for dirpath, _, names in os.walk(root):
     if "CMakeLists.txt" in names and "/build" not in dirpath and "/." not in dirpath:
         cmake = open(os.path.join(dirpath, "CMakeLists.txt"), encoding="utf-8", errors="replace").read()
         defined.update(re.findall(r"\boption\(\s*(GLM_\w+)", cmake))
+        # Variables ctest sets for a test (a fixture's file, a fault to inject).
+        defined.update(re.findall(r"\b(GLM_TEST_\w+)=", cmake))
         for defs in re.findall(r"target_compile_definitions\(([^)]*)\)", cmake):
             defined.update(re.findall(r"\b(GLM_\w+)", defs))
 

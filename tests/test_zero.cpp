@@ -659,7 +659,7 @@ double plan_gib(const MemoryPlanInput& in) {
 }
 
 TEST(MemoryPlan, PredictsTheMeasuredH200Peak) {
-  // benchmarks/RESULTS.md (session 9): GLM-4-9B shapes cut to 12 layers, seq 4096, ZeRO-0, one
+  // benchmarks/RESULTS.md, memory plan against measured peaks: GLM-4-9B shapes cut to 12 layers, seq 4096, ZeRO-0, one
   // H200, split fp32 masters and the 2 GiB lm_head scratch: 57.1 GiB peak by nvidia-smi (58.9 with
   // a 4 GiB scratch; 65.7 with that and whole fp32 masters, which plan 2 bytes a parameter more).
   // The issue asks for predictions within 10%.
@@ -680,10 +680,10 @@ TEST(MemoryPlan, PredictsTheMeasuredH200Peak) {
 }
 
 TEST(MemoryPlan, PredictsTheMeasuredH200LoraPeaks) {
-  // benchmarks/RESULTS.md (session 9, lora_bench.sh): GLM-4-9B-Chat, seq 8192, micro-batch 1,
+  // benchmarks/RESULTS.md, memory plan against measured peaks (lora_bench.sh): GLM-4-9B-Chat, seq 8192, micro-batch 1,
   // LoRA rank 8 / alpha 32 on all-linear with dropout 0.05, one H200, nvidia-smi peaks 62.0 GiB
   // (--recompute none) and 25.0 GiB (full) with the 2 GiB lm_head scratch (63.7 and 26.7 with
-  // session 4's 4 GiB). Within 10%, as for full training.
+  // a 4 GiB scratch). Within 10%, as for full training.
   MemoryPlanInput in;
   in.model = glm4_9b_shapes(40);
   in.micro_batch_tokens = 8192;
