@@ -387,6 +387,32 @@ TEST(CliPreemption, UsrOneToMpirunSavesExits75AndResumes) {
   EXPECT_EQ(count(resumed.output, "\nstep "), 2) << "only the two steps after the checkpoint\n" << resumed.output;
 }
 
+// SIGTERM as Slurm sends it at a time limit or scancel: to every rank of the job at once (not through
+// mpirun, which does not forward it). The ranks stop after the same step with a complete checkpoint,
+// exit 75, and run_status.json says preempted by SIGTERM.
+TEST(CliPreemption, SigtermToEveryRankSavesAndExits75) {
+  const auto out = scratch_root() / "terminated";
+  std::filesystem::remove_all(out);
+  const std::string marker = "glm_hpc_term_marker_" + std::to_string(::getpid());
+  const auto dir = out / marker;
+  const std::string signaller = "(for i in $(seq 600); do [ -s '" + (dir / "logging.jsonl").string() +
+                                "' ] && break; sleep 0.1; done; pkill -TERM -f '^[^ ]*glm_hpc .*" + marker + "') & ";
+  RunResult r = run_glm(
+      kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " + dir.string(), 2, signaller);
+  ASSERT_EQ(r.exit_code, 75) << r.output;
+  const std::string prefix = "glm_hpc: preempted: SIGTERM received; every rank stopped after step ";
+  EXPECT_EQ(count(r.output, prefix), 1) << r.output;
+  const size_t at = r.output.find(prefix);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const int step = std::stoi(r.output.substr(at + prefix.size()));
+  EXPECT_TRUE(std::filesystem::exists(dir / ("checkpoint-" + std::to_string(step)) / "COMPLETE")) << r.output;
+  const auto status = nlohmann::json::parse(std::ifstream(dir / "run_status.json"));
+  EXPECT_EQ(status["status"], "preempted") << status;
+  EXPECT_EQ(status["exit_code"], 75) << status;
+  EXPECT_EQ(status["signal"], "SIGTERM") << status;
+  EXPECT_EQ(status["steps"], step) << status;
+}
+
 // The same on two GPUs: the surviving rank is inside an NCCL collective when its peer dies; the
 // launcher or the collective watchdog (--collective_timeout) ends it. Skipped without 2 GPUs.
 TEST(CliFaults, KilledRankEndsTheJobOnGpus) {

@@ -298,6 +298,36 @@ TEST(RunDirectory, TrainClaimRemovesStaleTemporaries) {
   EXPECT_FALSE(fs::exists(dir / kDirectoryLockFile));
 }
 
+// prepare holds its --output_dir and export its --save_dir (through a lock beside it, since the
+// directory appears by one rename at the end) like train: a second claim is refused naming the first.
+TEST(RunDirectory, PrepareAndExportAreHeldToo) {
+  const fs::path root = fresh("held");
+  CliOptions prepare;
+  prepare.command = "prepare";
+  prepare.train.output_dir = (root / "prepared").string();
+  prepare.effective["output_dir"] = {{"value", prepare.train.output_dir}, {"source", "command_line"}};
+  CliOptions exporting;
+  exporting.command = "export";
+  exporting.save_dir = (root / "hf").string();
+  for (const CliOptions* o : {&prepare, &exporting}) {
+    const bool is_export = o == &exporting;
+    auto first = claim_run_directory(*o);
+    ASSERT_TRUE(first.is_ok()) << first.status().message();
+    const fs::path lock = is_export ? root / ".hf.glm_hpc.lock" : root / "prepared" / kDirectoryLockFile;
+    EXPECT_TRUE(fs::exists(lock)) << lock;
+    auto second = claim_run_directory(*o);
+    ASSERT_FALSE(second.is_ok());
+    EXPECT_EQ(second.status().exit_code(), 2);
+    const std::string option = is_export ? "--save_dir '" + exporting.save_dir : "--output_dir '" + prepare.train.output_dir;
+    EXPECT_NE(second.status().message().find(option + "' is in use by another glm_hpc run: " + o->command + " on host " +
+                                             host() + " (pid " + std::to_string(::getpid()) + ")"),
+              std::string::npos)
+        << second.status().message();
+    first.value()->release();
+    EXPECT_FALSE(fs::exists(lock));
+  }
+}
+
 // A directory the claim created for a run that wrote nothing (refused later) does not stay behind.
 TEST(RunDirectory, CreatedDirectoryIsRemovedWhenNothingWasWritten) {
   const fs::path dir = fresh("created") / "prepared";

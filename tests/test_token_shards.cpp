@@ -1,6 +1,7 @@
 // Token shards: a prepared directory reads back as the dataset that was written (samples, labels,
 // report, loader batches), and every kind of damage to it is one precise user error.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -169,17 +170,25 @@ TEST(TokenShards, SkippedInvalidUtf8LineIsRecorded) {
   EXPECT_NE(loaded.value().prepared.find("caf\xef\xbf\xbd.jsonl"), std::string::npos) << loaded.value().prepared;
 }
 
-// A write that fails (here: the manifest's temporary name is taken by a directory) leaves no
-// temporary behind and the earlier preparation in the directory loadable as it was.
+// A write that fails (here: past the process's file-size limit, ulimit -f, as glm_hpc ignores
+// SIGXFSZ) names the file and the reason, leaves no temporary behind and the earlier preparation in
+// the directory loadable as it was.
 TEST(TokenShards, FailedWriteLeavesNoTemporaries) {
   const Dataset d = source_dataset();
   const fs::path dir = fresh_dir("failed_write");
   ASSERT_TRUE(write_token_shards(d, 272, info(), dir.string()).is_ok());
-  fs::create_directories(dir / "prepared.json.tmp" / "occupied");
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 16;  // not even a shard's header
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
   Status s = write_token_shards(d, 272, info(), dir.string(), 100);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, previous);
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("prepared.json.tmp"), std::string::npos) << s.message();
-  fs::remove_all(dir / "prepared.json.tmp");
+  EXPECT_NE(s.message().find("cannot write '" + (dir / "shard_00000.bin").string() + "': "), std::string::npos)
+      << s.message();
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
   EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));

@@ -115,6 +115,21 @@ TEST(BpeRanks, ParsesBlankLinesAndCrlf) {
   EXPECT_EQ(r.value().byte_rank('a'), 97);
 }
 
+// A rank file is read whole: one past 1 GiB (a sparse file here, nothing is written) is refused by
+// its size before any byte is read, naming the bound.
+TEST(TiktokenTokenizer, RankFileOverItsBoundIsRefusedUnread) {
+  const fs::path dir = scratch("huge");
+  const fs::path path = dir / "tokenizer.model";
+  std::ofstream(path).close();
+  fs::resize_file(path, (uintmax_t{1} << 30) + 1);
+  auto huge = load_tokenizer(path.string());
+  ASSERT_FALSE(huge.is_ok());
+  EXPECT_EQ(huge.status().exit_code(), 2);
+  EXPECT_NE(huge.status().message().find("a tiktoken rank file may hold"), std::string::npos)
+      << huge.status().message();
+  fs::remove_all(dir);
+}
+
 TEST(TiktokenTokenizer, LoadsFileOrModelDirectoryWithClearErrors) {
   const fs::path dir = scratch("load");
   auto missing = TiktokenTokenizer::load((dir / "nope.model").string());
