@@ -169,23 +169,49 @@ void rope_backward(T* dqkv, const int32_t* positions, int64_t n, AttentionShape 
   rope_rotate(dqkv, positions, n, shape, rotary_dim, base, T(-1));
 }
 
+namespace {
+
+// Where attention reads keys and values: k and v of token s (a position in the row) start at
+// row * stride, row = rows ? rows[s] : s, plus the KV group's offset. The fused qkv of the whole
+// row is the case rows == nullptr; context parallelism reads a gathered k | v buffer.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc_start, int64_t n, AttentionShape shape) {
+struct KeyValues {
+  const T* k;
+  const T* v;
+  int64_t stride;
+  const int64_t* rows;
+  int64_t row(int64_t s) const { return rows != nullptr ? rows[s] : s; }
+};
+
+// Gradients of the keys and values, laid out as KeyValues (accumulates).
+template <typename T>
+struct KeyValueGrads {
+  T* dk;
+  T* dv;
+  int64_t stride;
+};
+
+// Query i (its q block at qkv + i * qkv_width) sits at position[i] of the row (i when null) and
+// attends to positions [doc_start[i], position[i]].
+int64_t position_of(const int32_t* position, int64_t i) { return position != nullptr ? position[i] : i; }
+
+template <typename T>
+void attention_rows_forward(T* out, T* lse, const T* qkv, const KeyValues<T>& kv, const int32_t* position,
+                            const int32_t* doc_start, int64_t n, AttentionShape shape) {
   const int64_t d = shape.head_dim, width = shape.qkv_width();
   const int64_t group = shape.heads / shape.kv_heads;
-  const int64_t k_off = shape.heads * d, v_off = (shape.heads + shape.kv_heads) * d;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<double> scores;
   std::vector<double> acc(static_cast<size_t>(d));
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t first = doc_start[t];
-    scores.resize(static_cast<size_t>(t - first + 1));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t first = doc_start[i], last = position_of(position, i);
+    scores.resize(static_cast<size_t>(last - first + 1));
     for (int64_t h = 0; h < shape.heads; ++h) {
       const int64_t g = h / group;
-      const T* q = qkv + t * width + h * d;
+      const T* q = qkv + i * width + h * d;
       double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t s = first; s <= t; ++s) {
-        const T* k = qkv + s * width + k_off + g * d;
+      for (int64_t s = first; s <= last; ++s) {
+        const T* k = kv.k + kv.row(s) * kv.stride + g * d;
         double dot = 0;
         for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(q[j]) * k[j];
         scores[s - first] = dot * scale;
@@ -193,41 +219,42 @@ void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc_start, i
       }
       double sum = 0;
       for (auto& sc : scores) sum += (sc = std::exp(sc - mx));
-      T* o = out + t * shape.heads * d + h * d;
+      T* o = out + i * shape.heads * d + h * d;
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t s = first; s <= t; ++s) {
-        const T* v = qkv + s * width + v_off + g * d;
+      for (int64_t s = first; s <= last; ++s) {
+        const T* v = kv.v + kv.row(s) * kv.stride + g * d;
         const double p = scores[s - first] / sum;
         for (int64_t j = 0; j < d; ++j) acc[j] += p * v[j];
       }
       for (int64_t j = 0; j < d; ++j) o[j] = static_cast<T>(acc[j]);
-      lse[t * shape.heads + h] = static_cast<T>(mx + std::log(sum));
+      lse[i * shape.heads + h] = static_cast<T>(mx + std::log(sum));
     }
   }
 }
 
+// dq into dqkv's q blocks (accumulates; the caller zeroes), dk and dv through grads (accumulates).
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv, const int32_t* doc_start,
-                        int64_t n, AttentionShape shape) {
+void attention_rows_backward(T* dqkv, const KeyValueGrads<T>& grads, const T* dout, const T* out, const T* lse,
+                             const T* qkv, const KeyValues<T>& kv, const int32_t* position, const int32_t* doc_start,
+                             int64_t n, AttentionShape shape) {
   const int64_t d = shape.head_dim, width = shape.qkv_width();
   const int64_t group = shape.heads / shape.kv_heads;
-  const int64_t k_off = shape.heads * d, v_off = (shape.heads + shape.kv_heads) * d;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::fill(dqkv, dqkv + n * width, T(0));
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t first = doc_start[t];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t first = doc_start[i], last = position_of(position, i);
     for (int64_t h = 0; h < shape.heads; ++h) {
       const int64_t g = h / group;
-      const T* q = qkv + t * width + h * d;
-      const T* go = dout + t * shape.heads * d + h * d;
-      const T* o = out + t * shape.heads * d + h * d;
+      const T* q = qkv + i * width + h * d;
+      const T* go = dout + i * shape.heads * d + h * d;
+      const T* o = out + i * shape.heads * d + h * d;
       double delta = 0;  // sum_j dout_j out_j = sum_s p_s dp_s
       for (int64_t j = 0; j < d; ++j) delta += static_cast<double>(go[j]) * o[j];
-      const double l = lse[t * shape.heads + h];
-      T* dq = dqkv + t * width + h * d;
-      for (int64_t s = first; s <= t; ++s) {
-        const T* k = qkv + s * width + k_off + g * d;
-        const T* v = qkv + s * width + v_off + g * d;
+      const double l = lse[i * shape.heads + h];
+      T* dq = dqkv + i * width + h * d;
+      for (int64_t s = first; s <= last; ++s) {
+        const int64_t row = kv.row(s);
+        const T* k = kv.k + row * kv.stride + g * d;
+        const T* v = kv.v + row * kv.stride + g * d;
         double dot = 0, dp = 0;
         for (int64_t j = 0; j < d; ++j) {
           dot += static_cast<double>(q[j]) * k[j];
@@ -235,8 +262,8 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
         }
         const double p = std::exp(dot * scale - l);
         const double ds = p * (dp - delta) * scale;
-        T* dk = dqkv + s * width + k_off + g * d;
-        T* dv = dqkv + s * width + v_off + g * d;
+        T* dk = grads.dk + row * grads.stride + g * d;
+        T* dv = grads.dv + row * grads.stride + g * d;
         for (int64_t j = 0; j < d; ++j) {
           dq[j] += static_cast<T>(ds * k[j]);
           dk[j] += static_cast<T>(ds * q[j]);
@@ -245,6 +272,44 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
       }
     }
   }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* qkv, const int32_t* doc_start, int64_t n, AttentionShape shape) {
+  const int64_t d = shape.head_dim, width = shape.qkv_width();
+  const KeyValues<T> kv{qkv + shape.heads * d, qkv + (shape.heads + shape.kv_heads) * d, width, nullptr};
+  attention_rows_forward(out, lse, qkv, kv, nullptr, doc_start, n, shape);
+}
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv, const int32_t* doc_start,
+                        int64_t n, AttentionShape shape) {
+  const int64_t d = shape.head_dim, width = shape.qkv_width();
+  const int64_t k_off = shape.heads * d, v_off = (shape.heads + shape.kv_heads) * d;
+  std::fill(dqkv, dqkv + n * width, T(0));
+  const KeyValues<T> kv{qkv + k_off, qkv + v_off, width, nullptr};
+  attention_rows_backward(dqkv, KeyValueGrads<T>{dqkv + k_off, dqkv + v_off, width}, dout, out, lse, qkv, kv, nullptr,
+                          doc_start, n, shape);
+}
+
+template <typename T>
+void attention_forward_gathered(T* out, T* lse, const T* qkv, const T* kv, const int64_t* kv_row,
+                                const int32_t* position, const int32_t* doc_start, int64_t n, AttentionShape shape) {
+  const int64_t kv_width = shape.kv_heads * shape.head_dim;
+  attention_rows_forward(out, lse, qkv, KeyValues<T>{kv, kv + kv_width, 2 * kv_width, kv_row}, position, doc_start, n,
+                         shape);
+}
+
+template <typename T>
+void attention_backward_gathered(T* dqkv, T* dkv, const T* dout, const T* out, const T* lse, const T* qkv,
+                                 const T* kv, const int64_t* kv_row, const int32_t* position,
+                                 const int32_t* doc_start, int64_t n, AttentionShape shape) {
+  const int64_t kv_width = shape.kv_heads * shape.head_dim;
+  std::fill(dqkv, dqkv + n * shape.qkv_width(), T(0));
+  attention_rows_backward(dqkv, KeyValueGrads<T>{dkv, dkv + kv_width, 2 * kv_width}, dout, out, lse, qkv,
+                          KeyValues<T>{kv, kv + kv_width, 2 * kv_width, kv_row}, position, doc_start, n, shape);
 }
 
 template <typename T>
@@ -404,6 +469,11 @@ double adamw_rows(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, const int3
   template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, AttentionShape);               \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*, int64_t,     \
                                       AttentionShape);                                                         \
+  template void attention_forward_gathered<T>(T*, T*, const T*, const T*, const int64_t*, const int32_t*,      \
+                                              const int32_t*, int64_t, AttentionShape);                        \
+  template void attention_backward_gathered<T>(T*, T*, const T*, const T*, const T*, const T*, const T*,       \
+                                               const int64_t*, const int32_t*, const int32_t*, int64_t,        \
+                                               AttentionShape);                                                \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                             \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                                  \
   template int64_t cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, double, int32_t*);     \
