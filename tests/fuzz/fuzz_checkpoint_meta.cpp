@@ -3,6 +3,7 @@
 // The input is meta.json, then optionally a NUL and args.json.
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
 #include "train/checkpoint.h"
@@ -18,6 +19,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   glm::fuzz::expect_user_error(glm::read_checkpoint_info(dir.string()).status());
   auto meta = glm::read_checkpoint_meta(dir);
   glm::fuzz::expect_user_error(meta.status());
-  if (meta.is_ok()) (void)glm::checkpoint_state_from_meta(meta.value());
+  if (!meta.is_ok()) return 0;
+  // What resume and export read next: the model configuration (from args.json when meta.json has
+  // none) and, for a LoRA checkpoint, its adapter settings.
+  nlohmann::json args = nlohmann::json::object();
+  if (parts.size() > 1) {
+    args = nlohmann::json::parse(parts[1], nullptr, /*allow_exceptions=*/false);
+    if (args.is_discarded()) args = nlohmann::json::object();
+  }
+  auto config = glm::saved_model_config(meta.value(), args);
+  glm::fuzz::expect_user_error(config.status());
+  if (config.is_ok() && meta.value().train_type == glm::TrainType::lora)
+    glm::fuzz::expect_user_error(glm::saved_lora(meta.value(), config.value()).status());
   return 0;
 }
