@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "base/tensor.h"
 
 namespace glm {
 
@@ -15,6 +16,8 @@ enum class CommType { f32, f64, bf16, i32, i64, u8 };
 enum class ReduceOp { sum, max, min };
 
 size_t comm_type_size(CommType type);
+// The wire type of a tensor's elements (f32, f64 or bf16 compute data).
+CommType comm_type_of(DType dtype);
 const char* comm_type_name(CommType type);
 
 // A collective in flight. wait() returns once it completed, or an error after the deadline.
@@ -63,6 +66,12 @@ class Communicator {
   virtual std::unique_ptr<CommRequest> start_reduce_scatter_group(std::span<const CommPart> parts, CommType type,
                                                                   ReduceOp op);
   virtual std::unique_ptr<CommRequest> start_all_gather_group(std::span<const CommPart> parts, CommType type);
+
+  // The ranks of this communicator with the same color, ordered by key (MPI_Comm_split): the
+  // sub-groups of a process grid. Collective over this communicator.
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key) {
+    return GLM_INTERNAL_ERROR("the ", name(), " communicator cannot be split");
+  }
 
   // Blocking forms: start and wait.
   Status all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op);

@@ -12,6 +12,10 @@
 
 namespace glm {
 
+CommType comm_type_of(DType dtype) {
+  return dtype == DType::bf16 ? CommType::bf16 : dtype == DType::f64 ? CommType::f64 : CommType::f32;
+}
+
 size_t comm_type_size(CommType type) {
   switch (type) {
     case CommType::f32:
@@ -237,6 +241,15 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::duration<double> ti
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+}
+
+Result<std::unique_ptr<Communicator>> MpiCommunicator::split(int color, int key) {
+  MPI_Comm part = MPI_COMM_NULL;
+  if (MPI_Comm_split(comm_, color, key, &part) != MPI_SUCCESS)
+    return GLM_ERROR(ErrorKind::internal, "MPI_Comm_split of ", size_, " ranks failed");
+  auto out = std::make_unique<MpiCommunicator>(part, timeout_);  // duplicates it
+  MPI_Comm_free(&part);
+  return std::unique_ptr<Communicator>(std::move(out));
 }
 
 MpiCommunicator::~MpiCommunicator() {

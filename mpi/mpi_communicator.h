@@ -28,6 +28,7 @@ class MpiCommunicator final : public Communicator {
                                                 CommType type) override;
   std::unique_ptr<CommRequest> start_broadcast(void* buffer, size_t count, CommType type, int root) override;
   std::unique_ptr<CommRequest> start_barrier() override;
+  Result<std::unique_ptr<Communicator>> split(int color, int key) override;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

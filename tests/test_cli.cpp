@@ -440,6 +440,17 @@ TEST(CliFaults, KilledRankEndsTheJobOnGpus) {
   EXPECT_NE(r.output.find("step "), std::string::npos) << "training had started\n" << r.output;
 }
 
+// --context_parallel_size (Megatron's name) and ms-swift's --sequence_parallel_size for it: at least 1,
+// dividing the world size, and the two names never disagreeing.
+TEST(CliBadInput, ContextParallelSize) {
+  expect_bad_input("--context_parallel_size 0", "--context_parallel_size must be >= 1");
+  expect_bad_input("--sequence_parallel_size -2", "--sequence_parallel_size must be >= 1");
+  expect_bad_input("--context_parallel_size 2 --sequence_parallel_size 4",
+                   "--sequence_parallel_size contradicts --context_parallel_size 2");
+  expect_bad_input("--context_parallel_size 3", "--context_parallel_size 3 must divide the world size 2");
+  expect_bad_input("--sequence_parallel_size 4", "--context_parallel_size 4 must divide the world size 2");
+}
+
 // DeepSpeed's spellings (1e5, 100000), never negative or fractional; inf for no model budget.
 TEST(CliBadInput, PersistenceThresholds) {
   expect_bad_input("--param_persistence_threshold=-1", "--param_persistence_threshold must be an element count >= 0");

@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "model/context_parallel.h"
+#include "data/context_split.h"
 #include "test_util.h"
 
 namespace glm::test {
@@ -36,7 +36,7 @@ TEST(ContextSplit, ZigzagHoldsEveryPositionOnceWithEqualCausalWork) {
         EXPECT_EQ(work, first_work) << "size " << size << " rank " << r;
       }
       for (int64_t t = 0; t < tokens; ++t) EXPECT_EQ(held[static_cast<size_t>(t)], 1) << "position " << t;
-      const std::vector<int64_t> rows = ContextSplit::gathered_rows(tokens, size);
+      const std::vector<int32_t> rows = ContextSplit::gathered_rows(tokens, size);
       for (int r = 0; r < size; ++r) {
         const std::vector<int32_t> p = ContextSplit{size, r}.positions(tokens);
         for (size_t i = 0; i < p.size(); ++i)
@@ -86,7 +86,7 @@ void expect_gathered_equals_whole(int size, int64_t chunk, const std::vector<int
   cpu::attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), doc.data(), tokens, shape);
 
   // The all-gather: k | v of every rank's tokens, rank-major.
-  const std::vector<int64_t> rows = ContextSplit::gathered_rows(tokens, size);
+  const std::vector<int32_t> rows = ContextSplit::gathered_rows(tokens, size);
   std::vector<double> kv(static_cast<size_t>(tokens * 2 * kv_width));
   for (int64_t t = 0; t < tokens; ++t)
     std::copy_n(qkv.begin() + t * width + q_width, 2 * kv_width, kv.begin() + rows[static_cast<size_t>(t)] * 2 * kv_width);

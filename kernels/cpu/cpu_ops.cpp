@@ -179,7 +179,7 @@ struct KeyValues {
   const T* k;
   const T* v;
   int64_t stride;
-  const int64_t* rows;
+  const int32_t* rows;
   int64_t row(int64_t s) const { return rows != nullptr ? rows[s] : s; }
 };
 
@@ -295,7 +295,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
 }
 
 template <typename T>
-void attention_forward_gathered(T* out, T* lse, const T* qkv, const T* kv, const int64_t* kv_row,
+void attention_forward_gathered(T* out, T* lse, const T* qkv, const T* kv, const int32_t* kv_row,
                                 const int32_t* position, const int32_t* doc_start, int64_t n, AttentionShape shape) {
   const int64_t kv_width = shape.kv_heads * shape.head_dim;
   attention_rows_forward(out, lse, qkv, KeyValues<T>{kv, kv + kv_width, 2 * kv_width, kv_row}, position, doc_start, n,
@@ -304,7 +304,7 @@ void attention_forward_gathered(T* out, T* lse, const T* qkv, const T* kv, const
 
 template <typename T>
 void attention_backward_gathered(T* dqkv, T* dkv, const T* dout, const T* out, const T* lse, const T* qkv,
-                                 const T* kv, const int64_t* kv_row, const int32_t* position,
+                                 const T* kv, const int32_t* kv_row, const int32_t* position,
                                  const int32_t* doc_start, int64_t n, AttentionShape shape) {
   const int64_t kv_width = shape.kv_heads * shape.head_dim;
   std::fill(dqkv, dqkv + n * shape.qkv_width(), T(0));
@@ -469,10 +469,10 @@ double adamw_rows(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, const int3
   template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, AttentionShape);               \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*, int64_t,     \
                                       AttentionShape);                                                         \
-  template void attention_forward_gathered<T>(T*, T*, const T*, const T*, const int64_t*, const int32_t*,      \
+  template void attention_forward_gathered<T>(T*, T*, const T*, const T*, const int32_t*, const int32_t*,      \
                                               const int32_t*, int64_t, AttentionShape);                        \
   template void attention_backward_gathered<T>(T*, T*, const T*, const T*, const T*, const T*, const T*,       \
-                                               const int64_t*, const int32_t*, const int32_t*, int64_t,        \
+                                               const int32_t*, const int32_t*, const int32_t*, int64_t,        \
                                                AttentionShape);                                                \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                             \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                                  \

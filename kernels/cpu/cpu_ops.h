@@ -63,13 +63,13 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
 // the kv row of the row's token s. Query i sits at position[i] of the row and attends to positions
 // [doc_start[i], position[i]]. out and lse as attention_forward's, for the n queries.
 template <typename T>
-void attention_forward_gathered(T* out, T* lse, const T* qkv, const T* kv, const int64_t* kv_row,
+void attention_forward_gathered(T* out, T* lse, const T* qkv, const T* kv, const int32_t* kv_row,
                                 const int32_t* position, const int32_t* doc_start, int64_t n, AttentionShape shape);
 // dqkv [n, qkv_width]: dq in the q blocks, k and v blocks zeroed (overwritten); dkv accumulates the
 // gradient of every kv row these queries read (summed over the group, it is the row's dk | dv).
 template <typename T>
 void attention_backward_gathered(T* dqkv, T* dkv, const T* dout, const T* out, const T* lse, const T* qkv,
-                                 const T* kv, const int64_t* kv_row, const int32_t* position,
+                                 const T* kv, const int32_t* kv_row, const int32_t* position,
                                  const int32_t* doc_start, int64_t n, AttentionShape shape);
 
 // gate_up [n, 2F]: first F columns gate, last F up. out [n, F] = silu(gate) * up.

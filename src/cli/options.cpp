@@ -364,6 +364,11 @@ class OptionTable {
              "recomputed from its input before its backward)");
     add(train, "gradient_checkpointing", &o_.gradient_checkpointing,
         "true is --recompute full (the transformers/ms-swift name)");
+    add(train, "context_parallel_size", &t.context_parallel_size,
+        "ranks sharing each sequence (Megatron's name): groups of this many consecutive ranks each hold 1/C of "
+        "every row's tokens and attention gathers the row's keys and values; must divide the world size (CPU "
+        "backend so far)");
+    add(train, "sequence_parallel_size", &o_.sequence_parallel_size, "ms-swift's name for --context_parallel_size");
     ZeroOptions& z = t.zero_options;
     z.param_persistence_threshold = ZeroOptions::kDeepSpeedParamPersistenceThreshold;
     add_count(
@@ -563,6 +568,17 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(!t.resume_only_model || !t.resume_from_checkpoint.empty(), src, "resume_only_model",
                             "needs --resume_from_checkpoint (the checkpoint whose weights to load)"));
   GLM_RETURN_IF_ERROR(check(t.zero_stage >= 0 && t.zero_stage <= 3, src, "zero_stage", "must be 0, 1, 2 or 3"));
+  {
+    const bool explicit_size =
+        src.command_line.count("context_parallel_size") || src.config_lines.count("context_parallel_size");
+    GLM_RETURN_IF_ERROR(check(o.sequence_parallel_size >= 0, src, "sequence_parallel_size", "must be >= 1"));
+    GLM_RETURN_IF_ERROR(check(o.sequence_parallel_size == 0 || !explicit_size ||
+                                  o.sequence_parallel_size == t.context_parallel_size,
+                              src, "sequence_parallel_size",
+                              concat("contradicts --context_parallel_size ", t.context_parallel_size)));
+    if (o.sequence_parallel_size > 0) t.context_parallel_size = o.sequence_parallel_size;
+    GLM_RETURN_IF_ERROR(check(t.context_parallel_size >= 1, src, "context_parallel_size", "must be >= 1"));
+  }
   {
     auto targets = parse_lora_targets(o.target_modules);
     if (!targets.is_ok()) return GLM_USER_ERROR(src.where("target_modules"), ": ", targets.status().message());

@@ -40,6 +40,7 @@ struct CliOptions {
   std::string tokenizer = "auto";         // --tokenizer: auto, bytes, or a rank file / model directory
   bool dataset_cache = true;              // --dataset_cache: reuse tokenized jsonl (data/dataset_cache.h)
   bool gradient_checkpointing = false;    // transformers' name for --recompute full
+  int sequence_parallel_size = 0;         // ms-swift's name for --context_parallel_size (0: not given)
   // glm_hpc export: a checkpoint to a Hugging Face model directory (src/cli/export.h).
   std::string ckpt_dir;                       // a checkpoint, or an output directory (its latest)
   std::string save_dir;                       // where the model directory goes

@@ -14,6 +14,12 @@ namespace glm {
 struct HostMicroBatch {
   std::vector<int32_t> tokens, targets, positions, doc_start;
   int64_t target_count = 0;
+  // A rank's share of a row under context parallelism (data/context_split.h), else empty: the
+  // row's length, each token's position in the row (doc_start then holds row positions too), and
+  // each row position's row in the group's gathered keys and values.
+  int64_t row_tokens = 0;
+  std::vector<int32_t> row_position;
+  std::vector<int32_t> kv_rows;
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 

@@ -173,6 +173,30 @@ class Backend {
                                    AttentionShape shape) = 0;
   virtual Status attention_backward(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, Tensor doc_start,
                                     int64_t n, AttentionShape shape) = 0;
+  // Context parallelism (model/context_attention.h): a rank's n queries against the group's
+  // gathered k | v rows (kernels/cpu/cpu_ops.h, attention_forward_gathered); kv_rows i32 [row
+  // tokens], row_position and doc_start i32 [n] in row positions. Backward overwrites dqkv (dq, zero
+  // k and v) and accumulates dkv. Backends without them refuse --context_parallel_size > 1.
+  virtual bool has_gathered_attention() const { return false; }
+  Status no_context_parallelism() const {
+    return GLM_USER_ERROR("--context_parallel_size > 1 runs on the CPU backend so far; the ", name(),
+                          " backend has no cross-rank attention yet");
+  }
+  virtual Status attention_forward_gathered(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows,
+                                            Tensor row_position, Tensor doc_start, int64_t n, AttentionShape shape) {
+    return no_context_parallelism();
+  }
+  virtual Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
+                                             Tensor kv, Tensor kv_rows, Tensor row_position, Tensor doc_start,
+                                             int64_t n, AttentionShape shape) {
+    return no_context_parallelism();
+  }
+  // dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < cols (same dtype; the views
+  // start where the copied columns do).
+  virtual Status copy_columns(Tensor dst, int64_t dst_stride, Tensor src, int64_t src_stride, int64_t rows,
+                              int64_t cols) {
+    return no_context_parallelism();
+  }
   virtual Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) = 0;
   virtual Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) = 0;
   virtual Status add(Tensor out, Tensor a, Tensor b, int64_t count) = 0;

@@ -162,6 +162,33 @@ class CpuBackend final : public Backend {
     cpu::attention_backward(p(dqkv), p(dout), p(out), p(lse), p(qkv), doc_start.as<int32_t>(), n, shape);
     return Status::ok();
   }
+  bool has_gathered_attention() const override { return true; }
+  Status attention_forward_gathered(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows, Tensor row_position,
+                                    Tensor doc_start, int64_t n, AttentionShape shape) override {
+    cpu::attention_forward_gathered(p(out), p(lse), p(qkv), p(kv), kv_rows.as<int32_t>(), row_position.as<int32_t>(),
+                                    doc_start.as<int32_t>(), n, shape);
+    return Status::ok();
+  }
+  Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
+                                     Tensor kv, Tensor kv_rows, Tensor row_position, Tensor doc_start, int64_t n,
+                                     AttentionShape shape) override {
+    cpu::attention_backward_gathered(p(dqkv), p(dkv), p(dout), p(out), p(lse), p(qkv), p(kv), kv_rows.as<int32_t>(),
+                                     row_position.as<int32_t>(), doc_start.as<int32_t>(), n, shape);
+    return Status::ok();
+  }
+  Status copy_columns(Tensor dst, int64_t dst_stride, Tensor src, int64_t src_stride, int64_t rows,
+                      int64_t cols) override {
+    if (dst.dtype != src.dtype || rows < 0 || cols < 0 || (rows > 0 && (dst.numel < (rows - 1) * dst_stride + cols ||
+                                                                        src.numel < (rows - 1) * src_stride + cols)))
+      return GLM_INTERNAL_ERROR("copy_columns: ", rows, " x ", cols, " from ", src.numel, " to ", dst.numel,
+                                " elements");
+    const size_t element = dtype_size(dst.dtype);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst.data) + static_cast<size_t>(r * dst_stride) * element,
+                  static_cast<const char*>(src.data) + static_cast<size_t>(r * src_stride) * element,
+                  static_cast<size_t>(cols) * element);
+    return Status::ok();
+  }
   Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) override {
     cpu::swiglu_forward(p(out), p(gate_up), n, ffn);
     return Status::ok();

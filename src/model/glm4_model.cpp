@@ -5,6 +5,8 @@
 #include <array>
 #include <utility>
 
+#include "model/context_attention.h"
+
 namespace glm {
 
 namespace {
@@ -307,7 +309,8 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
                                      view(w, e.qkv_bias), n, h, config_.qkv_width()));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
-  GLM_RETURN_IF_ERROR(backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
+  GLM_RETURN_IF_ERROR(context_ != nullptr ? context_->forward(attn, a.lse, qkv, b)
+                                           : backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(residual_linear(l, LoraTarget::dense, mid, attn, view(w, e.dense), x, n, config_.q_width(), h));
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
@@ -413,8 +416,11 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   // Attention branch: mid = x + W_dense attn(rope(W_qkv ln1(x) + b)).
   GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::dense, dattn, grad_view(g, e.dense), Tensor{}, dres,
                                        rows(a.attn, n, q_w), view(w, e.dense), n, q_w, h));
-  GLM_RETURN_IF_ERROR(backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse, rows(a.qkv, n, qkv_w),
-                                                  b.doc_start, n, shape_));
+  GLM_RETURN_IF_ERROR(
+      context_ != nullptr
+          ? context_->backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse, rows(a.qkv, n, qkv_w), b)
+          : backend_.attention_backward(dqkv, dattn, rows(a.attn, n, q_w), a.lse, rows(a.qkv, n, qkv_w), b.doc_start,
+                                        n, shape_));
   GLM_RETURN_IF_ERROR(backend_.rope_backward(dqkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
   GLM_RETURN_IF_ERROR(adapted_backward(l, LoraTarget::query_key_value, dnorm, grad_view(g, e.qkv_weight),
                                        grad_view(g, e.qkv_bias), dqkv, rows(a.ln1, n, h), view(w, e.qkv_weight), n, h,

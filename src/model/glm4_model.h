@@ -15,6 +15,8 @@
 
 namespace glm {
 
+class ContextAttention;
+
 // One micro-batch of n tokens in backend memory: documents packed back to back.
 struct MicroBatch {
   Tensor tokens;     // i32 [n]
@@ -22,6 +24,12 @@ struct MicroBatch {
   Tensor positions;  // i32 [n]: RoPE position within its document
   Tensor doc_start;  // i32 [n]: index of the first token of the document holding token t
   int64_t n = 0;
+  // A context-parallel share of a row (model/context_attention.h), else empty: the row's length,
+  // each token's position in the row (doc_start is in row positions then), and each row position's
+  // row in the group's gathered keys and values.
+  int64_t row_tokens = 0;
+  Tensor row_position;  // i32 [n]
+  Tensor kv_rows;       // i32 [row_tokens]
   // The batch's index (index_micro_batch(), uploaded beside it; n_labelled < 0: none). With it the
   // lm_head and cross-entropy run over the labelled rows only; a device backend's embedding
   // backward needs token_order and token_runs.
@@ -115,6 +123,9 @@ class Glm4Model {
   // lora_activation_sizes(layout, max_tokens), counted in activation_bytes().
   Status attach_lora(const LoraLayout& layout, Tensor params, Tensor grads);
   const LoraLayout* lora() const { return lora_; }
+  // Context parallelism: attention of every micro-batch (a share of a row) goes through `context`,
+  // which must outlive the model; null (the default) attends within the micro-batch.
+  void attach_context(ContextAttention* context) { context_ = context; }
   int64_t lora_activation_bytes() const { return lora_activation_bytes_; }  // 0 without LoRA
 
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
@@ -202,6 +213,7 @@ class Glm4Model {
   // LoRA: adapter parameters and gradients (owned by the caller), each adapter's u = scale * A x
   // kept for backward ([max_tokens, r] per adapter), and the backward's du scratch.
   const LoraLayout* lora_ = nullptr;
+  ContextAttention* context_ = nullptr;
   int64_t lora_activation_bytes_ = 0;
   Tensor lora_params_, lora_grads_;
   Buffer lora_u_storage_, lora_du_;

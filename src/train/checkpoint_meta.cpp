@@ -75,6 +75,7 @@ nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const Checkpoi
                          {"consumed_samples", state.consumed_samples},
                          {"seed", state.seed},
                          {"world_size", world},
+                         {"context_parallel_size", engine.context_parallel_size()},
                          {"zero_stage", engine.zero_stage()},
                          {"optimizer_steps", engine.optimizer_steps()},
                          {"model", model_shape_json(engine.config())},
@@ -123,7 +124,8 @@ Result<int64_t> saved_batch_per_rank(const fs::path& dir) {
 }
 
 // consumed_samples is step x the saving run's global batch (per_device_train_batch_size x
-// world_size x gradient_accumulation_steps): exactly that when the checkpoint's args.json records
+// world_size x gradient_accumulation_steps, world_size counting data-parallel ranks: the saving
+// run's ranks over its context_parallel_size): exactly that when the checkpoint's args.json records
 // the batch, else a multiple of step x world_size, or zero (no data stream).
 Status check_consumed_samples(const JsonFields& f, const fs::path& dir, int64_t step, int64_t consumed,
                               int world_size) {
@@ -174,13 +176,19 @@ Status read_position(const JsonFields& f, const fs::path& dir, CheckpointMeta& m
   CheckpointState& state = meta.state;
   GLM_ASSIGN_OR_RETURN(const int64_t world, f.integer("world_size", 1, kMaxCheckpointWorldSize));
   meta.world_size = static_cast<int>(world);
+  // The ranks sharing each row: they read the same samples, so the data-parallel ranks are world / cp.
+  GLM_ASSIGN_OR_RETURN(const int64_t cp, f.integer_or("context_parallel_size", 1, 1, world));
+  if (world % cp != 0)
+    return f.error("context_parallel_size", concat("is ", cp, ", which does not divide world_size ", world));
+  meta.context_parallel_size = static_cast<int>(cp);
   GLM_ASSIGN_OR_RETURN(const int64_t stage, f.integer_or("zero_stage", 0, 0, 3));
   meta.zero_stage = static_cast<int>(stage);
   GLM_ASSIGN_OR_RETURN(state.step, f.integer("step", 0));
   // Updates since the optimizer started (--resume_only_model restarts both at 0): never past step.
   GLM_ASSIGN_OR_RETURN(meta.optimizer_steps, f.integer("optimizer_steps", 0, state.step));
   GLM_ASSIGN_OR_RETURN(state.consumed_samples, f.integer("consumed_samples", 0));
-  GLM_RETURN_IF_ERROR(check_consumed_samples(f, dir, state.step, state.consumed_samples, meta.world_size));
+  GLM_RETURN_IF_ERROR(check_consumed_samples(f, dir, state.step, state.consumed_samples,
+                                             meta.world_size / meta.context_parallel_size));
   GLM_ASSIGN_OR_RETURN(state.seed, f.unsigned_integer("seed"));
   return Status::ok();
 }

@@ -32,6 +32,7 @@ struct CheckpointMeta {
   nlohmann::json json;         // the whole file: its model, model_config, lora and base objects
   int version = 0;
   int world_size = 1;
+  int context_parallel_size = 1;  // ranks that shared each row (they read the same samples)
   int zero_stage = 0;
   int64_t optimizer_steps = 0;
   std::vector<int64_t> units;

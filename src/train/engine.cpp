@@ -28,14 +28,28 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
+  // A share of a row holds 2 chunks of a row padded to a multiple of 2C.
+  const int cp = ec.context_parallel_size;
+  if (cp < 1 || comm.size() % cp != 0)
+    return GLM_USER_ERROR("--context_parallel_size ", cp, " must divide the ", comm.size(), " ranks");
+  const int64_t local_tokens = cp == 1 ? max_tokens : 2 * ((max_tokens + 2 * cp - 1) / (2 * cp));
   GLM_ASSIGN_OR_RETURN(
       e->model_, Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options), backend,
-                                   max_tokens, ec.recompute));
+                                   local_tokens, ec.recompute));
+  if (cp > 1) {
+    e->split_ = ContextSplit{cp, comm.rank() % cp};
+    GLM_ASSIGN_OR_RETURN(e->context_comm_, comm.split(comm.rank() / cp, comm.rank() % cp));
+    const AttentionShape shape{config.num_attention_heads, config.num_key_value_heads, config.head_dim};
+    GLM_ASSIGN_OR_RETURN(e->context_, ContextAttention::create(backend, *e->context_comm_, shape, local_tokens));
+    GLM_ASSIGN_OR_RETURN(e->kv_rows_, backend.allocate(int64_t{cp} * local_tokens, DType::i32));
+    e->model_->attach_context(e->context_.get());
+  }
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroEngine::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
                                                     zero_options, /*frozen=*/lora != nullptr));
-  // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs.
-  GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(micro_batch_ints(max_tokens), DType::i32));
-  GLM_ASSIGN_OR_RETURN(e->correct_, backend.allocate(max_tokens, DType::i32));
+  // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs, and
+  // a context-parallel share's row positions.
+  GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(micro_batch_ints(local_tokens) + local_tokens, DType::i32));
+  GLM_ASSIGN_OR_RETURN(e->correct_, backend.allocate(local_tokens, DType::i32));
   GLM_ASSIGN_OR_RETURN(e->grad_sq_sum_, backend.allocate(1, DType::f64));
   if (lora != nullptr) {
     e->lora_layout_ = std::make_unique<LoraLayout>(config, *lora);
@@ -191,8 +205,7 @@ Status TrainingEngine::reduce_lora_gradients() {
   Tensor g = lora_grads_.tensor(), wire = lora_reduce_.numel() > 0 ? lora_reduce_.tensor() : g;
   if (wire.data != g.data) GLM_RETURN_IF_ERROR(backend_.convert(wire, g));
   if (!data.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
-  const CommType type =
-      wire.dtype == DType::f64 ? CommType::f64 : (wire.dtype == DType::bf16 ? CommType::bf16 : CommType::f32);
+  const CommType type = comm_type_of(wire.dtype);
   GLM_RETURN_IF_ERROR(
       data.start_all_reduce(wire.data, wire.data, static_cast<size_t>(wire.numel), type, ReduceOp::sum)->wait());
   if (wire.data != g.data) GLM_RETURN_IF_ERROR(backend_.convert(g, wire));
@@ -321,7 +334,15 @@ Result<MicroBatch> TrainingEngine::upload(const HostMicroBatch& hb) {
   const std::pair<const std::vector<int32_t>*, Tensor*> parts[] = {
       {&hb.tokens, &b.tokens},           {&hb.targets, &b.targets},       {&hb.positions, &b.positions},
       {&hb.doc_start, &b.doc_start},     {&ix.label_rows, &b.label_rows}, {&ix.label_targets, &b.label_targets},
-      {&ix.token_order, &b.token_order}, {&ix.token_runs, &b.token_runs}};
+      {&ix.token_order, &b.token_order}, {&ix.token_runs, &b.token_runs}, {&hb.row_position, &b.row_position}};
+  if (context_ != nullptr) {
+    if (hb.row_tokens != n * split_.size || hb.row_position.size() != hb.tokens.size() ||
+        static_cast<int64_t>(hb.kv_rows.size()) != hb.row_tokens)
+      return GLM_INTERNAL_ERROR("context-parallel share of ", n, " tokens of a ", hb.row_tokens, "-token row");
+    b.row_tokens = hb.row_tokens;
+    b.kv_rows = kv_rows_.slice(0, hb.row_tokens);
+    GLM_RETURN_IF_ERROR(backend_.upload(b.kv_rows, hb.kv_rows.data()));
+  }
   staging_.clear();
   int64_t at = 0;
   for (const auto& [host, device] : parts) {
@@ -358,7 +379,12 @@ Status non_finite(const StepResult& r, int64_t step, const char* when) {
 constexpr const char* kAfterUpdate = " (after its update: nothing of it is saved)";
 }  // namespace
 
-Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> micro, double lr) {
+Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, double lr) {
+  // Under context parallelism every rank of a group got the same rows and keeps its share of each.
+  std::vector<HostMicroBatch> shares;
+  if (split_.size > 1)
+    for (const HostMicroBatch& row : rows) shares.push_back(split_.share(row));
+  const std::span<const HostMicroBatch> micro = split_.size > 1 ? std::span<const HostMicroBatch>(shares) : rows;
   if (!has_optimizer_) return GLM_INTERNAL_ERROR("step() on an engine created without an optimizer");
   // Side work a failed step left behind finishes before this step zeroes what it reads.
   GLM_RETURN_IF_ERROR(backend_.join_side());
@@ -543,7 +569,7 @@ Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {
   idle.targets = {-1};
   idle.positions = {0};
   idle.doc_start = {0};
-  const HostMicroBatch& batch = hb.size() > 0 ? hb : idle;
+  const HostMicroBatch batch = split_.share(hb.size() > 0 ? hb : idle);
   GLM_RETURN_IF_ERROR(settle_optimizer());
   GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(batch));
   Tensor correct = correct_.slice(0, b.n);
@@ -561,6 +587,7 @@ Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {
 }
 
 Status TrainingEngine::logits(const HostMicroBatch& hb, std::vector<float>& out) {
+  if (split_.size > 1) return GLM_USER_ERROR("logits of a whole row need --context_parallel_size 1");
   GLM_RETURN_IF_ERROR(settle_optimizer());
   GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
   const int64_t numel = b.n * config().vocab_size;

@@ -8,7 +8,9 @@
 #include <span>
 #include <vector>
 
+#include "data/context_split.h"
 #include "data/sharded_loader.h"
+#include "model/context_attention.h"
 #include "model/glm4_model.h"
 #include "model/lora.h"
 #include "mpi/communicator.h"
@@ -60,6 +62,10 @@ struct EngineConfig {
   std::optional<LoraConfig> lora{};
   bool optimizer_in_backward = true;                  // --optimizer_in_backward
   int defer_embedding_rows = AdamWRows::kMaxHistory;  // --defer_embedding_rows: 0 updates every row every step
+  // --context_parallel_size: groups of this many consecutive ranks share each micro-batch's row
+  // (data/context_split.h); micro-batches given to step() and evaluate() are whole rows, the same on
+  // every rank of a group. max_tokens is a whole row's.
+  int context_parallel_size = 1;
 };
 
 class TrainingEngine {
@@ -151,6 +157,9 @@ class TrainingEngine {
   void set_optimizer_in_backward(bool on) { optimizer_in_backward_ = on; }
   // Loss of this rank's batch summed over all ranks (every rank must call it).
   Result<EvalResult> evaluate(const HostMicroBatch& batch);
+  // Ranks sharing each row (EngineConfig::context_parallel_size); the data-parallel rank and world
+  // are comm's divided by it.
+  int context_parallel_size() const { return split_.size; }
   // Logits [n, vocab] of one batch (this rank only), converted to f32 on the host.
   Status logits(const HostMicroBatch& batch, std::vector<float>& out);
 
@@ -192,6 +201,11 @@ class TrainingEngine {
   bool optimizer_in_backward_ = true;       // EngineConfig::optimizer_in_backward
   std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;
+  // Context parallelism: this rank's place in its group, the group, and its cross-rank attention.
+  ContextSplit split_;
+  std::unique_ptr<Communicator> context_comm_;
+  std::unique_ptr<ContextAttention> context_;
+  Buffer kv_rows_;  // i32: a share's MicroBatch::kv_rows
   DType grad_reduce_dtype_ = DType::f32;
   std::unique_ptr<LoraLayout> lora_layout_;
   Buffer lora_params_, lora_grads_, lora_reduce_;  // lora_reduce_: grads in the reduce dtype, if it differs

@@ -64,6 +64,7 @@ struct TrainConfig {
   int64_t eval_steps = 0;  // evaluate the validation set every N steps (and at the end); 0 = never
   int64_t per_device_eval_batch_size = 8;
   int zero_stage = 0;                     // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_engine.h)
+  int context_parallel_size = 1;          // ranks sharing each row (src/data/context_split.h)
   Recompute recompute = Recompute::none;  // activation recomputation (src/model/recompute.h)
   ZeroOptions zero_options;               // buckets, overlap, reduce dtype (src/zero/zero_options.h)
   std::string comm_profile;               // bench_comm JSON for --reduce_bucket_size auto; empty: measure at start

@@ -38,8 +38,10 @@ Result<int64_t> total_training_steps(const TrainConfig& c, int64_t epoch_size, i
 
 Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data, int64_t per_device,
                                     Communicator& comm) {
-  const int rank = comm.rank();
-  const int64_t n = data.size(), per_round = per_device * comm.size();
+  // Under context parallelism the ranks of a group evaluate the same samples, each its share.
+  const int cp = engine.context_parallel_size();
+  const int rank = comm.rank() / cp;
+  const int64_t n = data.size(), per_round = per_device * (comm.size() / cp);
   EvalResult total;
   for (int64_t first = 0; first < n; first += per_round) {
     GLM_ASSIGN_OR_RETURN(const int stop, agree_on_preemption(comm));
@@ -101,13 +103,19 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   using clock = std::chrono::steady_clock;
   const auto start_time = clock::now();
   const int world = comm.size(), rank = comm.rank();
+  // Context parallelism: groups of cp consecutive ranks read the same rows (each keeps its share),
+  // so the data is spread over world / cp data-parallel ranks.
+  const int cp = config.context_parallel_size;
+  if (cp < 1 || world % cp != 0)
+    return GLM_USER_ERROR("--context_parallel_size ", cp, " must divide the world size ", world);
+  const int data_world = world / cp, data_rank = rank / cp;
   // With packing the loader's unit is a packed row, so an epoch (and the step count) counts rows.
   std::optional<PackingPlan> packing;
   if (config.packing) {
     GLM_ASSIGN_OR_RETURN(packing, pack_dataset(dataset, config.max_length));
   }
   const int64_t epoch_units = packing ? packing->rows() : dataset.size();
-  GLM_ASSIGN_OR_RETURN(const int64_t total_steps, total_training_steps(config, epoch_units, world));
+  GLM_ASSIGN_OR_RETURN(const int64_t total_steps, total_training_steps(config, epoch_units, data_world));
   const int64_t eval_tokens =
       validation != nullptr ? config.per_device_eval_batch_size * validation->report.max_tokens : 0;
   const int64_t max_tokens = std::max(config.per_device_train_batch_size * config.max_length, eval_tokens);
@@ -128,6 +136,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   if (lora) engine_config.lora = config.lora;
   engine_config.optimizer_in_backward = config.optimizer_in_backward;
   engine_config.defer_embedding_rows = config.defer_embedding_rows;
+  engine_config.context_parallel_size = cp;
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(engine_config, backend, comm, data_comm));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
@@ -140,7 +149,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
 
   const bool lead = rank == 0 && config.log_to_console;
   GLM_ASSIGN_OR_RETURN(MetricsLogger logger, MetricsLogger::open(rank == 0 ? config.output_dir : "", lead));
-  ShardedLoader loader(dataset, config.seed, rank, world, config.per_device_train_batch_size,
+  ShardedLoader loader(dataset, config.seed, data_rank, data_world, config.per_device_train_batch_size,
                        config.gradient_accumulation_steps, packing ? &*packing : nullptr);
   const auto& rep = dataset.report;
   logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ",
@@ -188,7 +197,10 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     logger.print(concat("glm_hpc: --on_bad_sample skip dropped ", rep.skipped_bad,
                         " bad sample(s); the first:", rep.skipped_reasons));
   logger.print(concat("glm_hpc: global batch ", loader.global_batch_size(), packing ? " packed rows" : " samples",
-                      " = ", config.per_device_train_batch_size, " per device x ", world, " ranks x ",
+                      " = ", config.per_device_train_batch_size, " per device x ", data_world,
+                      cp > 1 ? concat(" data-parallel group", data_world == 1 ? "" : "s", " of ", cp, " ranks sharing each row")
+                             : std::string(" ranks"),
+                      " x ",
                       config.gradient_accumulation_steps, " accumulation; ", total_steps, " steps, warmup ",
                       schedule.warmup_steps));
 

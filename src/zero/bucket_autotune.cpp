@@ -13,8 +13,6 @@
 namespace glm {
 namespace {
 
-CommType comm_type_of(DType d) { return d == DType::bf16 ? CommType::bf16 : d == DType::f64 ? CommType::f64 : CommType::f32; }
-
 std::string show_bytes(int64_t bytes) {
   char buf[32];
   if (bytes >= (int64_t{1} << 30) && bytes % (int64_t{1} << 30) == 0)

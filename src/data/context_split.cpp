@@ -1,5 +1,5 @@
-// Zigzag split of a row over a context-parallel group (see context_parallel.h).
-#include "model/context_parallel.h"
+// Zigzag split of a row over a context-parallel group (see context_split.h).
+#include "data/context_split.h"
 
 #include <limits>
 
@@ -25,12 +25,36 @@ std::vector<int32_t> ContextSplit::positions(int64_t tokens) const {
   return out;
 }
 
-std::vector<int64_t> ContextSplit::gathered_rows(int64_t tokens, int size) {
-  std::vector<int64_t> rows(static_cast<size_t>(tokens));
-  int64_t next = 0;
+std::vector<int32_t> ContextSplit::gathered_rows(int64_t tokens, int size) {
+  std::vector<int32_t> rows(static_cast<size_t>(tokens));
+  int32_t next = 0;
   for (int r = 0; r < size; ++r)
     for (const int32_t p : ContextSplit{size, r}.positions(tokens)) rows[static_cast<size_t>(p)] = next++;
   return rows;
+}
+
+int64_t ContextSplit::padding(int64_t tokens) const {
+  const int64_t multiple = 2 * int64_t{size};
+  return (multiple - tokens % multiple) % multiple;
+}
+
+HostMicroBatch ContextSplit::share(const HostMicroBatch& row) const {
+  if (size == 1) return row;
+  const int64_t n = row.size(), tokens = n + padding(n);
+  HostMicroBatch out;
+  out.row_tokens = tokens;
+  out.row_position = positions(tokens);
+  out.kv_rows = gathered_rows(tokens, size);
+  for (const int32_t p : out.row_position) {
+    const bool pad = p >= n;
+    out.tokens.push_back(pad ? 0 : row.tokens[static_cast<size_t>(p)]);
+    const int32_t target = pad ? -1 : row.targets[static_cast<size_t>(p)];
+    out.targets.push_back(target);
+    out.target_count += target >= 0 ? 1 : 0;
+    out.positions.push_back(pad ? 0 : row.positions[static_cast<size_t>(p)]);
+    out.doc_start.push_back(pad ? p : row.doc_start[static_cast<size_t>(p)]);
+  }
+  return out;
 }
 
 }  // namespace glm

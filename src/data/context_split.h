@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "data/sharded_loader.h"
 
 namespace glm {
 
@@ -27,7 +28,14 @@ struct ContextSplit {
   std::vector<int32_t> positions(int64_t tokens) const;
   // For each position of the row, its row in the group's gathered buffer: rank 0's tokens in the
   // order of positions(), then rank 1's, and so on (what an all-gather of equal parts yields).
-  static std::vector<int64_t> gathered_rows(int64_t tokens, int size);
+  static std::vector<int32_t> gathered_rows(int64_t tokens, int size);
+
+  // This rank's share of a whole row: the row is first padded to a multiple of 2C with tokens that
+  // are their own one-token documents and have no target (they change no loss and no gradient),
+  // then the rank takes its positions. A group of 1 returns the row as it is.
+  HostMicroBatch share(const HostMicroBatch& row) const;
+  // Tokens share() adds to a row of `tokens` tokens.
+  int64_t padding(int64_t tokens) const;
 };
 
 }  // namespace glm
