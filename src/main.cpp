@@ -356,6 +356,7 @@ static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
       in.split_master = options.train.split_master_weights;
       in.defer_embedding = options.train.defer_embedding_rows > 0;
       in.lm_head_scratch_bytes = options.backend.lm_head_scratch_bytes;
+      in.context_parallel_size = options.train.context_parallel_size;
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }
     return 0;

@@ -679,6 +679,44 @@ TEST(MemoryPlan, PredictsTheMeasuredH200Peak) {
             0.51 * 16.0 * static_cast<double>(in.model.parameter_count()));
 }
 
+// Context parallelism: a GPU's activations are those of its share of the row, plus the gathered
+// keys and values; with groups of 8 a 1M-token sequence of GLM-4-9B-Chat-1M (4 KV groups) fits on
+// H200s for LoRA and for ZeRO-3 full fine-tuning, which one GPU cannot hold.
+TEST(MemoryPlan, ContextParallelismFitsAMillionTokensOnEightH200s) {
+  MemoryPlanInput in;
+  in.model = glm4_9b_shapes(40);
+  in.model.num_key_value_heads = 4;
+  in.model.max_position_embeddings = int64_t{1} << 20;
+  in.recompute = Recompute::full;
+  in.micro_batch_tokens = int64_t{1} << 20;
+  constexpr double kH200 = 140.4;
+  auto activations = [](const MemoryPlan& p) {
+    for (const auto& row : p.rows)
+      if (row.what == "activations and backward scratch") return static_cast<double>(row.bytes);
+    return 0.0;
+  };
+  const MemoryPlan one = plan_cuda_memory(in);
+  EXPECT_GT(plan_gib(in), 4 * kH200) << "one GPU cannot hold a 1M-token sequence";
+  in.world_size = in.context_parallel_size = 8;
+  const MemoryPlan eight = plan_cuda_memory(in);
+  EXPECT_NEAR(activations(eight) / activations(one), 1.0 / 8, 0.01) << "a share of the row";
+  for (const bool lora : {true, false}) {
+    MemoryPlanInput c = in;
+    if (lora) {
+      c.lora = LoraConfig{};
+    } else {
+      c.zero_stage = 3;
+    }
+    EXPECT_LT(plan_gib(c), kH200) << (lora ? "LoRA" : "ZeRO-3 full fine-tuning");
+    EXPECT_GE(longest_fitting_tokens(c, kH200), int64_t{1} << 20);
+    const std::string text = format_memory_plan(c, plan_cuda_memory(c), kH200);
+    EXPECT_NE(text.find("groups of 8 GPUs share each row; this GPU holds 131072 of its tokens"), std::string::npos)
+        << text;
+  }
+  in.context_parallel_size = 3;  // 2 x 3 chunks: the row is padded to a multiple of 6
+  EXPECT_EQ(context_share_tokens(in.micro_batch_tokens, 3), 2 * ((in.micro_batch_tokens + 5) / 6));
+}
+
 TEST(MemoryPlan, PredictsTheMeasuredH200LoraPeaks) {
   // benchmarks/RESULTS.md, memory plan against measured peaks (lora_bench.sh): GLM-4-9B-Chat, seq 8192, micro-batch 1,
   // LoRA rank 8 / alpha 32 on all-linear with dropout 0.05, one H200, nvidia-smi peaks 62.0 GiB

@@ -607,6 +607,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   if (o.command == "train") GLM_RETURN_IF_ERROR(validate_step_size(o, src));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(o.command != "plan" || o.plan_world_size % t.context_parallel_size == 0, src,
+                            "context_parallel_size", concat("must divide --world_size ", o.plan_world_size)));
   GLM_RETURN_IF_ERROR(check(o.print_example >= -1, src, "print_example", "must be a sample index, or -1 for none"));
   GLM_RETURN_IF_ERROR(
       check(o.split_dataset_ratio >= 0 && o.split_dataset_ratio < 1, src, "split_dataset_ratio", "must be in [0, 1)"));

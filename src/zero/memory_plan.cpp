@@ -23,7 +23,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     shard_total += layout.shard_numel(u);
     if (u == persistent) persistent_numel = layout.units()[static_cast<size_t>(u)].numel;
   }
-  const int64_t total = layout.total_numel(), n = in.micro_batch_tokens;
+  const int64_t total = layout.total_numel(), n = context_share_tokens(in.micro_batch_tokens, in.context_parallel_size);
   // ZeRO-3 keeps the persistent unit whole on every rank (its shard inside it).
   const int64_t stage3_params = shard_total - (persistent >= 0 ? layout.shard_numel(persistent) : 0) + persistent_numel;
   MemoryPlan p;
@@ -63,6 +63,12 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     add(in.lora->dropout > 0 ? "LoRA activations: rank-r intermediates, dropout scratch"
                              : "LoRA activations: rank-r intermediates",
         2 * lora_activation_sizes(*lora, n).numel());
+  if (in.context_parallel_size > 1) {
+    // model/context_attention.h: the share's k | v, the gathered row's and its gradients (bf16), and
+    // the engine's i32 row positions of the share and gathered rows of the row.
+    const int64_t row = n * in.context_parallel_size, kv = 2 * in.model.num_key_value_heads * in.model.head_dim;
+    add("context parallelism: gathered k | v and their gradients", 2 * kv * (n + 2 * row) + 4 * (n + row));
+  }
   const int64_t vocab = in.model.vocab_size;
   const int64_t chunk = lm_head_chunk_rows(n, vocab, in.lm_head_scratch_bytes);
   const ModelConfig& c = in.model;
@@ -76,6 +82,28 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   return p;
 }
 
+int64_t context_share_tokens(int64_t micro_batch_tokens, int context_parallel_size) {
+  if (context_parallel_size <= 1) return micro_batch_tokens;
+  const int64_t chunks = 2 * int64_t{context_parallel_size};
+  return 2 * ((micro_batch_tokens + chunks - 1) / chunks);
+}
+
+int64_t longest_fitting_tokens(const MemoryPlanInput& in, double gpu_memory_gib) {
+  const double limit = gpu_memory_gib * 1024.0 * 1024.0 * 1024.0;
+  MemoryPlanInput probe = in;
+  auto fits = [&](int64_t tokens) {
+    probe.micro_batch_tokens = tokens;
+    return static_cast<double>(plan_cuda_memory(probe).total) <= limit;
+  };
+  // Rows are positions of int32 (data/context_split.h); the plan grows with the tokens.
+  int64_t lo = 0, hi = int64_t{1} << 31;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan, double gpu_memory_gib) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
   std::string out;
@@ -87,6 +115,14 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
                 in.world_size, in.zero_stage, static_cast<long long>(in.micro_batch_tokens),
                 enum_name(in.recompute).data());
   out += line;
+  if (in.context_parallel_size > 1) {
+    std::snprintf(line, sizeof(line),
+                  "context parallelism: groups of %d GPUs share each row; this GPU holds %lld of its tokens and "
+                  "gathers the whole row's keys and values\n",
+                  in.context_parallel_size,
+                  static_cast<long long>(context_share_tokens(in.micro_batch_tokens, in.context_parallel_size)));
+    out += line;
+  }
   if (in.lora) {
     const LoraLayout lora(in.model, *in.lora);
     std::snprintf(line, sizeof(line),
@@ -115,6 +151,16 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
   std::snprintf(line, sizeof(line), "fits in %.1f GiB: %s (%.1f GiB %s)\n", gpu_memory_gib,
                 total <= gpu_memory_gib ? "yes" : "no", std::abs(gpu_memory_gib - total),
                 total <= gpu_memory_gib ? "to spare" : "short");
+  out += line;
+  const int64_t longest = longest_fitting_tokens(in, gpu_memory_gib);
+  const int64_t positions = in.model.max_position_embeddings;
+  std::snprintf(line, sizeof(line),
+                "longest micro-batch that fits in %.1f GiB with these options: %lld tokens (per_device_train_batch_size "
+                "x max_length)%s\n",
+                gpu_memory_gib, static_cast<long long>(longest),
+                longest > positions ? concat("; one sequence stops at the model's max_position_embeddings ", positions)
+                                          .c_str()
+                                    : "");
   out += line;
   return out;
 }

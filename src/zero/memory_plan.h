@@ -31,6 +31,9 @@ struct MemoryPlanInput {
   // each.
   bool defer_embedding = true;
   int64_t lm_head_scratch_bytes = int64_t{2} << 30;  // BackendConfig::lm_head_scratch_bytes
+  // --context_parallel_size: each GPU holds a share of every row (2 of 2C chunks of the row padded
+  // to a multiple of 2C) and the whole row's gathered keys and values with their gradients.
+  int context_parallel_size = 1;
 };
 
 struct MemoryPlanRow {
@@ -48,6 +51,11 @@ struct MemoryPlan {
 constexpr int64_t kCudaRuntimeReserveBytes = int64_t{600} << 20;
 
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in);
+// Tokens of one GPU's share of a micro-batch of micro_batch_tokens under context parallelism.
+int64_t context_share_tokens(int64_t micro_batch_tokens, int context_parallel_size);
+// The most micro_batch_tokens (per_device_train_batch_size x max_length) whose plan fits in
+// gpu_memory_gib, everything else as `in` says; 0 when not even the smallest row fits.
+int64_t longest_fitting_tokens(const MemoryPlanInput& in, double gpu_memory_gib);
 std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan, double gpu_memory_gib);
 
 }  // namespace glm
