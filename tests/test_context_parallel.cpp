@@ -59,6 +59,49 @@ TEST(ContextSplit, RowsThatCannotSplitAreRefusedNamingTheMultiple) {
   EXPECT_FALSE(ContextSplit::check_row(int64_t{1} << 32, 1).is_ok());
 }
 
+// A row of a million tokens (three documents; its length not a multiple of 2C) split over 8 ranks:
+// every token and target lands on exactly one rank, at its row position, with its document's start;
+// the padding tokens have no target and are their own documents.
+TEST(ContextSplit, ShareOfAMillionTokenRow) {
+  const int64_t n = 1'000'003;
+  HostMicroBatch row;
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t start = t < 400'000 ? 0 : t < 999'000 ? 400'000 : 999'000;
+    row.tokens.push_back(static_cast<int32_t>(t % 1000));
+    row.targets.push_back(t % 3 == 0 ? -1 : static_cast<int32_t>((t + 1) % 1000));
+    row.target_count += t % 3 == 0 ? 0 : 1;
+    row.positions.push_back(static_cast<int32_t>(t - start));
+    row.doc_start.push_back(start);
+  }
+  const int size = 8;
+  const int64_t padded = n + ContextSplit{size, 0}.padding(n);
+  EXPECT_EQ(padded % 16, 0);
+  EXPECT_LT(padded - n, 16);
+  int64_t targets = 0, tokens = 0;
+  for (int r = 0; r < size; ++r) {
+    const HostMicroBatch share = ContextSplit{size, r}.share(row);
+    ASSERT_EQ(share.row_tokens, padded);
+    ASSERT_EQ(share.size(), padded / size);
+    ASSERT_EQ(static_cast<int64_t>(share.kv_rows.size()), padded);
+    targets += share.target_count;
+    tokens += share.size();
+    for (int64_t i = 0; i < share.size(); ++i) {
+      const int32_t p = share.row_position[static_cast<size_t>(i)];
+      if (p < n) {
+        ASSERT_EQ(share.tokens[static_cast<size_t>(i)], row.tokens[static_cast<size_t>(p)]);
+        ASSERT_EQ(share.targets[static_cast<size_t>(i)], row.targets[static_cast<size_t>(p)]);
+        ASSERT_EQ(share.positions[static_cast<size_t>(i)], row.positions[static_cast<size_t>(p)]);
+        ASSERT_EQ(share.doc_start[static_cast<size_t>(i)], row.doc_start[static_cast<size_t>(p)]);
+      } else {
+        ASSERT_EQ(share.targets[static_cast<size_t>(i)], -1) << "padding trains nothing";
+        ASSERT_EQ(share.doc_start[static_cast<size_t>(i)], p) << "padding attends to itself only";
+      }
+    }
+  }
+  EXPECT_EQ(targets, row.target_count);
+  EXPECT_EQ(tokens, padded);
+}
+
 // A row of `tokens` with documents starting at the given positions (0 first).
 std::vector<int32_t> doc_starts(int64_t tokens, const std::vector<int32_t>& starts) {
   std::vector<int32_t> out(static_cast<size_t>(tokens));
