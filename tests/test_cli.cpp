@@ -451,6 +451,43 @@ TEST(CliBadInput, ContextParallelSize) {
   expect_bad_input("--sequence_parallel_size 4", "--context_parallel_size 4 must divide the world size 2");
 }
 
+// Options that would do nothing in their combination are errors saying what to add, and the names
+// users of transformers and ms-swift type first are accepted with their meaning or refused by name.
+TEST(CliBadInput, IgnoredCombinationsAndFamiliarNames) {
+  const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/conversations.jsonl";
+  expect_bad_input("--lora_rank 4", "--lora_rank applies to LoRA training: add --train_type lora");
+  expect_bad_input("--target_modules all-linear", "--target_modules applies to LoRA training");
+  expect_bad_input("--eval_steps 5", "--eval_steps needs validation data: add --val_dataset FILE or "
+                                     "--split_dataset_ratio R");
+  expect_bad_input("--val_dataset " + data + " --eval_steps 0",
+                   "--eval_steps 0: --val_dataset would never be evaluated");
+  expect_bad_input("--split_dataset_ratio 0.1 --eval_strategy no",
+                   "--eval_strategy no: --split_dataset_ratio would never be evaluated");
+  expect_bad_input("--eval_strategy steps", "--eval_strategy steps needs validation data");
+  expect_bad_input("--eval_strategy sometimes", "--eval_strategy");
+  expect_bad_input("eval --model_id_or_path " + std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a --output_dir x",
+                   "'glm_hpc eval' writes no files");
+  expect_bad_input("--fp16 true", "--fp16: glm_hpc has no fp16 path");
+  expect_bad_input("--torch_dtype float16", "--torch_dtype: glm_hpc has no fp16 path");
+  expect_bad_input("--torch_dtype float32", "--torch_dtype float32: GPUs compute in bf16");
+  expect_bad_input("--bf16 false", "--bf16 false: the CUDA backend computes in bf16");
+  expect_bad_input("--model a --model_id_or_path b", "--model 'a' contradicts --model_id_or_path 'b'");
+}
+
+// The familiar names that mean what glm_hpc does run: --bf16 true, --torch_dtype bfloat16, --model,
+// and validation data without --eval_steps evaluates every --save_steps (ms-swift's default).
+TEST(Cli, FamiliarNamesRun) {
+  RunResult r = run_glm("--max_steps 4 --save_steps 2 --split_dataset_ratio 0.05 --bf16 true --torch_dtype bfloat16 "
+                        "--eval_strategy steps --logging_steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "eval at step 2/4"), 1) << r.output;
+  EXPECT_EQ(count(r.output, "eval at step 4/4"), 1) << r.output;
+  RunResult m =
+      run_glm("eval --model " + std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a --dataset " + golden_samples("glm_a"));
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  EXPECT_NE(m.output.find("eval_loss"), std::string::npos) << "--model is --model_id_or_path\n" << m.output;
+}
+
 // DeepSpeed's spellings (1e5, 100000), never negative or fractional; inf for no model budget.
 TEST(CliBadInput, PersistenceThresholds) {
   expect_bad_input("--param_persistence_threshold=-1", "--param_persistence_threshold must be an element count >= 0");
@@ -514,9 +551,10 @@ TEST(Cli, LoraIsPlannedAndReportedAtStart) {
   // Rank 256: adapters of 0.7 MiB, visible at the report's 0.1 MiB resolution.
   RunResult r = run_glm(kTiny + "--train_type lora --lora_rank 256 --max_steps 1 --save_strategy no", 2);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: memory per rank"), 1) << "rank 0 says it once for both\n" << r.output;
   for (const char* kind : {"gradients", "optimizer"}) {
-    for (int rank = 0; rank < 2; ++rank) {
-      const std::string line = "rank " + std::to_string(rank) + "/2 ZeRO-0 memory: ";
+    {
+      const std::string line = "glm_hpc: memory per rank (ZeRO-0), ranks 0-1 of 2: ";
       const size_t begin = r.output.find(line);
       ASSERT_NE(begin, std::string::npos) << r.output;
       const std::string report = r.output.substr(begin, r.output.find('\n', begin) - begin);

@@ -178,8 +178,8 @@ TEST_P(LoraGradients, MatchFiniteDifferences) {
                                               std::tuple{e.b_offset, lora.rank() * e.out_features, "lora_B"}}) {
       std::vector<double> x(adapters.begin() + offset, adapters.begin() + offset + numel);
       std::vector<double> analytic(analytic_all.begin() + offset, analytic_all.begin() + offset + numel);
-      auto entry_loss = [&] {
-        std::copy(x.begin(), x.end(), adapters.begin() + offset);
+      auto entry_loss = [&, at = offset] {  // a structured binding is captured by a copy (clang)
+        std::copy(x.begin(), x.end(), adapters.begin() + at);
         return loss();
       };
       const std::string name = e.module_name() + "." + what;

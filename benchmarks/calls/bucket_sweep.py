@@ -108,7 +108,7 @@ def run_setting(a, stage, overlap, bucket_bytes):
             rc = "timeout"
     wall = time.monotonic() - start
     text = open(log_path, errors="replace").read()
-    m = re.search(r"rank 0/\d+ ZeRO-\d memory: .*communication buffers ([\d.]+) MiB", text)
+    m = re.search(r"memory per rank \(ZeRO-\d\), ranks? 0[-,\d]* of \d+: .*communication buffers ([\d.]+) MiB", text)
     row["comm_buffers_mib"] = m.group(1) if m else ""
     records = []
     try:

@@ -267,6 +267,7 @@ class OptionTable {
     add_enum(general, "device", &o_.device, "backend: auto (cuda when a GPU and the CUDA backend exist), cpu or cuda");
     add(general, "model_id_or_path", &o_.model_id_or_path,
         "Hugging Face model directory (config.json + safetensors, layout glm or chatglm) to start from");
+    add(general, "model", &o_.model, "ms-swift's name for --model_id_or_path");
     add(general, "output_dir", &t.output_dir,
         "directory for args.json and logging.jsonl; for prepare, given on the command line: where the token shards "
         "go");
@@ -356,7 +357,15 @@ class OptionTable {
     add(train, "adam_beta2", &t.adam_beta2, "AdamW beta2");
     add(train, "adam_epsilon", &t.adam_epsilon, "AdamW epsilon");
     add(train, "max_grad_norm", &t.max_grad_norm, "global gradient-norm clipping; <= 0 disables");
-    add(train, "eval_steps", &t.eval_steps, "evaluate the validation set every N steps and at the end; 0 = never");
+    add(train, "eval_steps", &t.eval_steps,
+        "evaluate the validation set (--val_dataset or --split_dataset_ratio) every N steps and at the end; "
+        "default with validation data: --save_steps (ms-swift's)");
+    add_enum(train, "eval_strategy", &o_.eval_strategy,
+             "steps: evaluate every --eval_steps when there is validation data; no: never");
+    add(train, "bf16", &o_.bf16, "GPUs compute in bf16 with fp32 master weights (true; false is refused)");
+    add(train, "fp16", &o_.fp16, "refused when true: glm_hpc has no fp16 path (bf16 on GPUs)");
+    add_enum(train, "torch_dtype", &o_.torch_dtype,
+             "auto or bfloat16 (what the CUDA backend computes in); float16 and float32 are refused");
     add(train, "zero_stage", &t.zero_stage,
         "ZeRO stage: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters sharded over ranks");
     add_enum(train, "recompute", &t.recompute,
@@ -506,6 +515,71 @@ Status validate_performance(CliOptions& o, const Sources& src) {
   return Status::ok();
 }
 
+bool given(const Sources& src, const char* name) {
+  return src.command_line.count(name) > 0 || src.config_lines.count(name) > 0;
+}
+
+// The names users of transformers and ms-swift type first: accepted with their meaning where
+// glm_hpc has it, refused by name where it has not.
+Status validate_familiar_names(CliOptions& o, const Sources& src) {
+  if (given(src, "model")) {
+    if (given(src, "model_id_or_path") && o.model != o.model_id_or_path)
+      return GLM_USER_ERROR(src.where("model"), " '", o.model, "' contradicts ", src.where("model_id_or_path"), " '",
+                            o.model_id_or_path, "' (the same option)");
+    o.model_id_or_path = o.model;
+  }
+  if (!o.bf16)
+    return GLM_USER_ERROR(src.where("bf16"), " false: the CUDA backend computes in bf16 with fp32 master weights "
+                          "(there is no fp32 GPU path); --device cpu computes in fp32");
+  if (o.fp16 || o.torch_dtype == TorchDtype::float16)
+    return GLM_USER_ERROR(src.where(o.fp16 ? "fp16" : "torch_dtype"),
+                          ": glm_hpc has no fp16 path; GPUs train in bf16 (--bf16 true, the default)");
+  if (o.torch_dtype == TorchDtype::float32)
+    return GLM_USER_ERROR(src.where("torch_dtype"), " float32: GPUs compute in bf16 with fp32 master weights; "
+                          "--device cpu computes in fp32");
+  return Status::ok();
+}
+
+// Options that would do nothing in this combination are an error that says what to add.
+Status validate_combinations(CliOptions& o, const Sources& src) {
+  TrainConfig& t = o.train;
+  if (o.command == "eval" && given(src, "output_dir"))
+    return GLM_USER_ERROR(src.where("output_dir"), ": 'glm_hpc eval' writes no files (it prints eval_loss and "
+                          "eval_ppl); drop --output_dir");
+  if (o.command != "train") return Status::ok();
+  if (t.train_type != TrainType::lora)
+    for (const char* name : {"lora_rank", "lora_alpha", "lora_dropout", "target_modules"})
+      if (given(src, name))
+        return GLM_USER_ERROR(src.where(name), " applies to LoRA training: add --train_type lora (without it every "
+                              "parameter trains and no adapter exists)");
+  const bool validation = !o.val_datasets.empty() || o.split_dataset_ratio > 0;
+  const char* data_option = !o.val_datasets.empty() ? "val_dataset" : "split_dataset_ratio";
+  if (o.eval_strategy == EvalStrategy::no) {
+    if (given(src, "eval_steps") && t.eval_steps > 0)
+      return GLM_USER_ERROR(src.where("eval_strategy"), " no contradicts ", src.where("eval_steps"), " ",
+                            t.eval_steps);
+    if (validation)
+      return GLM_USER_ERROR(src.where("eval_strategy"), " no: ", src.where(data_option),
+                            " would never be evaluated; drop one of them");
+    t.eval_steps = 0;
+    return Status::ok();
+  }
+  if (!validation) {
+    if (given(src, "eval_steps") && t.eval_steps > 0)
+      return GLM_USER_ERROR(src.where("eval_steps"), " needs validation data: add --val_dataset FILE or "
+                            "--split_dataset_ratio R (e.g. 0.01)");
+    if (given(src, "eval_strategy"))
+      return GLM_USER_ERROR(src.where("eval_strategy"), " steps needs validation data: add --val_dataset FILE or "
+                            "--split_dataset_ratio R (e.g. 0.01)");
+    return Status::ok();
+  }
+  if (given(src, "eval_steps") && t.eval_steps == 0)
+    return GLM_USER_ERROR(src.where("eval_steps"), " 0: ", src.where(data_option),
+                          " would never be evaluated; give --eval_steps N, or --eval_strategy no without it");
+  if (!given(src, "eval_steps")) t.eval_steps = t.save_steps;  // ms-swift's default
+  return Status::ok();
+}
+
 // Every path option names what it expects (base/input_path.h): a FIFO, a device or a directory given
 // for a file (or the reverse) is refused here, before any reader opens it and blocks or never ends.
 // Missing paths are left to the readers, which say they cannot open them.
@@ -613,6 +687,8 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(
       check(o.split_dataset_ratio >= 0 && o.split_dataset_ratio < 1, src, "split_dataset_ratio", "must be in [0, 1)"));
   GLM_RETURN_IF_ERROR(check(t.eval_steps >= 0, src, "eval_steps", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(validate_familiar_names(o, src));
+  GLM_RETURN_IF_ERROR(validate_combinations(o, src));
   GLM_RETURN_IF_ERROR(check(o.val_datasets.empty() || o.split_dataset_ratio == 0, src, "split_dataset_ratio",
                             "and --val_dataset exclude each other"));
   GLM_RETURN_IF_ERROR(check(o.gpu_memory_gib > 0, src, "gpu_memory_gib", "must be positive"));

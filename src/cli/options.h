@@ -24,6 +24,29 @@ struct EnumNames<Device> {
       {Device::auto_select, "auto"}, {Device::cpu, "cpu"}, {Device::cuda, "cuda"}};
 };
 
+// --torch_dtype (transformers' and ms-swift's): the dtype the model computes in. glm_hpc's is fixed
+// by the backend (bf16 on GPUs with fp32 masters, fp32 on the CPU), so only the names that say that
+// are accepted.
+enum class TorchDtype { auto_select, bfloat16, float16, float32 };
+template <>
+struct EnumNames<TorchDtype> {
+  static constexpr std::pair<TorchDtype, std::string_view> table[] = {{TorchDtype::auto_select, "auto"},
+                                                                      {TorchDtype::bfloat16, "bfloat16"},
+                                                                      {TorchDtype::float16, "float16"},
+                                                                      {TorchDtype::float32, "float32"},
+                                                                      {TorchDtype::bfloat16, "bf16"},
+                                                                      {TorchDtype::float16, "fp16"},
+                                                                      {TorchDtype::float32, "fp32"}};
+};
+
+// --eval_strategy (transformers' and ms-swift's): steps evaluates every --eval_steps; no never.
+enum class EvalStrategy { steps, no };
+template <>
+struct EnumNames<EvalStrategy> {
+  static constexpr std::pair<EvalStrategy, std::string_view> table[] = {{EvalStrategy::steps, "steps"},
+                                                                        {EvalStrategy::no, "no"}};
+};
+
 struct CliOptions {
   std::string command = "train";
   bool help = false;
@@ -41,6 +64,12 @@ struct CliOptions {
   bool dataset_cache = true;              // --dataset_cache: reuse tokenized jsonl (data/dataset_cache.h)
   bool gradient_checkpointing = false;    // transformers' name for --recompute full
   int sequence_parallel_size = 0;         // ms-swift's name for --context_parallel_size (0: not given)
+  // Names users type first (transformers, ms-swift), checked against what glm_hpc does.
+  std::string model;                        // --model: ms-swift's name for --model_id_or_path
+  bool bf16 = true;                         // --bf16: GPUs compute in bf16; false is refused
+  bool fp16 = false;                        // --fp16: true is refused (no fp16 path)
+  TorchDtype torch_dtype = TorchDtype::auto_select;
+  EvalStrategy eval_strategy = EvalStrategy::steps;
   // glm_hpc export: a checkpoint to a Hugging Face model directory (src/cli/export.h).
   std::string ckpt_dir;                       // a checkpoint, or an output directory (its latest)
   std::string save_dir;                       // where the model directory goes

@@ -98,6 +98,75 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
   return z;
 }
 
+namespace {
+
+// "0-3,5": the ranks, consecutive ones as ranges.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += concat(out.empty() ? "" : ",", ranks[i], j > i ? concat("-", ranks[j]) : std::string());
+    i = j + 1;
+  }
+  return out;
+}
+
+// Every rank's model-state and activation bytes, printed by rank 0 once for the ranks that agree
+// and once more for each group that differs (ZeRO's shards differ by rank only through padding).
+// Under LoRA each kind also says how much of it is the adapters' (all of the gradients and
+// optimizer state: the base is frozen). Collective over comm.
+Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfig& config) {
+  const ZeroMemory mem = engine.memory();
+  const LoraMemory adapters = engine.lora_memory();
+  constexpr int kFields = 10;
+  const int64_t mine[kFields] = {mem.parameter_bytes + adapters.parameter_bytes,
+                                 adapters.parameter_bytes,
+                                 mem.gradient_bytes + adapters.gradient_bytes,
+                                 adapters.gradient_bytes,
+                                 engine.optimizer_bytes(),
+                                 adapters.optimizer_bytes,
+                                 mem.buffer_bytes + adapters.buffer_bytes,
+                                 adapters.buffer_bytes,
+                                 engine.activation_bytes(),
+                                 adapters.activation_bytes};
+  std::vector<int64_t> all(static_cast<size_t>(kFields * comm.size()));
+  GLM_RETURN_IF_ERROR(comm.all_gather(mine, all.data(), kFields, CommType::i64));
+  if (comm.rank() != 0) return Status::ok();
+  const bool lora = engine.lora_layout() != nullptr;
+  auto mib = [&](int64_t bytes, int64_t lora_bytes) {
+    const double m = 1024.0 * 1024.0;
+    char text[64];
+    if (lora)
+      std::snprintf(text, sizeof(text), "%.1f MiB (of which LoRA %.1f MiB)", static_cast<double>(bytes) / m,
+                    static_cast<double>(lora_bytes) / m);
+    else
+      std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / m);
+    return std::string(text);
+  };
+  std::vector<bool> said(static_cast<size_t>(comm.size()), false);
+  for (int first = 0; first < comm.size(); ++first) {
+    if (said[static_cast<size_t>(first)]) continue;
+    const int64_t* v = all.data() + first * kFields;
+    std::vector<int> group;
+    for (int r = first; r < comm.size(); ++r)
+      if (std::equal(v, v + kFields, all.data() + r * kFields)) {
+        group.push_back(r);
+        said[static_cast<size_t>(r)] = true;
+      }
+    std::printf(
+        "glm_hpc: memory per rank (ZeRO-%d), rank%s %s of %d: parameters %s, gradients %s, optimizer %s, "
+        "communication buffers %s, activations (recompute %s) %s\n",
+        config.zero_stage, group.size() > 1 ? "s" : "", rank_list(group).c_str(), comm.size(), mib(v[0], v[1]).c_str(),
+        mib(v[2], v[3]).c_str(), mib(v[4], v[5]).c_str(), mib(v[6], v[7]).c_str(), enum_name(config.recompute).data(),
+        mib(v[8], v[9]).c_str());
+  }
+  std::fflush(stdout);
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Communicator& comm, Backend& backend,
                            const WeightLoader& load_weights, const Dataset* validation, Communicator* data_comm) {
   using clock = std::chrono::steady_clock;
@@ -167,32 +236,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   if (!dataset.prepared.empty()) logger.print("glm_hpc: samples memory-mapped from " + dataset.prepared);
   logger.print("glm_hpc: " + rep.describe());
   if (packing) logger.print("glm_hpc: " + packing->summary());
-  if (config.log_to_console) {
-    // Every rank's own bytes (they differ by rank only through padding); under LoRA each kind also
-    // says how much of it is the adapters' (all of the gradients and optimizer state: the base is frozen).
-    const ZeroMemory mem = engine->memory();
-    const LoraMemory adapters = engine->lora_memory();
-    auto mib = [&](int64_t bytes, int64_t lora_bytes) {
-      char text[64];
-      const double m = 1024.0 * 1024.0;
-      if (lora)
-        std::snprintf(text, sizeof(text), "%.1f MiB (of which LoRA %.1f MiB)", static_cast<double>(bytes) / m,
-                      static_cast<double>(lora_bytes) / m);
-      else
-        std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / m);
-      return std::string(text);
-    };
-    std::printf(
-        "glm_hpc: rank %d/%d ZeRO-%d memory: parameters %s, gradients %s, optimizer %s, communication buffers "
-        "%s, activations (recompute %s) %s\n",
-        rank, world, config.zero_stage,
-        mib(mem.parameter_bytes + adapters.parameter_bytes, adapters.parameter_bytes).c_str(),
-        mib(mem.gradient_bytes + adapters.gradient_bytes, adapters.gradient_bytes).c_str(),
-        mib(engine->optimizer_bytes(), adapters.optimizer_bytes).c_str(),
-        mib(mem.buffer_bytes + adapters.buffer_bytes, adapters.buffer_bytes).c_str(),
-        enum_name(config.recompute).data(), mib(engine->activation_bytes(), adapters.activation_bytes).c_str());
-    std::fflush(stdout);
-  }
+  if (config.log_to_console) GLM_RETURN_IF_ERROR(print_memory(*engine, comm, config));
   if (rep.skipped_bad > 0)
     logger.print(concat("glm_hpc: --on_bad_sample skip dropped ", rep.skipped_bad,
                         " bad sample(s); the first:", rep.skipped_reasons));
