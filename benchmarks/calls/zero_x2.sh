@@ -60,7 +60,7 @@ for run in ${GLM_ZERO_RUNS-3:none 2:none 1:none 3:full}; do
     --collective_timeout 120 --save_strategy no --output_dir "$dir" "${extra_args[@]}" >"$OUT/zero_$tag.log" 2>&1 ||
     { echo "zero $stage $policy failed"; tail -6 "$OUT/zero_$tag.log"; }
   kill $smi 2>/dev/null
-  grep -E "^glm_job: mpirun|ZeRO-.*memory|^step $steps" "$OUT/zero_$tag.log" | head -4
+  grep -E "^glm_job: mpirun|memory per rank|^step $steps" "$OUT/zero_$tag.log" | head -4
 done
 
 # The FSDP2 peer in the same call (GLM_SKIP_PEERS=1 skips it; GLM_PEER_MODES picks modes).
