@@ -11,23 +11,7 @@ cd "$(dirname "$0")/../.."
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 # PCRE2 headers are missing on the GPU image: use Debian's libpcre2-dev carried in .deb/.
-if ! pkg-config --exists libpcre2-8 2>/dev/null; then
-  mkdir -p /tmp/pcre2 && dpkg -x .deb/libpcre2-dev_*.deb /tmp/pcre2
-  pc=/tmp/pcre2/usr/lib/x86_64-linux-gnu/pkgconfig
-  sed -i "s|^prefix=.*|prefix=/tmp/pcre2/usr|" "$pc/libpcre2-8.pc"
-  ln -sf /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 /tmp/pcre2/usr/lib/x86_64-linux-gnu/libpcre2-8.so
-  export PKG_CONFIG_PATH=$pc
-fi
-
-# The GPU image has Boost's headers but no program_options library: use Debian's 1.74 (headers,
-# static library and CMake config) carried in .deb/, consistently for all of Boost.
-boost_args=()
-if [ ! -e /usr/lib/x86_64-linux-gnu/libboost_program_options.so ] && ls .deb/libboost1.74-dev_*.deb >/dev/null 2>&1; then
-  mkdir -p /tmp/boost174
-  for d in .deb/libboost1.74-dev_*.deb .deb/libboost-program-options1.74-dev_*.deb \
-    .deb/libboost-program-options1.74.0_*.deb; do dpkg -x "$d" /tmp/boost174; done
-  boost_args=(-DBoost_DIR=/tmp/boost174/usr/lib/x86_64-linux-gnu/cmake/Boost-1.74.0 -DBoost_USE_STATIC_LIBS=ON)
-fi
+source benchmarks/calls/device_env.sh
 
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a "${boost_args[@]}" \

@@ -224,6 +224,7 @@ Status read_as_f32(const SafetensorsFile& file, const StTensorInfo& t, std::span
   const int64_t n = t.numel();
   if (static_cast<int64_t>(out.size()) != n)
     return GLM_INTERNAL_ERROR("read_as_f32: ", out.size(), " slots for ", n, " elements of '", t.name, "'");
+  if (n == 0) return Status::ok();  // an empty tensor: nothing to copy (memcpy's pointers must not be null)
   const std::byte* src = file.data(t).data();
   switch (t.dtype) {
     case StDType::F32:

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call: the unit and mpi tests built with GCC's AddressSanitizer and UBSan, on the lent
+# machine's cores (scripts/sanitize.sh is the same with clang, for a machine that has it; the lent
+# machine has GCC only). Carries .deb. Prints the build time and ctest's summary last.
+set -uo pipefail
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.."
+source benchmarks/calls/device_env.sh
+# Every instrumented process reads these: gtest's discovery during the build, the tests, mpirun's ranks.
+export LSAN_OPTIONS=suppressions=$PWD/tests/sanitize/lsan.supp:print_suppressions=0 UBSAN_OPTIONS=print_stacktrace=1
+# Open MPI unloads its plugins at exit, and LeakSanitizer then cannot name them; kept loaded, their
+# allocations match the suppressions (mca_*).
+export OMPI_MCA_mca_base_component_disable_dlclose=1
+t0=$(date +%s)
+cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O1 -DGLM_CUDA=OFF \
+  -DGLM_SANITIZE=address,undefined -DGLM_TEST_TIMEOUT_SCALE=6 -DGLM_BUILD_BENCHMARKS=OFF "${boost_args[@]}" >"$OUT/cmake.log" 2>&1 ||
+  { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build build-sanitize -j "$(nproc)" -- -k 0 >"$OUT/build.log" 2>&1 ||
+  { grep -E "error|Error" -A5 "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+source scripts/mpi_env.sh
+(cd build-sanitize && timeout 540 ctest -L 'unit|mpi' -E TiktokenPeer -j "$(nproc)" --timeout 300 \
+  --output-on-failure >"$OUT/ctest.log" 2>&1; echo "ctest rc=$?")
+grep -E "ERROR: AddressSanitizer|runtime error|LeakSanitizer" "$OUT/ctest.log" | sort | uniq -c | head -20
+grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout|Total Test time" "$OUT/ctest.log" | head -30
