@@ -129,16 +129,22 @@ TEST(CliBadInput, ModelShapeConflictsWithCheckpoint) {
   expect_bad_input(std::string("--model_id_or_path ") + GLM_TEST_WORKDIR + "/tests/data/glm_a --num_hidden_layers 4",
                    "--num_hidden_layers conflicts with --model_id_or_path");
 }
-TEST(CliBadInput, CheckpointMissingATensor) {
-  const auto dir = scratch_root() / "three_layers";
+// A copy of the 3-layer fixture glm_b whose config.json says `layers` layers (its weights unchanged).
+std::filesystem::path glm_b_with_layers(const std::string& name, const std::string& layers) {
+  const auto dir = scratch_root() / name;
   std::filesystem::remove_all(dir);
   std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_b", dir);
   std::ifstream in(dir / "config.json");
   std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto at = cfg.find("\"num_hidden_layers\": 3");
-  ASSERT_NE(at, std::string::npos);
-  cfg = cfg.substr(0, at) + "\"num_hidden_layers\": 4" + cfg.substr(at + 22);
+  const std::string three = "\"num_hidden_layers\": 3";
+  const auto at = cfg.find(three);
+  EXPECT_NE(at, std::string::npos) << "glm_b's config.json";
+  if (at != std::string::npos) cfg = cfg.substr(0, at) + "\"num_hidden_layers\": " + layers + cfg.substr(at + three.size());
   std::ofstream(dir / "config.json", std::ios::trunc) << cfg;
+  return dir;
+}
+TEST(CliBadInput, CheckpointMissingATensor) {
+  const auto dir = glm_b_with_layers("three_layers", "4");
   expect_bad_input("eval --model_id_or_path " + dir.string(), "has no tensor 'model.layers.3.input_layernorm.weight'");
 }
 
@@ -219,15 +225,7 @@ TEST(CliBadInput, HugeSizesAreBoundedBeforeAllocating) {
   expect_bad_input("--num_hidden_layers 1000000000000",
                    "num_hidden_layers 1000000000000 exceeds 65536, the most glm_hpc builds");
   expect_bad_input("--hidden_size 10000000000 --head_dim 8", "parameters, more than the 2^44");
-  const auto dir = scratch_root() / "deep_model";
-  std::filesystem::remove_all(dir);
-  std::filesystem::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_b", dir);
-  std::ifstream in(dir / "config.json");
-  std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto at = cfg.find("\"num_hidden_layers\": 3");
-  ASSERT_NE(at, std::string::npos);
-  cfg = cfg.substr(0, at) + "\"num_hidden_layers\": 1000000000000" + cfg.substr(at + 22);
-  std::ofstream(dir / "config.json", std::ios::trunc) << cfg;
+  const auto dir = glm_b_with_layers("deep_model", "1000000000000");
   expect_bad_input("eval --model_id_or_path " + dir.string(), "num_hidden_layers 1000000000000 exceeds 65536");
 }
 

@@ -170,6 +170,16 @@ TEST(TokenShards, SkippedInvalidUtf8LineIsRecorded) {
   EXPECT_NE(loaded.value().prepared.find("caf\xef\xbf\xbd.jsonl"), std::string::npos) << loaded.value().prepared;
 }
 
+// dir holds exactly the one-shard preparation of d written before, and it loads as d.
+void expect_earlier_preparation_whole(const fs::path& dir, const Dataset& d) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));
+  auto loaded = load_prepared(dir.string(), 272);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  expect_same_samples(d, loaded.value());
+}
+
 // A write that fails (here: past the process's file-size limit, ulimit -f, as glm_hpc ignores
 // SIGXFSZ) names the file and the reason, leaves no temporary behind and the earlier preparation in
 // the directory loadable as it was.
@@ -189,12 +199,7 @@ TEST(TokenShards, FailedWriteLeavesNoTemporaries) {
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("cannot write '" + (dir / "shard_00000.bin").string() + "': "), std::string::npos)
       << s.message();
-  std::set<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-  EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));
-  auto loaded = load_prepared(dir.string(), 272);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
-  expect_same_samples(d, loaded.value());
+  expect_earlier_preparation_whole(dir, d);
 }
 
 // Clears the stop flag whichever way a test leaves.
@@ -238,12 +243,7 @@ TEST(TokenShards, StopBySignalEndsCleanly) {
   EXPECT_EQ(cached.status().kind(), ErrorKind::stopped);
   clear_stop_signal();
   EXPECT_TRUE(fs::is_empty(cache)) << "nothing written to the cache";
-  std::set<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-  EXPECT_EQ(names, (std::set<std::string>{"prepared.json", "shard_00000.bin"}));
-  auto loaded = load_prepared(dir.string(), 272);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
-  expect_same_samples(d, loaded.value());
+  expect_earlier_preparation_whole(dir, d);
   // Without a stop the same calls succeed.
   EXPECT_TRUE(hash_file(jsonl).is_ok());
   EXPECT_TRUE(load_dataset_cached(cache.string(), true, {jsonl}, options).is_ok());

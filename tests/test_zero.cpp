@@ -22,6 +22,7 @@
 #include "train/engine.h"
 #include "train/trainer.h"
 #include "zero/comm_buckets.h"
+#include "model/context_attention.h"
 #include "zero/memory_plan.h"
 
 namespace glm::test {

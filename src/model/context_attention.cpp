@@ -3,6 +3,12 @@
 
 namespace glm {
 
+int64_t context_share_tokens(int64_t row_tokens, int group_size) {
+  if (group_size <= 1) return row_tokens;
+  const int64_t chunks = 2 * int64_t{group_size};
+  return 2 * ((row_tokens + chunks - 1) / chunks);
+}
+
 Result<std::unique_ptr<ContextAttention>> ContextAttention::create(Backend& backend, Communicator& group,
                                                                    AttentionShape shape, int64_t max_tokens) {
   if (!backend.has_gathered_attention()) return backend.no_context_parallelism();

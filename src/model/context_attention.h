@@ -14,6 +14,10 @@
 
 namespace glm {
 
+// Tokens of one rank's share of a row of row_tokens over a group of group_size: 2 of the 2C chunks
+// of the row padded to a multiple of 2C (data/context_split.h); the row itself for a group of 1.
+int64_t context_share_tokens(int64_t row_tokens, int group_size);
+
 class ContextAttention {
  public:
   // max_tokens: the most tokens of one rank's share. The group outlives this object.

@@ -32,7 +32,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
   const int cp = ec.context_parallel_size;
   if (cp < 1 || comm.size() % cp != 0)
     return GLM_USER_ERROR("--context_parallel_size ", cp, " must divide the ", comm.size(), " ranks");
-  const int64_t local_tokens = cp == 1 ? max_tokens : 2 * ((max_tokens + 2 * cp - 1) / (2 * cp));
+  const int64_t local_tokens = context_share_tokens(max_tokens, cp);
   GLM_ASSIGN_OR_RETURN(
       e->model_, Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options), backend,
                                    local_tokens, ec.recompute));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "model/context_attention.h"
 #include "model/glm4_model.h"
 #include "model/param_layout.h"
 #include "zero/comm_buckets.h"
@@ -80,12 +81,6 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
       chunk * vocab * 2 + attention + 4 * c.hidden_size + (int64_t{32} << 20));
   add("CUDA context and libraries (calibrated)", kCudaRuntimeReserveBytes);
   return p;
-}
-
-int64_t context_share_tokens(int64_t micro_batch_tokens, int context_parallel_size) {
-  if (context_parallel_size <= 1) return micro_batch_tokens;
-  const int64_t chunks = 2 * int64_t{context_parallel_size};
-  return 2 * ((micro_batch_tokens + chunks - 1) / chunks);
 }
 
 int64_t longest_fitting_tokens(const MemoryPlanInput& in, double gpu_memory_gib) {

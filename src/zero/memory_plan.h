@@ -51,8 +51,6 @@ struct MemoryPlan {
 constexpr int64_t kCudaRuntimeReserveBytes = int64_t{600} << 20;
 
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in);
-// Tokens of one GPU's share of a micro-batch of micro_batch_tokens under context parallelism.
-int64_t context_share_tokens(int64_t micro_batch_tokens, int context_parallel_size);
 // The most micro_batch_tokens (per_device_train_batch_size x max_length) whose plan fits in
 // gpu_memory_gib, everything else as `in` says; 0 when not even the smallest row fits.
 int64_t longest_fitting_tokens(const MemoryPlanInput& in, double gpu_memory_gib);
