@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/enum_names.h"
+#include "data/context_split.h"
 #include "model/backend.h"
 #include "model/backend_config.h"
 #include "model/glm4_model.h"
@@ -230,6 +231,49 @@ void BM_AttentionBackward(benchmark::State& state) {
   report_flops(state, 5.0 * n * n * kHeadDim * kHeads);  // causal: 2.5 x the forward
 }
 
+// Context parallelism's cross-rank attention (one rank's side: the all-gather is bench_comm's):
+// the zigzag share of rank range(2) of a group of range(1) over a range(0)-token row, one document,
+// forward (range(3) 0) or backward (1), against the keys and values of the whole row. Ideal: the
+// whole row's time (BM_Attention* at the row's length) over the group size, for every rank alike.
+void BM_AttentionGathered(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t row = state.range(0), width = (kHeads + 2 * kKv) * kHeadDim, kvw = 2 * kKv * kHeadDim;
+  const int group = static_cast<int>(state.range(1));
+  const bool backward = state.range(3) != 0;
+  const AttentionShape s{kHeads, kKv, kHeadDim};
+  const std::vector<int32_t> pos = glm::ContextSplit{group, static_cast<int>(state.range(2))}.positions(row);
+  const std::vector<int32_t> kv_rows = glm::ContextSplit::gathered_rows(row, group);
+  const int64_t n = static_cast<int64_t>(pos.size());
+  auto ints = [](const std::vector<int32_t>& v) {
+    Buffer b = gpu()->allocate(static_cast<int64_t>(v.size()), DType::i32).take();
+    if (!gpu()->upload(b.tensor(), v.data()).is_ok()) std::abort();
+    return b;
+  };
+  Buffer qkv = filled(n * width, DType::bf16), kv = filled(row * kvw, DType::bf16, 0.5, 2),
+         out = filled(n * kHeads * kHeadDim, DType::bf16), lse = filled(n * kHeads, DType::f32),
+         dout = filled(n * kHeads * kHeadDim, DType::bf16, 0.5, 3), dqkv = filled(n * width, DType::bf16),
+         dkv = filled(row * kvw, DType::bf16, 0.0), doc = doc_starts(n), position = ints(pos), rows = ints(kv_rows);
+  auto forward = [&] {
+    return gpu()->attention_forward_gathered(out.tensor(), lse.tensor(), qkv.tensor(), kv.tensor(), rows.tensor(),
+                                             position.tensor(), doc.tensor(), n, s);
+  };
+  if (!forward().is_ok()) {
+    state.SkipWithError("gathered attention failed");
+    return;
+  }
+  if (backward)
+    time_loop(state, [&] {
+      return gpu()->attention_backward_gathered(dqkv.tensor(), dkv.tensor(), dout.tensor(), out.tensor(), lse.tensor(),
+                                                qkv.tensor(), kv.tensor(), rows.tensor(), position.tensor(),
+                                                doc.tensor(), n, s);
+    });
+  else
+    time_loop(state, forward);
+  double visible = 0;  // (query, key) pairs under the causal mask
+  for (const int32_t p : pos) visible += static_cast<double>(p) + 1;
+  report_flops(state, (backward ? 10.0 : 4.0) * visible * kHeadDim * kHeads);
+}
+
 void BM_LmHeadCrossEntropy(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t n = state.range(0);
@@ -350,6 +394,15 @@ BENCHMARK(BM_EmbeddingBackward)
 BENCHMARK(BM_Rope)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AttentionForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
+// A 32k row over 4 ranks: each share against the whole row (ranks 0 and 3 hold the lightest and the
+// heaviest chunk); the whole row for comparison.
+BENCHMARK(BM_AttentionForward)->Arg(32768)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionBackward)->Arg(32768)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionGathered)
+    ->ArgsProduct({{32768}, {4}, {0, 3}, {0, 1}})
+    ->ArgNames({"row", "group", "rank", "backward"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamWSplitMaster)->UseManualTime()->Unit(benchmark::kMillisecond);

@@ -198,12 +198,17 @@ class NcclCommunicatorImpl final : public Communicator {
       }
     }
     if (scratch_ != nullptr) cudaFree(scratch_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (mpi_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&mpi_);
     if (ready_ != nullptr) cudaEventDestroy(ready_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   Status init(MPI_Comm mpi_comm) {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
+    // Kept for split(): the sub-groups' communicators are made from its MPI sub-communicators.
+    if (MPI_Comm_dup(mpi_comm, &mpi_) != MPI_SUCCESS) return GLM_ERROR(ErrorKind::comm, "MPI_Comm_dup failed");
     // The compute stream's priority: the collectives' blocks get SMs no later than compute's when
     // SMs free up (the backend's side stream, lower, yields to both).
     int priority = 0;
@@ -255,6 +260,14 @@ class NcclCommunicatorImpl final : public Communicator {
   int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
+  Result<std::unique_ptr<Communicator>> split(int color, int key) override {
+    MPI_Comm part = MPI_COMM_NULL;
+    if (MPI_Comm_split(mpi_, color, key, &part) != MPI_SUCCESS)
+      return GLM_ERROR(ErrorKind::comm, "MPI_Comm_split of ", size_, " ranks failed");
+    auto made = make_nccl_communicator(part, device_, compute_, timeout_);
+    MPI_Comm_free(&part);
+    return made;
+  }
 
   std::unique_ptr<CommRequest> start_all_reduce(const void* send, void* recv, size_t count, CommType type,
                                                 ReduceOp op) override {
@@ -453,6 +466,7 @@ class NcclCommunicatorImpl final : public Communicator {
   }
 
   int rank_, size_, device_;
+  MPI_Comm mpi_ = MPI_COMM_NULL;
   cudaStream_t compute_;
   std::chrono::duration<double> timeout_;
   cudaStream_t stream_ = nullptr;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "data/context_split.h"
 #include "io/hf_import.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/flash_attention_sm90.cuh"
@@ -600,6 +601,130 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoPackings, FlashPackings, ::testing::Values(0, 1));
+
+// Context parallelism's cross-rank attention: each rank of a group of C holds the zigzag share of a
+// row (data/context_split.h) and runs its queries against the gathered k | v. Every rank's out,
+// lse and dq, and the group's summed dk | dv, against the CPU's gathered op on the same inputs and
+// against the GPU's whole-row attention; rows of odd lengths (no multiple of the tiles), documents
+// that start inside chunks and on chunk edges, and the one-token documents the data path pads with.
+struct GatheredCase {
+  int group;
+  int64_t chunk;
+  AttentionShape shape;
+  std::vector<int32_t> starts;  // document starts in the row (0 first)
+};
+
+class GatheredAttention : public Ops, public ::testing::WithParamInterface<GatheredCase> {};
+
+TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
+  const GatheredCase& c = GetParam();
+  const AttentionShape s = c.shape;
+  const int64_t row = 2 * c.group * c.chunk, width = s.qkv_width(), qw = s.heads * s.head_dim;
+  const int64_t kvw = 2 * s.kv_heads * s.head_dim;
+  std::vector<int32_t> doc(static_cast<size_t>(row));
+  for (int64_t t = 0, next = 0; t < row; ++t) {
+    while (next < static_cast<int64_t>(c.starts.size()) && c.starts[static_cast<size_t>(next)] <= t) ++next;
+    doc[static_cast<size_t>(t)] = c.starts[static_cast<size_t>(next - 1)];
+  }
+  const std::vector<float> qkv = random_bf16(static_cast<size_t>(row * width), 71 + c.group, 1.5);
+  const std::vector<float> dout = random_bf16(static_cast<size_t>(row * qw), 72 + c.group);
+  // The whole row on the GPU: what the shares must add up to.
+  auto whole_qkv = dual(qkv);
+  auto whole_doc = ints(doc);
+  auto whole_out = output(row * qw);
+  auto whole_lse = output(row * s.heads, DType::f32);
+  ASSERT_TRUE(gpu_->attention_forward(whole_out.gpu.tensor(), whole_lse.gpu.tensor(), whole_qkv.gpu.tensor(),
+                                      whole_doc.gpu.tensor(), row, s)
+                  .is_ok());
+  auto whole_dout = dual(dout);
+  auto whole_dqkv = output(row * width);
+  ASSERT_TRUE(gpu_->attention_backward(whole_dqkv.gpu.tensor(), whole_dout.gpu.tensor(), whole_out.gpu.tensor(),
+                                       whole_lse.gpu.tensor(), whole_qkv.gpu.tensor(), whole_doc.gpu.tensor(), row, s)
+                  .is_ok());
+  const std::vector<float> ref_out = from_gpu(whole_out.gpu), ref_lse = from_gpu(whole_lse.gpu);
+  const std::vector<float> ref_dqkv = from_gpu(whole_dqkv.gpu);
+
+  // The all-gather of k | v (rank-major), and the gradient the group's reduce-scatter sums.
+  const std::vector<int32_t> rows = ContextSplit::gathered_rows(row, c.group);
+  std::vector<float> kv_host(static_cast<size_t>(row * kvw));
+  for (int64_t t = 0; t < row; ++t)
+    std::copy_n(qkv.begin() + t * width + qw, kvw, kv_host.begin() + rows[static_cast<size_t>(t)] * kvw);
+  auto kv = dual(kv_host);
+  auto kv_rows = ints(rows);
+  auto dkv = dual(std::vector<float>(kv_host.size(), 0.0f));
+  std::vector<float> share_ref_out, share_out, share_ref_dq, share_dq;
+  for (int r = 0; r < c.group; ++r) {
+    const std::vector<int32_t> pos = ContextSplit{c.group, r}.positions(row);
+    const int64_t n = static_cast<int64_t>(pos.size());
+    std::vector<float> local_qkv(static_cast<size_t>(n * width)), local_dout(static_cast<size_t>(n * qw));
+    std::vector<int32_t> local_doc(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = pos[static_cast<size_t>(i)];
+      std::copy_n(qkv.begin() + p * width, width, local_qkv.begin() + i * width);
+      std::copy_n(dout.begin() + p * qw, qw, local_dout.begin() + i * qw);
+      local_doc[static_cast<size_t>(i)] = doc[static_cast<size_t>(p)];
+    }
+    auto q = dual(local_qkv);
+    auto positions = ints(pos);
+    auto docs = ints(local_doc);
+    auto out = output(n * qw);
+    auto lse = output(n * s.heads, DType::f32);
+    for (Backend* backend : {cpu_.get(), gpu_.get()}) {
+      const bool gpu = backend == gpu_.get();
+      ASSERT_TRUE(backend
+                      ->attention_forward_gathered((gpu ? out.gpu : out.cpu).tensor(), (gpu ? lse.gpu : lse.cpu).tensor(),
+                                                   (gpu ? q.gpu : q.cpu).tensor(), (gpu ? kv.gpu : kv.cpu).tensor(),
+                                                   (gpu ? kv_rows.gpu : kv_rows.cpu).tensor(),
+                                                   (gpu ? positions.gpu : positions.cpu).tensor(),
+                                                   (gpu ? docs.gpu : docs.cpu).tensor(), n, s)
+                      .is_ok());
+    }
+    expect_close(out, "gathered out");
+    expect_close(lse, "gathered lse", 1e-4);
+    // Both backwards from the GPU's forward results, as the engine runs them.
+    auto o = dual(from_gpu(out.gpu));
+    auto l = dual(from_gpu(lse.gpu), DType::f32);
+    auto d = dual(local_dout);
+    auto dqkv = output(n * width);
+    for (Backend* backend : {cpu_.get(), gpu_.get()}) {
+      const bool gpu = backend == gpu_.get();
+      auto pick = [&](Dual& x) { return (gpu ? x.gpu : x.cpu).tensor(); };
+      ASSERT_TRUE(backend
+                      ->attention_backward_gathered(pick(dqkv), pick(dkv), pick(d), pick(o), pick(l), pick(q),
+                                                    pick(kv), pick(kv_rows), pick(positions), pick(docs), n, s)
+                      .is_ok());
+    }
+    expect_close(dqkv, "gathered dqkv", 2e-2);
+    const std::vector<float> ours = from_gpu(out.gpu), grads = from_gpu(dqkv.gpu);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = pos[static_cast<size_t>(i)];
+      share_out.insert(share_out.end(), ours.begin() + i * qw, ours.begin() + (i + 1) * qw);
+      share_ref_out.insert(share_ref_out.end(), ref_out.begin() + p * qw, ref_out.begin() + (p + 1) * qw);
+      share_dq.insert(share_dq.end(), grads.begin() + i * width, grads.begin() + i * width + qw);
+      share_ref_dq.insert(share_ref_dq.end(), ref_dqkv.begin() + p * width, ref_dqkv.begin() + p * width + qw);
+      for (int64_t j = qw; j < width; ++j) ASSERT_EQ(grads[static_cast<size_t>(i * width + j)], 0.0f) << "k, v zeroed";
+    }
+  }
+  expect_close(dkv, "gathered dk | dv summed over the group", 2e-2);
+  EXPECT_LT(worst_row_error(share_out, share_ref_out, static_cast<size_t>(s.head_dim)), 3e-2) << "out: whole row";
+  EXPECT_LT(relative_error(share_dq, share_ref_dq), 2e-2) << "dq: whole row";
+  const std::vector<float> summed = from_gpu(dkv.gpu);
+  std::vector<float> ours_kv, ref_kv;
+  for (int64_t t = 0; t < row; ++t) {
+    const auto at = summed.begin() + rows[static_cast<size_t>(t)] * kvw;
+    ours_kv.insert(ours_kv.end(), at, at + kvw);
+    ref_kv.insert(ref_kv.end(), ref_dqkv.begin() + t * width + qw, ref_dqkv.begin() + (t + 1) * width);
+  }
+  EXPECT_LT(relative_error(ours_kv, ref_kv), 2e-2) << "dk | dv: whole row";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Groups, GatheredAttention,
+    ::testing::Values(GatheredCase{2, 37, {4, 2, 64}, {0, 30, 31, 100}},
+                      GatheredCase{3, 50, {8, 2, 128}, {0, 150, 170, 299}},
+                      GatheredCase{4, 128, {32, 2, 128}, {0, 700}},
+                      GatheredCase{2, 300, {4, 1, 32}, {0}},
+                      GatheredCase{8, 45, {16, 4, 128}, {0, 90, 400, 715, 716, 717, 718, 719}}));
 
 // SwiGLU on both paths: odd ffn (scalar), multiples of 8 (vectors) with totals that leave a partial
 // last block, GLM-4's 13696, and offset 1 bf16 into the buffers (misaligned: scalar fallback).

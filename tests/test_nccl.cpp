@@ -336,6 +336,58 @@ INSTANTIATE_TEST_SUITE_P(Stages, NcclZero,
                                            std::make_tuple(2, Recompute::selective),
                                            std::make_tuple(3, Recompute::none), std::make_tuple(3, Recompute::full)));
 
+// Context parallelism over NCCL: the ranks share every row (--context_parallel_size = the world),
+// each runs its queries against the row's keys and values gathered from the group, and training
+// follows one GPU holding whole rows, at ZeRO 0 and 3 and with full recomputation.
+class NcclContextParallel : public ::testing::TestWithParam<std::tuple<int, Recompute>> {};
+
+TEST_P(NcclContextParallel, SameTrajectoryAsOneGpu) {
+  REQUIRE_GPU_PER_RANK();
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const auto [stage, recompute] = GetParam();
+  const ModelConfig c = small_model();
+  std::vector<HostMicroBatch> rows;
+  for (int m = 0; m < 3; ++m) rows.push_back(random_batch(c, 41 + m));
+  AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
+  constexpr int kSteps = 8;
+  std::vector<double> ref(kSteps, 0.0);
+  if (world_rank() == 0) {
+    auto gpu = make_cuda_backend(0).take();
+    LocalCommunicator self;
+    auto e = TrainingEngine::create({.model = c, .max_tokens = 512, .adam = adam}, *gpu, self).take();
+    EXPECT_TRUE(e->initialize_parameters(5).is_ok());
+    for (int s = 0; s < kSteps; ++s) {  // EXPECT only: the other ranks wait in the broadcast below
+      auto r = e->step(rows, 2e-3);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      if (!r.is_ok()) break;
+      ref[static_cast<size_t>(s)] = r.value().loss;
+    }
+  }
+  MPI_Bcast(ref.data(), kSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+
+  Fixture f = make_fixture();
+  ASSERT_TRUE(f.nccl);
+  const EngineConfig ec{.model = c,
+                        .max_tokens = 512,
+                        .adam = adam,
+                        .zero_stage = stage,
+                        .recompute = recompute,
+                        .context_parallel_size = world_size()};
+  auto made = TrainingEngine::create(ec, *f.gpu, *f.mpi, f.nccl.get());
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  auto e = made.take();
+  ASSERT_TRUE(e->initialize_parameters(5).is_ok());
+  for (int s = 0; s < kSteps; ++s) {
+    auto r = e->step(rows, 2e-3);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_NEAR(r.value().loss, ref[static_cast<size_t>(s)], kBf16TrajectoryTolerance * ref[static_cast<size_t>(s)])
+        << "stage " << stage << " step " << s + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, NcclContextParallel,
+                         ::testing::Values(std::make_tuple(0, Recompute::none), std::make_tuple(3, Recompute::full)));
+
 // Last: rank 0 starts an all-reduce that rank 1 never joins. NCCL connects lazily, so the
 // collective fails either while being enqueued (connection setup needs the peer) or in flight
 // (the watchdog); either way at the deadline, with a message naming the operation. No hang.

@@ -66,14 +66,62 @@ __device__ __forceinline__ void async_rows(bf16* dst, int ld, const bf16* src, i
   }
 }
 
+// Where one call's rows live. Queries: n_q rows of q (row stride q_stride), query i at row position
+// i, or pos[i] when Gathered (ascending). Keys and values: row position p at row p of k and v
+// (stride kv_stride), or at row kv_row[p] when Gathered; n_kv positions.
+struct FlashRows {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  const int32_t* pos;
+  const int32_t* kv_row;
+  int64_t q_stride, kv_stride, n_q, n_kv;
+};
+
+template <bool Gathered>
+__device__ __forceinline__ int query_position(const FlashRows& rows, int64_t i) {
+  if constexpr (Gathered) return rows.pos[i];
+  return static_cast<int>(i);
+}
+
+// Rows x D key (or value) rows of positions k0.. into shared memory, as async_rows; base is the
+// row of position 0's head.
+template <int D, int Rows, bool Gathered, int Threads = kThreads>
+__device__ __forceinline__ void async_key_rows(bf16* dst, int ld, const bf16* base, int64_t stride,
+                                               const int32_t* kv_row, int64_t k0, int valid) {
+  if constexpr (!Gathered) {
+    async_rows<D, Rows, Threads>(dst, ld, base + k0 * stride, stride, valid);
+  } else {
+    constexpr int chunks = D / 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < Rows * chunks; i += Threads) {
+      const int r = i / chunks, c = (i % chunks) * 8;
+      const bool ok = r < valid;
+      cp_async16(dst + r * ld + c, ok ? base + static_cast<int64_t>(kv_row[k0 + r]) * stride + c : base, ok);
+    }
+  }
+}
+
+// First index i in [lo, hi) with a[i] >= value (a nondecreasing there), or hi.
+__device__ __forceinline__ int64_t first_at_least(const int32_t* a, int64_t lo, int64_t hi, int64_t value) {
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (a[mid] < value)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 template <int D, int BN>
 constexpr size_t forward_smem_bytes() {
   return sizeof(bf16) * (kFwdRows + 2 * BN) * (D + kPadB);
 }
 
-template <int D, int BN>
+template <int D, int BN, bool Gathered>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
+    flash_forward_kernel(bf16* out, float* lse, FlashRows rows, const int32_t* doc_start, int64_t heads,
                          int64_t kv_heads, float scale_log2) {
   constexpr int ld = D + kPadB, KT = D / 16, NT = BN / 8, DT = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -83,29 +131,32 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
   const int64_t h = blockIdx.x;
   const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kFwdRows;  // heavy tiles first
-  const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * D;
-  const int q_valid = static_cast<int>(min(static_cast<int64_t>(kFwdRows), n - q0));
-  const bf16* k_base = qkv + (heads + g) * D;
-  const bf16* v_base = qkv + (heads + kv_heads + g) * D;
+  const int64_t g = h / (heads / kv_heads), kv_stride = rows.kv_stride;
+  const int q_valid = static_cast<int>(min(static_cast<int64_t>(kFwdRows), rows.n_q - q0));
+  const bf16* k_base = rows.k + g * D;
+  const bf16* v_base = rows.v + g * D;
 
-  // Rows of this thread, relative to q0: warp * 32 + mi * 16 + half * 8 + grp; their document starts.
+  // Rows of this thread, relative to q0: warp * 32 + mi * 16 + half * 8 + grp; their document
+  // starts and row positions (q0 + the row unless Gathered).
   const int row0 = warp * 32 + grp;
-  int doc[2][2];
+  int doc[2][2], at[2][2];
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = row0 + mi * 16 + hf * 8;
       doc[mi][hf] = r < q_valid ? doc_start[q0 + r] : INT_MAX;
+      at[mi][hf] = r < q_valid ? query_position<Gathered>(rows, q0 + r) : -1;
     }
-  // Keys from the first row's document start (tile-aligned) to the last row; doc_max is the
-  // latest document start of the block: tiles that end before q0 and start at or after doc_max
-  // need no mask. Token indices fit in int (doc_start is int32); pointer offsets are 64-bit.
-  const int k_first = doc_start[q0] / BN * BN, k_end = static_cast<int>(q0) + q_valid;
-  const int doc_max = doc_start[q0 + q_valid - 1];
+  // Keys from the first row's document start (tile-aligned) to the last row's position; doc_max is
+  // the latest document start of the block: tiles that end before the first row's position and
+  // start at or after doc_max need no mask. Token indices fit in int (doc_start is int32); pointer
+  // offsets are 64-bit.
+  const int k_first = doc_start[q0] / BN * BN, k_end = query_position<Gathered>(rows, q0 + q_valid - 1) + 1;
+  const int doc_max = doc_start[q0 + q_valid - 1], first_at = query_position<Gathered>(rows, q0);
 
-  async_rows<D, kFwdRows>(Qs, ld, qkv + q0 * width + h * D, width, q_valid);
-  async_rows<D, BN>(Ks, ld, k_base + static_cast<int64_t>(k_first) * width, width, min(BN, k_end - k_first));
+  async_rows<D, kFwdRows>(Qs, ld, rows.q + q0 * rows.q_stride + h * D, rows.q_stride, q_valid);
+  async_key_rows<D, BN, Gathered>(Ks, ld, k_base, kv_stride, rows.kv_row, k_first, min(BN, k_end - k_first));
   cp_async_commit();
 
   float o[2][DT][4];
@@ -121,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
     const int k_valid = min(BN, k_end - k0);
     cp_async_wait_all();
     __syncthreads();  // K(j) (and Q) in shared memory; every warp is done with V(j-1)
-    async_rows<D, BN>(Vs, ld, v_base + static_cast<int64_t>(k0) * width, width, k_valid);
+    async_key_rows<D, BN, Gathered>(Vs, ld, v_base, kv_stride, rows.kv_row, k0, k_valid);
     cp_async_commit();
 
     float s[2][NT][4];
@@ -146,8 +197,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // Masks only where the tile can cross the diagonal, a document start or the end.
-    if (k0 + BN > q0 || k0 < doc_max) {
-      const int diag = k0 - static_cast<int>(q0);  // key j of the tile is visible to row r if diag + j <= r
+    if (k0 + BN > first_at || k0 < doc_max) {
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -155,7 +205,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = nt * 8 + quad * 2 + (e & 1), r = row0 + mi * 16 + (e >> 1) * 8;
-            const bool ok = j < k_valid && diag + j <= r && k0 + j >= doc[mi][e >> 1];
+            const int row_at = Gathered ? at[mi][e >> 1] : static_cast<int>(q0) + r;
+            const bool ok = j < k_valid && k0 + j <= row_at && k0 + j >= doc[mi][e >> 1];
             if (!ok) s[mi][nt][e] = -INFINITY;
           }
     }
@@ -194,8 +245,7 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait_all();
     __syncthreads();  // V(j) in shared memory; every warp is done with K(j)
     if (k0 + BN < k_end) {
-      async_rows<D, BN>(Ks, ld, k_base + static_cast<int64_t>(k0 + BN) * width, width,
-                              min(BN, k_end - k0 - BN));
+      async_key_rows<D, BN, Gathered>(Ks, ld, k_base, kv_stride, rows.kv_row, k0 + BN, min(BN, k_end - k0 - BN));
       cp_async_commit();
     }
     // O += P V: the score accumulators are already laid out as the A operand.
@@ -226,7 +276,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int64_t r = q0 + row0 + mi * 16 + hf * 8;
-      if (r >= n) continue;
+      if (r >= rows.n_q) continue;
       const float l = l_run[mi][hf], inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt)
@@ -252,21 +302,22 @@ __global__ void delta_kernel(float* delta, float* dq_acc, const bf16* dout, cons
 }
 
 // Shared memory of the backward: K and V of the block's keys, two stages of Q, dO and their row
-// statistics, P^T and dS^T.
-template <int D>
+// statistics (with the row positions when Gathered), P^T and dS^T.
+template <int D, bool Gathered>
 constexpr size_t backward_smem_bytes() {
   return sizeof(bf16) * (2 * kBwdKeys * (D + kPadB) + 2 * 2 * kBwdRows * (D + kPadB) + 2 * kBwdKeys * kPld) +
-         2 * (2 * sizeof(float) + sizeof(int32_t)) * kBwdRows;
+         2 * (2 * sizeof(float) + (Gathered ? 2 : 1) * sizeof(int32_t)) * kBwdRows;
 }
 
-// Q, dO and the row statistics (lse, delta, document start) of one query tile.
-template <int D>
+// Q, dO and the row statistics (lse, delta, document start; the row position when Gathered) of one
+// query tile.
+template <int D, bool Gathered>
 __device__ __forceinline__ void async_query_tile(bf16* Qs, bf16* dOs, float* q_lse, float* q_delta, int32_t* q_doc,
-                                                 const bf16* qkv, const bf16* dout, const float* lse,
-                                                 const float* delta, const int32_t* doc_start, int64_t q0,
-                                                 int q_valid, int64_t h, int64_t heads, int64_t width) {
+                                                 int32_t* q_at, const FlashRows& rows, const bf16* dout,
+                                                 const float* lse, const float* delta, const int32_t* doc_start,
+                                                 int64_t q0, int q_valid, int64_t h, int64_t heads) {
   constexpr int ld = D + kPadB;
-  async_rows<D, kBwdRows, kBwdThreads>(Qs, ld, qkv + q0 * width + h * D, width, q_valid);
+  async_rows<D, kBwdRows, kBwdThreads>(Qs, ld, rows.q + q0 * rows.q_stride + h * D, rows.q_stride, q_valid);
   async_rows<D, kBwdRows, kBwdThreads>(dOs, ld, dout + q0 * heads * D + h * D, heads * D, q_valid);
   for (int r = threadIdx.x; r < kBwdRows; r += kBwdThreads) {
     const bool in = r < q_valid;
@@ -274,6 +325,7 @@ __device__ __forceinline__ void async_query_tile(bf16* Qs, bf16* dOs, float* q_l
     cp_async4(q_lse + r, lse + t * heads + h, in);
     cp_async4(q_delta + r, delta + t * heads + h, in);
     cp_async4(q_doc + r, doc_start + t, in);
+    if constexpr (Gathered) cp_async4(q_at + r, rows.pos + t, in);
   }
   cp_async_commit();
 }
@@ -284,10 +336,10 @@ __device__ __forceinline__ void async_query_tile(bf16* Qs, bf16* dOs, float* q_l
 // S^T and dP^T for keys 32 (w / 2).. x queries 32 (w % 2)..; P^T and dS^T go to shared memory; then
 // the warp accumulates dV and dK for keys 32 (w / 2).. x dims (D / 2) (w % 2).. in registers over
 // all query tiles, and dQ = dS K for one (query, dim) block of the tile into fp32 accumulators.
-template <int D>
+template <int D, bool Gathered>
 __global__ void __launch_bounds__(kBwdThreads)
-    flash_backward_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
-                          const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
+    flash_backward_kernel(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                          const float* lse, FlashRows rows, const int32_t* doc_start, int64_t heads, int64_t kv_heads,
                           float scale) {
   constexpr int ld = D + kPadB, KT = D / 16, DH = D / 2, DT = DH / 8;
   // dQ (64 queries x D) over the 8 warps: QW warps along the queries, 8 / QW along the dims.
@@ -304,20 +356,33 @@ __global__ void __launch_bounds__(kBwdThreads)
   float* lse_buf = reinterpret_cast<float*>(dSs + kBwdKeys * kPld);  // [2][kBwdRows]
   float* delta_buf = lse_buf + 2 * kBwdRows;                          // [2][kBwdRows]
   int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kBwdRows);  // [2][kBwdRows]
+  int32_t* at_buf = doc_buf + 2 * kBwdRows;                                 // [2][kBwdRows] when Gathered
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
   const int wk = warp >> 1, wq = warp & 1;  // key quarter; query half of S and dim half of dK/dV
   const int wdq = warp / (kBwdWarps / QW), wdd = warp % (kBwdWarps / QW);  // dQ: query block, dim block
   const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kBwdKeys;  // first key tiles first
-  const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * D;
-  const int k_valid = static_cast<int>(min(static_cast<int64_t>(kBwdKeys), n - k0));
+  const int64_t g = h / (heads / kv_heads), n = rows.n_q;
+  const int k_valid = static_cast<int>(min(static_cast<int64_t>(kBwdKeys), rows.n_kv - k0));
   const int64_t k_last = k0 + k_valid - 1;
-  const int64_t q_end = queries_seeing_end(doc_start, n, k_last);
+  // The queries that see some of these keys: from the first at or after k0 to the last whose
+  // document starts by k_last (positions and document starts are nondecreasing).
+  int64_t q_begin = k0, q_end = 0;
+  if constexpr (Gathered) {
+    q_begin = first_at_least(rows.pos, 0, n, k0);
+    q_end = first_at_least(doc_start, first_at_least(rows.pos, q_begin, n, k_last), n, k_last + 1);
+    if (q_begin >= q_end) return;  // the whole block: no query of this call sees these keys
+  } else {
+    q_end = queries_seeing_end(doc_start, n, k_last);
+  }
   const float scale_log2 = scale * kLog2e;
-  async_rows<D, kBwdKeys, kBwdThreads>(Ks, ld, qkv + k0 * width + (heads + g) * D, width, k_valid);
-  async_rows<D, kBwdKeys, kBwdThreads>(Vs, ld, qkv + k0 * width + (heads + kv_heads + g) * D, width, k_valid);
-  async_query_tile<D>(Qbuf, dObuf, lse_buf, delta_buf, doc_buf, qkv, dout, lse, delta, doc_start, k0,
-                      static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - k0)), h, heads, width);
+  async_key_rows<D, kBwdKeys, Gathered, kBwdThreads>(Ks, ld, rows.k + g * D, rows.kv_stride, rows.kv_row, k0,
+                                                     k_valid);
+  async_key_rows<D, kBwdKeys, Gathered, kBwdThreads>(Vs, ld, rows.v + g * D, rows.kv_stride, rows.kv_row, k0,
+                                                     k_valid);
+  async_query_tile<D, Gathered>(Qbuf, dObuf, lse_buf, delta_buf, doc_buf, at_buf, rows, dout, lse, delta, doc_start,
+                                q_begin, static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q_begin)), h,
+                                heads);
 
   float dk[2][DT][4], dv[2][DT][4];
 #pragma unroll
@@ -328,23 +393,27 @@ __global__ void __launch_bounds__(kBwdThreads)
       for (int e = 0; e < 4; ++e) dk[mi][dt][e] = dv[mi][dt][e] = 0.0f;
 
   int stage = 0;
-  for (int64_t q0 = k0; q0 < q_end; q0 += kBwdRows, stage ^= 1) {
+  for (int64_t q0 = q_begin; q0 < q_end; q0 += kBwdRows, stage ^= 1) {
     const int q_valid = static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0));
     const bf16* Qs = Qbuf + stage * kBwdRows * ld;
     const bf16* dOs = dObuf + stage * kBwdRows * ld;
     const float* q_lse = lse_buf + stage * kBwdRows;
     const float* q_delta = delta_buf + stage * kBwdRows;
     const int32_t* q_doc = doc_buf + stage * kBwdRows;
+    const int32_t* q_at = at_buf + stage * kBwdRows;
     cp_async_wait_all();
     __syncthreads();  // this tile in shared memory; every warp is done with the previous tile
     if (q0 + kBwdRows < q_end) {
       const int next = stage ^ 1;
-      async_query_tile<D>(Qbuf + next * kBwdRows * ld, dObuf + next * kBwdRows * ld, lse_buf + next * kBwdRows,
-                          delta_buf + next * kBwdRows, doc_buf + next * kBwdRows, qkv, dout, lse, delta, doc_start,
-                          q0 + kBwdRows, static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0 - kBwdRows)),
-                          h, heads, width);
+      async_query_tile<D, Gathered>(Qbuf + next * kBwdRows * ld, dObuf + next * kBwdRows * ld,
+                                    lse_buf + next * kBwdRows, delta_buf + next * kBwdRows, doc_buf + next * kBwdRows,
+                                    at_buf + next * kBwdRows, rows, dout, lse, delta, doc_start, q0 + kBwdRows,
+                                    static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0 - kBwdRows)), h,
+                                    heads);
     }
-    const bool masked = q0 < k0 + kBwdKeys || q_valid < kBwdRows || k_valid < kBwdKeys || q_doc[q_valid - 1] > k0;
+    const int64_t first_at = Gathered ? q_at[0] : q0;
+    const bool masked =
+        first_at < k0 + kBwdKeys || q_valid < kBwdRows || k_valid < kBwdKeys || q_doc[q_valid - 1] > k0;
     {
       // S^T = K Q^T and dP^T = V dO^T: keys 32 wk + 16 mi + {grp, grp + 8}, queries 32 wq + 8 nt + ...
       float st[2][4][4], dpt[2][4][4];
@@ -388,7 +457,7 @@ __global__ void __launch_bounds__(kBwdThreads)
             const int qc = wq * 32 + nt * 8 + quad * 2 + (e & 1);
             p[e] = exp2f(st[mi][nt][e] * scale_log2 - q_lse[qc] * kLog2e);
             if (masked) {
-              const int64_t key = k0 + kr + (e >> 1) * 8, q = q0 + qc;
+              const int64_t key = k0 + kr + (e >> 1) * 8, q = Gathered ? q_at[qc] : q0 + qc;
               if (!(qc < q_valid && key <= k_last && key <= q && key >= q_doc[qc])) p[e] = 0.0f;
             }
             ds[e] = p[e] * (dpt[mi][nt][e] - q_delta[qc]) * scale;
@@ -464,9 +533,7 @@ __global__ void __launch_bounds__(kBwdThreads)
     // they are overwritten.
   }
   cp_async_wait_all();  // nothing outstanding when the block exits
-  // This head's dK and dV into the KV group's fp32 accumulators.
-  float* dk_acc = dkv_acc;
-  float* dv_acc = dkv_acc + n * kv_heads * D;
+  // This head's dK and dV into the KV group's fp32 accumulators (by row position).
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -523,16 +590,61 @@ __global__ void write_dqkv_kernel(bf16* dqkv, const float* dq_acc, const float* 
   }
 }
 
-template <int D, int BN>
-cudaError_t forward_launch(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
+// dq into the q columns of dqkv ([n, q_width] fp32 accumulators) and zeros into its k and v
+// columns; each row position's dK | dV added to its gathered row kv_row[p] of dkv.
+__global__ void write_gathered_grads_kernel(bf16* dqkv, bf16* dkv, const float* dq_acc, const float* dk_acc,
+                                            const float* dv_acc, const int32_t* kv_row, int64_t n, int64_t n_kv,
+                                            int64_t q_width, int64_t kv_width) {
+  const int64_t width = q_width + 2 * kv_width, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * width; i += step) {
+    const int64_t t = i / width, c = i % width;
+    dqkv[i] = __float2bfloat16(c < q_width ? dq_acc[t * q_width + c] : 0.0f);
+  }
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_kv * 2 * kv_width; i += step) {
+    const int64_t p = i / (2 * kv_width), c = i % (2 * kv_width);
+    const float grad = c < kv_width ? dk_acc[p * kv_width + c] : dv_acc[p * kv_width + c - kv_width];
+    bf16& d = dkv[static_cast<int64_t>(kv_row[p]) * 2 * kv_width + c];
+    d = __float2bfloat16(__bfloat162float(d) + grad);
+  }
+}
+
+// The rows of one sequence's fused qkv (queries, keys and values all in it, positions 0..n-1).
+FlashRows whole_rows(const bf16* qkv, int64_t n, int64_t heads, int64_t kv_heads, int64_t d) {
+  const int64_t width = (heads + 2 * kv_heads) * d;
+  return FlashRows{qkv, qkv + heads * d, qkv + (heads + kv_heads) * d, nullptr, nullptr, width, width, n, n};
+}
+
+// A context-parallel share's queries against its gathered row (flash_attention.cuh).
+FlashRows gathered_rows(const bf16* qkv, const bf16* kv, const int32_t* kv_row, const int32_t* position, int64_t n,
+                        int64_t n_kv, int64_t heads, int64_t kv_heads, int64_t d) {
+  return FlashRows{qkv,      kv, kv + kv_heads * d, position, kv_row, (heads + 2 * kv_heads) * d, 2 * kv_heads * d,
+                   n,        n_kv};
+}
+
+template <int D, int BN, bool Gathered>
+cudaError_t forward_launch(bf16* out, float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
                            int64_t kv_heads, cudaStream_t stream) {
   const size_t smem = forward_smem_bytes<D, BN>();
-  cudaError_t e = cudaFuncSetAttribute(flash_forward_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
+  cudaError_t e = cudaFuncSetAttribute(flash_forward_kernel<D, BN, Gathered>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kFwdRows - 1) / kFwdRows));
-  flash_forward_kernel<D, BN><<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, n, heads, kv_heads,
-                                                                kLog2e / sqrtf(static_cast<float>(D)));
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((rows.n_q + kFwdRows - 1) / kFwdRows));
+  flash_forward_kernel<D, BN, Gathered><<<grid, kThreads, smem, stream>>>(out, lse, rows, doc_start, heads, kv_heads,
+                                                                          kLog2e / sqrtf(static_cast<float>(D)));
+  return cudaGetLastError();
+}
+
+template <int D, bool Gathered>
+cudaError_t backward_launch(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                            const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
+                            int64_t kv_heads, cudaStream_t stream) {
+  const size_t smem = backward_smem_bytes<D, Gathered>();
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_kernel<D, Gathered>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((rows.n_kv + kBwdKeys - 1) / kBwdKeys));
+  flash_backward_kernel<D, Gathered><<<grid, kBwdThreads, smem, stream>>>(
+      dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, 1.0f / sqrtf(static_cast<float>(D)));
   return cudaGetLastError();
 }
 
@@ -542,7 +654,8 @@ template <int D>
 cudaError_t forward_impl(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
                          int64_t kv_heads, cudaStream_t stream, const FlashOptions& options) {
   if (options.allow_wgmma && flash_wgmma_available(D)) return flash_forward_wgmma(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
-  return forward_launch<D, 64>(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
+  return forward_launch<D, 64, false>(out, lse, whole_rows(qkv, n, heads, kv_heads, D), doc_start, heads, kv_heads,
+                                      stream);
 }
 
 template <int D>
@@ -568,14 +681,8 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
     e = flash_backward_wgmma(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads,
                              options.backward_head_chunk, options.dq_vector_atomics, stream);
   } else {
-    const size_t smem = backward_smem_bytes<D>();
-    e = cudaFuncSetAttribute(flash_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-    dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kBwdKeys - 1) / kBwdKeys));
-    flash_backward_kernel<D><<<grid, kBwdThreads, smem, stream>>>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start,
-                                                                  n, heads, kv_heads, 1.0f / sqrtf(static_cast<float>(D)));
-    e = cudaGetLastError();
+    e = backward_launch<D, false>(dkv_acc, dkv_acc + n * kv_heads * D, dq_acc, delta, dout, lse,
+                                  whole_rows(qkv, n, heads, kv_heads, D), doc_start, heads, kv_heads, stream);
   }
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned int>(((heads + 2 * kv_heads) * D / 4 + 255) / 256),
@@ -586,6 +693,31 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
     write_dqkv_kernel<D, true><<<grid, 256, 0, stream>>>(dqkv, dq_acc, dkv_acc, n, h, kvh, wgmma);
   else
     write_dqkv_kernel<D, false><<<grid, 256, 0, stream>>>(dqkv, dq_acc, dkv_acc, n, h, kvh, wgmma);
+  return cudaGetLastError();
+}
+
+// The mma.sync kernels over a share's queries and its gathered row: dQ per query as the whole-row
+// path, dK and dV per row position, then written out as flash_attention_backward_gathered says.
+template <int D>
+cudaError_t backward_gathered_impl(bf16* dqkv, bf16* dkv, float* scratch, const bf16* dout, const bf16* out,
+                                   const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
+                                   int64_t kv_heads, cudaStream_t stream) {
+  const int64_t n = rows.n_q, n_kv = rows.n_kv;
+  float* dq_acc = scratch;
+  float* dk_acc = dq_acc + n * heads * D;
+  float* dv_acc = dk_acc + n_kv * kv_heads * D;
+  float* delta = dv_acc + n_kv * kv_heads * D;
+  cudaError_t e = cudaMemsetAsync(dk_acc, 0, sizeof(float) * (delta - dk_acc), stream);
+  if (e != cudaSuccess) return e;
+  delta_kernel<<<static_cast<unsigned int>((n * heads + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      delta, dq_acc, dout, out, n, heads, D);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  e = backward_launch<D, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, stream);
+  if (e != cudaSuccess) return e;
+  write_gathered_grads_kernel<<<grid_for(std::max(n * (heads + 2 * kv_heads), n_kv * 2 * kv_heads) * D, 256), 256, 0,
+                                stream>>>(dqkv, dkv, dq_acc, dk_acc, dv_acc, rows.kv_row, n, n_kv, heads * D,
+                                          kv_heads * D);
   return cudaGetLastError();
 }
 
@@ -626,6 +758,47 @@ cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dou
     case 128:
       return backward_impl<128>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream,
                                 options);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+
+cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* qkv, const bf16* kv,
+                                             const int32_t* kv_row, const int32_t* position,
+                                             const int32_t* doc_start, int64_t n, int64_t n_kv, int64_t heads,
+                                             int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (heads % kv_heads != 0 || n_kv <= 0) return cudaErrorInvalidValue;
+  const FlashRows rows = gathered_rows(qkv, kv, kv_row, position, n, n_kv, heads, kv_heads, head_dim);
+  switch (head_dim) {
+    case 32:
+      return forward_launch<32, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
+    case 64:
+      return forward_launch<64, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
+    case 128:
+      return forward_launch<128, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t flash_attention_backward_gathered(bf16* dqkv, bf16* dkv, float* scratch, const bf16* dout,
+                                              const bf16* out, const float* lse, const bf16* qkv, const bf16* kv,
+                                              const int32_t* kv_row, const int32_t* position,
+                                              const int32_t* doc_start, int64_t n, int64_t n_kv, int64_t heads,
+                                              int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (heads % kv_heads != 0 || n_kv <= 0) return cudaErrorInvalidValue;
+  const FlashRows rows = gathered_rows(qkv, kv, kv_row, position, n, n_kv, heads, kv_heads, head_dim);
+  switch (head_dim) {
+    case 32:
+      return backward_gathered_impl<32>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream);
+    case 64:
+      return backward_gathered_impl<64>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream);
+    case 128:
+      return backward_gathered_impl<128>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads,
+                                         stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -179,8 +179,8 @@ class Backend {
   // k and v) and accumulates dkv. Backends without them refuse --context_parallel_size > 1.
   virtual bool has_gathered_attention() const { return false; }
   Status no_context_parallelism() const {
-    return GLM_USER_ERROR("--context_parallel_size > 1 runs on the CPU backend so far; the ", name(),
-                          " backend has no cross-rank attention yet");
+    return GLM_USER_ERROR("--context_parallel_size > 1 needs cross-rank attention, which the ", name(),
+                          " backend does not have");
   }
   virtual Status attention_forward_gathered(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows,
                                             Tensor row_position, Tensor doc_start, int64_t n, AttentionShape shape) {
@@ -196,6 +196,15 @@ class Backend {
   virtual Status copy_columns(Tensor dst, int64_t dst_stride, Tensor src, int64_t src_stride, int64_t rows,
                               int64_t cols) {
     return no_context_parallelism();
+  }
+  // copy_columns' arguments against its views' dtypes and sizes.
+  static Status check_copy_columns(Tensor dst, int64_t dst_stride, Tensor src, int64_t src_stride, int64_t rows,
+                                   int64_t cols) {
+    if (dst.dtype != src.dtype || rows < 0 || cols < 0 ||
+        (rows > 0 && (dst.numel < (rows - 1) * dst_stride + cols || src.numel < (rows - 1) * src_stride + cols)))
+      return GLM_INTERNAL_ERROR("copy_columns: ", rows, " x ", cols, " from ", src.numel, " to ", dst.numel,
+                                " elements");
+    return Status::ok();
   }
   virtual Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) = 0;
   virtual Status swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t n, int64_t ffn) = 0;

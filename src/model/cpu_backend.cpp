@@ -178,10 +178,7 @@ class CpuBackend final : public Backend {
   }
   Status copy_columns(Tensor dst, int64_t dst_stride, Tensor src, int64_t src_stride, int64_t rows,
                       int64_t cols) override {
-    if (dst.dtype != src.dtype || rows < 0 || cols < 0 || (rows > 0 && (dst.numel < (rows - 1) * dst_stride + cols ||
-                                                                        src.numel < (rows - 1) * src_stride + cols)))
-      return GLM_INTERNAL_ERROR("copy_columns: ", rows, " x ", cols, " from ", src.numel, " to ", dst.numel,
-                                " elements");
+    GLM_RETURN_IF_ERROR(check_copy_columns(dst, dst_stride, src, src_stride, rows, cols));
     const size_t element = dtype_size(dst.dtype);
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(static_cast<char*>(dst.data) + static_cast<size_t>(r * dst_stride) * element,

@@ -380,6 +380,46 @@ class CudaBackend final : public Backend {
                                              stream_));
     return Status::ok();
   }
+  bool has_gathered_attention() const override { return true; }
+  static Status check_gathered(AttentionShape s) {
+    if (!cuda::flash_attention_supports(s.head_dim))
+      return GLM_USER_ERROR("--context_parallel_size > 1 on the CUDA backend needs head_dim 32, 64 or 128 (the "
+                            "flash kernels'); this model's is ",
+                            s.head_dim);
+    return Status::ok();
+  }
+  Status attention_forward_gathered(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows,
+                                    Tensor row_position, Tensor doc_start, int64_t n, AttentionShape s) override {
+    GLM_PROFILE_OP("attention_forward_gathered");
+    GLM_RETURN_IF_ERROR(check_gathered(s));
+    GLM_CUDA_RETURN(cuda::flash_attention_forward_gathered(
+        b(out), lse.as<float>(), b(qkv), b(kv), kv_rows.as<int32_t>(), row_position.as<int32_t>(),
+        doc_start.as<int32_t>(), n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim, stream_));
+    return Status::ok();
+  }
+  Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
+                                     Tensor kv, Tensor kv_rows, Tensor row_position, Tensor doc_start, int64_t n,
+                                     AttentionShape s) override {
+    GLM_PROFILE_OP("attention_backward_gathered");
+    GLM_RETURN_IF_ERROR(check_gathered(s));
+    const int64_t scratch = cuda::flash_attention_gathered_scratch(n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim);
+    GLM_ASSIGN_OR_RETURN(void* acc, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
+    GLM_CUDA_RETURN(cuda::flash_attention_backward_gathered(
+        b(dqkv), b(dkv), static_cast<float*>(acc), b(dout), b(out), lse.as<float>(), b(qkv), b(kv),
+        kv_rows.as<int32_t>(), row_position.as<int32_t>(), doc_start.as<int32_t>(), n, kv_rows.numel, s.heads,
+        s.kv_heads, s.head_dim, stream_));
+    return Status::ok();
+  }
+  Status copy_columns(Tensor dst, int64_t dst_stride, Tensor src, int64_t src_stride, int64_t rows,
+                      int64_t cols) override {
+    GLM_RETURN_IF_ERROR(check_copy_columns(dst, dst_stride, src, src_stride, rows, cols));
+    if (rows == 0 || cols == 0) return Status::ok();
+    const size_t element = dtype_size(dst.dtype);
+    GLM_CUDA_RETURN(cudaMemcpy2DAsync(dst.data, static_cast<size_t>(dst_stride) * element, src.data,
+                                      static_cast<size_t>(src_stride) * element, static_cast<size_t>(cols) * element,
+                                      static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_));
+    return Status::ok();
+  }
   Status swiglu_forward(Tensor out, Tensor gate_up, int64_t n, int64_t ffn) override {
     GLM_PROFILE_OP("swiglu_forward");
     GLM_CUDA_RETURN(cuda::swiglu_forward(b(out), b(gate_up), n, ffn, stream_));

@@ -38,7 +38,8 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
                                    local_tokens, ec.recompute));
   if (cp > 1) {
     e->split_ = ContextSplit{cp, comm.rank() % cp};
-    GLM_ASSIGN_OR_RETURN(e->context_comm_, comm.split(comm.rank() / cp, comm.rank() % cp));
+    // From the communicator of the tensor collectives (NCCL's device buffers under CUDA).
+    GLM_ASSIGN_OR_RETURN(e->context_comm_, e->data_comm_->split(comm.rank() / cp, comm.rank() % cp));
     const AttentionShape shape{config.num_attention_heads, config.num_key_value_heads, config.head_dim};
     GLM_ASSIGN_OR_RETURN(e->context_, ContextAttention::create(backend, *e->context_comm_, shape, local_tokens));
     GLM_ASSIGN_OR_RETURN(e->kv_rows_, backend.allocate(int64_t{cp} * local_tokens, DType::i32));

@@ -74,8 +74,11 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   const int64_t chunk = lm_head_chunk_rows(n, vocab, in.lm_head_scratch_bytes);
   const ModelConfig& c = in.model;
   const bool flash = c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128;
+  // The flash backward's fp32 dQ, delta and dK | dV; under context parallelism dK | dV cover the
+  // whole gathered row (flash_attention_gathered_scratch).
+  const int64_t kv_positions = n * in.context_parallel_size;
   const int64_t attention =
-      4 * (flash ? n * c.num_attention_heads * (c.head_dim + 1) + 2 * n * c.num_key_value_heads * c.head_dim
+      4 * (flash ? n * c.num_attention_heads * (c.head_dim + 1) + 2 * kv_positions * c.num_key_value_heads * c.head_dim
                  : n * c.num_attention_heads);
   add("kernel scratch: logits chunk, attention, GEMM workspace",
       chunk * vocab * 2 + attention + 4 * c.hidden_size + (int64_t{32} << 20));
