@@ -47,6 +47,10 @@ std::string glm_command(const std::string& args, int ranks, const std::string& b
          " --oversubscribe -np " + std::to_string(ranks) + " " + GLM_BINARY + " " + args + output_dir;
 }
 
+// The iterations of a shell polling loop (`for i in ...; do ...; sleep 0.1; done`) of 60 s, scaled as
+// the tests' limits are.
+std::string poll_60s() { return "$(seq " + std::to_string(600 * GLM_TEST_TIMEOUT_SCALE) + ")"; }
+
 RunResult run_glm(const std::string& args, int ranks = 2, const std::string& before = "") {
   const std::string cmd = glm_command(args, ranks, before) + " 2>&1";
   RunResult r;
@@ -275,7 +279,7 @@ std::string write_large_dataset(const std::string& name, int lines) {
 // `delay` seconds and send `signal` to each of them (the ranks, not mpirun).
 std::string signal_ranks_when_ready(const std::string& marker, int ranks, const char* signal, double delay) {
   const std::string pattern = "'^[^ ]*glm_hpc .*" + marker + "'";
-  return "(for i in $(seq 600); do n=0; for p in $(pgrep -f " + pattern +
+  return "(for i in " + poll_60s() + "; do n=0; for p in $(pgrep -f " + pattern +
          "); do m=$(awk '/^SigCgt/{print $2}' /proc/$p/status 2>/dev/null); m=${m#${m%????}}; "
          "[ -n \"$m\" ] && [ $((0x$m & 16384)) -ne 0 ] && n=$((n+1)); done; [ $n -ge " +
          std::to_string(ranks) + " ] && break; sleep 0.05; done; sleep " + std::to_string(delay) + "; pkill -" + signal +
@@ -317,7 +321,7 @@ TEST(CliStop, SigintWhileTokenizingStopsAtOnce) { expect_prompt_stop("INT", "SIG
 // `dir` (a rank: --output_dir is unique to the test).
 std::string kill_after_first_step(const std::filesystem::path& dir) {
   const std::string log = (dir / "logging.jsonl").string();
-  return "(for i in $(seq 600); do [ -s '" + log +
+  return "(for i in " + poll_60s() + "; do [ -s '" + log +
          "' ] && break; sleep 0.1; done; sleep 0.5; pkill -9 -f -n 'glm_hpc.*" + dir.filename().string() + "') & ";
 }
 
@@ -350,7 +354,7 @@ TEST(CliPreemption, UsrOneToMpirunSavesExits75AndResumes) {
   std::filesystem::remove_all(out);
   const std::string marker = "glm_hpc_preempt_marker_" + std::to_string(::getpid());
   const auto dir = out / marker;
-  const std::string signaller = "(for i in $(seq 600); do [ -s '" + (dir / "logging.jsonl").string() +
+  const std::string signaller = "(for i in " + poll_60s() + "; do [ -s '" + (dir / "logging.jsonl").string() +
                                 "' ] && break; sleep 0.1; done; pkill -USR1 -n -f '^[^ ]*mpi(run|exec) .*" + marker +
                                 "') & ";
   const std::string args =
@@ -395,7 +399,7 @@ TEST(CliPreemption, SigtermToEveryRankSavesAndExits75) {
   std::filesystem::remove_all(out);
   const std::string marker = "glm_hpc_term_marker_" + std::to_string(::getpid());
   const auto dir = out / marker;
-  const std::string signaller = "(for i in $(seq 600); do [ -s '" + (dir / "logging.jsonl").string() +
+  const std::string signaller = "(for i in " + poll_60s() + "; do [ -s '" + (dir / "logging.jsonl").string() +
                                 "' ] && break; sleep 0.1; done; pkill -TERM -f '^[^ ]*glm_hpc .*" + marker + "') & ";
   RunResult r = run_glm(
       kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " + dir.string(), 2, signaller);
@@ -609,16 +613,35 @@ TEST(Cli, ShortRunWritesArgsAndLog) {
   EXPECT_EQ(saves, 1);
 }
 
-// Starts glm_hpc in the background: its output goes to `log`, its exit code to `log`.rc when it ends.
-void start_glm(const std::string& args, int ranks, const std::filesystem::path& log) {
-  const std::string cmd =
-      "(" + glm_command(args, ranks, "") + " > " + log.string() + " 2>&1; echo $? > " + log.string() + ".rc) &";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-}
+// A glm_hpc run started in the background: its output goes to `log`, its exit code to `log`.rc when
+// it ends. A run still going when the test ends (a failed expectation) is killed then, found by an
+// argument only it has, so that no run outlives its test.
+class BackgroundRun {
+ public:
+  BackgroundRun(const std::string& args, int ranks, std::filesystem::path log, std::string unique)
+      : log_(std::move(log)), unique_(std::move(unique)) {
+    const std::string cmd =
+        "(" + glm_command(args, ranks, "") + " > " + log_.string() + " 2>&1; echo $? > " + log_.string() + ".rc) &";
+    started_ = std::system(cmd.c_str()) == 0;
+  }
+  BackgroundRun(const BackgroundRun&) = delete;
+  BackgroundRun& operator=(const BackgroundRun&) = delete;
+  ~BackgroundRun() {
+    if (started_ && !std::filesystem::exists(log_.string() + ".rc"))
+      (void)std::system(("pkill -KILL -f -- '" + unique_ + "'").c_str());
+  }
+  bool started() const { return started_; }
 
-// Polls (every 0.1 s, at most `seconds`) until `ready` holds.
+ private:
+  std::filesystem::path log_;
+  std::string unique_;
+  bool started_ = false;
+};
+
+// Polls (every 0.1 s, at most `seconds`, scaled as the tests' limits are) until `ready` holds.
 template <typename Ready>
 bool eventually(Ready ready, double seconds = 90) {
+  seconds *= GLM_TEST_TIMEOUT_SCALE;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (!ready()) {
     if (std::chrono::steady_clock::now() > end) return false;
@@ -634,7 +657,7 @@ std::string read_text(const std::filesystem::path& path) {
   return text.str();
 }
 
-// The exit code a start_glm run wrote, once it has ended (-1: still running after 60 s).
+// The exit code a BackgroundRun wrote, once it has ended (-1: still running after 60 s, scaled).
 int exit_code_of(const std::filesystem::path& log) {
   const std::filesystem::path rc = log.string() + ".rc";
   if (!eventually([&] { return !read_text(rc).empty(); }, 60)) return -1;
@@ -653,7 +676,9 @@ TEST(CliRunDirectory, SecondRunIsRefusedAndTheFirstKeepsItsFiles) {
   const std::string marker = "glm_hpc_lock_marker_" + std::to_string(::getpid());
   const fs::path dir = scratch_root() / marker, log = scratch_root() / "first.log";
   fs::remove_all(dir);
-  start_glm(kTiny + "--max_steps 100000 --save_steps 3 --logging_steps 1 --output_dir " + dir.string(), 1, log);
+  const BackgroundRun first(kTiny + "--max_steps 100000 --save_steps 3 --logging_steps 1 --output_dir " + dir.string(),
+                            1, log, marker);
+  ASSERT_TRUE(first.started());
   ASSERT_TRUE(eventually([&] { return fs::exists(dir / "checkpoint-3" / "COMPLETE"); })) << read_text(log);
   const nlohmann::json holder = read_json(dir / ".glm_hpc.lock");
   ASSERT_TRUE(holder.is_object()) << "the first run holds the lock";
@@ -703,7 +728,10 @@ TEST(CliRunDirectory, KilledRunsLockIsTakenOver) {
   namespace fs = std::filesystem;
   const fs::path dir = scratch_root() / "killed_holder", log = scratch_root() / "killed.log";
   fs::remove_all(dir);
-  start_glm(kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " + dir.string(), 1, log);
+  const BackgroundRun holder_run(
+      kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " + dir.string(), 1, log,
+      dir.string());
+  ASSERT_TRUE(holder_run.started());
   ASSERT_TRUE(eventually([&] { return !read_text(dir / "logging.jsonl").empty(); })) << read_text(log);
   const nlohmann::json holder = read_json(dir / ".glm_hpc.lock");
   ASSERT_TRUE(holder.is_object());

@@ -614,6 +614,16 @@ struct GatheredCase {
   std::vector<int32_t> starts;  // document starts in the row (0 first)
 };
 
+std::string gathered_case_name(const ::testing::TestParamInfo<GatheredCase>& param) {
+  const GatheredCase& c = param.param;
+  return "cp" + std::to_string(c.group) + "_chunk" + std::to_string(c.chunk) + "_heads" + std::to_string(c.shape.heads) +
+         "x" + std::to_string(c.shape.kv_heads) + "_d" + std::to_string(c.shape.head_dim);
+}
+void PrintTo(const GatheredCase& c, std::ostream* os) {
+  *os << "group " << c.group << ", chunk " << c.chunk << ", " << c.shape.heads << " heads on " << c.shape.kv_heads
+      << " KV groups of " << c.shape.head_dim;
+}
+
 class GatheredAttention : public Ops, public ::testing::WithParamInterface<GatheredCase> {};
 
 TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
@@ -724,7 +734,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GatheredCase{3, 50, {8, 2, 128}, {0, 150, 170, 299}},
                       GatheredCase{4, 128, {32, 2, 128}, {0, 700}},
                       GatheredCase{2, 300, {4, 1, 32}, {0}},
-                      GatheredCase{8, 45, {16, 4, 128}, {0, 90, 400, 715, 716, 717, 718, 719}}));
+                      GatheredCase{8, 45, {16, 4, 128}, {0, 90, 400, 715, 716, 717, 718, 719}}),
+    gathered_case_name);
 
 // SwiGLU on both paths: odd ffn (scalar), multiples of 8 (vectors) with totals that leave a partial
 // last block, GLM-4's 13696, and offset 1 bf16 into the buffers (misaligned: scalar fallback).
