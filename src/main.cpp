@@ -199,6 +199,10 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, n
   // caching data, writing shards and evaluation stop at once, exit code 75; once train has its data,
   // one stops training after its first step with a checkpoint.
   if (int code = settle(glm::install_stop_handlers())) return code;
+  if (proc.rank == 0 && !options.deepspeed_account.empty()) {
+    std::printf("%s", options.deepspeed_account.c_str());
+    std::fflush(stdout);
+  }
   resolve_paths(options);
   auto backend = choose_backend(options, proc);
   if (int code = settle(backend.status())) return code;

@@ -455,6 +455,35 @@ TEST(CliBadInput, ContextParallelSize) {
   expect_bad_input("--sequence_parallel_size 4", "--context_parallel_size 4 must divide the world size 2");
 }
 
+// --deepspeed: the DeepSpeed guide's ZeRO-2 offload config is refused with an account of every key
+// (the refused ones marked); a config glm_hpc can honour sets the options below the command line,
+// which must agree with it; args.json says which options came from it.
+TEST(CliDeepSpeed, ConfigsAreAccountedAppliedOrRefused) {
+  const std::string ds = std::string(GLM_TEST_WORKDIR) + "/tests/data/deepspeed/";
+  RunResult guide = run_glm("--deepspeed " + ds + "guide_zero2_offload.json");
+  EXPECT_EQ(guide.exit_code, 2) << guide.output;
+  EXPECT_EQ(count(guide.output, "glm_hpc: error:"), 1) << guide.output;
+  EXPECT_EQ(count(guide.output, ": REFUSED: "), 2) << "fp16.enabled and offload_optimizer.device\n" << guide.output;
+  EXPECT_NE(guide.output.find("zero_optimization.overlap_comm true: --overlap_comm true"), std::string::npos)
+      << guide.output;
+  expect_bad_input("--deepspeed zero3 --zero_stage 1",
+                   "--deepspeed zero3: zero_optimization.stage 3 sets --zero_stage 3, which contradicts --zero_stage 1");
+  expect_bad_input("--deepspeed /nonexistent/ds.json", "/nonexistent/ds.json");
+  const auto out = scratch_root() / "deepspeed_zero3";
+  std::filesystem::remove_all(out);
+  RunResult r = run_glm(kTiny + "--deepspeed " + ds + "zero3_bf16.json --max_grad_norm 0.5 --max_steps 2 --output_dir " +
+                        out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: --deepspeed "), 1) << "rank 0 gives the account once\n" << r.output;
+  EXPECT_NE(r.output.find("ZeRO-3"), std::string::npos) << r.output;
+  std::ifstream args(out / "args.json");
+  const auto j = nlohmann::json::parse(args);
+  EXPECT_EQ(j["options"]["zero_stage"]["value"], 3);
+  EXPECT_EQ(j["options"]["zero_stage"]["source"], "deepspeed");
+  EXPECT_EQ(j["options"]["adam_beta2"]["value"], 0.95);
+  EXPECT_EQ(j["options"]["max_grad_norm"]["source"], "command_line") << "given on both, and they agree";
+}
+
 // Options that would do nothing in their combination are errors saying what to add, and the names
 // users of transformers and ms-swift type first are accepted with their meaning or refused by name.
 TEST(CliBadInput, IgnoredCombinationsAndFamiliarNames) {

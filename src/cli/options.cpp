@@ -21,6 +21,7 @@
 #include "base/enum_names.h"
 #include "base/input_path.h"
 #include "base/json_text.h"
+#include "cli/deepspeed_config.h"
 #include "cli/ini_file.h"
 #include "data/sharded_loader.h"
 #include "io/durable_file.h"
@@ -98,10 +99,14 @@ struct Sources {
   std::string config_file;
   std::map<std::string, int> config_lines;  // key -> line (last occurrence)
   std::map<std::string, bool> command_line;
+  std::string deepspeed;                              // --deepspeed's file or preset
+  std::map<std::string, std::string> deepspeed_keys;  // option -> the DeepSpeed key that set it
   std::string where(const std::string& name) const {
     if (command_line.count(name)) return concat("--", name);
     auto it = config_lines.find(name);
     if (it != config_lines.end()) return concat(config_file, ":", it->second, ": ", name);
+    auto ds = deepspeed_keys.find(name);
+    if (ds != deepspeed_keys.end()) return concat("--deepspeed ", deepspeed, ": ", ds->second, " (--", name, ")");
     return concat("--", name);
   }
 };
@@ -378,6 +383,10 @@ class OptionTable {
         "every row's tokens and attention gathers the row's keys and values; must divide the world size (CPU "
         "backend so far)");
     add(train, "sequence_parallel_size", &o_.sequence_parallel_size, "ms-swift's name for --context_parallel_size");
+    add(train, "deepspeed", &o_.deepspeed,
+        "a DeepSpeed JSON config (or zero1, zero2, zero3) mapped onto these options: each key is applied, "
+        "accepted without effect (the reason is printed once) or refused by name; options given explicitly must "
+        "agree with it (docs/DEEPSPEED.md)");
     ZeroOptions& z = t.zero_options;
     z.param_persistence_threshold = ZeroOptions::kDeepSpeedParamPersistenceThreshold;
     add_count(
@@ -763,6 +772,58 @@ std::string help_text() {
   return s.str();
 }
 
+// Two option texts that mean the same value: equal, or equal numbers (1.0 and 1, 5e8 and 500000000).
+bool same_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  try {
+    size_t used_a = 0, used_b = 0;
+    const double x = std::stod(a, &used_a), y = std::stod(b, &used_b);
+    return used_a == a.size() && used_b == b.size() && x == y;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// --deepspeed: the options its keys set, below the command line and the config file (an option
+// given there must agree), and the account of every key for rank 0 to print.
+Status store_deepspeed(const po::options_description& all, po::variables_map& vm, const OptionTexts& texts,
+                       Sources& src, CliOptions& o) {
+  if (!vm.count("deepspeed") || vm["deepspeed"].defaulted() || vm["deepspeed"].as<std::string>().empty())
+    return Status::ok();
+  src.deepspeed = vm["deepspeed"].as<std::string>();
+  GLM_ASSIGN_OR_RETURN(const DeepSpeedConfig ds, read_deepspeed_config(src.deepspeed));
+  o.deepspeed_account = concat("glm_hpc: --deepspeed ", src.deepspeed, ":\n", ds.account());
+  if (ds.refused())
+    return GLM_USER_ERROR("--deepspeed ", src.deepspeed, " has keys glm_hpc cannot honour (marked REFUSED):\n",
+                          ds.account(), "remove or change them");
+  std::map<std::string, const DeepSpeedKey*> chosen;  // option -> the key that sets it
+  std::string lines;
+  for (const DeepSpeedKey& k : ds.keys) {
+    if (k.outcome != DeepSpeedKey::Outcome::applied) continue;
+    if (auto it = chosen.find(k.option); it != chosen.end()) {
+      if (!same_value(it->second->text, k.text))
+        return GLM_USER_ERROR("--deepspeed ", src.deepspeed, ": ", it->second->key, " ", it->second->value, " and ",
+                              k.key, " ", k.value, " both set --", k.option, " and disagree");
+      continue;
+    }
+    chosen[k.option] = &k;
+    if (src.command_line.count(k.option) || src.config_lines.count(k.option)) {
+      const auto given = texts.find(k.option);
+      const std::string text = given != texts.end() && !given->second.empty() ? given->second.back() : "";
+      if (!same_value(text, k.text))
+        return GLM_USER_ERROR("--deepspeed ", src.deepspeed, ": ", k.key, " ", k.value, " sets --", k.option, " ",
+                              k.text, ", which contradicts ", src.where(k.option), " ", text,
+                              " (drop one, or make them agree)");
+      continue;
+    }
+    lines += concat(k.option, " = ", k.text, "\n");
+    src.deepspeed_keys[k.option] = k.key;
+  }
+  std::istringstream in(lines);
+  po::store(po::parse_config_file(in, all, false), vm);
+  return Status::ok();
+}
+
 Result<CliOptions> parse_options(int argc, const char* const* argv) {
   CliOptions o;
   OptionTable table(o);
@@ -816,6 +877,7 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
       }
       po::store(file, vm);
     }
+    GLM_RETURN_IF_ERROR(store_deepspeed(table.all(), vm, texts, src, o));
     po::notify(vm);
   } catch (const po::unknown_option& e) {
     const std::string name = strip_dashes(e.get_option_name());
@@ -838,9 +900,10 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   values["config"] = o.config_file;
   o.effective = nlohmann::json::object();
   for (auto& [name, value] : values.items()) {
-    const char* source = src.command_line.count(name)   ? "command_line"
-                         : src.config_lines.count(name) ? "config"
-                                                        : "default";
+    const char* source = src.command_line.count(name)     ? "command_line"
+                         : src.config_lines.count(name)   ? "config"
+                         : src.deepspeed_keys.count(name) ? "deepspeed"
+                                                          : "default";
     o.effective[name] = {{"value", value}, {"source", source}};
   }
   return o;

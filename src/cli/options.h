@@ -68,6 +68,8 @@ struct CliOptions {
   std::string model;                        // --model: ms-swift's name for --model_id_or_path
   bool bf16 = true;                         // --bf16: GPUs compute in bf16; false is refused
   bool fp16 = false;                        // --fp16: true is refused (no fp16 path)
+  std::string deepspeed;                    // --deepspeed FILE|zero1|zero2|zero3 (cli/deepspeed_config.h)
+  std::string deepspeed_account;            // what each of its keys did, printed once by rank 0
   TorchDtype torch_dtype = TorchDtype::auto_select;
   EvalStrategy eval_strategy = EvalStrategy::steps;
   // glm_hpc export: a checkpoint to a Hugging Face model directory (src/cli/export.h).
