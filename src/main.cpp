@@ -199,6 +199,12 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, n
   // caching data, writing shards and evaluation stop at once, exit code 75; once train has its data,
   // one stops training after its first step with a checkpoint.
   if (int code = settle(glm::install_stop_handlers())) return code;
+  // Before any data is read: a context-parallel group must tile the ranks.
+  if (options.command == "train" && proc.world_size % options.train.context_parallel_size != 0) {
+    if (int code = settle(GLM_USER_ERROR("--context_parallel_size ", options.train.context_parallel_size,
+                                         " must divide the world size ", proc.world_size)))
+      return code;
+  }
   if (proc.rank == 0 && !options.deepspeed_account.empty()) {
     std::printf("%s", options.deepspeed_account.c_str());
     std::fflush(stdout);

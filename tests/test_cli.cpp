@@ -455,6 +455,26 @@ TEST(CliBadInput, ContextParallelSize) {
   expect_bad_input("--sequence_parallel_size 4", "--context_parallel_size 4 must divide the world size 2");
 }
 
+// Fine-tuning a pretrained model without --learning_rate takes ms-swift's default for the training
+// type (LoRA 1e-4, full 1e-5); the built-in tiny model from scratch keeps 2e-3; a given one wins.
+TEST(CliDefaults, LearningRateFollowsTheTrainingType) {
+  const std::string model = std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a";
+  struct Case {
+    std::string args;
+    double lr;
+  };
+  for (const Case& c : {Case{"--model_id_or_path " + model + " --train_type lora", 1e-4},
+                        Case{"--model " + model, 1e-5}, Case{kTiny, 2e-3},
+                        Case{"--model_id_or_path " + model + " --learning_rate 3e-5", 3e-5}}) {
+    const auto out = scratch_root() / "lr_default";
+    std::filesystem::remove_all(out);
+    RunResult r = run_glm(c.args + " --max_steps 1 --output_dir " + out.string(), 1);
+    ASSERT_EQ(r.exit_code, 0) << c.args << "\n" << r.output;
+    std::ifstream args(out / "args.json");
+    EXPECT_DOUBLE_EQ(nlohmann::json::parse(args)["options"]["learning_rate"]["value"].get<double>(), c.lr) << c.args;
+  }
+}
+
 // --deepspeed: the DeepSpeed guide's ZeRO-2 offload config is refused with an account of every key
 // (the refused ones marked); a config glm_hpc can honour sets the options below the command line,
 // which must agree with it; args.json says which options came from it.
@@ -501,6 +521,7 @@ TEST(CliBadInput, IgnoredCombinationsAndFamiliarNames) {
   expect_bad_input("eval --model_id_or_path " + std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a --output_dir x",
                    "'glm_hpc eval' writes no files");
   expect_bad_input("--fp16 true", "--fp16: glm_hpc has no fp16 path");
+  expect_bad_input("--report_to none,wandb", "--report_to wandb: glm_hpc reports to <output_dir>/logging.jsonl");
   expect_bad_input("--torch_dtype float16", "--torch_dtype: glm_hpc has no fp16 path");
   expect_bad_input("--torch_dtype float32", "--torch_dtype float32: GPUs compute in bf16");
   expect_bad_input("--bf16 false", "--bf16 false: the CUDA backend computes in bf16");

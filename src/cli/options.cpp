@@ -352,7 +352,9 @@ class OptionTable {
     add(train, "gradient_accumulation_steps", &t.gradient_accumulation_steps, "micro-batches per optimizer step");
     add(train, "max_steps", &t.max_steps, "optimizer steps; -1 = num_train_epochs over the dataset");
     add(train, "num_train_epochs", &t.num_train_epochs, "epochs when max_steps is -1");
-    add(train, "learning_rate", &t.learning_rate, "peak learning rate");
+    add(train, "learning_rate", &t.learning_rate,
+        "peak learning rate; default with --model_id_or_path: 1e-4 for LoRA, 1e-5 for full fine-tuning (ms-swift's), "
+        "else 2e-3 (the built-in tiny model from scratch)");
     add_enum(train, "lr_scheduler_type", &t.lr_scheduler_type,
              "cosine, linear or constant_with_warmup (constant: the same, transformers' other name)");
     add(train, "warmup_ratio", &t.warmup_ratio, "fraction of steps of linear warmup");
@@ -383,6 +385,9 @@ class OptionTable {
         "every row's tokens and attention gathers the row's keys and values; must divide the world size (CPU "
         "backend so far)");
     add(train, "sequence_parallel_size", &o_.sequence_parallel_size, "ms-swift's name for --context_parallel_size");
+    add(train, "report_to", &o_.report_to,
+        "transformers' experiment trackers: none (and all, with none installed); glm_hpc writes logging.jsonl and "
+        "the step line; a tracker's name is refused");
     add(train, "deepspeed", &o_.deepspeed,
         "a DeepSpeed JSON config (or zero1, zero2, zero3) mapped onto these options: each key is applied, "
         "accepted without effect (the reason is printed once) or refused by name; options given explicitly must "
@@ -537,6 +542,16 @@ Status validate_familiar_names(CliOptions& o, const Sources& src) {
                             o.model_id_or_path, "' (the same option)");
     o.model_id_or_path = o.model;
   }
+  std::stringstream trackers(o.report_to);
+  for (std::string tracker; std::getline(trackers, tracker, ',');)
+    if (tracker != "none" && tracker != "all")
+      return GLM_USER_ERROR(src.where("report_to"), " ", tracker,
+                            ": glm_hpc reports to <output_dir>/logging.jsonl and the console only; give --report_to "
+                            "none (TensorBoard event files are planned)");
+  // ms-swift's learning rates by training type when fine-tuning a pretrained model; the built-in
+  // tiny model trained from scratch keeps its own default.
+  if (!given(src, "learning_rate") && !src.deepspeed_keys.count("learning_rate") && !o.model_id_or_path.empty())
+    o.train.learning_rate = o.train.train_type == TrainType::lora ? 1e-4 : 1e-5;
   if (!o.bf16)
     return GLM_USER_ERROR(src.where("bf16"), " false: the CUDA backend computes in bf16 with fp32 master weights "
                           "(there is no fp32 GPU path); --device cpu computes in fp32");
