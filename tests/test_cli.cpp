@@ -38,7 +38,8 @@ std::string glm_command(const std::string& args, int ranks, const std::string& b
                              args.rfind("eval", 0) == 0 || args.rfind("plan", 0) == 0;
   const std::string output_dir = other_command || args.find("--output_dir") != std::string::npos
                                      ? std::string()
-                                     : " --output_dir " + (scratch_root() / "default_output").string();
+                                     : " --output_dir " + (scratch_root() / "default_output").string() +
+                                           " --overwrite_output_dir true";
   // Open MPI refuses root unless told; CI and the dev machines run as root. The dataset cache goes
   // to a scratch directory, not the home directory (`before` may export another).
   return "export XDG_CACHE_HOME=" + (scratch_root() / "xdg_cache").string() + "; cd " + GLM_TEST_WORKDIR + " && " +
@@ -772,6 +773,47 @@ TEST(CliRunDirectory, SecondRunIsRefusedAndTheFirstKeepsItsFiles) {
   EXPECT_FALSE(fs::exists(dir / ".glm_hpc.lock")) << "released at exit";
 }
 
+// A run into an --output_dir that holds an earlier run's log and checkpoints is refused, saying
+// how to continue or replace it, and nothing there changes; --resume_from_checkpoint continues it;
+// --overwrite_output_dir true removes the earlier log and checkpoints first and says so.
+TEST(CliRunDirectory, EarlierRunIsKeptUnlessResumedOrOverwritten) {
+  namespace fs = std::filesystem;
+  const fs::path dir = scratch_root() / "earlier_run";
+  fs::remove_all(dir);
+  const std::string args = kTiny + "--logging_steps 1 --save_steps 1 --output_dir " + dir.string() + " ";
+  ASSERT_EQ(run_glm(args + "--max_steps 2", 1).exit_code, 0);
+  const std::string log_before = read_text(dir / "logging.jsonl");
+  RunResult refused = run_glm(args + "--max_steps 2", 2);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--output_dir '" + dir.string() + "' holds an earlier run's logging.jsonl with 2 "
+                                "logged steps and 2 checkpoints (checkpoint-1 .. checkpoint-2): continue it with "
+                                "--resume_from_checkpoint latest, replace it with --overwrite_output_dir true, or "
+                                "choose another --output_dir"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_EQ(count(refused.output, "glm_hpc: error:"), 1) << refused.output;
+  EXPECT_EQ(read_text(dir / "logging.jsonl"), log_before) << "the earlier log is untouched";
+  EXPECT_TRUE(fs::exists(dir / "checkpoint-2" / "COMPLETE"));
+
+  RunResult resumed = run_glm(args + "--max_steps 3 --resume_from_checkpoint latest", 2);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir / "checkpoint-3" / "COMPLETE"));
+
+  RunResult replaced = run_glm(args + "--max_steps 1 --overwrite_output_dir true", 2);
+  ASSERT_EQ(replaced.exit_code, 0) << replaced.output;
+  EXPECT_NE(replaced.output.find("glm_hpc: --overwrite_output_dir: removed the earlier run's logging.jsonl with 3 "
+                                 "logged steps and 3 checkpoints (checkpoint-1 .. checkpoint-3) from " +
+                                 dir.string()),
+            std::string::npos)
+      << replaced.output;
+  EXPECT_FALSE(fs::exists(dir / "checkpoint-3")) << "the earlier run's checkpoints are gone";
+  EXPECT_TRUE(fs::exists(dir / "checkpoint-1" / "COMPLETE")) << "this run's own";
+  int records = 0;
+  std::ifstream log(dir / "logging.jsonl");
+  for (std::string line; std::getline(log, line);) records += line.find("\"loss\"") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(records, 1);
+}
+
 // kill -9 of the holder leaves its lock: the next run takes it over, says so, and removes what the
 // killed run left (here: a save's temporary directory) before it trains.
 TEST(CliRunDirectory, KilledRunsLockIsTakenOver) {
@@ -793,8 +835,12 @@ TEST(CliRunDirectory, KilledRunsLockIsTakenOver) {
   const std::string leftover = ".checkpoint-7.tmp-node1-" + std::to_string(pid) + "-0123456789abcdef";
   fs::create_directories(dir / leftover);
 
-  RunResult next = run_glm(kTiny + "--max_steps 2 --logging_steps 1 --output_dir " + dir.string(), 2);
+  RunResult next =
+      run_glm(kTiny + "--max_steps 2 --logging_steps 1 --overwrite_output_dir true --output_dir " + dir.string(), 2);
   ASSERT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_NE(next.output.find("glm_hpc: --overwrite_output_dir: removed the earlier run's logging.jsonl with "),
+            std::string::npos)
+      << next.output;
   EXPECT_NE(
       next.output.find("glm_hpc: took over the stale lock " + (dir / ".glm_hpc.lock").string() + " of train on host " +
                        holder["host"].get<std::string>() + " (pid " + std::to_string(pid) + ")"),
@@ -1132,7 +1178,8 @@ TEST(CliDatasetCache, SecondRunReadsTheCacheWithIdenticalSteps) {
   const std::string before = "export XDG_CACHE_HOME=" + (root / "xdg").string() + "; ";
   fs::copy_file(std::string(GLM_TEST_WORKDIR) + "/data/sample/alpaca.jsonl", root / "data.jsonl");
   const std::string args = kTinyModel + "--dataset " + (root / "data.jsonl").string() +
-                           " --max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 --output_dir " +
+                           " --max_steps 3 --logging_steps 1 --per_device_train_batch_size 2 --overwrite_output_dir "
+                           "true --output_dir " +
                            (root / "out").string() + " ";
   auto entries = [&] {
     int n = 0;
@@ -1180,7 +1227,8 @@ TEST(CliDatasetCache, DamagedEntryIsTokenizedAgain) {
   const fs::path root = cli_scratch("dataset_cache_damaged");
   const std::string before = "export XDG_CACHE_HOME=" + (root / "xdg").string() + "; ";
   const std::string args = kTinyModel + "--dataset " + GLM_TEST_WORKDIR +
-                           "/data/sample/sharegpt.jsonl --max_steps 1 --output_dir " + (root / "out").string();
+                           "/data/sample/sharegpt.jsonl --max_steps 1 --overwrite_output_dir true --output_dir " +
+                           (root / "out").string();
   ASSERT_EQ(run_glm(args, 1, before).exit_code, 0);
   const fs::path cache = root / "xdg" / "glm_hpc" / "datasets";
   fs::path shard;

@@ -276,6 +276,9 @@ class OptionTable {
     add(general, "output_dir", &t.output_dir,
         "directory for args.json and logging.jsonl; for prepare, given on the command line: where the token shards "
         "go");
+    add(general, "overwrite_output_dir", &o_.overwrite_output_dir,
+        "train into an --output_dir that holds an earlier run's logging.jsonl or checkpoints: true removes them "
+        "first; false (default) refuses, unless --resume_from_checkpoint continues that run");
     add(general, "seed", &t.seed, "seed for initialisation and data shuffling");
     add(general, "logging_steps", &t.logging_steps, "log every N optimizer steps (and the last)");
     add_enum(general, "save_strategy", &t.save_strategy,

@@ -69,6 +69,7 @@ struct CliOptions {
   bool bf16 = true;                         // --bf16: GPUs compute in bf16; false is refused
   bool fp16 = false;                        // --fp16: true is refused (no fp16 path)
   std::string deepspeed;                    // --deepspeed FILE|zero1|zero2|zero3 (cli/deepspeed_config.h)
+  bool overwrite_output_dir = false;        // train: replace an earlier run's log and checkpoints there
   std::string report_to = "none";           // --report_to: none (or all); trackers are refused by name
   std::string deepspeed_account;            // what each of its keys did, printed once by rank 0
   TorchDtype torch_dtype = TorchDtype::auto_select;

@@ -3,7 +3,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
 #include <functional>
+#include <vector>
 
 #include "base/temp_names.h"
 #include "cli/prepare.h"
@@ -24,6 +27,76 @@ bool written_by_train(std::string_view name) {
   if (name.ends_with(kAside)) name.remove_suffix(kAside.size());
   return name == "args.json" || name == "latest" || name == "logging.jsonl" || name == kRunStatusFile ||
          checkpoint_step_of(name) >= 0;
+}
+
+// What an earlier training run left in its output directory that a new run would overwrite or
+// confuse with its own: its step log and its checkpoints (a run stopped before its first step left
+// neither, and nothing of it is lost).
+struct PreviousRun {
+  int64_t log_records = 0;
+  int64_t logged_steps = 0;  // the records with a training loss
+  std::vector<fs::path> checkpoints;  // checkpoint-N directories, by step
+  std::vector<fs::path> files;        // logging.jsonl, latest: removed with the checkpoints
+  bool empty() const { return log_records == 0 && checkpoints.empty(); }
+  std::string describe() const {
+    std::string out;
+    if (log_records > 0)
+      out = concat("logging.jsonl with ", logged_steps, " logged step", logged_steps == 1 ? "" : "s");
+    if (!checkpoints.empty()) {
+      if (!out.empty()) out += " and ";
+      out += concat(checkpoints.size(), " checkpoint", checkpoints.size() == 1 ? "" : "s", " (",
+                    checkpoints.front().filename().string());
+      if (checkpoints.size() > 1) out += " .. " + checkpoints.back().filename().string();
+      out += ")";
+    }
+    return out;
+  }
+};
+
+Result<PreviousRun> find_previous_run(const fs::path& dir) {
+  PreviousRun previous;
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (const int64_t step = checkpoint_step_of(name); step >= 0) steps.emplace_back(step, it->path());
+    if (name == "latest") previous.files.push_back(it->path());
+  }
+  if (ec) return GLM_USER_ERROR("cannot list --output_dir '", dir.string(), "': ", ec.message());
+  std::sort(steps.begin(), steps.end());
+  for (auto& [step, path] : steps) previous.checkpoints.push_back(std::move(path));
+  std::ifstream log(dir / "logging.jsonl");
+  for (std::string line; std::getline(log, line);)
+    if (!line.empty()) {
+      ++previous.log_records;
+      if (line.find("\"loss\"") != std::string::npos) ++previous.logged_steps;
+    }
+  if (previous.log_records > 0) previous.files.push_back(dir / "logging.jsonl");
+  return previous;
+}
+
+// A training run into a directory that holds an earlier run's results continues it
+// (--resume_from_checkpoint), replaces it (--overwrite_output_dir true: its log and checkpoints
+// are removed first), or is refused (transformers' rule; nothing is overwritten unasked).
+Status settle_previous_run(const CliOptions& options, const fs::path& dir, std::string& report) {
+  GLM_ASSIGN_OR_RETURN(const PreviousRun previous, find_previous_run(dir));
+  if (previous.empty() || !options.train.resume_from_checkpoint.empty()) return Status::ok();
+  if (!options.overwrite_output_dir)
+    return GLM_USER_ERROR("--output_dir '", options.train.output_dir, "' holds an earlier run's ", previous.describe(),
+                          ": continue it with --resume_from_checkpoint latest, replace it with --overwrite_output_dir "
+                          "true, or choose another --output_dir");
+  std::error_code ec;
+  for (const fs::path& path : previous.checkpoints) {
+    fs::remove_all(path, ec);
+    if (ec) return GLM_USER_ERROR("--overwrite_output_dir: cannot remove '", path.string(), "': ", ec.message());
+  }
+  for (const fs::path& path : previous.files) {
+    fs::remove(path, ec);
+    if (ec) return GLM_USER_ERROR("--overwrite_output_dir: cannot remove '", path.string(), "': ", ec.message());
+  }
+  report += concat("glm_hpc: --overwrite_output_dir: removed the earlier run's ", previous.describe(), " from ",
+                   dir.string(), "\n");
+  return Status::ok();
 }
 
 }  // namespace
@@ -73,6 +146,7 @@ Result<std::unique_ptr<RunDirectory>> claim_run_directory(const CliOptions& opti
     claimed->report_ += "glm_hpc: " + claimed->lock_->takeover_note() + "\n";
   GLM_ASSIGN_OR_RETURN(const TemporaryCleanup cleaned, remove_stale_temporaries(dir, ours));
   if (!cleaned.empty()) claimed->report_ += "glm_hpc: " + cleaned.describe(dir) + "\n";
+  if (command == "train") GLM_RETURN_IF_ERROR(settle_previous_run(options, dir, claimed->report_));
   if (claimed->records_status_) {
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);
