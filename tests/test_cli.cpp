@@ -1246,6 +1246,45 @@ TEST(CliDatasetCache, DamagedEntryIsTokenizedAgain) {
 
 // glm_hpc export of a default run (the sample tokenizer): the directory carries the run's
 // tokenizer.model and its special ids, and glm_hpc evaluates it as a Hugging Face model directory.
+// --save_only_model true: checkpoints hold the master weights alone (about a third of a full
+// checkpoint's bytes), marked in meta.json; export and --resume_only_model read them, and a full
+// resume is refused saying what to add. Full training and LoRA.
+TEST(CliCheckpoint, SaveOnlyModelIsExportedAndResumedWeightsOnly) {
+  namespace fs = std::filesystem;
+  auto bytes_of = [](const fs::path& dir) {
+    uintmax_t total = 0;
+    for (const auto& e : fs::directory_iterator(dir)) total += e.is_regular_file() ? e.file_size() : 0;
+    return total;
+  };
+  for (const std::string lora : {"", "--train_type lora "}) {
+    const fs::path root = scratch_root() / (lora.empty() ? "model_only_full" : "model_only_lora");
+    fs::remove_all(root);
+    const std::string args = kTinyModel + lora + "--save_steps 2 ";
+    ASSERT_EQ(run_glm(args + "--max_steps 2 --output_dir " + (root / "all").string(), 1).exit_code, 0);
+    RunResult saved =
+        run_glm(args + "--max_steps 2 --save_only_model true --output_dir " + (root / "model").string(), 1);
+    ASSERT_EQ(saved.exit_code, 0) << saved.output;
+    const fs::path full = root / "all" / "checkpoint-2", model = root / "model" / "checkpoint-2";
+    std::ifstream meta(model / "meta.json");
+    EXPECT_EQ(nlohmann::json::parse(meta)["model_only"], true);
+    EXPECT_LT(static_cast<double>(bytes_of(model)), 0.45 * static_cast<double>(bytes_of(full))) << lora;
+    RunResult refused = run_glm(args + "--max_steps 3 --resume_from_checkpoint " + model.string() +
+                                    " --output_dir " + (root / "resumed").string(),
+                                1);
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find(model.string() + " holds the weights only (saved with --save_only_model true): no "
+                                                   "optimizer state to resume; add --resume_only_model true"),
+              std::string::npos)
+        << refused.output;
+    RunResult weights = run_glm(args + "--max_steps 2 --resume_from_checkpoint " + model.string() +
+                                    " --resume_only_model true --output_dir " + (root / "weights").string(),
+                                1);
+    EXPECT_EQ(weights.exit_code, 0) << weights.output;
+    RunResult exported = run_glm("export --ckpt_dir " + model.string() + " --save_dir " + (root / "hf").string(), 1);
+    EXPECT_EQ(exported.exit_code, 0) << exported.output;
+  }
+}
+
 TEST(CliExport, DefaultRunExportsAndEvaluates) {
   const fs::path root = cli_scratch("export");
   const std::string out = (root / "out").string(), hf = (root / "hf").string();

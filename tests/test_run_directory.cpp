@@ -272,6 +272,7 @@ TEST(RunDirectory, TrainClaimRemovesStaleTemporaries) {
   CliOptions o;
   o.command = "train";
   o.train.output_dir = dir.string();
+  o.train.resume_from_checkpoint = "latest";  // the run continues the earlier one's checkpoints
   auto claimed = claim_run_directory(o);
   ASSERT_TRUE(claimed.is_ok()) << claimed.status().message();
   const std::string report = claimed.value()->report();

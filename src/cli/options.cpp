@@ -285,6 +285,9 @@ class OptionTable {
              "steps: save output_dir/checkpoint-N every --save_steps and at the end; no: never");
     add(general, "save_steps", &t.save_steps, "optimizer steps between checkpoints");
     add(general, "save_total_limit", &t.save_total_limit, "keep the newest N checkpoints; <= 0 keeps all");
+    add(general, "save_only_model", &t.save_only_model,
+        "true: checkpoints hold the weights only (a third of the bytes: no Adam moments); export and "
+        "--resume_only_model read them, a full resume is refused");
     add(general, "resume_from_checkpoint", &t.resume_from_checkpoint,
         "a checkpoint directory, or latest (the newest complete one in --output_dir): weights, optimizer, "
         "schedule and data position; any world size and ZeRO stage");

@@ -218,21 +218,34 @@ std::string read_all(const fs::path& path) {
   return text.str();
 }
 
-// Moves the stale lock (whose bytes were `judged`) aside; true when that very file was removed.
-// A lock that changed in between (another run took over first) is put back.
-Result<bool> take_over(const fs::path& lock_file, const std::string& judged) {
-  const fs::path aside = temp_path_for(lock_file);
-  if (::rename(lock_file.c_str(), aside.c_str()) != 0) {
-    if (errno == ENOENT) return false;
-    return GLM_FILE_ERROR("cannot move the stale lock file aside:", lock_file, errno);
+// Removes the stale lock (whose bytes were `judged`); true when this run removed that very file.
+// One run at a time does it, holding <lock>.takeover (created exclusively, the candidate's bytes):
+// under it the lock is read and, still the judged one, unlinked. Its holder being dead, nobody else
+// changes that file meanwhile, and the name is never vacated under a live lock (renaming the file
+// aside to look at it would open that window: a third run could create its lock in it). A
+// .takeover older than kTakeoverSeconds on the filesystem's clock was left by a run killed in
+// these few lines and is removed. `clock_file` (the candidate) gives that clock.
+Result<bool> take_over(const fs::path& lock_file, const std::string& judged, const fs::path& clock_file,
+                       const std::string& text) {
+  constexpr int64_t kTakeoverSeconds = 10;
+  const fs::path guard = lock_file.string() + ".takeover";
+  const int fd = ::open(guard.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno != EEXIST) return GLM_FILE_ERROR("cannot create the take-over guard", guard, errno);
+    struct stat clock = {}, st = {};
+    if (::stat(clock_file.c_str(), &clock) == 0 && ::stat(guard.c_str(), &st) == 0 &&
+        clock.st_mtime - st.st_mtime > kTakeoverSeconds)
+      ::unlink(guard.c_str());
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // another run is taking over right now
+    return false;
   }
-  const bool same = read_all(aside) == judged;
-  if (!same) {
-    const int kept = ::link(aside.c_str(), lock_file.c_str());
-    (void)kept;  // when a third run was faster still, its lock stands
-  }
-  ::unlink(aside.c_str());
-  return same;
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
+  const bool same = read_all(lock_file) == judged;
+  const bool removed = same && ::unlink(lock_file.c_str()) == 0;
+  ::unlink(guard.c_str());
+  return removed;
 }
 
 // Candidates and asides of this lock that runs killed while taking it left, once older than a
@@ -322,7 +335,7 @@ Result<std::shared_ptr<DirectoryLock>> DirectoryLock::acquire(const fs::path& lo
       j = judge(found, me);
     }
     if (!j.stale) return GLM_USER_ERROR(refusal(found, j, lock_file, option, shown_dir));
-    GLM_ASSIGN_OR_RETURN(const bool took, take_over(lock_file, found.text));
+    GLM_ASSIGN_OR_RETURN(const bool took, take_over(lock_file, found.text, candidate, text));
     if (took)
       note = concat("took over the stale lock ", lock_file.string(), " of ",
                     found.holder ? found.holder->describe() : std::string("an unknown run"), ": ", j.why);

@@ -43,15 +43,16 @@ bool test_kill_during_save(int rank, int64_t step) {
 }
 
 // This rank's part of a save: its rank file, or for LoRA adapters.h5 on rank 0 only; bytes: its size.
-Status write_own_file(TrainingEngine& engine, const fs::path& tmp, int rank, int world, int64_t step, int64_t& bytes) {
+Status write_own_file(TrainingEngine& engine, const fs::path& tmp, int rank, int world, int64_t step, bool model_only,
+                      int64_t& bytes) {
   const bool lora = engine.lora_layout() != nullptr;
   // LoRA: the replicated adapters' state, written once (by rank 0); else every rank's slices.
   if (lora && rank != 0) return Status::ok();
   const fs::path mine = tmp / (lora ? std::string(kLoraCheckpointFile) : checkpoint_rank_file(rank));
   // write_rank_file and write_lora_file end with the file's fdatasync.
   GLM_RETURN_IF_ERROR(
-      lora ? write_lora_file(engine, engine.backend(), mine)
-           : write_rank_file(engine, engine.backend(), mine, rank, world, test_kill_during_save(rank, step)));
+      lora ? write_lora_file(engine, engine.backend(), mine, model_only)
+           : write_rank_file(engine, engine.backend(), mine, rank, world, model_only, test_kill_during_save(rank, step)));
   std::error_code ec;
   bytes = static_cast<int64_t>(fs::file_size(mine, ec));
   if (ec) return GLM_ERROR(ErrorKind::io, "cannot stat '", mine.string(), "': ", ec.message());
@@ -106,7 +107,8 @@ Result<SaveReport> save_checkpoint(TrainingEngine& engine, Communicator& comm, c
   GLM_RETURN_IF_ERROR(engine.backend().synchronize());
   int64_t bytes = 0;
   GLM_RETURN_IF_ERROR(
-      agree(comm, write_own_file(engine, tmp, rank, world, state.step, bytes), "writing the checkpoint"));
+      agree(comm, write_own_file(engine, tmp, rank, world, state.step, state.model_only, bytes),
+            "writing the checkpoint"));
   GLM_RETURN_IF_ERROR(comm.all_reduce(&bytes, &bytes, 1, CommType::i64, ReduceOp::sum));
   Status published = Status::ok();
   if (rank == 0)

@@ -15,6 +15,8 @@
 // meta.json also records the evaluation: the eval loss at the checkpoint's step (if evaluated) and
 // the best eval loss of the run so far with its step and checkpoint; pruning keeps that checkpoint.
 // It records the tokenizer (path and content hash) too: resuming with another one is refused.
+// With --save_only_model the files hold the master weights alone (meta.json: "model_only": true):
+// export and a weights-only resume read them; a full resume is refused.
 //
 // LoRA checkpoints (train_type "lora" in meta.json) hold only what is trained: the adapters' fp32
 // master weights and Adam moments in one file, adapters.h5, that rank 0 writes (the adapters and
@@ -55,6 +57,7 @@ struct CheckpointState {
   std::optional<double> eval_loss;  // at this step, when the validation set was evaluated at it
   std::optional<EvalRecord> best;   // the lowest eval loss so far; its checkpoint is never pruned
   std::string base_model;           // LoRA: the base's --model_id_or_path; empty: random init with `seed`
+  bool model_only = false;          // --save_only_model: the weights without the Adam moments
 };
 
 struct SaveReport {

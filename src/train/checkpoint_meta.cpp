@@ -81,7 +81,8 @@ nlohmann::json checkpoint_meta_json(const TrainingEngine& engine, const Checkpoi
                          {"model", model_shape_json(engine.config())},
                          {"model_config", model_config_json(engine.config())},
                          {"units", unpadded_units(engine.config())},
-                         {"train_type", enum_name(train_type_of(engine))}};
+                         {"train_type", enum_name(train_type_of(engine))},
+                         {"model_only", state.model_only}};
   if (lora != nullptr) {
     meta["lora"] = lora_json(lora->config(), lora->total_numel());
     meta["base"] = base_json(state.base_model, state.seed, base_sum_squares);
@@ -205,6 +206,7 @@ Status read_contents(const JsonFields& f, CheckpointMeta& meta) {
     return f.error("train_type", concat("must be ", enum_choices<TrainType>(), ", got '", train_type,
                                         "' (a damaged or foreign checkpoint)"));
   meta.train_type = *kind;
+  GLM_ASSIGN_OR_RETURN(state.model_only, f.boolean_or("model_only", false));
   if (f.has("tokenizer")) {
     GLM_ASSIGN_OR_RETURN(const JsonFields t, f.object("tokenizer"));
     GLM_ASSIGN_OR_RETURN(state.tokenizer, t.string_or("path", ""));

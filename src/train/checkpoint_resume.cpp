@@ -91,6 +91,10 @@ Status check_resume_compatible(const CheckpointMeta& meta, const TrainingEngine&
   for (const auto& [field, value] : ours.items())
     GLM_RETURN_IF_ERROR(check_model_field(meta.json["model"], ours, field, meta.path));
   if (meta.units != units) return GLM_USER_ERROR(meta.path.string(), ": unit sizes differ from this model's layout");
+  if (meta.state.model_only && !expect.weights_only)
+    return GLM_USER_ERROR(meta.path.parent_path().string(),
+                          " holds the weights only (saved with --save_only_model true): no optimizer state to resume; "
+                          "add --resume_only_model true to start from its weights with a fresh optimizer");
   GLM_RETURN_IF_ERROR(check_tokenizer(meta.state, expect, meta.path));
   return check_training_kind(meta, engine, expect, base_sum_squares);
 }

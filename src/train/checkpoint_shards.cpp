@@ -91,8 +91,10 @@ std::vector<Slice> write_slices(const TrainingEngine& e, int unit, int rank, int
 }
 
 // One group per home unit: the runs it holds (attribute ranges where ZeRO-3 keeps persistent tensors
-// apart, else begin_count) and the three datasets, the runs back to back.
-std::vector<CheckpointFileGroup> rank_file_groups(const std::vector<std::vector<Slice>>& slices, bool ranges) {
+// apart, else begin_count) and the first `datasets` of master, exp_avg and exp_avg_sq, the runs back
+// to back.
+std::vector<CheckpointFileGroup> rank_file_groups(const std::vector<std::vector<Slice>>& slices, bool ranges,
+                                                  int datasets) {
   std::vector<CheckpointFileGroup> groups(slices.size());
   for (size_t u = 0; u < slices.size(); ++u) {
     const std::vector<Slice>& runs = slices[u];
@@ -111,7 +113,7 @@ std::vector<CheckpointFileGroup> rank_file_groups(const std::vector<std::vector<
       g.attributes = {{"begin_count", {runs.front().begin, runs.front().count}}};
     }
     if (count > 0)
-      for (const char* name : kCheckpointDatasets) g.datasets.emplace_back(name, count);
+      for (int d = 0; d < datasets; ++d) g.datasets.emplace_back(kCheckpointDatasets[d], count);
   }
   return groups;
 }
@@ -151,7 +153,7 @@ void kill_midway_through(CheckpointFileOptions& options, size_t group, int rank,
 }  // namespace
 
 Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, int rank, int world,
-                       bool kill_midway) {
+                       bool model_only, bool kill_midway) {
   if (!engine.optimizer_settled())
     return GLM_INTERNAL_ERROR("checkpoint of an optimizer with deferred updates pending");
   for (size_t u = 0; u < engine.layout().units().size(); ++u)
@@ -162,7 +164,7 @@ Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs:
   const int units = engine.layout().home_units();
   std::vector<std::vector<Slice>> slices;
   for (int u = 0; u < units; ++u) slices.push_back(write_slices(engine, u, rank, world));
-  const std::vector<CheckpointFileGroup> groups = rank_file_groups(slices, ranges);
+  const std::vector<CheckpointFileGroup> groups = rank_file_groups(slices, ranges, model_only ? 1 : 3);
   auto fill = [&](size_t unit, size_t dataset, int64_t first, std::span<float> dst) -> Status {
     return fill_from_runs(slices[unit], masters, unit, dataset, first, dst);
   };

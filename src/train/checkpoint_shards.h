@@ -11,9 +11,10 @@
 
 namespace glm {
 
-// This rank's file; kill_midway (fault tests): SIGKILL this process with half the units written.
+// This rank's file (the master weights alone when model_only); kill_midway (fault tests): SIGKILL
+// this process with half the units written.
 Status write_rank_file(const TrainingEngine& engine, Backend& backend, const std::filesystem::path& path, int rank,
-                       int world, bool kill_midway);
+                       int world, bool model_only, bool kill_midway);
 
 // Reads this rank's slices from the saved_world rank files of dir into the optimizer state (only
 // the master weights when weights_only; the moments are zeroed then). unpadded: the unit sizes.

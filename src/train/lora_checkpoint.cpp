@@ -10,7 +10,7 @@ namespace glm {
 
 namespace fs = std::filesystem;
 
-Status write_lora_file(const TrainingEngine& engine, Backend& backend, const fs::path& path) {
+Status write_lora_file(const TrainingEngine& engine, Backend& backend, const fs::path& path, bool model_only) {
   const TrainingEngine::OptimizerShard s = engine.lora_optimizer_state();
   const Tensor sources[3] = {s.master, s.exp_avg, s.exp_avg_sq};
   for (const Tensor& t : sources)
@@ -19,7 +19,7 @@ Status write_lora_file(const TrainingEngine& engine, Backend& backend, const fs:
   std::vector<CheckpointFileGroup> groups(1);
   groups[0].name = kLoraCheckpointGroup;
   groups[0].attributes = {{"numel", {s.master.numel}}};
-  for (const char* name : kCheckpointDatasets) groups[0].datasets.emplace_back(name, s.master.numel);
+  for (int d = 0; d < (model_only ? 1 : 3); ++d) groups[0].datasets.emplace_back(kCheckpointDatasets[d], s.master.numel);
   auto fill = [&](size_t, size_t dataset, int64_t first, std::span<float> dst) -> Status {
     return backend.download(dst.data(), sources[dataset].slice(first, static_cast<int64_t>(dst.size())));
   };

@@ -11,7 +11,8 @@
 
 namespace glm {
 
-Status write_lora_file(const TrainingEngine& engine, Backend& backend, const std::filesystem::path& path);
+Status write_lora_file(const TrainingEngine& engine, Backend& backend, const std::filesystem::path& path,
+                       bool model_only);
 
 // The first `datasets` of master, exp_avg, exp_avg_sq of dir/adapters.h5, whole, checked.
 Status read_lora_file(const std::filesystem::path& dir, int64_t expected_numel, int datasets,

@@ -71,6 +71,7 @@ struct TrainConfig {
   std::string output_dir;                 // empty: no files (tests)
   SaveStrategy save_strategy = SaveStrategy::steps;
   int64_t save_steps = 500;
+  bool save_only_model = false;        // checkpoints hold the weights only (no Adam moments): no full resume
   int64_t save_total_limit = -1;       // keep at most this many checkpoints (<= 0: all)
   std::string resume_from_checkpoint;  // a checkpoint directory or "latest" (in output_dir)
   bool resume_only_model = false;      // from that checkpoint the weights only: fresh optimizer, step 0, data start

@@ -288,7 +288,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                                 config.tokenizer_hash,
                                 eval_loss,
                                 best,
-                                config.base_model};
+                                config.base_model,
+                                config.save_only_model};
     GLM_ASSIGN_OR_RETURN(const SaveReport saved,
                          save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
     GLM_RETURN_IF_ERROR(logger.log_save(done, saved.dir, saved.bytes, saved.seconds));
