@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # slurm/train_4gpu.sh under a real Slurm on this one host (Debian's munge, slurmctld, slurmd, which
-# scripts/setup.sh installs; nothing is installed here). Starts the daemons with their own state,
-# key and socket under a temporary directory, then:
+# scripts/setup.sh installs; nothing is installed here), started by scripts/local_slurm.sh as a
+# user would, with its state, key and socket under a temporary directory, then:
 #   1. sbatch slurm/train_4gpu.sh with the CPU backend and the tiny config, 4 ranks on one node
 #      launched by mpirun: the job COMPLETED, 4 ranks ran, the loss fell, checkpoints exist;
 #   2. a second job, launched by srun (PMIx), gets the pre-timeout signal as Slurm delivers it for
@@ -28,34 +28,20 @@ if [[ "$(id -u)" -ne 0 ]]; then
   echo "slurm test: SKIPPED: slurmd needs root (SlurmdUser=root); run as root"
   exit 77
 fi
-for cmd in munged munge slurmctld slurmd sbatch scontrol squeue scancel mpirun; do
+for cmd in munged munge slurmctld slurmd sbatch scontrol squeue scancel sinfo mpirun; do
   command -v "$cmd" >/dev/null || fail "'$cmd' not found: run scripts/setup.sh (it installs munge slurmctld slurmd slurm-client openmpi-bin)"
 done
 
 tmp="$(mktemp -d /tmp/glm_slurm_test.XXXXXX)"
-declare -a daemon_pids=()
+export GLM_SLURM_DIR="$tmp/slurm"
 cleanup() {
   local rc=$?
   set +e
-  if [[ -n "${SLURM_CONF:-}" && -f "$SLURM_CONF" ]]; then
-    # Jobs first (their processes belong to slurmd's steps), then the daemons, newest first.
-    scancel --full --quiet --user=root 2>/dev/null
-    local deadline=$((SECONDS + 20))
-    while [[ -n "$(squeue -h -o %i 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.5; done
-  fi
-  local i
-  for ((i = ${#daemon_pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${daemon_pids[i]}" 2>/dev/null
-  done
-  for ((i = ${#daemon_pids[@]} - 1; i >= 0; i--)); do
-    local pid="${daemon_pids[i]}" deadline=$((SECONDS + 15))
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  done
+  # The jobs, then the daemons (scripts/local_slurm.sh); the directory stays for the logs.
+  bash "$repo/scripts/local_slurm.sh" down --keep >/dev/null
   if ((rc != 0)); then
     echo "slurm test: logs in $tmp (kept):" >&2
-    for f in "$tmp"/job-*.out "$tmp"/log/*.log; do
+    for f in "$tmp"/job-*.out "$GLM_SLURM_DIR"/log/*.log; do
       [[ -f "$f" ]] || continue
       echo "----- $f (last 40 lines)" >&2
       tail -n 40 "$f" >&2
@@ -70,98 +56,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Two free ports: a connection attempt that fails means nobody listens there.
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 30000))
-    if port_free "$p" && port_free "$((p + 1))"; then
-      echo "$p"
-      return
-    fi
-  done
-  fail "no free TCP port pair found"
-}
-ctld_port="$(pick_port)"
-slurmd_port=$((ctld_port + 1))
-host="$(hostname -s)"
-
-mkdir -p "$tmp"/{munge,etc,ctld,spool,log,dev,out,cache}
-chmod 755 "$tmp" "$tmp/munge"
-
-# munge: our own key and socket.
-dd if=/dev/urandom of="$tmp/munge/munge.key" bs=1024 count=1 status=none
-chmod 400 "$tmp/munge/munge.key"
-munged --foreground --force --socket="$tmp/munge/socket" --key-file="$tmp/munge/munge.key" \
-  --log-file="$tmp/log/munged.log" --pid-file="$tmp/munge/munged.pid" --seed-file="$tmp/munge/seed" \
-  >"$tmp/log/munged.out" 2>&1 &
-daemon_pids+=($!)
-deadline=$((SECONDS + 15))
-until munge --socket="$tmp/munge/socket" --no-input >/dev/null 2>&1; do
-  ((SECONDS < deadline)) || fail "munged did not start: $(cat "$tmp/log/munged.out")"
-  sleep 0.2
-done
-
-# One node with the resources train_4gpu.sh asks for (4 tasks x 16 CPUs, 4 GPUs); the script
-# runs unchanged. The "GPUs" are names of /dev/null (gres/gpu needs device files; task/none
-# constrains no devices), and glm_hpc runs its CPU backend. SlurmdParameters=config_overrides
-# lets the node have more CPUs than the machine: the 4 ranks are oversubscribed on its cores.
-for i in 0 1 2 3; do ln -s /dev/null "$tmp/dev/gpu$i"; done
-cat >"$tmp/etc/slurm.conf" <<EOF
-ClusterName=glmtest
-SlurmctldHost=$host(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$tmp/munge/socket
-StateSaveLocation=$tmp/ctld
-SlurmdSpoolDir=$tmp/spool
-SlurmctldPidFile=$tmp/ctld/slurmctld.pid
-SlurmdPidFile=$tmp/spool/slurmd.pid
-SlurmctldLogFile=$tmp/log/slurmctld.log
-SlurmdLogFile=$tmp/log/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/builtin
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-MpiDefault=none
-ReturnToService=2
-SlurmdParameters=config_overrides
-# Finished jobs stay visible to scontrol for the assertions.
-MinJobAge=600
-GresTypes=gpu
-NodeName=$host NodeAddr=127.0.0.1 CPUs=64 Gres=gpu:4 State=UNKNOWN
-PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP
-EOF
-cat >"$tmp/etc/gres.conf" <<EOF
-NodeName=$host Name=gpu File=$tmp/dev/gpu[0-3]
-EOF
-export SLURM_CONF="$tmp/etc/slurm.conf"
-
-slurmctld -D -i >"$tmp/log/slurmctld.out" 2>&1 &
-daemon_pids+=($!)
-slurmd -D -N "$host" >"$tmp/log/slurmd.out" 2>&1 &
-daemon_pids+=($!)
-deadline=$((SECONDS + 40))
-until [[ "$(sinfo -h -N -o %T 2>/dev/null)" == "idle" ]]; do
-  if ((SECONDS >= deadline)); then
-    fail "the node did not become idle: sinfo says '$(sinfo -h -N -o '%T %E' 2>&1)'; slurmd: $(tail -n 5 "$tmp/log/slurmd.out")"
-  fi
-  for pid in "${daemon_pids[@]}"; do kill -0 "$pid" 2>/dev/null || fail "a Slurm daemon exited at start (logs in $tmp/log)"; done
-  sleep 0.5
-done
-say "Slurm is up on $host (slurmctld :$ctld_port, slurmd :$slurmd_port)"
+mkdir -p "$tmp"/{out,cache}
+chmod 755 "$tmp"
+# One node with the resources train_4gpu.sh asks for (4 tasks x 16 CPUs, 4 GPUs), as a user starts
+# it: the script runs unchanged, and glm_hpc its CPU backend.
+bash "$repo/scripts/local_slurm.sh" up --gpus 4 --cpus 64 || fail "scripts/local_slurm.sh up failed"
+# shellcheck source=/dev/null
+source "$GLM_SLURM_DIR/env"
 
 # What sbatch exports to the jobs: run as root and oversubscribe (Open MPI), CPU backend, tiny model.
 # shellcheck source=scripts/mpi_env.sh
