@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""Trainer bucket-size sweep (issue 8): runs glm_hpc for a few steps per setting over
---reduce_bucket_size (bucket bytes converted to elements of --grad_reduce_dtype), ZeRO stages and
---overlap_comm on/off; reads step time, exposed communication and peak device memory from each
-run's logging.jsonl (and the communication-buffer bytes from its start-up line); writes
-bucket_sweep.csv, a PNG plot with gnuplot when it is installed (else with matplotlib: the GPU machines'
-image has it, not gnuplot), and prints the best setting.
+"""Trainer bucket-size sweep: runs glm_hpc for a few steps per setting over --reduce_bucket_size
+(bucket bytes converted to elements of --grad_reduce_dtype), ZeRO stages and --overlap_comm on/off;
+reads step time, exposed communication and peak device memory from each run's logging.jsonl (and
+the communication-buffer bytes from its start-up line).
+
+Every setting runs --repeats times, in rounds that visit the settings in turn (a drift of the
+machine spreads over all of them), and more rounds follow, up to --max_repeats, while some
+setting's 95% confidence interval of the mean step time is wider than --target_ci of its mean.
+The best setting is the lowest mean; every setting whose difference from it is within the two
+intervals combined is marked "within noise" of it: those are equally good as far as the sweep can
+tell. Writes bucket_sweep.csv (means, intervals, the mark), a PNG with error bars by gnuplot when
+it is installed (else matplotlib: the GPU machines' image has it, not gnuplot), and prints the best
+setting with the ones within its noise.
 
 CPU (CI, a tiny model):
   python3 benchmarks/calls/bucket_sweep.py --binary build/glm_hpc --np 2 --device cpu \
@@ -29,9 +36,22 @@ import sys
 import time
 
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30}
-COLUMNS = ["stage", "overlap_comm", "bucket_bytes", "reduce_bucket_size", "grad_reduce_dtype", "steps_timed",
-           "step_seconds", "exposed_comm_seconds", "exposed_comm_pct", "tokens_per_second", "peak_memory_gib",
-           "comm_buffers_mib", "status"]
+COLUMNS = ["stage", "overlap_comm", "bucket_bytes", "reduce_bucket_size", "grad_reduce_dtype", "runs", "steps_timed",
+           "step_seconds", "step_seconds_ci95", "exposed_comm_seconds", "exposed_comm_pct", "tokens_per_second",
+           "peak_memory_gib", "comm_buffers_mib", "within_noise_of_best", "status"]
+# Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96.
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def mean_ci95(values):
+    """Mean and the half-width of its 95% confidence interval (Student t); inf for one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("inf")
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, (T95[n - 2] if n - 1 <= len(T95) else 1.96) * (var / n) ** 0.5
 
 
 def parse_bytes(text):
@@ -61,6 +81,10 @@ def parse_args(argv):
     p.add_argument("--overlap", default="true,false", help="comma-separated --overlap_comm values")
     p.add_argument("--grad_reduce_dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
+    p.add_argument("--repeats", type=int, default=3, help="runs of every setting at least")
+    p.add_argument("--max_repeats", type=int, default=6, help="runs of a setting at most")
+    p.add_argument("--target_ci", type=float, default=0.02,
+                   help="more rounds while a setting's 95%% interval is wider than this fraction of its mean")
     p.add_argument("--skip_steps", type=int, default=1, help="first steps left out of the averages (warm-up)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run before it counts as failed")
     p.add_argument("--out", required=True, help="directory for the runs, bucket_sweep.csv and bucket_sweep.png")
@@ -78,6 +102,8 @@ def parse_args(argv):
         p.error("--stages takes ZeRO stages 0-3")
     if any(o not in ("true", "false") for o in a.overlap):
         p.error("--overlap takes true and/or false")
+    if a.repeats < 1 or a.max_repeats < a.repeats:
+        p.error("--repeats must be >= 1 and --max_repeats >= --repeats")
     if a.steps <= a.skip_steps:
         p.error(f"--steps ({a.steps}) must exceed --skip_steps ({a.skip_steps})")
     if not os.access(a.binary, os.X_OK):
@@ -85,10 +111,11 @@ def parse_args(argv):
     return a
 
 
-def run_setting(a, stage, overlap, bucket_bytes):
+def run_once(a, stage, overlap, bucket_bytes, repeat):
+    """One run of a setting: a row with this run's means, status "ok" or why not."""
     elem = 2 if a.grad_reduce_dtype == "bf16" else 4
     elements = max(1, bucket_bytes // elem)
-    name = f"zero{stage}_overlap-{overlap}_{bucket_bytes}B"
+    name = f"zero{stage}_overlap-{overlap}_{bucket_bytes}B_run{repeat}"
     out_dir = os.path.join(a.out, name)
     shutil.rmtree(out_dir, ignore_errors=True)
     cmd = [a.mpirun, "--oversubscribe", "-np", str(a.np), "--bind-to", "none", a.binary, "--device", a.device,
@@ -135,31 +162,101 @@ def run_setting(a, stage, overlap, bucket_bytes):
     return row
 
 
+def combine(runs):
+    """A setting's row from its runs: means over the runs, the step time's 95% interval."""
+    row = dict(runs[0])
+    ok = [r for r in runs if r["status"] == "ok"]
+    row["runs"] = len(ok)
+    if len(ok) < len(runs):
+        row["status"] = next(r["status"] for r in runs if r["status"] != "ok")
+        return row
+    steps = [float(r["step_seconds"]) for r in ok]
+    mean, ci = mean_ci95(steps)
+    exposed = sum(float(r["exposed_comm_seconds"]) for r in ok) / len(ok)
+    row.update({"steps_timed": sum(int(r["steps_timed"]) for r in ok), "step_seconds": f"{mean:.6f}",
+                "step_seconds_ci95": f"{ci:.6f}" if ci != float("inf") else "",
+                "exposed_comm_seconds": f"{exposed:.6f}",
+                "exposed_comm_pct": f"{100 * exposed / mean:.2f}" if mean > 0 else "",
+                "tokens_per_second": f"{sum(float(r['tokens_per_second']) for r in ok) / len(ok):.1f}",
+                "peak_memory_gib": max((r["peak_memory_gib"] for r in ok), key=lambda v: float(v or 0)),
+                "status": "ok"})
+    return row
+
+
+def ci_of(row):
+    return float(row["step_seconds_ci95"]) if row.get("step_seconds_ci95") else float("inf")
+
+
+def measure(a, settings):
+    """Rounds over the settings until every interval is narrow enough or max_repeats is reached."""
+    runs = {s: [] for s in settings}
+    for repeat in range(1, a.max_repeats + 1):
+        todo = settings
+        if repeat > a.repeats:
+            todo = [s for s in settings if all(r["status"] == "ok" for r in runs[s])
+                    and ci_of(combine(runs[s])) > a.target_ci * float(combine(runs[s])["step_seconds"])]
+            if not todo:
+                break
+            print(f"round {repeat}: {len(todo)} setting(s) with a 95% interval over {100 * a.target_ci:g}% "
+                  "of their mean", flush=True)
+        for s in todo:
+            if runs[s] and runs[s][-1]["status"] != "ok":
+                continue  # a failed setting is not run again
+            runs[s].append(run_once(a, *s, repeat))
+    return [combine(runs[s]) for s in settings]
+
+
+def mark_noise(rows):
+    """The best (lowest mean) row, and within_noise_of_best on every successful row."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        return None
+    best = min(ok, key=lambda r: float(r["step_seconds"]))
+    for r in ok:
+        gap = float(r["step_seconds"]) - float(best["step_seconds"])
+        noise = (ci_of(r) ** 2 + ci_of(best) ** 2) ** 0.5
+        r["within_noise_of_best"] = "yes" if gap <= noise else "no"
+    return best
+
+
+def describe(r, a):
+    ci = f" +- {float(r['step_seconds_ci95']):.4f}" if r.get("step_seconds_ci95") else ""
+    return (f"ZeRO-{r['stage']} --overlap_comm {r['overlap_comm']} --reduce_bucket_size {r['reduce_bucket_size']} "
+            f"({show_bytes(r['bucket_bytes'])} of {a.grad_reduce_dtype}): step {float(r['step_seconds']):.4f}{ci} s "
+            f"over {r['runs']} run(s), exposed comm {r['exposed_comm_pct']}%")
+
+
 def plot(a, rows, csv_path):
     png = os.path.join(a.out, "bucket_sweep.png")
     # One series per (stage, overlap), bucket size on a log axis.
     series = []
     for stage in a.stages:
         for overlap in a.overlap:
-            pts = sorted((r["bucket_bytes"] / (1 << 20), float(r["step_seconds"])) for r in rows
+            pts = sorted((r["bucket_bytes"] / (1 << 20), float(r["step_seconds"]),
+                          ci_of(r) if ci_of(r) != float("inf") else 0.0) for r in rows
                          if r["status"] == "ok" and r["stage"] == stage and r["overlap_comm"] == overlap)
             if pts:
                 series.append((f"ZeRO-{stage} overlap {overlap}", pts))
     if not series:
         print("no successful run to plot")
         return None
-    title = f"glm_hpc bucket sweep, {a.np} ranks, --device {a.device}"
-    xlabel = f"reduce bucket size (MiB of {a.grad_reduce_dtype})"
+    title = f"glm_hpc bucket sweep, {a.np} ranks, --device {a.device} (mean and 95% interval)"
+    xlabel = f"reduce bucket size ({a.grad_reduce_dtype})"
+    # One labelled tic per swept size, written as a size: a log axis's own tics crowd and say little.
+    tics = [(show_bytes(b), b / (1 << 20)) for b in sorted(set(a.bucket_bytes))]
     gnuplot = shutil.which("gnuplot")
     if gnuplot is None:
-        return plot_matplotlib(series, title, xlabel, png)
+        return plot_matplotlib(series, title, xlabel, tics, png)
     data_path = os.path.join(a.out, "bucket_sweep.dat")
     with open(data_path, "w") as f:
         for _, pts in series:
-            f.write("".join(f"{b} {s}\n" for b, s in pts) + "\n\n")
-    plots = ", ".join(f"'{data_path}' index {i} with linespoints title '{t}'" for i, (t, _) in enumerate(series))
-    script = (f"set terminal pngcairo size 900,560 noenhanced; set output '{png}';"
-              f"set logscale x 2; set xlabel '{xlabel}';"
+            f.write("".join(f"{b} {s} {e}\n" for b, s, e in pts) + "\n\n")
+    plots = ", ".join(f"'{data_path}' index {i} using 1:2:3 with yerrorlines title '{t}'"
+                      for i, (t, _) in enumerate(series))
+    xtics = ", ".join(f'"{label}" {x}' for label, x in tics)
+    script = (f"set terminal pngcairo size 1000,600 noenhanced; set output '{png}';"
+              f"set logscale x 2; set xrange [{tics[0][1] / 1.6}:{tics[-1][1] * 1.6}]; set offsets 0, 0, graph 0.05, graph 0.05;"
+              f"set xtics ({xtics}) rotate by -30; set xlabel '{xlabel}';"
               f"set ylabel 'step time (s)'; set key outside right; set grid;"
               f"set title '{title}'; plot {plots}")
     r = subprocess.run([gnuplot, "-e", script], capture_output=True, text=True)
@@ -172,7 +269,7 @@ def plot(a, rows, csv_path):
     return png
 
 
-def plot_matplotlib(series, title, xlabel, png):
+def plot_matplotlib(series, title, xlabel, tics, png):
     try:
         import matplotlib
         matplotlib.use("Agg")  # no display on the GPU machines
@@ -181,10 +278,14 @@ def plot_matplotlib(series, title, xlabel, png):
         print("neither gnuplot nor matplotlib found: no PNG (scripts/setup.sh installs gnuplot-nox); "
               "the CSV has every number")
         return None
-    fig, ax = plt.subplots(figsize=(9, 5.6))
+    fig, ax = plt.subplots(figsize=(10, 6))
     for label, pts in series:
-        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=label)
+        ax.errorbar([b for b, _, _ in pts], [s for _, s, _ in pts], yerr=[e for _, _, e in pts], marker="o",
+                    capsize=3, label=label)
     ax.set_xscale("log", base=2)
+    ax.set_xticks([x for _, x in tics])
+    ax.set_xticklabels([label for label, _ in tics], rotation=30, ha="right")
+    ax.minorticks_off()
     ax.set_xlabel(xlabel)
     ax.set_ylabel("step time (s)")
     ax.set_title(title)
@@ -199,9 +300,10 @@ def main(argv):
     a = parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     settings = [(s, o, b) for s in a.stages for o in a.overlap for b in a.bucket_bytes]
-    print(f"bucket sweep: {len(settings)} settings x {a.steps} steps on {a.np} ranks (--device {a.device})",
-          flush=True)
-    rows = [run_setting(a, *setting) for setting in settings]
+    print(f"bucket sweep: {len(settings)} settings x {a.steps} steps, {a.repeats}-{a.max_repeats} runs each, on "
+          f"{a.np} ranks (--device {a.device})", flush=True)
+    rows = measure(a, settings)
+    best = mark_noise(rows)
     csv_path = os.path.join(a.out, "bucket_sweep.csv")
     with open(csv_path + ".tmp", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -214,17 +316,15 @@ def main(argv):
     if png:
         print(f"wrote {png}")
     ok = [r for r in rows if r["status"] == "ok"]
-    if ok:
-        best = min(ok, key=lambda r: float(r["step_seconds"]))
-        print(f"best: ZeRO-{best['stage']} --overlap_comm {best['overlap_comm']} --reduce_bucket_size "
-              f"{best['reduce_bucket_size']} ({show_bytes(best['bucket_bytes'])} of {a.grad_reduce_dtype}): "
-              f"step {float(best['step_seconds']):.4f} s, exposed comm {best['exposed_comm_pct']}%")
+    if best is not None:
+        print(f"best: {describe(best, a)}")
+        same = [r for r in ok if r is not best and r["within_noise_of_best"] == "yes"]
+        print(f"within its noise ({len(same)}): " + ("; ".join(describe(r, a) for r in same) if same else "none"))
         for stage in a.stages:
             mine = [r for r in ok if r["stage"] == stage]
             if mine:
                 b = min(mine, key=lambda r: float(r["step_seconds"]))
-                print(f"best at ZeRO-{stage}: --overlap_comm {b['overlap_comm']} --reduce_bucket_size "
-                      f"{b['reduce_bucket_size']} ({show_bytes(b['bucket_bytes'])}), step {float(b['step_seconds']):.4f} s")
+                print(f"best at ZeRO-{stage}: {describe(b, a)}")
     failed = len(rows) - len(ok)
     if failed:
         print(f"{failed} of {len(rows)} settings failed (status column of {csv_path})")
