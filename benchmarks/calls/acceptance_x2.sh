@@ -37,7 +37,7 @@ nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >
 smi=$!
 step e2e 180 env CUDA_VISIBLE_DEVICES=0 mpirun -np 1 $B/glm_hpc --device cuda --config configs/glm4-9b-chat.cfg \
   --num_hidden_layers 12 --dataset /tmp/bench4096.jsonl --max_length 4096 --gradient_accumulation_steps 1 \
-  --max_steps 8 --logging_steps 1 --warmup_steps 0 --save_strategy no --output_dir /tmp/e2e
+  --max_steps 8 --logging_steps 1 --warmup_steps 0 --save_strategy no --overwrite_output_dir true --output_dir /tmp/e2e
 kill $smi 2>/dev/null
 step peer ${GLM_PEER_LIMIT:-300} env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/peers/hf_glm_peer.py
 grep "^peer" "$OUT/peer.log"

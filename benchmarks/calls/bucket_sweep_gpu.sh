@@ -30,7 +30,7 @@ for stage in ${stages//,/ }; do
   dir=/tmp/sweep_auto_$stage
   timeout 400 mpirun -np "$gpus" --bind-to none build-gpu/glm_hpc --device cuda "${model[@]}" --max_steps "$steps" \
     --logging_steps 1 --warmup_steps 0 --save_strategy no --zero_stage "$stage" --reduce_bucket_size auto \
-    --output_dir "$dir" >"$OUT/sweep/auto_$stage.log" 2>&1 || { echo "auto at ZeRO-$stage failed"; tail -5 "$OUT/sweep/auto_$stage.log"; }
+    --overwrite_output_dir true --output_dir "$dir" >"$OUT/sweep/auto_$stage.log" 2>&1 || { echo "auto at ZeRO-$stage failed"; tail -5 "$OUT/sweep/auto_$stage.log"; }
   grep -- "--reduce_bucket_size auto" "$OUT/sweep/auto_$stage.log" | head -1
   python3 - "$dir/logging.jsonl" "$stage" <<'PY'
 import json, sys

@@ -55,7 +55,7 @@ log="$dir/run.log"
 timeout 900 mpirun -np "$np" --bind-to none "$bin" --device "$device" $model_args \
   --dataset /tmp/ckpt_write_data.jsonl --max_length "$max_length" --truncation_strategy right \
   --per_device_train_batch_size 1 --max_steps 2 --logging_steps 1 --warmup_steps 0 --zero_stage 3 \
-  --collective_timeout 600 --save_strategy steps --save_steps 2 --output_dir "$dir/out" >"$log" 2>&1 ||
+  --collective_timeout 600 --save_strategy steps --save_steps 2 --overwrite_output_dir true --output_dir "$dir/out" >"$log" 2>&1 ||
   { echo "glm_hpc failed:"; tail -n 15 "$log"; exit 1; }
 grep -E "^step|saved" "$log"
 

@@ -39,7 +39,7 @@ fi
 
 # Tiny model: the same 50 steps on CUDA and on the CPU backend (GLM_SKIP_TINY=1 skips it).
 for dev in $([ "${GLM_SKIP_TINY:-0}" = 1 ] || echo cuda cpu); do
-  mpirun -np 1 build-gpu/glm_hpc --device $dev --max_steps 50 --logging_steps 1 --output_dir /tmp/tiny_$dev \
+  mpirun -np 1 build-gpu/glm_hpc --device $dev --max_steps 50 --logging_steps 1 --overwrite_output_dir true --output_dir /tmp/tiny_$dev \
     >"$OUT/tiny_$dev.log" 2>&1 || { echo "tiny $dev failed"; tail -5 "$OUT/tiny_$dev.log"; }
 done
 
@@ -62,7 +62,7 @@ for policy in ${GLM_E2E_RECOMPUTE:-none selective full}; do
   smi=$!
   CUDA_VISIBLE_DEVICES=0 mpirun -np 1 build-gpu/glm_hpc --device cuda --config configs/glm4-9b-chat.cfg \
     --num_hidden_layers 12 --dataset /tmp/bench4096.jsonl --max_length 4096 --gradient_accumulation_steps 1 \
-    --max_steps 6 --logging_steps 1 --warmup_steps 0 --recompute $policy --save_strategy no --output_dir $dir "${e2e_args[@]}" \
+    --max_steps 6 --logging_steps 1 --warmup_steps 0 --recompute $policy --save_strategy no --overwrite_output_dir true --output_dir $dir "${e2e_args[@]}" \
     >"$OUT/e2e_$policy.log" 2>&1 || { echo "e2e $policy failed"; tail -8 "$OUT/e2e_$policy.log"; }
   kill $smi 2>/dev/null
   [ "$policy" = none ] && cp "$OUT/mem_none.csv" "$OUT/mem.csv"

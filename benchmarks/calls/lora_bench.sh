@@ -32,7 +32,7 @@ for policy in ${GLM_LORA_RECOMPUTE:-none full}; do
     --train_type lora --lora_rank 8 --lora_alpha 32 --target_modules all-linear ${GLM_LORA_ARGS:-} \
     --dataset /tmp/bench$SEQ.jsonl --max_length "$SEQ" --per_device_train_batch_size 1 --gradient_accumulation_steps 1 \
     --max_steps 7 --logging_steps 1 --warmup_steps 0 --recompute "$policy" --save_strategy no \
-    --output_dir /tmp/lora_$policy >"$OUT/lora_$policy.log" 2>&1 || { echo "lora $policy failed"; tail -8 "$OUT/lora_$policy.log"; }
+    --overwrite_output_dir true --output_dir /tmp/lora_$policy >"$OUT/lora_$policy.log" 2>&1 || { echo "lora $policy failed"; tail -8 "$OUT/lora_$policy.log"; }
   kill $smi 2>/dev/null
   python3 - "$policy" "$SEQ" "$OUT/lora_mem_$policy.csv" <<'PY'
 import json, sys

@@ -38,7 +38,7 @@ else
 fi
 if [ -n "${GLM_AB_FIXTURES:-}" ]; then wait "$fixtures_pid"; tail -3 "$OUT/fixtures.log"; fi
 for dev in cuda cpu; do
-  timeout 120 mpirun -np 1 build-gpu/glm_hpc --device $dev --max_steps 50 --logging_steps 1 --output_dir /tmp/tiny_$dev \
+  timeout 120 mpirun -np 1 build-gpu/glm_hpc --device $dev --max_steps 50 --logging_steps 1 --overwrite_output_dir true --output_dir /tmp/tiny_$dev \
     >"$OUT/tiny_$dev.log" 2>&1 || { echo "tiny $dev failed"; tail -5 "$OUT/tiny_$dev.log"; }
 done
 python3 - <<'PY'

@@ -57,7 +57,7 @@ for run in ${GLM_ZERO_RUNS-3:none 2:none 1:none 3:full}; do
   timeout -k 15 300 "${launch[@]}" --device "$device" "${model_args[@]}" \
     --dataset "$data" --max_length "$seq_len" --per_device_train_batch_size 1 --gradient_accumulation_steps 1 \
     --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --zero_stage "$stage" --recompute "$policy" \
-    --collective_timeout 120 --save_strategy no --output_dir "$dir" "${extra_args[@]}" >"$OUT/zero_$tag.log" 2>&1 ||
+    --collective_timeout 120 --save_strategy no --overwrite_output_dir true --output_dir "$dir" "${extra_args[@]}" >"$OUT/zero_$tag.log" 2>&1 ||
     { echo "zero $stage $policy failed"; tail -6 "$OUT/zero_$tag.log"; }
   kill $smi 2>/dev/null
   grep -E "^glm_job: mpirun|memory per rank|^step $steps" "$OUT/zero_$tag.log" | head -4

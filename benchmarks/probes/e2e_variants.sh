@@ -49,7 +49,7 @@ for variant in ${GLM_E2E_VARIANTS:-"default;;"}; do
   env "${env_list[@]}" CUDA_VISIBLE_DEVICES=0 mpirun -np 1 --bind-to none build-gpu/glm_hpc --device cuda \
     --config configs/glm4-9b-chat.cfg --num_hidden_layers 12 --dataset "$data" --max_length 4096 \
     --gradient_accumulation_steps 1 --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --save_strategy no \
-    --output_dir "$dir" "${arg_list[@]}" >"$OUT/e2e_$label.log" 2>&1 || { echo "$label failed"; tail -6 "$OUT/e2e_$label.log"; }
+    --overwrite_output_dir true --output_dir "$dir" "${arg_list[@]}" >"$OUT/e2e_$label.log" 2>&1 || { echo "$label failed"; tail -6 "$OUT/e2e_$label.log"; }
   kill $smi 2>/dev/null
   [ -f "$dir/logging.jsonl" ] || continue
   grep -A40 "^profile: " "$OUT/e2e_$label.log" | head -42

@@ -32,7 +32,7 @@ for tune in ${GLM_PROBE_TUNE-off large}; do
   mpirun --allow-run-as-root -np 1 --bind-to none build-gpu/glm_hpc --device cuda --gemm_autotune "$tune" \
     --config configs/glm4-9b-chat.cfg --num_hidden_layers 12 --dataset /tmp/bench4096.jsonl --max_length 4096 \
     --gradient_accumulation_steps 1 --max_steps 8 --logging_steps 1 --warmup_steps 0 --save_strategy no \
-    --output_dir /tmp/e2e_tune$tune ${GLM_PROBE_ARGS:-} >"$OUT/e2e_tune$tune.log" 2>&1 || tail -5 "$OUT/e2e_tune$tune.log"
+    --overwrite_output_dir true --output_dir /tmp/e2e_tune$tune ${GLM_PROBE_ARGS:-} >"$OUT/e2e_tune$tune.log" 2>&1 || tail -5 "$OUT/e2e_tune$tune.log"
   grep -A40 "^profile: " "$OUT/e2e_tune$tune.log"
   python3 -c "
 import json; r=[json.loads(l) for l in open('/tmp/e2e_tune$tune/logging.jsonl')][3:]
