@@ -44,7 +44,9 @@ cmd_down() {
   [[ "${1:-}" == "--keep" ]] && keep=1
   if [[ -f "$conf" ]]; then
     # Jobs first (their processes belong to slurmd's steps), then the daemons.
-    SLURM_CONF="$conf" scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
+    local -a jobs
+    read -r -a jobs <<<"$(SLURM_CONF="$conf" squeue -h -o %i 2>/dev/null | tr '\n' ' ')"
+    ((${#jobs[@]} == 0)) || SLURM_CONF="$conf" scancel --full --quiet "${jobs[@]}" 2>/dev/null || true
     local deadline=$((SECONDS + 20))
     while [[ -n "$(SLURM_CONF="$conf" squeue -h -o %i 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.5; done
   fi

@@ -187,7 +187,10 @@ static void warn_if_bound_to_one_core(const glm::ProcessInfo& proc) {
 }
 
 // The command, once its directory is held; `ending` gets what run_status.json says beside the code.
-static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, nlohmann::json& ending) {
+// run_directory: rank 0's claim of the command's directory (null elsewhere, and for commands that
+// write none).
+static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, glm::RunDirectory* run_directory,
+                       nlohmann::json& ending) {
   if (options.command == "export") {
     // Files only, on one process (rank 0 under mpirun): no device, no data.
     auto report = proc.rank == 0 ? glm::run_export(options) : glm::Result<std::string>(std::string());
@@ -199,12 +202,6 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, n
   // caching data, writing shards and evaluation stop at once, exit code 75; once train has its data,
   // one stops training after its first step with a checkpoint.
   if (int code = settle(glm::install_stop_handlers())) return code;
-  // Before any data is read: a context-parallel group must tile the ranks.
-  if (options.command == "train" && proc.world_size % options.train.context_parallel_size != 0) {
-    if (int code = settle(GLM_USER_ERROR("--context_parallel_size ", options.train.context_parallel_size,
-                                         " must divide the world size ", proc.world_size)))
-      return code;
-  }
   if (proc.rank == 0 && !options.deepspeed_account.empty()) {
     std::printf("%s", options.deepspeed_account.c_str());
     std::fflush(stdout);
@@ -297,7 +294,16 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, n
   }
   options.train.per_device_eval_batch_size = options.per_device_eval_batch_size;
   if (!eval) {
-    if (int code = settle(proc.rank == 0 ? glm::write_args_json(options) : glm::Status::ok())) return code;
+    // The inputs are read and checked: an earlier run this one replaces goes now, then its records start.
+    auto begin_records = [&]() -> glm::Status {
+      if (run_directory != nullptr) {
+        GLM_ASSIGN_OR_RETURN(const std::string removed, run_directory->replace_earlier_run());
+        std::printf("%s", removed.c_str());
+        std::fflush(stdout);
+      }
+      return glm::write_args_json(options);
+    };
+    if (int code = settle(proc.rank == 0 ? begin_records() : glm::Status::ok())) return code;
   }
 
   const std::chrono::duration<double> timeout(options.collective_timeout);
@@ -371,6 +377,12 @@ static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
     }
     return 0;
   }
+  // Before the directory is claimed and any data read: a context-parallel group must tile the ranks.
+  if (options.command == "train" && proc.world_size % options.train.context_parallel_size != 0) {
+    if (int code = settle(GLM_USER_ERROR("--context_parallel_size ", options.train.context_parallel_size,
+                                         " must divide the world size ", proc.world_size)))
+      return code;
+  }
   // The directory this command writes is this run's alone until it exits: rank 0 holds its lock
   // (cli/run_directory.h) and every rank learns the outcome before anything is written.
   auto claimed = proc.rank == 0 ? glm::claim_run_directory(options)
@@ -393,7 +405,7 @@ static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
   nlohmann::json ending;
   int code = 0;
   try {
-    code = run_command(options, proc, ending);
+    code = run_command(options, proc, run_directory.get(), ending);
   } catch (...) {  // main() ends it through the fatal path; the directory says so and is released first
     if (run_directory != nullptr) {
       (void)run_directory->record_status({{"status", "failed"}, {"exit_code", 1}, {"reason", "uncaught exception"}});

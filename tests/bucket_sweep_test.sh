@@ -43,5 +43,5 @@ PY
 if command -v gnuplot >/dev/null; then
   test -s "$out/bucket_sweep.png" || { echo "gnuplot is installed but no PNG was written"; exit 1; }
 else
-  grep -q "gnuplot not found" "$out/stdout"
+  grep -q "wrote .*bucket_sweep.png\|neither gnuplot nor matplotlib" "$out/stdout"
 fi

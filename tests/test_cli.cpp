@@ -402,8 +402,11 @@ TEST(CliPreemption, SigtermToEveryRankSavesAndExits75) {
   const auto dir = out / marker;
   const std::string signaller = "(for i in " + poll_60s() + "; do [ -s '" + (dir / "logging.jsonl").string() +
                                 "' ] && break; sleep 0.1; done; pkill -TERM -f '^[^ ]*glm_hpc .*" + marker + "') & ";
-  RunResult r = run_glm(
-      kTiny + "--max_steps 100000 --save_steps 100000 --logging_steps 1 --output_dir " + dir.string(), 2, signaller);
+  // --save_only_model: the preemption's checkpoint is whole all the same, for the resume.
+  RunResult r = run_glm(kTiny + "--max_steps 100000 --save_steps 100000 --save_only_model true --logging_steps 1 "
+                                "--output_dir " +
+                            dir.string(),
+                        2, signaller);
   ASSERT_EQ(r.exit_code, 75) << r.output;
   const std::string prefix = "glm_hpc: preempted: SIGTERM received; every rank stopped after step ";
   EXPECT_EQ(count(r.output, prefix), 1) << r.output;
@@ -411,6 +414,8 @@ TEST(CliPreemption, SigtermToEveryRankSavesAndExits75) {
   ASSERT_NE(at, std::string::npos) << r.output;
   const int step = std::stoi(r.output.substr(at + prefix.size()));
   EXPECT_TRUE(std::filesystem::exists(dir / ("checkpoint-" + std::to_string(step)) / "COMPLETE")) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / ("checkpoint-" + std::to_string(step)) / "meta.json"))["model_only"],
+            false);
   const auto status = nlohmann::json::parse(std::ifstream(dir / "run_status.json"));
   EXPECT_EQ(status["status"], "preempted") << status;
   EXPECT_EQ(status["exit_code"], 75) << status;
@@ -490,10 +495,12 @@ TEST(CliDeepSpeed, ConfigsAreAccountedAppliedOrRefused) {
   expect_bad_input("--deepspeed zero3 --zero_stage 1",
                    "--deepspeed zero3: zero_optimization.stage 3 sets --zero_stage 3, which contradicts --zero_stage 1");
   expect_bad_input("--deepspeed /nonexistent/ds.json", "/nonexistent/ds.json");
+  expect_bad_input("--warmup_ratio 0.1 --deepspeed " + ds + "zero3_bf16.json",
+                   "scheduler.params.warmup_num_steps 3 sets --warmup_steps 3, which contradicts --warmup_ratio");
   const auto out = scratch_root() / "deepspeed_zero3";
   std::filesystem::remove_all(out);
-  RunResult r = run_glm(kTiny + "--deepspeed " + ds + "zero3_bf16.json --max_grad_norm 0.5 --max_steps 2 --output_dir " +
-                        out.string());
+  RunResult r = run_glm(kTiny + "--deepspeed " + ds +
+                        "zero3_bf16.json --max_grad_norm 0.5 --overlap_comm yes --max_steps 2 --output_dir " + out.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count(r.output, "glm_hpc: --deepspeed "), 1) << "rank 0 gives the account once\n" << r.output;
   EXPECT_NE(r.output.find("ZeRO-3"), std::string::npos) << r.output;
@@ -793,6 +800,15 @@ TEST(CliRunDirectory, EarlierRunIsKeptUnlessResumedOrOverwritten) {
       << refused.output;
   EXPECT_EQ(count(refused.output, "glm_hpc: error:"), 1) << refused.output;
   EXPECT_EQ(read_text(dir / "logging.jsonl"), log_before) << "the earlier log is untouched";
+  EXPECT_TRUE(fs::exists(dir / "checkpoint-2" / "COMPLETE"));
+  // Starting over from its weights is not continuing it; a replacement whose input is bad removes nothing.
+  RunResult weights_only =
+      run_glm(args + "--max_steps 2 --resume_from_checkpoint latest --resume_only_model true", 2);
+  EXPECT_EQ(weights_only.exit_code, 2) << weights_only.output;
+  EXPECT_NE(weights_only.output.find("holds an earlier run's"), std::string::npos) << weights_only.output;
+  RunResult bad = run_glm(args + "--max_steps 2 --overwrite_output_dir true --dataset " + (dir / "none.jsonl").string(), 2);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_EQ(read_text(dir / "logging.jsonl"), log_before) << "still untouched";
   EXPECT_TRUE(fs::exists(dir / "checkpoint-2" / "COMPLETE"));
 
   RunResult resumed = run_glm(args + "--max_steps 3 --resume_from_checkpoint latest", 2);

@@ -83,6 +83,16 @@ TEST(DeepSpeedConfig, Zero3OptimizerAndSchedulerBlocksMapOntoOptions) {
   expect_outcome(keys, "bf16.enabled", Outcome::no_effect, "auto");
 }
 
+TEST(DeepSpeedConfig, NoWarmupStepsMeansNoWarmup) {
+  const std::string path = testing::TempDir() + "/ds_warmup.json";
+  std::ofstream(path) << R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 0}}})";
+  auto read = read_deepspeed_config(path);
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  const auto keys = by_key(read.value());
+  expect_applied(keys, "scheduler.type", "lr_scheduler_type", "linear");
+  expect_applied(keys, "scheduler.params.warmup_num_steps", "warmup_ratio", "0");
+}
+
 TEST(DeepSpeedConfig, PresetsSetTheStageOnly) {
   for (int stage = 1; stage <= 3; ++stage) {
     auto read = read_deepspeed_config("zero" + std::to_string(stage));

@@ -215,7 +215,10 @@ def mark_noise(rows):
     for r in ok:
         gap = float(r["step_seconds"]) - float(best["step_seconds"])
         noise = (ci_of(r) ** 2 + ci_of(best) ** 2) ** 0.5
-        r["within_noise_of_best"] = "yes" if gap <= noise else "no"
+        if noise == float("inf"):
+            r["within_noise_of_best"] = "unknown (one run)"
+        else:
+            r["within_noise_of_best"] = "yes" if gap <= noise else "no"
     return best
 
 

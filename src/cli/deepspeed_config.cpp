@@ -175,7 +175,10 @@ void scheduler_key(DeepSpeedKey& k, const Json& v, const std::string& name) {
     return refused(k, "glm_hpc's schedules are WarmupDecayLR (linear), WarmupCosineLR (cosine) and WarmupLR "
                       "(constant_with_warmup)");
   }
-  if (name == "params.warmup_num_steps") return number_option(k, v, "warmup_steps");
+  if (name == "params.warmup_num_steps") {
+    if (v.is_number() && v.get<double>() == 0) return applied(k, "warmup_ratio", "0");  // no warmup at all
+    return number_option(k, v, "warmup_steps");
+  }
   if (name == "params.warmup_max_lr") return number_option(k, v, "learning_rate");
   if (name == "params.warmup_min_lr" || name == "params.cos_min_ratio" || name == "params.warmup_min_ratio") {
     if (v.is_number() && v.get<double>() != 0) return refused(k, "the schedules start and end at 0");

@@ -388,8 +388,7 @@ class OptionTable {
         "true is --recompute full (the transformers/ms-swift name)");
     add(train, "context_parallel_size", &t.context_parallel_size,
         "ranks sharing each sequence (Megatron's name): groups of this many consecutive ranks each hold 1/C of "
-        "every row's tokens and attention gathers the row's keys and values; must divide the world size (CPU "
-        "backend so far)");
+        "every row's tokens and attention gathers the row's keys and values; must divide the world size");
     add(train, "sequence_parallel_size", &o_.sequence_parallel_size, "ms-swift's name for --context_parallel_size");
     add(train, "report_to", &o_.report_to,
         "transformers' experiment trackers: none (and all, with none installed); glm_hpc writes logging.jsonl and "
@@ -793,9 +792,17 @@ std::string help_text() {
   return s.str();
 }
 
-// Two option texts that mean the same value: equal, or equal numbers (1.0 and 1, 5e8 and 500000000).
+// Two option texts that mean the same value: equal, the same boolean (true, 1, yes, on), or equal
+// numbers (1.0 and 1, 5e8 and 500000000).
 bool same_value(const std::string& a, const std::string& b) {
   if (a == b) return true;
+  auto truth = [](std::string t) -> int {
+    for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (t == "true" || t == "yes" || t == "on") return 1;
+    if (t == "false" || t == "no" || t == "off") return 0;
+    return -1;
+  };
+  if (truth(a) >= 0 && truth(b) >= 0) return truth(a) == truth(b);
   try {
     size_t used_a = 0, used_b = 0;
     const double x = std::stod(a, &used_a), y = std::stod(b, &used_b);
@@ -840,6 +847,14 @@ Status store_deepspeed(const po::options_description& all, po::variables_map& vm
     lines += concat(k.option, " = ", k.text, "\n");
     src.deepspeed_keys[k.option] = k.key;
   }
+  // --warmup_steps (when positive) wins over --warmup_ratio: a key that sets one contradicts the
+  // other given explicitly.
+  auto explicitly = [&](const char* name) { return src.command_line.count(name) || src.config_lines.count(name); };
+  for (const auto& [set, other] : {std::pair{"warmup_steps", "warmup_ratio"}, std::pair{"warmup_ratio", "warmup_steps"}})
+    if (const auto it = chosen.find(set); it != chosen.end() && explicitly(other))
+      return GLM_USER_ERROR("--deepspeed ", src.deepspeed, ": ", it->second->key, " ", it->second->value, " sets --",
+                            set, " ", it->second->text, ", which contradicts ", src.where(other),
+                            " (drop one: warmup is given once)");
   std::istringstream in(lines);
   po::store(po::parse_config_file(in, all, false), vm);
   return Status::ok();

@@ -75,27 +75,32 @@ Result<PreviousRun> find_previous_run(const fs::path& dir) {
   return previous;
 }
 
-// A training run into a directory that holds an earlier run's results continues it
-// (--resume_from_checkpoint), replaces it (--overwrite_output_dir true: its log and checkpoints
-// are removed first), or is refused (transformers' rule; nothing is overwritten unasked).
-Status settle_previous_run(const CliOptions& options, const fs::path& dir, std::string& report) {
+// True when the run continues the one in `dir`: a full resume (not --resume_only_model, which starts
+// over at step 0) from latest or from a checkpoint inside dir.
+bool continues_run_in(const CliOptions& options, const fs::path& dir) {
+  const std::string& spec = options.train.resume_from_checkpoint;
+  if (spec.empty() || options.train.resume_only_model) return false;
+  if (spec == "latest") return true;
+  std::error_code ec;
+  const fs::path parent = fs::weakly_canonical(fs::path(spec).lexically_normal(), ec).parent_path();
+  return !ec && fs::equivalent(parent, dir, ec);
+}
+
+// A training run into a directory that holds an earlier run's results continues it (a full
+// resume from one of its checkpoints), replaces it (--overwrite_output_dir true: its log and
+// checkpoints are removed once the run's inputs have been read and checked: replace_earlier_run),
+// or is refused (transformers' rule; nothing is overwritten unasked).
+Status settle_previous_run(const CliOptions& options, const fs::path& dir, std::vector<fs::path>& doomed,
+                           std::string& doomed_description) {
   GLM_ASSIGN_OR_RETURN(const PreviousRun previous, find_previous_run(dir));
-  if (previous.empty() || !options.train.resume_from_checkpoint.empty()) return Status::ok();
+  if (previous.empty() || continues_run_in(options, dir)) return Status::ok();
   if (!options.overwrite_output_dir)
     return GLM_USER_ERROR("--output_dir '", options.train.output_dir, "' holds an earlier run's ", previous.describe(),
                           ": continue it with --resume_from_checkpoint latest, replace it with --overwrite_output_dir "
                           "true, or choose another --output_dir");
-  std::error_code ec;
-  for (const fs::path& path : previous.checkpoints) {
-    fs::remove_all(path, ec);
-    if (ec) return GLM_USER_ERROR("--overwrite_output_dir: cannot remove '", path.string(), "': ", ec.message());
-  }
-  for (const fs::path& path : previous.files) {
-    fs::remove(path, ec);
-    if (ec) return GLM_USER_ERROR("--overwrite_output_dir: cannot remove '", path.string(), "': ", ec.message());
-  }
-  report += concat("glm_hpc: --overwrite_output_dir: removed the earlier run's ", previous.describe(), " from ",
-                   dir.string(), "\n");
+  doomed = previous.checkpoints;
+  doomed.insert(doomed.end(), previous.files.begin(), previous.files.end());
+  doomed_description = previous.describe();
   return Status::ok();
 }
 
@@ -146,7 +151,7 @@ Result<std::unique_ptr<RunDirectory>> claim_run_directory(const CliOptions& opti
     claimed->report_ += "glm_hpc: " + claimed->lock_->takeover_note() + "\n";
   GLM_ASSIGN_OR_RETURN(const TemporaryCleanup cleaned, remove_stale_temporaries(dir, ours));
   if (!cleaned.empty()) claimed->report_ += "glm_hpc: " + cleaned.describe(dir) + "\n";
-  if (command == "train") GLM_RETURN_IF_ERROR(settle_previous_run(options, dir, claimed->report_));
+  if (command == "train") GLM_RETURN_IF_ERROR(settle_previous_run(options, dir, claimed->doomed_, claimed->doomed_description_));
   if (claimed->records_status_) {
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);
@@ -154,6 +159,18 @@ Result<std::unique_ptr<RunDirectory>> claim_run_directory(const CliOptions& opti
         claimed->record_status({{"status", "running"}, {"exit_code", nullptr}, {"host", host}, {"pid", ::getpid()}}));
   }
   return claimed;
+}
+
+Result<std::string> RunDirectory::replace_earlier_run() {
+  if (doomed_.empty()) return std::string();
+  std::error_code ec;
+  for (const fs::path& path : doomed_) {
+    fs::remove_all(path, ec);
+    if (ec) return GLM_USER_ERROR("--overwrite_output_dir: cannot remove '", path.string(), "': ", ec.message());
+  }
+  doomed_.clear();
+  return concat("glm_hpc: --overwrite_output_dir: removed the earlier run's ", doomed_description_, " from ",
+                dir_.string(), "\n");
 }
 
 Status RunDirectory::record_status(const nlohmann::json& fields) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "cli/options.h"
@@ -27,6 +28,10 @@ class RunDirectory {
 
   // What claiming did beside taking the lock (a take-over, a clean-up), one line each; may be empty.
   const std::string& report() const { return report_; }
+  // train with --overwrite_output_dir true: removes the earlier run's log and checkpoints found at
+  // the claim (called once the run's inputs are read and checked, before its first record); the
+  // line that says so, or "" when there was nothing to remove.
+  Result<std::string> replace_earlier_run();
   // train: output_dir/run_status.json (see write_run_status); other commands: nothing.
   Status record_status(const nlohmann::json& fields);
   // Releases the lock; a directory the claim created and nothing was written to is removed.
@@ -41,6 +46,8 @@ class RunDirectory {
   bool created_ = false;
   bool records_status_ = false;
   std::string report_;
+  std::vector<std::filesystem::path> doomed_;  // the earlier run's files --overwrite_output_dir replaces
+  std::string doomed_description_;
 };
 
 // Rank 0's claim for options.command; null when the command writes no directory. A live holder is

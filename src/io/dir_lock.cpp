@@ -219,32 +219,37 @@ std::string read_all(const fs::path& path) {
 }
 
 // Removes the stale lock (whose bytes were `judged`); true when this run removed that very file.
-// One run at a time does it, holding <lock>.takeover (created exclusively, the candidate's bytes):
-// under it the lock is read and, still the judged one, unlinked. Its holder being dead, nobody else
-// changes that file meanwhile, and the name is never vacated under a live lock (renaming the file
-// aside to look at it would open that window: a third run could create its lock in it). A
-// .takeover older than kTakeoverSeconds on the filesystem's clock was left by a run killed in
-// these few lines and is removed. `clock_file` (the candidate) gives that clock.
-Result<bool> take_over(const fs::path& lock_file, const std::string& judged, const fs::path& clock_file,
-                       const std::string& text) {
-  constexpr int64_t kTakeoverSeconds = 10;
+// One run at a time does it, holding a POSIX record lock on <lock>.takeover (a file that stays:
+// unlinking it would let two runs lock two different files; the kernel releases the record lock
+// when its holder dies, so a killed run leaves nothing to judge): under it the lock is read and,
+// still the judged one, unlinked. Its holder being dead, nobody else changes that file meanwhile,
+// and the name is never vacated under a live lock (renaming the file aside to look at it would
+// open that window: a third run could create its lock in it). Where the filesystem offers no
+// record locks, the read and the unlink run unguarded.
+Result<bool> take_over(const fs::path& lock_file, const std::string& judged) {
   const fs::path guard = lock_file.string() + ".takeover";
-  const int fd = ::open(guard.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    if (errno != EEXIST) return GLM_FILE_ERROR("cannot create the take-over guard", guard, errno);
-    struct stat clock = {}, st = {};
-    if (::stat(clock_file.c_str(), &clock) == 0 && ::stat(guard.c_str(), &st) == 0 &&
-        clock.st_mtime - st.st_mtime > kTakeoverSeconds)
-      ::unlink(guard.c_str());
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // another run is taking over right now
-    return false;
+  const int fd = ::open(guard.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return GLM_FILE_ERROR("cannot open the take-over guard", guard, errno);
+  struct flock region = {};
+  region.l_type = F_WRLCK;
+  region.l_whence = SEEK_SET;
+  bool guarded = false;
+  int err = 0;
+  for (int tries = 0; tries < 100; ++tries) {  // another run holds it for microseconds
+    if (::fcntl(fd, F_SETLK, &region) == 0) {
+      guarded = true;
+      break;
+    }
+    err = errno;
+    if (err != EAGAIN && err != EACCES && err != EINTR) break;  // no record locks here
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  (void)!::write(fd, text.data(), text.size());
-  ::close(fd);
-  const bool same = read_all(lock_file) == judged;
-  const bool removed = same && ::unlink(lock_file.c_str()) == 0;
-  ::unlink(guard.c_str());
+  if (!guarded && (err == EAGAIN || err == EACCES)) {
+    ::close(fd);
+    return false;  // someone is still taking over: look at the lock again
+  }
+  const bool removed = read_all(lock_file) == judged && ::unlink(lock_file.c_str()) == 0;
+  ::close(fd);  // releases the record lock
   return removed;
 }
 
@@ -335,7 +340,7 @@ Result<std::shared_ptr<DirectoryLock>> DirectoryLock::acquire(const fs::path& lo
       j = judge(found, me);
     }
     if (!j.stale) return GLM_USER_ERROR(refusal(found, j, lock_file, option, shown_dir));
-    GLM_ASSIGN_OR_RETURN(const bool took, take_over(lock_file, found.text, candidate, text));
+    GLM_ASSIGN_OR_RETURN(const bool took, take_over(lock_file, found.text));
     if (took)
       note = concat("took over the stale lock ", lock_file.string(), " of ",
                     found.holder ? found.holder->describe() : std::string("an unknown run"), ": ", j.why);

@@ -14,9 +14,10 @@
 //     file's mtime, refreshed every kHeartbeatSeconds) is older than kStaleSeconds, measured on
 //     the filesystem's own clock. Until then the run is refused with a message that says how to
 //     remove the lock by hand when its holder is known to be dead.
-// Taking over is done by one run at a time (holding <lock>.takeover, created exclusively): it reads
-// the lock again and removes it only while it is still the very file it judged; then every run
-// tries link(2) again, and of runs taking over at once only one gets the lock.
+// Taking over is done by one run at a time (holding a record lock on <lock>.takeover, which the
+// kernel releases if the run dies): it reads the lock again and removes it only while it is still
+// the very file it judged; then every run tries link(2) again, and of runs taking over at once
+// only one gets the lock.
 #pragma once
 
 #include <atomic>

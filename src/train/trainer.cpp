@@ -279,7 +279,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   }
   GLM_RETURN_IF_ERROR(logger.begin(start_step));
   // A checkpoint after `done` steps, with the eval loss of that step (if evaluated) and the best so far.
-  auto checkpoint = [&](int64_t done, std::optional<double> eval_loss) -> Result<std::string> {
+  // model_only: --save_only_model's weights alone; a preemption's save is whole, for the resume.
+  auto checkpoint = [&](int64_t done, std::optional<double> eval_loss, bool model_only) -> Result<std::string> {
     if (best && best->step == done) best->checkpoint = concat("checkpoint-", done);
     const CheckpointState state{done,
                                 loader.consumed_samples(done),
@@ -289,7 +290,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                                 eval_loss,
                                 best,
                                 config.base_model,
-                                config.save_only_model};
+                                model_only};
     GLM_ASSIGN_OR_RETURN(const SaveReport saved,
                          save_checkpoint(*engine, comm, config.output_dir, state, config.save_total_limit));
     GLM_RETURN_IF_ERROR(logger.log_save(done, saved.dir, saved.bytes, saved.seconds));
@@ -347,27 +348,23 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
         return evaluated.status();
       }
     }
-    const bool save_now = !config.output_dir.empty() && config.save_strategy == SaveStrategy::steps &&
-                          ((step + 1) % config.save_steps == 0 || last);
-    if (save_now) {
-      GLM_RETURN_IF_ERROR(checkpoint(step + 1, eval_now).status());
-    }
     // Preemption (src/train/preemption.h): every rank asks after every step, so all stop together.
     if (!last) {
       GLM_ASSIGN_OR_RETURN(summary.preempted_by, agree_on_preemption(comm));
-      if (summary.preempted_by != 0) {
-        std::string saved = "no checkpoint saved (--save_strategy no, or no --output_dir)";
-        if (save_now) {
-          saved = "saved " + (std::filesystem::path(config.output_dir) / concat("checkpoint-", step + 1)).string();
-        } else if (!config.output_dir.empty() && config.save_strategy == SaveStrategy::steps) {
-          GLM_ASSIGN_OR_RETURN(const std::string dir, checkpoint(step + 1, eval_now));
-          saved = "saved " + dir;
-        }
-        logger.print(concat("glm_hpc: preempted: ", signal_name(summary.preempted_by),
-                            " received; every rank stopped after step ", step + 1, " of ", total_steps, ", ", saved,
-                            "; exit code ", kPreemptedExitCode, " (continue with --resume_from_checkpoint latest)"));
-        break;
-      }
+    }
+    const bool stopping = summary.preempted_by != 0;
+    const bool save_now = !config.output_dir.empty() && config.save_strategy == SaveStrategy::steps &&
+                          ((step + 1) % config.save_steps == 0 || last || stopping);
+    std::string saved = "no checkpoint saved (--save_strategy no, or no --output_dir)";
+    if (save_now) {
+      GLM_ASSIGN_OR_RETURN(const std::string dir, checkpoint(step + 1, eval_now, config.save_only_model && !stopping));
+      saved = "saved " + dir;
+    }
+    if (stopping) {
+      logger.print(concat("glm_hpc: preempted: ", signal_name(summary.preempted_by),
+                          " received; every rank stopped after step ", step + 1, " of ", total_steps, ", ", saved,
+                          "; exit code ", kPreemptedExitCode, " (continue with --resume_from_checkpoint latest)"));
+      break;
     }
   }
   GLM_ASSIGN_OR_RETURN(summary.parameter_checksum, engine->parameter_checksum());
