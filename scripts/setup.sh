@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Installs what glm_hpc's build and tests need (Debian/Ubuntu packages, and the pinned npm tiktoken
 # of the tokenizer tests), idempotently and quietly: nothing is fetched when everything is there.
+# --build-only: what configuring and building needs, nothing that only the tests use (scripts/demo.sh).
 set -euo pipefail
+build_only=0
+[ "${1:-}" = "--build-only" ] && build_only=1
 
 packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev
   libhdf5-dev libboost-program-options-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+)
+test_packages=(
   # A one-host Slurm for tests/slurm/run_slurm_test.sh (the test starts and stops the daemons).
   munge slurmctld slurmd slurm-client
   # benchmarks/calls/bucket_sweep.py draws its PNG with gnuplot (it writes the CSV without it).
@@ -21,8 +26,9 @@ packages=(
 
 # node and npm run npm tiktoken, the oracle of the tokenizer tests (tools/tiktoken_peer). Checked
 # by command, not package: a nodejs from elsewhere (NodeSource) bundles its own npm.
-command -v node >/dev/null || packages+=(nodejs)
-command -v npm >/dev/null || packages+=(npm)
+command -v node >/dev/null || test_packages+=(nodejs)
+command -v npm >/dev/null || test_packages+=(npm)
+[ "$build_only" = 1 ] || packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -39,6 +45,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+[ "$build_only" = 1 ] && exit 0
 # The pinned npm tiktoken (package-lock.json) into the git-ignored tools/tiktoken_peer/node_modules;
 # a copy of the lock file there marks an install that is current.
 peer="$(cd "$(dirname "$0")/.." && pwd)/tools/tiktoken_peer"
