@@ -2,7 +2,8 @@
 # One call on the 2 x H200 machine for context parallelism: the build, the NCCL trajectory test of
 # --context_parallel_size 2 against one GPU, then LoRA steps of the GLM-4-9B-Chat-1M shapes (12
 # layers, --recompute full) on one row per step: a 64k-token row on one GPU (C = 1) and over two
-# (C = 2), and a 256k-token row, which one GPU cannot hold, over two. Each run's tokens/s and peak
+# (C = 2), and a 256k-token row, which one GPU cannot hold, over two; then full fine-tuning at ZeRO-3
+# of a 128k-token row over two. Each run's tokens/s and peak
 # memory (logging.jsonl's device_memory_gib, nvidia-smi beside it) next to `plan`'s prediction for
 # the same options. A short table comes last.
 #
@@ -19,13 +20,13 @@ if [ "$dry" = 1 ]; then
   B=${GLM_CP_BUILD:-build-cpu}
   device=cpu
   model=(--config configs/glm4-tiny.cfg)
-  short=256 long=1024 test_limit=120
+  short=256 long=1024 full=512 test_limit=120
 else
   GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc test_nccl" bash benchmarks/calls/gpu_session.sh || exit 1
   B=build-gpu
   device=cuda
   model=(--config configs/glm4-9b-chat-1m.cfg --num_hidden_layers 12)
-  short=65536 long=262144 test_limit=240
+  short=65536 long=262144 full=131072 test_limit=240
 fi
 source benchmarks/calls/steps.sh
 if [ "$dry" = 1 ]; then
@@ -33,7 +34,7 @@ if [ "$dry" = 1 ]; then
 else
   step test_nccl "$test_limit" mpirun -np 2 --bind-to none $B/tests/test_nccl --gtest_filter='NcclContextParallel.*'
 fi
-python3 - "$short" "$long" <<'PY'
+python3 - "$short" "$long" "$full" <<'PY'
 import json, random, sys
 random.seed(0)
 for tokens in map(int, sys.argv[1:]):
@@ -41,12 +42,13 @@ for tokens in map(int, sys.argv[1:]):
         for _ in range(4):
             f.write(json.dumps({"input_ids": [random.randrange(1, 1500) for _ in range(tokens)]}) + "\n")
 PY
-common=(--train_type lora --recompute full --gradient_accumulation_steps 1 --per_device_train_batch_size 1
-  --max_steps 4 --logging_steps 1 --warmup_steps 0 --save_strategy no)
-# run NAME RANKS TOKENS: plan the options, then train with them.
+common=(--recompute full --gradient_accumulation_steps 1 --per_device_train_batch_size 1
+  --logging_steps 1 --warmup_steps 0 --save_strategy no)
+# run NAME RANKS TOKENS OPTION...: plan the options, then train with them.
 run() {
   local name=$1 ranks=$2 tokens=$3
-  local opts=("${model[@]}" "${common[@]}" --max_length "$tokens" --context_parallel_size "$ranks")
+  shift 3
+  local opts=("${model[@]}" "${common[@]}" "$@" --max_length "$tokens" --context_parallel_size "$ranks")
   $B/glm_hpc plan "${opts[@]}" --world_size "$ranks" >"$OUT/plan_$name.txt" 2>&1
   local smi=
   if [ "$dry" != 1 ]; then
@@ -58,15 +60,17 @@ run() {
     --dataset "/tmp/cp_rows_$tokens.jsonl" --output_dir "/tmp/cp_$name"
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
 }
-run cp1_short 1 "$short"
-run cp2_short 2 "$short"
-run cp2_long 2 "$long"
-python3 - "$OUT" "$short" "$long" <<'PY'
+# The 256k row's attention alone is about a minute a step here (mma.sync kernels): two steps.
+run cp1_short 1 "$short" --train_type lora --max_steps 4
+run cp2_short 2 "$short" --train_type lora --max_steps 4
+run cp2_long 2 "$long" --train_type lora --max_steps 2
+run cp2_full 2 "$full" --train_type full --zero_stage 3 --max_steps 3
+python3 - "$OUT" "$short" "$long" "$full" <<'PY'
 import json, os, re, sys
-out, short, long_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-print("== context parallelism: LoRA, recompute full, one row per step ==")
+out, short, long_, full = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+print("== context parallelism: recompute full, one row per step (LoRA; cp2_full: full fine-tuning, ZeRO-3) ==")
 print("%-10s %9s %10s %14s %14s %14s" % ("run", "row", "tokens/s", "peak (jsonl)", "peak (smi)", "plan"))
-for name, tokens in (("cp1_short", short), ("cp2_short", short), ("cp2_long", long_)):
+for name, tokens in (("cp1_short", short), ("cp2_short", short), ("cp2_long", long_), ("cp2_full", full)):
     rows = []
     try:
         rows = [json.loads(l) for l in open(f"/tmp/cp_{name}/logging.jsonl") if '"loss"' in l]
