@@ -277,6 +277,28 @@ HostMicroBatch random_batch(const ModelConfig& c, uint64_t seed) {
   return random_documents(c.vocab_size, seed, {61, 150, 9}, 4);
 }
 
+// The losses of `steps` steps of one GPU training on all of `batches` each step, from parameters of
+// `seed`: computed on rank 0 and broadcast to every rank (EXPECT only there: the others wait in the
+// broadcast).
+std::vector<double> one_gpu_losses(const ModelConfig& c, const std::vector<HostMicroBatch>& batches,
+                                   const AdamWOptions& adam, uint64_t seed, int steps) {
+  std::vector<double> losses(static_cast<size_t>(steps), 0.0);
+  if (world_rank() == 0) {
+    auto gpu = make_cuda_backend(0).take();
+    LocalCommunicator self;
+    auto e = TrainingEngine::create({.model = c, .max_tokens = 512, .adam = adam}, *gpu, self).take();
+    EXPECT_TRUE(e->initialize_parameters(seed).is_ok());
+    for (int s = 0; s < steps; ++s) {
+      auto r = e->step(batches, 2e-3);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      if (!r.is_ok()) break;
+      losses[static_cast<size_t>(s)] = r.value().loss;
+    }
+  }
+  MPI_Bcast(losses.data(), steps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return losses;
+}
+
 class NcclZero : public ::testing::TestWithParam<std::tuple<int, Recompute>> {};
 
 // The global window of 4 micro-batches (one per rank beyond 4 ranks, so 8 at 8): one GPU does them
@@ -293,20 +315,7 @@ TEST_P(NcclZero, SameTrajectoryAsOneGpu) {
   AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
   constexpr int kSteps = 10;
 
-  std::vector<double> ref(kSteps, 0.0);
-  if (rank == 0) {
-    auto gpu = make_cuda_backend(0).take();
-    LocalCommunicator self;
-    auto e = TrainingEngine::create({.model = c, .max_tokens = 512, .adam = adam}, *gpu, self).take();
-    EXPECT_TRUE(e->initialize_parameters(3).is_ok());
-    for (int s = 0; s < kSteps; ++s) {  // EXPECT only: rank 1 is waiting in the broadcast below
-      auto r = e->step(global, 2e-3);
-      EXPECT_TRUE(r.is_ok()) << r.status().message();
-      if (!r.is_ok()) break;
-      ref[static_cast<size_t>(s)] = r.value().loss;
-    }
-  }
-  MPI_Bcast(ref.data(), kSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  const std::vector<double> ref = one_gpu_losses(c, global, adam, 3, kSteps);
 
   Fixture f = make_fixture();
   ASSERT_TRUE(f.nccl);
@@ -350,20 +359,7 @@ TEST_P(NcclContextParallel, SameTrajectoryAsOneGpu) {
   for (int m = 0; m < 3; ++m) rows.push_back(random_batch(c, 41 + m));
   AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
   constexpr int kSteps = 8;
-  std::vector<double> ref(kSteps, 0.0);
-  if (world_rank() == 0) {
-    auto gpu = make_cuda_backend(0).take();
-    LocalCommunicator self;
-    auto e = TrainingEngine::create({.model = c, .max_tokens = 512, .adam = adam}, *gpu, self).take();
-    EXPECT_TRUE(e->initialize_parameters(5).is_ok());
-    for (int s = 0; s < kSteps; ++s) {  // EXPECT only: the other ranks wait in the broadcast below
-      auto r = e->step(rows, 2e-3);
-      EXPECT_TRUE(r.is_ok()) << r.status().message();
-      if (!r.is_ok()) break;
-      ref[static_cast<size_t>(s)] = r.value().loss;
-    }
-  }
-  MPI_Bcast(ref.data(), kSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  const std::vector<double> ref = one_gpu_losses(c, rows, adam, 5, kSteps);
 
   Fixture f = make_fixture();
   ASSERT_TRUE(f.nccl);

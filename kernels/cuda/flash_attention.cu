@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 namespace glm::cuda {
 namespace {
@@ -725,21 +726,38 @@ cudaError_t backward_gathered_impl(bf16* dqkv, bf16* dkv, float* scratch, const 
 
 bool flash_attention_supports(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
+namespace {
+
+template <int D>
+using HeadDim = std::integral_constant<int, D>;
+
+// launch(HeadDim<D>{}) for the head sizes the flash kernels are built for
+// (flash_attention_supports); cudaErrorInvalidValue for any other.
+template <typename Launch>
+cudaError_t with_head_dim(int64_t head_dim, Launch&& launch) {
+  switch (head_dim) {
+    case 32:
+      return launch(HeadDim<32>{});
+    case 64:
+      return launch(HeadDim<64>{});
+    case 128:
+      return launch(HeadDim<128>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
 cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
                                     int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
                                     const FlashOptions& options) {
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0) return cudaErrorInvalidValue;
-  switch (head_dim) {
-    case 32:
-      return forward_impl<32>(out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
-    case 64:
-      return forward_impl<64>(out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
-    case 128:
-      return forward_impl<128>(out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return forward_impl<D>(out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
+  });
 }
 
 cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
@@ -748,21 +766,11 @@ cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dou
                                      const FlashOptions& options) {
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0) return cudaErrorInvalidValue;
-  switch (head_dim) {
-    case 32:
-      return backward_impl<32>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream,
-                                options);
-    case 64:
-      return backward_impl<64>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream,
-                                options);
-    case 128:
-      return backward_impl<128>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream,
-                                options);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return backward_impl<D>(dqkv, scratch, dout, out, lse, qkv, doc_start, n, heads, kv_heads, stream, options);
+  });
 }
-
 
 cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* qkv, const bf16* kv,
                                              const int32_t* kv_row, const int32_t* position,
@@ -771,16 +779,10 @@ cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* 
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0 || n_kv <= 0) return cudaErrorInvalidValue;
   const FlashRows rows = gathered_rows(qkv, kv, kv_row, position, n, n_kv, heads, kv_heads, head_dim);
-  switch (head_dim) {
-    case 32:
-      return forward_launch<32, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
-    case 64:
-      return forward_launch<64, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
-    case 128:
-      return forward_launch<128, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return forward_launch<D, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
+  });
 }
 
 cudaError_t flash_attention_backward_gathered(bf16* dqkv, bf16* dkv, float* scratch, const bf16* dout,
@@ -791,17 +793,10 @@ cudaError_t flash_attention_backward_gathered(bf16* dqkv, bf16* dkv, float* scra
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0 || n_kv <= 0) return cudaErrorInvalidValue;
   const FlashRows rows = gathered_rows(qkv, kv, kv_row, position, n, n_kv, heads, kv_heads, head_dim);
-  switch (head_dim) {
-    case 32:
-      return backward_gathered_impl<32>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream);
-    case 64:
-      return backward_gathered_impl<64>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream);
-    case 128:
-      return backward_gathered_impl<128>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads,
-                                         stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return backward_gathered_impl<D>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream);
+  });
 }
 
 }  // namespace glm::cuda

@@ -835,7 +835,7 @@ Status store_deepspeed(const po::options_description& all, po::variables_map& vm
       continue;
     }
     chosen[k.option] = &k;
-    if (src.command_line.count(k.option) || src.config_lines.count(k.option)) {
+    if (given(src, k.option.c_str())) {
       const auto given = texts.find(k.option);
       const std::string text = given != texts.end() && !given->second.empty() ? given->second.back() : "";
       if (!same_value(text, k.text))
@@ -849,9 +849,8 @@ Status store_deepspeed(const po::options_description& all, po::variables_map& vm
   }
   // --warmup_steps (when positive) wins over --warmup_ratio: a key that sets one contradicts the
   // other given explicitly.
-  auto explicitly = [&](const char* name) { return src.command_line.count(name) || src.config_lines.count(name); };
   for (const auto& [set, other] : {std::pair{"warmup_steps", "warmup_ratio"}, std::pair{"warmup_ratio", "warmup_steps"}})
-    if (const auto it = chosen.find(set); it != chosen.end() && explicitly(other))
+    if (const auto it = chosen.find(set); it != chosen.end() && given(src, other))
       return GLM_USER_ERROR("--deepspeed ", src.deepspeed, ": ", it->second->key, " ", it->second->value, " sets --",
                             set, " ", it->second->text, ", which contradicts ", src.where(other),
                             " (drop one: warmup is given once)");
