@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the unit and mpi tests built with GCC's AddressSanitizer and UBSan, on the lent
 # machine's cores (scripts/sanitize.sh is the same with clang, for a machine that has it; the lent
-# machine has GCC only). Carries .deb. Prints the build time and ctest's summary last.
+# machine has GCC only). Carries .deb, and build-cpu/Testing/Temporary/CTestCostData.txt where there is one. Prints the build time and ctest's summary last.
 # The whole suite instrumented outlasts one call's 10 minutes: GLM_SANITIZE_PART=K/N runs every N-th
 # entry from the K-th (ctest -I K,,N); a later call on the still-warm machine reuses the build.
 # The default training job (CliTokenizer.DefaultRunUsesTheSampleTokenizerAndLearns, 75 steps of 8 s
@@ -17,6 +17,9 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/sanitize/lsan.supp:print_suppression
 # Open MPI unloads its plugins at exit, and LeakSanitizer then cannot name them; kept loaded, their
 # allocations match the suppressions (mca_*).
 export OMPI_MCA_mca_base_component_disable_dlclose=1
+# Sixteen entries at once put up to 64 ranks on 16 cores; ranks that spin while they wait starve the
+# others, so they yield.
+export OMPI_MCA_mpi_yield_when_idle=1
 t0=$(date +%s)
 cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O1 -DGLM_CUDA=OFF \
   -DGLM_SANITIZE=address,undefined -DGLM_TEST_TIMEOUT_SCALE=6 -DGLM_BUILD_BENCHMARKS=OFF "${boost_args[@]}" >"$OUT/cmake.log" 2>&1 ||
@@ -27,6 +30,9 @@ echo "build: $(( $(date +%s) - t0 )) s"
 source scripts/mpi_env.sh
 part=()
 if [ -n "${GLM_SANITIZE_PART:-}" ]; then part=(-I "${GLM_SANITIZE_PART%/*},,${GLM_SANITIZE_PART#*/}"); fi
+# Longest entries first: ctest orders by the costs of an earlier run, here the carried CPU build's.
+cost=build-cpu/Testing/Temporary/CTestCostData.txt
+if [ -f "$cost" ]; then mkdir -p build-sanitize/Testing/Temporary && cp "$cost" build-sanitize/Testing/Temporary/; fi
 left=$(( 570 - ($(date +%s) - t0) ))
 (cd build-sanitize && timeout "$left" ctest -L 'unit|mpi' -E 'TiktokenPeer|DefaultRunUsesTheSampleTokenizer' \
   "${part[@]}" -j "$(nproc)" --timeout 480 --output-on-failure >"$OUT/ctest.log" 2>&1; echo "ctest rc=$?")
