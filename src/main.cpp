@@ -2,11 +2,13 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "base/stop_signal.h"
 #include "cli/export.h"
@@ -186,6 +188,17 @@ static void warn_if_bound_to_one_core(const glm::ProcessInfo& proc) {
                  single, proc.world_size);
 }
 
+// --offload_threads 0: the cores this rank may run on; a rank free to run anywhere on the node shares
+// them with the node's other ranks.
+static int automatic_offload_threads(const glm::ProcessInfo& proc) {
+  const int node = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : node;
+  if (cores >= node) cores /= std::max(proc.local_size, 1);
+  return std::max(cores, 1);
+}
+
 // The command, once its directory is held; `ending` gets what run_status.json says beside the code.
 // run_directory: rank 0's claim of the command's directory (null elsewhere, and for commands that
 // write none).
@@ -323,6 +336,7 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
     if (!s.is_ok()) glm::fatal_status(s);
     return 0;
   }
+  if (options.train.offload_threads == 0) options.train.offload_threads = automatic_offload_threads(proc);
   auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(hf.value()),
                            validation ? &*validation : nullptr, nccl.get());
   if (!result.is_ok()) {

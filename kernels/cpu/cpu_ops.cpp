@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/counter_rng.h"
+#include "kernels/cpu/adamw_element.h"
 
 namespace glm::cpu {
 
@@ -396,36 +397,6 @@ double sum_squares(const T* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;
 }
-
-namespace {
-
-// One step's constants in T, from the step's doubles (adamw and adamw_rows derive them alike).
-template <typename T>
-struct AdamWConstants {
-  explicit AdamWConstants(const AdamWStep& step) {
-    const double bc1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
-    const double bc2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
-    decay = static_cast<T>(1.0 - step.lr * step.weight_decay);
-    step_size = static_cast<T>(step.lr / bc1);
-    bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-    b1 = static_cast<T>(step.beta1);
-    b2 = static_cast<T>(step.beta2);
-    eps = static_cast<T>(step.eps);
-    scale = static_cast<T>(step.grad_scale);
-  }
-  T decay, step_size, bc2_sqrt, b1, b2, eps, scale;
-};
-
-template <typename T>
-inline void adamw_element(T& param, T grad, T& exp_avg, T& exp_avg_sq, const AdamWConstants<T>& c) {
-  const T g = grad * c.scale;
-  exp_avg = c.b1 * exp_avg + (T(1) - c.b1) * g;
-  exp_avg_sq = c.b2 * exp_avg_sq + (T(1) - c.b2) * g * g;
-  const T denom = std::sqrt(exp_avg_sq) / c.bc2_sqrt + c.eps;
-  param = param * c.decay - c.step_size * exp_avg / denom;
-}
-
-}  // namespace
 
 template <typename T>
 void adamw(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t count, const AdamWStep& step) {

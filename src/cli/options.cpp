@@ -431,6 +431,16 @@ class OptionTable {
         "dtype gradients are reduced in: fp32 (PyTorch FSDP2's reduce_dtype=float32; over exactly two GPUs it "
         "travels as bf16, which gives the same bits) or bf16 (half the traffic)",
         kReduceDTypes);
+    add_enum(train, "offload_optimizer", &t.offload_optimizer,
+             "none, or cpu (DeepSpeed's offload_optimizer, ZeRO stages 1-3): each rank's fp32 master weights and Adam "
+             "moments live in host memory and host threads update them with the GPU kernel's arithmetic (the same "
+             "bits); GPU memory keeps the parameters, gradients and activations. LoRA's adapters stay on the GPU");
+    add(train, "offload_pin_memory", &t.offload_pin_memory,
+        "with --offload_optimizer cpu: page-locked host memory (DeepSpeed's pin_memory; faster copies); false: "
+        "pageable memory, for hosts whose memory-lock limit is low");
+    add(train, "offload_threads", &t.offload_threads,
+        "with --offload_optimizer cpu: host threads per rank for the update; 0: the cores this rank may run on, "
+        "shared with the node's other ranks");
     add(train, "comm_profile", &t.comm_profile,
         "bench_comm --json file that --reduce_bucket_size auto reads instead of measuring at start");
     po::options_description tuner("Fine-tuning method (ms-swift names)");
@@ -531,6 +541,7 @@ Status validate_performance(CliOptions& o, const Sources& src) {
                             "lm_head_scratch_mb", "must be a positive number of MiB"));
   b.lm_head_scratch_bytes = o.lm_head_scratch_mb << 20;
   GLM_RETURN_IF_ERROR(check(b.profile_trace.empty() || b.profile, src, "profile_trace", "needs --profile true"));
+  GLM_RETURN_IF_ERROR(check(t.offload_threads >= 0, src, "offload_threads", "must be >= 0 (0: automatic)"));
   return Status::ok();
 }
 
@@ -575,6 +586,18 @@ Status validate_combinations(CliOptions& o, const Sources& src) {
   if (o.command == "eval" && given(src, "output_dir"))
     return GLM_USER_ERROR(src.where("output_dir"), ": 'glm_hpc eval' writes no files (it prints eval_loss and "
                           "eval_ppl); drop --output_dir");
+  if (o.command != "train" && o.command != "plan") return Status::ok();
+  if (t.offload_optimizer == OffloadDevice::none) {
+    for (const char* name : {"offload_pin_memory", "offload_threads"})
+      if (given(src, name))
+        return GLM_USER_ERROR(src.where(name), " applies to an offloaded optimizer: add --offload_optimizer cpu");
+  } else if (t.zero_stage == 0) {
+    return GLM_USER_ERROR(src.where("offload_optimizer"), " cpu needs --zero_stage 1, 2 or 3 (as DeepSpeed's offload): "
+                          "each rank's host then holds only its shard of the optimizer state");
+  } else if (t.train_type == TrainType::lora) {
+    return GLM_USER_ERROR(src.where("offload_optimizer"), " cpu with --train_type lora: the frozen base has no "
+                          "optimizer state and the adapters' is small; drop --offload_optimizer");
+  }
   if (o.command != "train") return Status::ok();
   if (t.train_type != TrainType::lora)
     for (const char* name : {"lora_rank", "lora_alpha", "lora_dropout", "target_modules"})

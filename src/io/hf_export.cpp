@@ -137,15 +137,6 @@ Result<uint64_t> parse_byte_size(const std::string& text) {
   return bytes;
 }
 
-uint16_t float_to_bf16_bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0)
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 std::vector<float> chatglm_inv_freq(const ModelConfig& c) {
   const int64_t dim = c.head_dim / 2;
   std::vector<float> v;

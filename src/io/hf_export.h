@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/bf16.h"
 #include "io/hf_import.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -59,9 +60,6 @@ class HfWeightWriter {
   size_t tensor_count_ = 0;
   std::vector<uint16_t> bf16_;
 };
-
-// fp32 to bf16, round to nearest even (NaN stays NaN): what the exported tensors hold.
-uint16_t float_to_bf16_bits(float f);
 
 // THUDM's unused rotary buffer (GLM4_SPEC.md 4.1): 1 / 10000^(2i / d) for d = head_dim / 2.
 std::vector<float> chatglm_inv_freq(const ModelConfig& config);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/host_adamw.h"
 #include "model/backend_config.h"
 #include "base/tensor.h"
 #include "base/status.h"
@@ -122,6 +123,13 @@ class Backend {
   virtual Status join_side() { return Status::ok(); }
 
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
+  // Host memory, zeroed, for state kept off the device (the offloaded optimizer): page-locked
+  // where pinned and the backend has a device to copy to (faster, asynchronous copies), plain
+  // aligned memory otherwise.
+  virtual Result<Buffer> allocate_host(int64_t numel, DType dtype, bool pinned) { return host_buffer(numel, dtype); }
+  static Result<Buffer> host_buffer(int64_t numel, DType dtype);
+  // The rounding of this backend's adamw(), which an offloaded optimizer on the host repeats.
+  virtual cpu::AdamWRounding adamw_rounding() const { return cpu::AdamWRounding::reference; }
   virtual Status zero(Tensor t) = 0;
   // Every tensor zeroed (a device backend may do it in one launch).
   virtual Status zero_all(std::span<const Tensor> ts) {

@@ -24,15 +24,7 @@ class CpuBackend final : public Backend {
   DType stats_dtype() const override { return dtype_of<T>(); }
   bool host_accessible() const override { return true; }
 
-  Result<Buffer> allocate(int64_t numel, DType dtype) override {
-    if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");
-    size_t bytes = static_cast<size_t>(std::max<int64_t>(numel, 1)) * dtype_size(dtype);
-    bytes = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, bytes);
-    if (p == nullptr) return GLM_ERROR(ErrorKind::internal, "out of host memory allocating ", bytes, " bytes");
-    std::memset(p, 0, bytes);
-    return Buffer(Tensor{p, numel, dtype}, [](void* q) { std::free(q); });
-  }
+  Result<Buffer> allocate(int64_t numel, DType dtype) override { return host_buffer(numel, dtype); }
   Status zero(Tensor t) override {
     if (!t.empty()) std::memset(t.data, 0, t.bytes());
     return Status::ok();
@@ -291,6 +283,16 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+Result<Buffer> Backend::host_buffer(int64_t numel, DType dtype) {
+  if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");
+  size_t bytes = static_cast<size_t>(std::max<int64_t>(numel, 1)) * dtype_size(dtype);
+  bytes = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) return GLM_ERROR(ErrorKind::internal, "out of host memory allocating ", bytes, " bytes");
+  std::memset(p, 0, bytes);
+  return Buffer(Tensor{p, numel, dtype}, [](void* q) { std::free(q); });
+}
 
 Status check_adamw_rows(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                         const Tensor& exp_avg_sq, const AdamWRows& r) {

@@ -191,6 +191,21 @@ class CudaBackend final : public Backend {
     }
     return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFree(q); });
   }
+  Result<Buffer> allocate_host(int64_t numel, DType dtype, bool pinned) override {
+    if (!pinned) return host_buffer(numel, dtype);
+    if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");
+    const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 256);
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      return GLM_USER_ERROR("cannot pin ", bytes, " bytes of host memory for the offloaded optimizer (the "
+                            "memory-lock limit, `ulimit -l`, or the host's free memory); `glm_hpc plan` shows "
+                            "the host memory a run needs, and --offload_pin_memory false uses pageable memory");
+    }
+    std::memset(p, 0, bytes);  // first touch by this rank's thread: the pages come from its NUMA node
+    return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFreeHost(q); });
+  }
+  cpu::AdamWRounding adamw_rounding() const override { return cpu::AdamWRounding::fused; }
   Status zero(Tensor t) override {
     GLM_PROFILE_OP("zero");
     if (!t.empty()) GLM_CUDA_RETURN(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));

@@ -13,8 +13,6 @@ namespace {
 constexpr std::array<LoraTarget, kLoraTargetCount> kAllTargets = {LoraTarget::query_key_value, LoraTarget::dense,
                                                                   LoraTarget::dense_h_to_4h, LoraTarget::dense_4h_to_h};
 
-int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);

@@ -3,9 +3,6 @@
 #include "model/param_layout.h"
 
 namespace glm {
-namespace {
-int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-}  // namespace
 
 ParamLayout::ParamLayout(const ModelConfig& c, int shards, const PersistencePolicy& persistence)
     : shards_(shards < 1 ? 1 : shards) {

@@ -13,6 +13,9 @@
 
 namespace glm {
 
+// v rounded up to a multiple of a (a > 0).
+constexpr int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
 enum class ParamKind { embedding, norm, weight, bias };
 
 struct ParamEntry {

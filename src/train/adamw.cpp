@@ -8,9 +8,21 @@
 
 namespace glm {
 
-Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options) {
+Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options,
+                                                  OptimizerOffload* offload) {
   AdamWOptimizer opt(backend, params, options);
   const DType odt = backend.optimizer_dtype();
+  if (offload != nullptr) {
+    // A whole fp32 master on the host; the working copy rounds as the device's own update would.
+    opt.offload_ = offload;
+    if (options.split_master && params.dtype == DType::bf16) opt.bf16_ = cpu::Bf16Rounding::split_high;
+    GLM_ASSIGN_OR_RETURN(opt.master_buffer_, offload->allocate_state(params.numel));
+    GLM_ASSIGN_OR_RETURN(opt.exp_avg_, offload->allocate_state(params.numel));
+    GLM_ASSIGN_OR_RETURN(opt.exp_avg_sq_, offload->allocate_state(params.numel));
+    opt.master_ = opt.master_buffer_.tensor();
+    GLM_RETURN_IF_ERROR(offload->read_params(opt.master_.as<float>(), params));
+    return opt;
+  }
   if (odt == params.dtype) {
     opt.master_ = params;
   } else if (options.split_master && params.dtype == DType::bf16 && odt == DType::f32) {
@@ -28,8 +40,9 @@ Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor param
 }
 
 Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayout& layout, Tensor params,
-                                              int64_t offset, const AdamWOptions& options) {
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options));
+                                              int64_t offset, const AdamWOptions& options,
+                                              OptimizerOffload* offload) {
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options, offload));
   // Runs of equal decay; alignment padding joins the run before it (its values stay zero).
   const int64_t end = offset + params.numel;
   for (const auto& e : layout.entries()) {
@@ -54,7 +67,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor p
   // Adapters are few: their master stays whole (LoRA checkpoints and lora_adapters() read it as is).
   AdamWOptions whole = options;
   whole.split_master = false;
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, whole));
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, whole, nullptr));
   opt.ranges_.push_back({0, params.numel, decay});
   return opt;
 }
@@ -88,6 +101,7 @@ Status AdamWOptimizer::step_part(Tensor grads, double lr, double grad_scale, Ten
     return GLM_INTERNAL_ERROR("optimizer step over [", begin, ", ", end, ") of ", params_.numel,
                               deferred() ? " elements with deferred rows" : " elements");
   if (first) ++step_;  // a failed part leaves the step half done: the engine then stops the run
+  if (offloaded()) return host_step_part(grads, lr, grad_scale, grad_sq_sum, begin, end);
   for (const Range& r : ranges_) {
     const int64_t b = std::max(r.begin, begin), n = std::min(r.end, end) - b;
     if (n <= 0) continue;
@@ -98,9 +112,48 @@ Status AdamWOptimizer::step_part(Tensor grads, double lr, double grad_scale, Ten
   return Status::ok();
 }
 
+Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin,
+                                      int64_t end) {
+  OptimizerOffload& o = *offload_;
+  const Tensor staged_grads = o.grad_staging(), staged_params = o.param_staging();
+  if (grads.dtype != staged_grads.dtype || params_.dtype != staged_params.dtype)
+    return GLM_INTERNAL_ERROR("offloaded optimizer over ", dtype_name(grads.dtype), " gradients and ",
+                              dtype_name(params_.dtype), " parameters");
+  const bool f32 = params_.dtype == DType::f32;
+  double squares = 0;
+  for (int64_t at = begin; at < end; at += OptimizerOffload::kStagingElements) {
+    const int64_t k = std::min(OptimizerOffload::kStagingElements, end - at);
+    GLM_RETURN_IF_ERROR(backend_->download(staged_grads.data, grads.slice(at, k)));
+    for (const Range& r : ranges_) {
+      const int64_t b = std::max(r.begin, at), n = std::min(r.end, at + k) - b;
+      if (n <= 0) continue;
+      const int64_t s = b - at;  // in the staging buffers
+      cpu::HostAdamWArrays a;
+      a.master = master_.as<float>() + b;
+      a.exp_avg = exp_avg_.tensor().as<float>() + b;
+      a.exp_avg_sq = exp_avg_sq_.tensor().as<float>() + b;
+      if (f32) {
+        a.grad_f32 = staged_grads.as<float>() + s;
+        a.param_f32 = staged_params.as<float>() + s;
+      } else {
+        a.grad_bf16 = staged_grads.as<uint16_t>() + s;
+        a.param_bf16 = staged_params.as<uint16_t>() + s;
+      }
+      squares += cpu::host_adamw(o.pool(), a, n, step_scalars(step_, lr, grad_scale, r.decay),
+                                 backend_->adamw_rounding(), bf16_, !grad_sq_sum.empty());
+    }
+    GLM_RETURN_IF_ERROR(backend_->upload(params_.slice(at, k), staged_params.data));
+  }
+  if (grad_sq_sum.empty()) return Status::ok();
+  double total = 0;
+  GLM_RETURN_IF_ERROR(backend_->download(&total, grad_sq_sum));
+  total += squares;
+  return backend_->upload(grad_sq_sum, &total);
+}
+
 Status AdamWOptimizer::defer_rows(int64_t table_rows, int64_t width, int history) {
   if (table_rows <= 0 || width <= 0 || table_rows * width > params_.numel || table_rows > INT32_MAX || history < 1 ||
-      history > AdamWRows::kMaxHistory || ranges_.size() != 1)
+      history > AdamWRows::kMaxHistory || ranges_.size() != 1 || offloaded())
     return GLM_INTERNAL_ERROR("defer_rows: a table of ", table_rows, " x ", width, " in ", params_.numel,
                               " elements, history ", history);
   GLM_ASSIGN_OR_RETURN(row_step_, backend_->allocate(table_rows, DType::i32));  // zeroed: every row at floor_
@@ -141,6 +194,7 @@ Status AdamWOptimizer::settle() {
 }
 
 Status AdamWOptimizer::reset_master() {
+  if (offloaded()) return offload_->read_params(master_.as<float>(), params_);
   // The parameters were written whole: every row is current (catch up before writing, not after).
   if (deferred()) {
     floor_ = step_;
@@ -159,12 +213,19 @@ Status AdamWOptimizer::restored(int64_t steps) {
     history_.clear();
     GLM_RETURN_IF_ERROR(backend_->zero(row_step_.tensor()));
   }
-  // A split master was written through both halves (MasterTransfer): the parameters are its high ones.
+  if (offloaded()) return offload_->write_params(params_, master_.as<float>(), bf16_);
+  // A split master was written through both halves (OptimizerStateTransfer): the parameters are its high ones.
   if (master_.data == params_.data || split()) return Status::ok();
   return backend_->convert(params_, master_);
 }
 
+int64_t AdamWOptimizer::host_state_bytes() const {
+  if (!offloaded()) return 0;
+  return static_cast<int64_t>(exp_avg_.tensor().bytes() + exp_avg_sq_.tensor().bytes() + master_buffer_.tensor().bytes());
+}
+
 int64_t AdamWOptimizer::state_bytes() const {
+  if (offloaded()) return 0;
   return static_cast<int64_t>(exp_avg_.tensor().bytes() + exp_avg_sq_.tensor().bytes() +
                               (master_buffer_.numel() > 0 ? master_buffer_.tensor().bytes() : 0));
 }

@@ -6,6 +6,7 @@
 
 #include "model/backend.h"
 #include "model/param_layout.h"
+#include "train/optimizer_offload.h"
 
 namespace glm {
 
@@ -22,9 +23,11 @@ struct AdamWOptions {
 
 class AdamWOptimizer {
  public:
-  // params/grads cover layout range [offset, offset + params.numel).
+  // params/grads cover layout range [offset, offset + params.numel). With offload the fp32 master
+  // and moments are host memory that offload's threads update (train/optimizer_offload.h); the
+  // master then starts as the parameters' values.
   static Result<AdamWOptimizer> create(Backend& backend, const ParamLayout& layout, Tensor params, int64_t offset,
-                                       const AdamWOptions& options);
+                                       const AdamWOptions& options, OptimizerOffload* offload = nullptr);
   // Every element decayed alike (LoRA adapters: PEFT decays both A and B).
   static Result<AdamWOptimizer> create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
                                                bool decay);
@@ -39,10 +42,12 @@ class AdamWOptimizer {
   int64_t steps_taken() const { return step_; }
   // Optimizer state over the range (checkpoints): the master weights and both moments. master() is
   // f32 (or the parameters themselves where they are f32), or i16 where split: the low halves, the
-  // high halves being params(); MasterTransfer (train/engine.h) moves f32 values either way.
+  // high halves being params(); OptimizerStateTransfer (train/engine.h) moves f32 values either way.
   Tensor master() const { return master_; }
   Tensor params() const { return params_; }
   bool split() const { return master_.dtype == DType::i16; }
+  // master() and the moments are host memory (read and write them with memcpy, not the backend).
+  bool offloaded() const { return offload_ != nullptr; }
   Tensor exp_avg() const { return exp_avg_.tensor(); }
   Tensor exp_avg_sq() const { return exp_avg_sq_.tensor(); }
   // After master() and the moments were written from outside (checkpoint load): the working copy
@@ -52,7 +57,8 @@ class AdamWOptimizer {
   // After the parameters were written from outside (import): the master becomes them exactly (a
   // copy, or a split master's low halves zeroed).
   Status reset_master();
-  int64_t state_bytes() const;
+  int64_t state_bytes() const;  // backend memory
+  int64_t host_state_bytes() const;
 
   // Deferred rows: the range's first table_rows x width elements are a table (the embedding at ZeRO
   // stage 0, alone in its unit: one decay range) whose rows without a token in a step have a zero
@@ -86,7 +92,11 @@ class AdamWOptimizer {
       : backend_(&backend), params_(params), options_(options) {}
   // The master (an fp32 copy, the low halves of a split one, or the params themselves) and zeroed
   // moments; no decay ranges yet.
-  static Result<AdamWOptimizer> with_state(Backend& backend, Tensor params, const AdamWOptions& options);
+  static Result<AdamWOptimizer> with_state(Backend& backend, Tensor params, const AdamWOptions& options,
+                                           OptimizerOffload* offload);
+  // step_part's update on the host (offloaded): the gradient comes over a chunk at a time and the
+  // chunk's working copy goes back.
+  Status host_step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin, int64_t end);
 
   Backend* backend_;
   Tensor params_;
@@ -96,6 +106,8 @@ class AdamWOptimizer {
   Buffer exp_avg_, exp_avg_sq_;
   std::vector<Range> ranges_;
   int64_t step_ = 0;
+  OptimizerOffload* offload_ = nullptr;
+  cpu::Bf16Rounding bf16_ = cpu::Bf16Rounding::nearest_even;  // the working copy's, when offloaded
   // Deferred rows (defer_rows): the table's shape, each row's last step where above floor_, the
   // steps floor_ + 1 .. step_ (history_), the bound on their number, and the next step's rows.
   Status apply_rows(Tensor rows, int64_t count, bool gradient, Tensor grads, Tensor grad_sq_sum);

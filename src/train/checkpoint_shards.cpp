@@ -23,18 +23,13 @@ struct Slice {
   int64_t owned_offset = 0;              // where the run starts inside owner's tensors
   // n values of dataset d from `from` inside the run, to or from the host; the master (d = 0) goes
   // through `masters` (it may be split into halves on the device).
-  Status download(MasterTransfer& masters, int d, int64_t from, float* dst, int64_t n) const {
-    if (d == 0) return masters.download(owner, owned_offset + from, std::span<float>(dst, static_cast<size_t>(n)));
-    return masters.backend().download(dst, moment(d).slice(owned_offset + from, n));
+  Status download(OptimizerStateTransfer& masters, int d, int64_t from, float* dst, int64_t n) const {
+    return masters.download(owner, d, owned_offset + from, std::span<float>(dst, static_cast<size_t>(n)));
   }
-  Status upload(MasterTransfer& masters, int d, int64_t from, const float* src, int64_t n) const {
-    if (d == 0) return masters.upload(owner, owned_offset + from, std::span<const float>(src, static_cast<size_t>(n)));
-    return masters.backend().upload(moment(d).slice(owned_offset + from, n), src);
+  Status upload(OptimizerStateTransfer& masters, int d, int64_t from, const float* src, int64_t n) const {
+    return masters.upload(owner, d, owned_offset + from, std::span<const float>(src, static_cast<size_t>(n)));
   }
-  Tensor moment(int d) const { return d == 1 ? owner.exp_avg : owner.exp_avg_sq; }
 };
-
-int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 // What this rank holds of home unit `unit`. Without persistent tensors: its optimizer's range of
 // the unit, one run. With them (ZeRO-3), a tensor and its alignment padding are one run in either
@@ -120,7 +115,7 @@ std::vector<CheckpointFileGroup> rank_file_groups(const std::vector<std::vector<
 
 // Elements [first, first + dst.size()) of a unit's dataset, the unit's runs back to back; a block may
 // span several runs.
-Status fill_from_runs(const std::vector<Slice>& runs, MasterTransfer& masters, size_t unit, size_t dataset,
+Status fill_from_runs(const std::vector<Slice>& runs, OptimizerStateTransfer& masters, size_t unit, size_t dataset,
                       int64_t first, std::span<float> dst) {
   int64_t base = 0, pos = first;
   size_t done = 0;
@@ -159,7 +154,7 @@ Status write_rank_file(const TrainingEngine& engine, Backend& backend, const fs:
   for (size_t u = 0; u < engine.layout().units().size(); ++u)
     if (const DType d = engine.optimizer_shard(static_cast<int>(u)).master.dtype; d != DType::f32 && d != DType::i16)
       return GLM_INTERNAL_ERROR("checkpoints store fp32 optimizer state, the backend keeps ", dtype_name(d));
-  MasterTransfer masters(backend);
+  OptimizerStateTransfer masters(backend);
   const bool ranges = engine.layout().persistent_unit() >= 0;
   const int units = engine.layout().home_units();
   std::vector<std::vector<Slice>> slices;
@@ -179,7 +174,7 @@ namespace {
 // The slices of one rank file that overlap what this rank holds, read into the optimizer state;
 // covered[u] grows by the elements of unit u read.
 Status load_rank_file(const fs::path& path, const std::vector<std::vector<Slice>>& mine,
-                      const std::vector<int64_t>& unpadded, int datasets, MasterTransfer& masters,
+                      const std::vector<int64_t>& unpadded, int datasets, OptimizerStateTransfer& masters,
                       std::vector<int64_t>& covered) {
   GLM_ASSIGN_OR_RETURN(const CheckpointFileReader file, CheckpointFileReader::open(path.string()));
   std::vector<float> host;
@@ -222,11 +217,9 @@ Status check_coverage(const fs::path& dir, const std::vector<std::vector<Slice>>
 
 // Adam starts over: zero moments, as a fresh optimizer has.
 Status zero_moments(TrainingEngine& engine) {
-  for (size_t u = 0; u < engine.layout().units().size(); ++u) {
-    const TrainingEngine::OptimizerShard s = engine.optimizer_shard(static_cast<int>(u));
-    GLM_RETURN_IF_ERROR(engine.backend().zero(s.exp_avg));
-    GLM_RETURN_IF_ERROR(engine.backend().zero(s.exp_avg_sq));
-  }
+  OptimizerStateTransfer state(engine.backend());
+  for (size_t u = 0; u < engine.layout().units().size(); ++u)
+    GLM_RETURN_IF_ERROR(state.zero_moments(engine.optimizer_shard(static_cast<int>(u))));
   return Status::ok();
 }
 
@@ -242,7 +235,7 @@ Status load_rank_slices(TrainingEngine& engine, const fs::path& dir, int saved_w
   std::vector<int64_t> covered(static_cast<size_t>(units), 0);
   std::vector<std::vector<Slice>> mine;
   for (int u = 0; u < units; ++u) mine.push_back(owned_slices(engine, u));
-  MasterTransfer masters(engine.backend());
+  OptimizerStateTransfer masters(engine.backend());
   for (int r = 0; r < saved_world; ++r) {
     const fs::path path = dir / checkpoint_rank_file(r);
     if (!fs::exists(path)) return GLM_USER_ERROR("checkpoint '", dir.string(), "' misses ", checkpoint_rank_file(r));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -70,10 +71,17 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
     return e;
   }
   if (adam) {
+    if (ec.offload.optimizer) {
+      if (zero_stage == 0)
+        return GLM_USER_ERROR("--offload_optimizer cpu needs --zero_stage 1, 2 or 3 (as DeepSpeed's offload does): "
+                              "each rank's host then holds only its shard of the optimizer state");
+      GLM_ASSIGN_OR_RETURN(e->offload_, OptimizerOffload::create(backend, ec.offload));
+    }
     const int units = static_cast<int>(e->layout().units().size());
     for (int u = 0; u < units; ++u) {
-      GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, AdamWOptimizer::create(backend, e->layout(), e->zero_->owned_params(u),
-                                                                      e->zero_->owned_offset(u), *adam));
+      GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
+                           AdamWOptimizer::create(backend, e->layout(), e->zero_->owned_params(u),
+                                                  e->zero_->owned_offset(u), *adam, e->offload_.get()));
       e->optimizers_.push_back(std::move(opt));
     }
     e->has_optimizer_ = true;
@@ -217,14 +225,37 @@ TrainingEngine::OptimizerShard TrainingEngine::optimizer_shard(int unit) const {
   const AdamWOptimizer& opt = optimizers_[static_cast<size_t>(unit)];
   return {opt.master(), opt.exp_avg(), opt.exp_avg_sq(),
           zero_->owned_offset(unit) - layout().units()[static_cast<size_t>(unit)].offset,
-          opt.split() ? opt.params() : Tensor{}};
+          opt.split() ? opt.params() : Tensor{}, opt.offloaded()};
 }
 
 // Split masters move as their two halves (bf16 and i16 bits), joined or split on the host: exact,
 // and no device memory beyond what the run planned.
-Status MasterTransfer::download(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<float> dst) {
+namespace {
+Tensor state_of(const TrainingEngine::OptimizerShard& s, int d) {
+  return d == 0 ? s.master : d == 1 ? s.exp_avg : s.exp_avg_sq;
+}
+}  // namespace
+
+Status OptimizerStateTransfer::zero_moments(const TrainingEngine::OptimizerShard& s) {
+  for (const Tensor& t : {s.exp_avg, s.exp_avg_sq}) {
+    if (!s.host) {
+      GLM_RETURN_IF_ERROR(backend_.zero(t));
+    } else if (!t.empty()) {
+      std::memset(t.data, 0, t.bytes());
+    }
+  }
+  return Status::ok();
+}
+
+Status OptimizerStateTransfer::download(const TrainingEngine::OptimizerShard& s, int d, int64_t offset,
+                                      std::span<float> dst) {
   const int64_t n = static_cast<int64_t>(dst.size());
-  if (s.master.dtype != DType::i16) return backend_.download(dst.data(), s.master.slice(offset, n));
+  const Tensor t = state_of(s, d).slice(offset, n);
+  if (s.host) {
+    std::memcpy(dst.data(), t.data, t.bytes());
+    return Status::ok();
+  }
+  if (d != 0 || s.master.dtype != DType::i16) return backend_.download(dst.data(), t);
   for (int64_t at = 0; at < n; at += kChunkElements) {
     const int64_t k = std::min(kChunkElements, n - at);
     hi_.resize(static_cast<size_t>(k));
@@ -237,9 +268,15 @@ Status MasterTransfer::download(const TrainingEngine::OptimizerShard& s, int64_t
   return Status::ok();
 }
 
-Status MasterTransfer::upload(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<const float> src) {
+Status OptimizerStateTransfer::upload(const TrainingEngine::OptimizerShard& s, int d, int64_t offset,
+                                    std::span<const float> src) {
   const int64_t n = static_cast<int64_t>(src.size());
-  if (s.master.dtype != DType::i16) return backend_.upload(s.master.slice(offset, n), src.data());
+  const Tensor t = state_of(s, d).slice(offset, n);
+  if (s.host) {
+    std::memcpy(t.data, src.data(), t.bytes());
+    return Status::ok();
+  }
+  if (d != 0 || s.master.dtype != DType::i16) return backend_.upload(t, src.data());
   for (int64_t at = 0; at < n; at += kChunkElements) {
     const int64_t k = std::min(kChunkElements, n - at);
     hi_.resize(static_cast<size_t>(k));
@@ -307,6 +344,13 @@ int64_t TrainingEngine::optimizer_bytes() const {
   int64_t b = 0;
   for (const auto& opt : optimizers_) b += opt.state_bytes();
   for (const auto& opt : lora_optimizer_) b += opt.state_bytes();
+  return b;
+}
+
+int64_t TrainingEngine::host_optimizer_bytes() const {
+  if (!offload_) return 0;
+  int64_t b = offload_->staging_bytes();
+  for (const auto& opt : optimizers_) b += opt.host_state_bytes();
   return b;
 }
 

@@ -66,6 +66,9 @@ struct EngineConfig {
   // (data/context_split.h); micro-batches given to step() and evaluate() are whole rows, the same on
   // every rank of a group. max_tokens is a whole row's.
   int context_parallel_size = 1;
+  // --offload_optimizer cpu (ZeRO stages 1-3): the base model's optimizer state on the host
+  // (train/optimizer_offload.h). LoRA's adapters keep theirs on the device.
+  OffloadConfig offload{};
 };
 
 class TrainingEngine {
@@ -86,7 +89,8 @@ class TrainingEngine {
   Result<double> parameter_checksum();
   ZeroMemory memory() const { return zero_->memory(); }  // the base model's (frozen under LoRA: no gradients)
   LoraMemory lora_memory() const;
-  int64_t optimizer_bytes() const;
+  int64_t optimizer_bytes() const;       // backend memory
+  int64_t host_optimizer_bytes() const;  // the offloaded optimizer's host memory, staging included
   // Activations and backward scratch of the model (what the recompute policy changes).
   int64_t activation_bytes() const { return model_->activation_bytes(); }
   Backend& backend() { return backend_; }
@@ -110,11 +114,12 @@ class TrainingEngine {
   // start. With ZeRO-3 persistent tensors these are not the checkpoint's units (checkpoint.cpp
   // maps them through each tensor's home_unit and home_offset).
   // A split master (master i16, kernels/master_split.h) has its high halves in params; read and
-  // write its f32 values through MasterTransfer.
+  // write its f32 values through OptimizerStateTransfer.
   struct OptimizerShard {
     Tensor master, exp_avg, exp_avg_sq;
     int64_t unit_begin = 0;
     Tensor params;  // the optimizer's bf16 parameters where master is split, else empty
+    bool host = false;  // master and moments are host memory (offloaded)
   };
   OptimizerShard optimizer_shard(int unit) const;
   // LoRA: the adapters' optimizer state, replicated (all of lora_layout()'s elements, unit_begin 0).
@@ -199,7 +204,8 @@ class TrainingEngine {
   };
   StepUpdate update_;
   bool optimizer_in_backward_ = true;       // EngineConfig::optimizer_in_backward
-  std::vector<AdamWOptimizer> optimizers_;  // one per unit, over what this rank owns (none under LoRA)
+  std::unique_ptr<OptimizerOffload> offload_;  // before the optimizers, which use it
+  std::vector<AdamWOptimizer> optimizers_;     // one per unit, over what this rank owns (none under LoRA)
   Communicator* data_comm_ = nullptr;
   // Context parallelism: this rank's place in its group, the group, and its cross-rank attention.
   ContextSplit split_;
@@ -226,15 +232,17 @@ class TrainingEngine {
   std::vector<uint8_t> row_seen_;     // several ranks: a byte per word, max-reduced
 };
 
-// Moves f32 master values of an optimizer shard between the host and the backend: directly, or
-// as the two halves of a split master (kernels/master_split.h), joined and split on the host in
-// chunks of at most kChunkElements (no device memory of its own).
-class MasterTransfer {
+// Moves f32 values of an optimizer shard between host arrays and where the shard lives: the
+// backend (a split master as its two halves, kernels/master_split.h, joined and split on the host
+// in chunks of at most kChunkElements, no device memory of its own) or, offloaded, host memory.
+class OptimizerStateTransfer {
  public:
-  explicit MasterTransfer(Backend& backend) : backend_(backend) {}
-  // Elements [offset, offset + dst.size()) of s.master.
-  Status download(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<float> dst);
-  Status upload(const TrainingEngine::OptimizerShard& s, int64_t offset, std::span<const float> src);
+  explicit OptimizerStateTransfer(Backend& backend) : backend_(backend) {}
+  // Elements [offset, offset + dst.size()) of state d: 0 the master, 1 exp_avg, 2 exp_avg_sq.
+  Status download(const TrainingEngine::OptimizerShard& s, int d, int64_t offset, std::span<float> dst);
+  Status upload(const TrainingEngine::OptimizerShard& s, int d, int64_t offset, std::span<const float> src);
+  // Both moments zeroed (Adam starting over).
+  Status zero_moments(const TrainingEngine::OptimizerShard& s);
   Backend& backend() { return backend_; }
   static constexpr int64_t kChunkElements = int64_t{16} << 20;
 

@@ -21,6 +21,15 @@ namespace glm {
 enum class TrainType { full, lora };
 // --save_strategy: a checkpoint every save_steps and at the end, or none.
 enum class SaveStrategy { steps, no };
+// --offload_optimizer (DeepSpeed's zero_optimization.offload_optimizer.device): where the optimizer
+// state lives (train/optimizer_offload.h).
+enum class OffloadDevice { none, cpu };
+
+template <>
+struct EnumNames<OffloadDevice> {
+  static constexpr std::pair<OffloadDevice, std::string_view> table[] = {{OffloadDevice::none, "none"},
+                                                                         {OffloadDevice::cpu, "cpu"}};
+};
 
 template <>
 struct EnumNames<TrainType> {
@@ -83,6 +92,9 @@ struct TrainConfig {
   bool optimizer_in_backward = true;
   bool split_master_weights = true;
   int defer_embedding_rows = 64;  // most optimizer steps an unread embedding row's update may lag; 0: none
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  bool offload_pin_memory = true;
+  int offload_threads = 0;  // host threads of this rank's offloaded updates; 0: 1 (the CLI resolves its auto)
 };
 
 }  // namespace glm

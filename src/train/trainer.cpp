@@ -119,7 +119,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfig& config) {
   const ZeroMemory mem = engine.memory();
   const LoraMemory adapters = engine.lora_memory();
-  constexpr int kFields = 10;
+  constexpr int kFields = 11;
   const int64_t mine[kFields] = {mem.parameter_bytes + adapters.parameter_bytes,
                                  adapters.parameter_bytes,
                                  mem.gradient_bytes + adapters.gradient_bytes,
@@ -129,7 +129,8 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
                                  mem.buffer_bytes + adapters.buffer_bytes,
                                  adapters.buffer_bytes,
                                  engine.activation_bytes(),
-                                 adapters.activation_bytes};
+                                 adapters.activation_bytes,
+                                 engine.host_optimizer_bytes()};
   std::vector<int64_t> all(static_cast<size_t>(kFields * comm.size()));
   GLM_RETURN_IF_ERROR(comm.all_gather(mine, all.data(), kFields, CommType::i64));
   if (comm.rank() != 0) return Status::ok();
@@ -154,11 +155,17 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
         group.push_back(r);
         said[static_cast<size_t>(r)] = true;
       }
+    std::string optimizer = mib(v[4], v[5]);
+    if (config.offload_optimizer == OffloadDevice::cpu)
+      optimizer = concat(mib(v[10], 0), " in ",
+                         config.offload_pin_memory && !engine.backend().host_accessible() ? "pinned " : "",
+                         "host memory (",
+                         config.offload_threads, config.offload_threads == 1 ? " thread" : " threads", ")");
     std::printf(
         "glm_hpc: memory per rank (ZeRO-%d), rank%s %s of %d: parameters %s, gradients %s, optimizer %s, "
         "communication buffers %s, activations (recompute %s) %s\n",
         config.zero_stage, group.size() > 1 ? "s" : "", rank_list(group).c_str(), comm.size(), mib(v[0], v[1]).c_str(),
-        mib(v[2], v[3]).c_str(), mib(v[4], v[5]).c_str(), mib(v[6], v[7]).c_str(), enum_name(config.recompute).data(),
+        mib(v[2], v[3]).c_str(), optimizer.c_str(), mib(v[6], v[7]).c_str(), enum_name(config.recompute).data(),
         mib(v[8], v[9]).c_str());
   }
   std::fflush(stdout);
@@ -206,6 +213,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   engine_config.optimizer_in_backward = config.optimizer_in_backward;
   engine_config.defer_embedding_rows = config.defer_embedding_rows;
   engine_config.context_parallel_size = cp;
+  engine_config.offload = OffloadConfig{config.offload_optimizer == OffloadDevice::cpu, config.offload_pin_memory,
+                                        std::max(config.offload_threads, 1)};
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(engine_config, backend, comm, data_comm));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));

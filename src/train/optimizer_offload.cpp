@@ -1,0 +1,62 @@
+// Staging between the backend's working copy and the host master, a chunk at a time.
+#include "train/optimizer_offload.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/bf16.h"
+#include "kernels/master_split.h"
+
+namespace glm {
+
+Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(Backend& backend, const OffloadConfig& config) {
+  if (backend.optimizer_dtype() != DType::f32)
+    return GLM_USER_ERROR("--offload_optimizer cpu keeps fp32 optimizer state; the ", backend.name(), " backend keeps ",
+                          dtype_name(backend.optimizer_dtype()));
+  const DType dt = backend.compute_dtype();
+  if (dt != DType::f32 && dt != DType::bf16)
+    return GLM_INTERNAL_ERROR("offloaded optimizer over ", dtype_name(dt), " parameters");
+  std::unique_ptr<OptimizerOffload> o(new OptimizerOffload(backend, config));
+  GLM_ASSIGN_OR_RETURN(o->grads_, backend.allocate_host(kStagingElements, dt, config.pin_memory));
+  GLM_ASSIGN_OR_RETURN(o->params_, backend.allocate_host(kStagingElements, dt, config.pin_memory));
+  return o;
+}
+
+Status OptimizerOffload::read_params(float* master, Tensor params) {
+  for (int64_t at = 0; at < params.numel; at += kStagingElements) {
+    const int64_t k = std::min(kStagingElements, params.numel - at);
+    const Tensor staging = params_.slice(0, k);
+    GLM_RETURN_IF_ERROR(backend_.download(staging.data, params.slice(at, k)));
+    if (staging.dtype == DType::f32) {
+      std::memcpy(master + at, staging.data, staging.bytes());
+    } else {
+      const auto* b = staging.as<uint16_t>();
+      for (int64_t i = 0; i < k; ++i) master[at + i] = bf16_bits_to_float(b[i]);
+    }
+  }
+  return Status::ok();
+}
+
+Status OptimizerOffload::write_params(Tensor params, const float* master, cpu::Bf16Rounding bf16) {
+  for (int64_t at = 0; at < params.numel; at += kStagingElements) {
+    const int64_t k = std::min(kStagingElements, params.numel - at);
+    const Tensor staging = params_.slice(0, k);
+    if (staging.dtype == DType::f32) {
+      std::memcpy(staging.data, master + at, staging.bytes());
+    } else {
+      auto* b = staging.as<uint16_t>();
+      for (int64_t i = 0; i < k; ++i) {
+        if (bf16 == cpu::Bf16Rounding::nearest_even) {
+          b[i] = float_to_bf16_bits(master[at + i]);
+        } else {
+          int16_t lo;
+          split_master(master[at + i], b[i], lo);
+        }
+      }
+    }
+    GLM_RETURN_IF_ERROR(backend_.upload(params.slice(at, k), staging.data));
+  }
+  return Status::ok();
+}
+
+}  // namespace glm

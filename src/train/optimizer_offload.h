@@ -1,0 +1,54 @@
+// The optimizer offloaded to the host (--offload_optimizer cpu, DeepSpeed's offload_optimizer):
+// each rank's fp32 master weights and Adam moments live in host memory (page-locked unless
+// --offload_pin_memory false) and host threads update them with the backend's own rounding
+// (kernels/cpu/host_adamw.h), so an offloaded run computes the same bits as one that is not.
+// Gradients come to the host and the updated working copy goes back through staging buffers of
+// kStagingElements, one chunk at a time.
+#pragma once
+
+#include <memory>
+
+#include "base/thread_pool.h"
+#include "model/backend.h"
+
+namespace glm {
+
+struct OffloadConfig {
+  bool optimizer = false;   // --offload_optimizer cpu
+  bool pin_memory = true;   // --offload_pin_memory
+  int threads = 1;          // host threads of this rank's updates (--offload_threads, resolved)
+};
+
+class OptimizerOffload {
+ public:
+  static constexpr int64_t kStagingElements = int64_t{1} << 22;
+
+  static Result<std::unique_ptr<OptimizerOffload>> create(Backend& backend, const OffloadConfig& config);
+
+  Backend& backend() { return backend_; }
+  ThreadPool& pool() { return pool_; }
+  const OffloadConfig& config() const { return config_; }
+  // Host f32 memory for state, zeroed.
+  Result<Buffer> allocate_state(int64_t numel) { return backend_.allocate_host(numel, DType::f32, config_.pin_memory); }
+  // Host memory of the staging buffers.
+  int64_t staging_bytes() const { return static_cast<int64_t>(grads_.tensor().bytes() + params_.tensor().bytes()); }
+
+  // master[i] = params[i] widened to f32 (host master from the device working copy).
+  Status read_params(float* master, Tensor params);
+  // params[i] = master[i] in the working copy's dtype, rounded as bf16 says.
+  Status write_params(Tensor params, const float* master, cpu::Bf16Rounding bf16);
+  // The staging buffers (host, the backend's compute dtype).
+  Tensor grad_staging() const { return grads_.tensor(); }
+  Tensor param_staging() const { return params_.tensor(); }
+
+ private:
+  OptimizerOffload(Backend& backend, const OffloadConfig& config)
+      : backend_(backend), config_(config), pool_(config.threads) {}
+
+  Backend& backend_;
+  OffloadConfig config_;
+  ThreadPool pool_;
+  Buffer grads_, params_;
+};
+
+}  // namespace glm

@@ -1,0 +1,195 @@
+// Under mpirun -np N (1-4): --offload_optimizer cpu changes where the optimizer state lives and who
+// updates it, never what is computed. At ZeRO stages 1-3 an offloaded run gives the losses, gradient
+// norms, evaluation and final parameters of the same run on the backend bit for bit (the CPU
+// backend's rounding, kernels/cpu/adamw_element.h), also without clipping (the update sums the
+// norm); its state is host memory of the sizes the shards say; and a checkpoint of either resumes
+// in the other with the uninterrupted run's bits.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "data/dataset.h"
+#include "mpi/mpi_communicator.h"
+#include "test_util.h"
+#include "train/engine.h"
+#include "train/trainer.h"
+
+namespace glm::test {
+namespace {
+
+constexpr int64_t kGlobalBatch = 12;
+constexpr int kSteps = 6;
+
+TrainConfig offload_config(int world, int stage) {
+  TrainConfig t;
+  t.model = tiny_glm4();
+  EXPECT_TRUE(t.model.finalize_and_validate().is_ok());
+  t.datasets = {std::string(GLM_SOURCE_DIR) + "/data/sample/conversations.jsonl"};
+  t.max_length = 128;
+  t.max_steps = kSteps;
+  t.learning_rate = 5e-3;
+  t.warmup_steps = 2;
+  t.weight_decay = 0.1;
+  t.log_to_console = false;
+  t.per_device_train_batch_size = kGlobalBatch / world;
+  t.zero_stage = stage;
+  t.eval_steps = kSteps / 2;
+  t.per_device_eval_batch_size = 2;
+  return t;
+}
+
+TrainConfig offloaded(TrainConfig t, int threads) {
+  t.offload_optimizer = OffloadDevice::cpu;
+  t.offload_threads = threads;
+  return t;
+}
+
+const Dataset& dataset() {
+  static ByteTokenizer tokenizer;
+  static Dataset d =
+      load_dataset(offload_config(1, 1).datasets, &tokenizer, 128, 272, false, Truncation::left).take();
+  return d;
+}
+
+const Dataset& validation() {
+  static Dataset v = [] {
+    Dataset train = dataset(), held;
+    EXPECT_TRUE(split_dataset(train, 0.03, 3, held).is_ok());
+    return held;
+  }();
+  return v;
+}
+
+Result<TrainSummary> run(const TrainConfig& c, Communicator& comm) {
+  auto backend = make_cpu_backend(DType::f32);
+  return train(c, dataset(), comm, *backend, {}, &validation());
+}
+
+void expect_same_run(const TrainSummary& got, const TrainSummary& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_EQ(got.losses[i], want.losses[i]) << what << ", step " << i + 1;
+    EXPECT_EQ(got.grad_norms[i], want.grad_norms[i]) << what << ", step " << i + 1;
+  }
+  ASSERT_EQ(got.eval_losses.size(), want.eval_losses.size()) << what;
+  for (size_t i = 0; i < want.eval_losses.size(); ++i)
+    EXPECT_EQ(got.eval_losses[i].second, want.eval_losses[i].second) << what << ", evaluation " << i;
+  EXPECT_EQ(got.parameter_checksum, want.parameter_checksum) << what;
+}
+
+class Offload : public ::testing::TestWithParam<int> {};
+
+TEST_P(Offload, SameBitsAsTheBackendsOwnUpdate) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  const int stage = GetParam(), size = comm.size();
+  if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
+  const TrainConfig base = offload_config(size, stage);
+  auto device = run(base, comm);
+  ASSERT_TRUE(device.is_ok()) << device.status().message();
+  for (int threads : {1, 3}) {
+    auto host = run(offloaded(base, threads), comm);
+    ASSERT_TRUE(host.is_ok()) << host.status().message();
+    expect_same_run(host.value(), device.value(), "stage " + std::to_string(stage) + ", " + std::to_string(threads) +
+                                                      " threads");
+  }
+}
+
+// Without clipping the norm is summed by the update itself: on the host, per chunk, then added to
+// the backend's accumulator. The run is the same; the norm is the same sum in another order.
+TEST_P(Offload, FusedNormWithoutClipping) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  const int stage = GetParam(), size = comm.size();
+  if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
+  TrainConfig base = offload_config(size, stage);
+  base.max_grad_norm = 0;
+  base.max_steps = 3;
+  base.eval_steps = 0;
+  auto device = run(base, comm);
+  auto host = run(offloaded(base, 2), comm);
+  ASSERT_TRUE(device.is_ok()) << device.status().message();
+  ASSERT_TRUE(host.is_ok()) << host.status().message();
+  ASSERT_EQ(host.value().losses.size(), device.value().losses.size());
+  for (size_t i = 0; i < device.value().losses.size(); ++i) {
+    EXPECT_EQ(host.value().losses[i], device.value().losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(host.value().grad_norms[i], device.value().grad_norms[i], 1e-12 * device.value().grad_norms[i]);
+  }
+  EXPECT_EQ(host.value().parameter_checksum, device.value().parameter_checksum);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Offload, ::testing::Values(1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
+
+// The state lives on the host: nothing of it in backend memory, 12 bytes an owned element (fp32
+// master and two moments) plus the staging buffers in host memory.
+TEST(OffloadMemory, StateIsHostMemoryOfTheShardsSize) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  auto backend = make_cpu_backend(DType::f32);
+  EngineConfig ec;
+  ec.model = tiny_glm4();
+  ASSERT_TRUE(ec.model.finalize_and_validate().is_ok());
+  ec.max_tokens = 64;
+  ec.adam = AdamWOptions{};
+  ec.zero_stage = 2;
+  ec.offload = OffloadConfig{true, true, 2};
+  auto host = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_TRUE(host.is_ok()) << host.status().message();
+  int64_t owned = 0;
+  for (size_t u = 0; u < host.value()->layout().units().size(); ++u) {
+    const TrainingEngine::OptimizerShard s = host.value()->optimizer_shard(static_cast<int>(u));
+    EXPECT_TRUE(s.host);
+    owned += s.master.numel;
+  }
+  EXPECT_EQ(host.value()->optimizer_bytes(), 0);
+  EXPECT_EQ(host.value()->host_optimizer_bytes(),
+            12 * owned + 2 * OptimizerOffload::kStagingElements * static_cast<int64_t>(sizeof(float)));
+  ec.offload = OffloadConfig{};
+  auto device = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_TRUE(device.is_ok()) << device.status().message();
+  EXPECT_EQ(device.value()->host_optimizer_bytes(), 0);
+  EXPECT_EQ(device.value()->optimizer_bytes(), 8 * owned);  // the CPU backend's master is the parameters
+  ec.zero_stage = 0;
+  ec.offload = OffloadConfig{true, true, 1};
+  auto refused = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("--zero_stage 1, 2 or 3"), std::string::npos) << refused.status().message();
+}
+
+// A checkpoint saved halfway by an offloaded run resumes on the backend, and the reverse, with the
+// second half of the uninterrupted run bit for bit: the files hold the same fp32 state either way.
+TEST(OffloadCheckpoint, ResumesWithAndWithoutOffload) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  const int size = comm.size();
+  if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
+  int tag = static_cast<int>(::getpid());
+  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string dir = (std::filesystem::temp_directory_path() / ("glm_offload_" + std::to_string(tag))).string();
+  TrainConfig base = offload_config(size, size > 1 ? 3 : 2);
+  base.eval_steps = 0;
+  constexpr size_t half = kSteps / 2;
+  base.save_steps = half;
+  for (const bool saved_offloaded : {true, false}) {
+    TrainConfig first = saved_offloaded ? offloaded(base, 2) : base;
+    first.output_dir = dir + (saved_offloaded ? "/host" : "/device");
+    auto straight = run(first, comm);
+    ASSERT_TRUE(straight.is_ok()) << straight.status().message();
+    TrainConfig second = saved_offloaded ? base : offloaded(base, 2);
+    second.resume_from_checkpoint = first.output_dir + "/checkpoint-" + std::to_string(half);
+    second.output_dir = first.output_dir + "-resumed";
+    second.save_strategy = SaveStrategy::no;
+    auto resumed = run(second, comm);
+    ASSERT_TRUE(resumed.is_ok()) << resumed.status().message();
+    ASSERT_EQ(resumed.value().losses.size(), half);
+    for (size_t i = 0; i < half; ++i)
+      EXPECT_EQ(resumed.value().losses[i], straight.value().losses[half + i])
+          << (saved_offloaded ? "offloaded" : "on the backend") << " checkpoint, step " << half + 1 + i;
+    EXPECT_EQ(resumed.value().parameter_checksum, straight.value().parameter_checksum);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace glm::test
