@@ -19,6 +19,9 @@
 #include "io/safetensors.h"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "base/bf16.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/host_adamw.h"
 #include "kernels/master_split.h"
 #include "model/backend.h"
 #include "mpi/local_communicator.h"
@@ -1164,6 +1167,80 @@ TEST_F(Ops, SplitMasters) {
   }
 }
 
+// The offloaded optimizer's host AdamW (kernels/cpu/host_adamw.h, the CUDA rounding) against the
+// kernel, bit for bit: full fp32 masters, moments and bf16 gradients, two steps, the working copy
+// rounded to nearest even beside a whole master and as the high half of a split one; odd size.
+TEST_F(Ops, HostAdamWIsTheKernelsBits) {
+  const int64_t n = 300007;
+  const std::vector<float> g_values = random_bf16(static_cast<size_t>(n), 41);
+  std::vector<uint16_t> grad(static_cast<size_t>(n));
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = float_to_bf16_bits(g_values[i]);
+  std::vector<float> master(static_cast<size_t>(n)), m = random_bf16(static_cast<size_t>(n), 43, 0.01),
+                                                     v = random_bf16(static_cast<size_t>(n), 44, 0.01);
+  const std::vector<float> base = random_bf16(static_cast<size_t>(n), 42, 0.05);
+  for (size_t i = 0; i < master.size(); ++i) master[i] = base[i] * (1.0f + 1e-3f * static_cast<float>(i % 613) / 613.0f);
+  for (float& e : v) e = e * e;
+  auto upload = [&](const auto& host, DType dtype) {
+    Buffer b = gpu_->allocate(static_cast<int64_t>(host.size()), dtype).take();
+    EXPECT_TRUE(gpu_->upload(b.tensor(), host.data()).is_ok());
+    return b;
+  };
+  for (const bool split : {false, true}) {
+    SCOPED_TRACE(split ? "split master" : "whole master");
+    std::vector<uint16_t> hi(master.size());
+    std::vector<int16_t> lo(master.size());
+    for (size_t i = 0; i < master.size(); ++i) split_master(master[i], hi[i], lo[i]);
+    Buffer dm = upload(m, DType::f32), dv = upload(v, DType::f32), dg = upload(grad, DType::bf16);
+    Buffer dmaster = split ? upload(lo, DType::i16) : upload(master, DType::f32);
+    Buffer dparam = split ? upload(hi, DType::bf16) : gpu_->allocate(n, DType::bf16).take();
+    std::vector<float> hm = master, hmo = m, hv = v;
+    std::vector<uint16_t> hparam(master.size());
+    ThreadPool pool(3);
+    for (int64_t k = 1; k <= 2; ++k) {
+      AdamWStep step;
+      step.lr = 2e-3;
+      step.weight_decay = 0.1;
+      step.grad_scale = 0.37;
+      step.step = k;
+      ASSERT_TRUE(gpu_->adamw(dparam.tensor(), dmaster.tensor(), dg.tensor(), dm.tensor(), dv.tensor(), step, Tensor{})
+                      .is_ok());
+      cpu::HostAdamWArrays a;
+      a.master = hm.data();
+      a.exp_avg = hmo.data();
+      a.exp_avg_sq = hv.data();
+      a.grad_bf16 = grad.data();
+      a.param_bf16 = hparam.data();
+      cpu::host_adamw(pool, a, n, step, gpu_->adamw_rounding(),
+                      split ? cpu::Bf16Rounding::split_high : cpu::Bf16Rounding::nearest_even, false);
+    }
+    std::vector<float> got_m(master.size()), got_v(master.size()), got_master(master.size());
+    std::vector<uint16_t> got_param(master.size());
+    ASSERT_TRUE(gpu_->download(got_m.data(), dm.tensor()).is_ok());
+    ASSERT_TRUE(gpu_->download(got_v.data(), dv.tensor()).is_ok());
+    ASSERT_TRUE(gpu_->download(got_param.data(), dparam.tensor()).is_ok());
+    if (split) {
+      std::vector<int16_t> got_lo(master.size());
+      ASSERT_TRUE(gpu_->download(got_lo.data(), dmaster.tensor()).is_ok());
+      for (size_t i = 0; i < master.size(); ++i) got_master[i] = join_master(got_param[i], got_lo[i]);
+    } else {
+      ASSERT_TRUE(gpu_->download(got_master.data(), dmaster.tensor()).is_ok());
+    }
+    int64_t off[4] = {0, 0, 0, 0}, moved = 0;
+    for (size_t i = 0; i < master.size(); ++i) {
+      off[0] += float_bits(got_master[i]) != float_bits(hm[i]);
+      off[1] += float_bits(got_m[i]) != float_bits(hmo[i]);
+      off[2] += float_bits(got_v[i]) != float_bits(hv[i]);
+      off[3] += got_param[i] != hparam[i];
+      moved += float_bits(hm[i]) != float_bits(master[i]);
+    }
+    EXPECT_EQ(off[0], 0) << "masters";
+    EXPECT_EQ(off[1], 0) << "exp_avg";
+    EXPECT_EQ(off[2], 0) << "exp_avg_sq";
+    EXPECT_EQ(off[3], 0) << "bf16 working copies";
+    EXPECT_GT(moved, n / 2);
+  }
+}
+
 // The deferred AdamW over a table's rows (the embedding's untouched rows) against the update of the
 // whole table every step, bit for bit: masters (split and whole), moments and bf16 parameters. Each
 // step's gradient has a random subset of rows (in shuffled order), the others zero; the deferred
@@ -1466,6 +1543,40 @@ TEST(CudaModel, OptimizerBesideBackwardMatchesAfter) {
   }
   EXPECT_LT(relative_error(beside.params, after.params), 5e-2);
   EXPECT_GT(*std::max_element(after.params.begin(), after.params.end()), 1e-3f);
+}
+
+// The optimizer offloaded to the host (ZeRO-1 on one GPU, clipping on): its state is pinned host
+// memory, none on the device, and three steps follow the device optimizer's trajectory. The host
+// update computes the kernel's bits (HostAdamWIsTheKernelsBits); attention's backward sums with
+// atomics in varying order, so two runs agree to bf16 tolerance, not bit for bit.
+TEST(CudaModel, OffloadedOptimizerFollowsTheDevicesTrajectory) {
+  REQUIRE_GPU();
+  const ModelConfig c = small_model();
+  auto gpu = make_cuda_backend(0).take();
+  LocalCommunicator comm;
+  std::vector<HostMicroBatch> window = {random_batch(c, 12), random_batch(c, 13)};
+  std::vector<float> initial;
+  auto run = [&](bool offload) {
+    EngineConfig ec{.model = c, .max_tokens = 512, .adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1}, .zero_stage = 1};
+    if (offload) ec.offload = OffloadConfig{true, true, 3};
+    auto e = TrainingEngine::create(ec, *gpu, comm).take();
+    EXPECT_EQ(e->optimizer_bytes() == 0, offload);
+    EXPECT_EQ(e->host_optimizer_bytes() > 0, offload);
+    EXPECT_TRUE(e->initialize_parameters(11).is_ok());
+    if (initial.empty()) initial = e->parameters().take();
+    StepTrace t = trace_steps(*e, window, 2e-3, 3, false);
+    for (size_t i = 0; i < t.params.size(); ++i) t.params[i] -= initial[i];
+    return t;
+  };
+  const StepTrace device = run(false), host = run(true);
+  ASSERT_EQ(host.losses.size(), 3u);
+  ASSERT_EQ(device.losses.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_NEAR(host.losses[s], device.losses[s], kBf16TrajectoryTolerance * device.losses[s]) << "step " << s + 1;
+    EXPECT_NEAR(host.norms[s], device.norms[s], kBf16GradTolerance * device.norms[s]) << "step " << s + 1;
+  }
+  EXPECT_LT(relative_error(host.params, device.params), 5e-2);
+  EXPECT_GT(*std::max_element(device.params.begin(), device.params.end()), 1e-3f);
 }
 
 // The fp32 master split beside the bf16 parameters (the CUDA default) against a whole fp32 copy
