@@ -17,9 +17,10 @@ pattern=${2:-}
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 # A Debug build keeps assertions on (nlohmann-json's among them), turning silent misuse into findings.
+# A unity build (each library's sources compiled a batch at a time) nearly halves the build on 2 cores.
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$opt" -DCMAKE_C_FLAGS_DEBUG="$opt" -DGLM_CUDA=OFF \
-  -DGLM_FUZZ=ON -DGLM_BUILD_TESTS=OFF -DGLM_BUILD_BENCHMARKS=OFF -DGLM_FUZZ_SECONDS="$seconds" \
+  -DGLM_FUZZ=ON -DGLM_BUILD_TESTS=OFF -DGLM_BUILD_BENCHMARKS=OFF -DGLM_FUZZ_SECONDS="$seconds" -DCMAKE_UNITY_BUILD=ON \
   "${launcher[@]}" >/dev/null
 cmake --build build-fuzz --parallel "$(nproc)" --target fuzz_targets
 cd build-fuzz

@@ -652,6 +652,39 @@ TEST(Cli, LoraIsPlannedAndReportedAtStart) {
   }
 }
 
+// `plan` with an offloaded optimizer: no optimizer rows on the GPU, the host memory per rank and per
+// node instead; and the cheapest settings that fit a card: the DeepSpeed guide's full fine-tune on
+// 4 x 24 GB GPUs needs ZeRO-3, full recomputation and the offload; the A100 LoRA recipe (2 x 40 GB,
+// seq 8192) needs only recomputation.
+TEST(Cli, OffloadIsPlannedAndTheCheapestFittingSettingsNamed) {
+  const std::string plan = "plan --config configs/glm4-9b-chat.cfg --max_length 4096 ";
+  RunResult guide = run_glm(plan + "--world_size 4 --gpu_memory_gib 24", 1);
+  ASSERT_EQ(guide.exit_code, 0) << guide.output;
+  EXPECT_EQ(count(guide.output, "fits in 24.0 GiB: no"), 1) << guide.output;
+  EXPECT_EQ(count(guide.output, "cheapest settings that fit in 24.0 GiB: --zero_stage 3 --recompute full "
+                                "--offload_optimizer cpu ("),
+            1)
+      << guide.output;
+  RunResult offload = run_glm(plan + "--world_size 4 --gpu_memory_gib 24 --gpus_per_node 4 --zero_stage 3 "
+                                     "--recompute full --offload_optimizer cpu",
+                              1);
+  ASSERT_EQ(offload.exit_code, 0) << offload.output;
+  EXPECT_EQ(count(offload.output, "  optimizer: fp32"), 0) << "nothing of it on the GPU\n" << offload.output;
+  EXPECT_EQ(count(offload.output, "offloaded optimizer: fp32 master + Adam moments"), 1) << offload.output;
+  EXPECT_EQ(count(offload.output, "per node of 4 GPUs"), 1) << offload.output;
+  EXPECT_EQ(count(offload.output, "fits in 24.0 GiB: yes"), 1) << offload.output;
+  EXPECT_EQ(count(offload.output, "): these options"), 1) << offload.output;
+  RunResult lora = run_glm("plan --config configs/glm4-9b-chat.cfg --max_length 8192 --world_size 2 "
+                           "--gpu_memory_gib 40 --train_type lora",
+                           1);
+  ASSERT_EQ(lora.exit_code, 0) << lora.output;
+  EXPECT_EQ(count(lora.output, "cheapest settings that fit in 40.0 GiB: --zero_stage 0 --recompute full ("), 1)
+      << lora.output;
+  RunResult tiny_card = run_glm(plan + "--world_size 1 --gpu_memory_gib 8", 1);
+  ASSERT_EQ(tiny_card.exit_code, 0) << tiny_card.output;
+  EXPECT_EQ(count(tiny_card.output, "nothing fits in 8.0 GiB per GPU at world size 1"), 1) << tiny_card.output;
+}
+
 TEST(Cli, HelpListsOptionsOnce) {
   RunResult r = run_glm("--help");
   EXPECT_EQ(r.exit_code, 0);

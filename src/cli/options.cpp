@@ -457,6 +457,8 @@ class OptionTable {
     po::options_description plan("Memory planner (glm_hpc plan)");
     add(plan, "world_size", &o_.plan_world_size, "GPUs the plan spreads the model over");
     add(plan, "gpu_memory_gib", &o_.gpu_memory_gib, "memory of one GPU in GiB (default: an H200)");
+    add(plan, "gpus_per_node", &o_.plan_gpus_per_node,
+        "GPUs of one node, for the host memory an offloaded optimizer needs per node (at most --world_size)");
     add(train, "per_device_eval_batch_size", &o_.per_device_eval_batch_size, "samples per rank per evaluation batch");
     po::options_description prepare("Data preparation (glm_hpc prepare)");
     add(prepare, "print_example", &o_.print_example,
@@ -733,6 +735,7 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   if (o.command == "train") GLM_RETURN_IF_ERROR(validate_step_size(o, src));
   GLM_RETURN_IF_ERROR(check(o.per_device_eval_batch_size >= 1, src, "per_device_eval_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.plan_world_size >= 1, src, "world_size", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(o.plan_gpus_per_node >= 1, src, "gpus_per_node", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.command != "plan" || o.plan_world_size % t.context_parallel_size == 0, src,
                             "context_parallel_size", concat("must divide --world_size ", o.plan_world_size)));
   GLM_RETURN_IF_ERROR(check(o.print_example >= -1, src, "print_example", "must be a sample index, or -1 for none"));

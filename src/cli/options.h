@@ -58,6 +58,7 @@ struct CliOptions {
   std::vector<std::string> val_datasets;  // --val_dataset
   double split_dataset_ratio = 0.0;       // share of --dataset held out for validation
   int64_t plan_world_size = 1;            // glm_hpc plan --world_size
+  int64_t plan_gpus_per_node = 8;         // glm_hpc plan --gpus_per_node (host memory per node)
   double gpu_memory_gib = 140.4;          // glm_hpc plan: an H200's 143771 MiB
   int64_t print_example = -1;             // glm_hpc prepare: the sample to print with trained tokens marked
   std::string tokenizer = "auto";         // --tokenizer: auto, bytes, or a rank file / model directory

@@ -49,10 +49,17 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   } else {
     add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
     const int64_t owned = stage == 0 ? total : shard_total;
-    if (in.split_master)  // the masters' high halves are the bf16 parameters
+    if (in.offload_optimizer) {
+      // OptimizerOffload: a whole fp32 master and both moments, and the two bf16 staging buffers.
+      const int64_t staging = 2 * 2 * (int64_t{1} << 22);
+      p.host_rows.push_back({"offloaded optimizer: fp32 master + Adam moments", 12 * owned});
+      p.host_rows.push_back({"offloaded optimizer: staging (bf16 gradients, parameters)", staging});
+      p.host_total += 12 * owned + staging;
+    } else if (in.split_master) {  // the masters' high halves are the bf16 parameters
       add("optimizer: fp32 masters' low halves + Adam moments", 10 * owned);
-    else
+    } else {
       add("optimizer: fp32 master + Adam moments", 12 * owned);
+    }
     if (in.defer_embedding && stage == 0)
       add("optimizer: deferred embedding rows (row steps, step rows)", 8 * in.model.vocab_size);
   }
@@ -102,6 +109,33 @@ int64_t longest_fitting_tokens(const MemoryPlanInput& in, double gpu_memory_gib)
   return lo;
 }
 
+std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& in, double gpu_memory_gib) {
+  const double limit = gpu_memory_gib * 1024.0 * 1024.0 * 1024.0;
+  MemoryPlanInput probe = in;
+  auto fits = [&] { return static_cast<double>(plan_cuda_memory(probe).total) <= limit; };
+  const bool full = !in.lora.has_value();
+  for (const bool offload : {false, true}) {
+    if (offload && !full) break;
+    for (const Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full}) {
+      for (int stage = full ? 0 : in.zero_stage; stage <= (full ? 3 : in.zero_stage); ++stage) {
+        if (offload && stage == 0) continue;  // offload needs ZeRO 1-3
+        probe.offload_optimizer = offload;
+        probe.recompute = recompute;
+        probe.zero_stage = stage;
+        if (fits()) return probe;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+std::string settings_text(const MemoryPlanInput& in) {
+  return concat("--zero_stage ", in.zero_stage, " --recompute ", enum_name(in.recompute),
+                in.offload_optimizer ? " --offload_optimizer cpu" : "");
+}
+}  // namespace
+
 std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan, double gpu_memory_gib) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
   std::string out;
@@ -146,6 +180,17 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
   const double total = static_cast<double>(plan.total) / gib;
   std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", "total (predicted peak)", total);
   out += line;
+  if (!plan.host_rows.empty()) {
+    out += "host memory per GPU's rank (pinned):\n";
+    for (const auto& r : plan.host_rows) {
+      std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", r.what.c_str(), static_cast<double>(r.bytes) / gib);
+      out += line;
+    }
+    const int per_node = std::clamp(in.gpus_per_node, 1, in.world_size);
+    std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", concat("per node of ", per_node, per_node == 1 ? " GPU" : " GPUs").c_str(),
+                  static_cast<double>(plan.host_total) * per_node / gib);
+    out += line;
+  }
   std::snprintf(line, sizeof(line), "fits in %.1f GiB: %s (%.1f GiB %s)\n", gpu_memory_gib,
                 total <= gpu_memory_gib ? "yes" : "no", std::abs(gpu_memory_gib - total),
                 total <= gpu_memory_gib ? "to spare" : "short");
@@ -160,6 +205,25 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
                                           .c_str()
                                     : "");
   out += line;
+  const std::optional<MemoryPlanInput> cheapest = cheapest_fitting_settings(in, gpu_memory_gib);
+  if (!cheapest) {
+    std::snprintf(line, sizeof(line), "%.1f", gpu_memory_gib);
+    out += concat("nothing fits in ", line, " GiB per GPU at world size ", in.world_size,
+                  " even with --zero_stage 3 --recompute full", in.lora ? "" : " --offload_optimizer cpu",
+                  ": more GPUs, a shorter max_length", in.lora ? "" : ", or --train_type lora", "\n");
+  } else {
+    const MemoryPlan best = plan_cuda_memory(*cheapest);
+    const bool same = cheapest->zero_stage == in.zero_stage && cheapest->recompute == in.recompute &&
+                      cheapest->offload_optimizer == in.offload_optimizer;
+    char host[96] = "";
+    if (best.host_total > 0)
+      std::snprintf(host, sizeof(host), ", %.2f GiB of host memory per node",
+                    static_cast<double>(best.host_total) * std::clamp(in.gpus_per_node, 1, in.world_size) / gib);
+    std::snprintf(line, sizeof(line), "cheapest settings that fit in %.1f GiB: %s (%.2f GiB per GPU%s)%s\n",
+                  gpu_memory_gib, settings_text(*cheapest).c_str(), static_cast<double>(best.total) / gib, host,
+                  same ? ": these options" : "");
+    out += line;
+  }
   return out;
 }
 

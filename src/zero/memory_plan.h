@@ -34,6 +34,10 @@ struct MemoryPlanInput {
   // --context_parallel_size: each GPU holds a share of every row (2 of 2C chunks of the row padded
   // to a multiple of 2C) and the whole row's gathered keys and values with their gradients.
   int context_parallel_size = 1;
+  // --offload_optimizer cpu (stages 1-3, full training): the fp32 master and moments in host memory
+  // (train/optimizer_offload.h), none of them on the GPU.
+  bool offload_optimizer = false;
+  int gpus_per_node = 8;  // host memory is reported per node of this many GPUs (at most world_size)
 };
 
 struct MemoryPlanRow {
@@ -44,6 +48,9 @@ struct MemoryPlanRow {
 struct MemoryPlan {
   std::vector<MemoryPlanRow> rows;
   int64_t total = 0;
+  // What one rank keeps in host memory beyond its process (the offloaded optimizer).
+  std::vector<MemoryPlanRow> host_rows;
+  int64_t host_total = 0;
 };
 
 // The CUDA context, cuBLASLt handles and allocator slack, not allocated by us. Calibrated on an
@@ -54,6 +61,10 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in);
 // The most micro_batch_tokens (per_device_train_batch_size x max_length) whose plan fits in
 // gpu_memory_gib, everything else as `in` says; 0 when not even the smallest row fits.
 int64_t longest_fitting_tokens(const MemoryPlanInput& in, double gpu_memory_gib);
+// The cheapest settings whose plan fits in gpu_memory_gib, `in` otherwise: the optimizer on the GPU
+// before offloaded, then no recomputation before selective before full, then the lowest ZeRO stage
+// (full training; LoRA keeps its own stage and offloads nothing). nullopt: nothing fits.
+std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& in, double gpu_memory_gib);
 std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan, double gpu_memory_gib);
 
 }  // namespace glm
