@@ -95,6 +95,14 @@ struct AdamWRows {
   bool gradient = false;  // the last of them with grad's row (the others with zero gradients)
 };
 
+// A copy between backend memory and host memory started by Backend::start_download/start_upload;
+// finish() waits until it is done (and reports its error). Destroying it unfinished waits too.
+class AsyncCopy {
+ public:
+  virtual ~AsyncCopy() = default;
+  virtual Status finish() { return Status::ok(); }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -139,6 +147,17 @@ class Backend {
   // Copies between host memory of the same dtype and backend memory.
   virtual Status upload(Tensor dst, const void* src) = 0;
   virtual Status download(void* dst, Tensor src) = 0;
+  // The same copies, running while the host goes on (CUDA: on a copy stream, after everything
+  // enqueued so far, from or to pinned memory at full speed); finish() waits for one. The host
+  // memory must stay untouched until then. A backend without a device copies at once.
+  virtual Result<std::unique_ptr<AsyncCopy>> start_download(void* dst, Tensor src) {
+    GLM_RETURN_IF_ERROR(download(dst, src));
+    return std::make_unique<AsyncCopy>();
+  }
+  virtual Result<std::unique_ptr<AsyncCopy>> start_upload(Tensor dst, const void* src) {
+    GLM_RETURN_IF_ERROR(upload(dst, src));
+    return std::make_unique<AsyncCopy>();
+  }
   // dst[i] = src[i] converted between dtypes (compute <-> optimizer copies).
   virtual Status convert(Tensor dst, Tensor src) = 0;
   virtual Status synchronize() = 0;

@@ -80,6 +80,29 @@ class Scratch {
   size_t bytes_ = 0;
 };
 
+// A copy on the backend's copy stream and the event that marks its end.
+class CudaAsyncCopy final : public AsyncCopy {
+ public:
+  explicit CudaAsyncCopy(cudaEvent_t done) : done_(done) {}
+  ~CudaAsyncCopy() override {
+    if (done_ != nullptr) {
+      cudaEventSynchronize(done_);
+      cudaEventDestroy(done_);
+    }
+  }
+  Status finish() override {
+    if (done_ == nullptr) return Status::ok();
+    const cudaError_t e = cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+    done_ = nullptr;
+    if (e != cudaSuccess) return GLM_ERROR(ErrorKind::internal, "asynchronous copy: ", cudaGetErrorString(e));
+    return Status::ok();
+  }
+
+ private:
+  cudaEvent_t done_;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const BackendConfig& config)
@@ -96,9 +119,11 @@ class CudaBackend final : public Backend {
     }
     if (main_ != nullptr) cudaStreamSynchronize(main_);
     if (side_ != nullptr) cudaStreamSynchronize(side_);
+    for (cudaStream_t s : {copy_down_, copy_up_})
+      if (s != nullptr) cudaStreamSynchronize(s);
     for (cudaEvent_t e : {fork_, joined_})
       if (e != nullptr) cudaEventDestroy(e);
-    for (cudaStream_t s : {main_, side_})
+    for (cudaStream_t s : {main_, side_, copy_down_, copy_up_})
       if (s != nullptr) cudaStreamDestroy(s);
   }
 
@@ -113,6 +138,8 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
     GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&main_, cudaStreamNonBlocking, highest));
     GLM_CUDA_RETURN(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, lowest));
+    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_down_, cudaStreamNonBlocking));
+    GLM_CUDA_RETURN(cudaStreamCreateWithFlags(&copy_up_, cudaStreamNonBlocking));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     GLM_CUDA_RETURN(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
     stream_ = main_;
@@ -240,6 +267,30 @@ class CudaBackend final : public Backend {
   Status download(void* dst, Tensor src) override {
     GLM_CUDA_RETURN(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
     return synchronize();
+  }
+  Result<std::unique_ptr<AsyncCopy>> start_download(void* dst, Tensor src) override {
+    return start_copy(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, copy_down_);
+  }
+  Result<std::unique_ptr<AsyncCopy>> start_upload(Tensor dst, const void* src) override {
+    return start_copy(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, copy_up_);
+  }
+  // On a copy stream of its direction (both directions at once), after the work enqueued on stream_
+  // so far; an event marks its end.
+  Result<std::unique_ptr<AsyncCopy>> start_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                                cudaStream_t copy) {
+    cudaEvent_t ready = nullptr, done = nullptr;
+    GLM_CUDA_RETURN(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ready, stream_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(copy, ready, 0);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, kind, copy);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(done, copy);
+    cudaEventDestroy(ready);
+    if (e != cudaSuccess) {
+      if (done != nullptr) cudaEventDestroy(done);
+      return GLM_ERROR(ErrorKind::internal, "asynchronous copy of ", bytes, " bytes: ", cudaGetErrorString(e));
+    }
+    return std::unique_ptr<AsyncCopy>(std::make_unique<CudaAsyncCopy>(done));
   }
   Status convert(Tensor dst, Tensor src) override {
     GLM_PROFILE_OP("convert");
@@ -604,6 +655,7 @@ class CudaBackend final : public Backend {
   cuda::FlashOptions flash_;
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().
   cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
+  cudaStream_t copy_down_ = nullptr, copy_up_ = nullptr;  // start_download, start_upload
   cudaEvent_t fork_ = nullptr, joined_ = nullptr;
   bool side_pending_ = false;  // side work enqueued since the last join_side()
   // SMs the GEMMs are planned for while side work is pending (0: all).

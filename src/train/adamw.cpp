@@ -115,19 +115,36 @@ Status AdamWOptimizer::step_part(Tensor grads, double lr, double grad_scale, Ten
 Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin,
                                       int64_t end) {
   OptimizerOffload& o = *offload_;
-  const Tensor staged_grads = o.grad_staging(), staged_params = o.param_staging();
-  if (grads.dtype != staged_grads.dtype || params_.dtype != staged_params.dtype)
+  if (grads.dtype != o.grad_staging(0).dtype || params_.dtype != o.param_staging(0).dtype)
     return GLM_INTERNAL_ERROR("offloaded optimizer over ", dtype_name(grads.dtype), " gradients and ",
                               dtype_name(params_.dtype), " parameters");
   const bool f32 = params_.dtype == DType::f32;
+  const int64_t chunk = o.staging_elements();
+  const int64_t chunks = (end - begin + chunk - 1) / chunk;
+  constexpr int kSlots = OptimizerOffload::kStagingSlots;
+  // Chunk i uses slot i % 2 both ways: chunk i + 1's gradient comes over and chunk i - 1's
+  // parameters go back while the host updates chunk i. Unfinished copies are waited for by their
+  // destructors if a step fails.
+  std::unique_ptr<AsyncCopy> down[kSlots], up[kSlots];
+  auto fetch = [&](int64_t i) -> Status {
+    const int64_t at = begin + i * chunk;
+    GLM_ASSIGN_OR_RETURN(down[i % kSlots], backend_->start_download(o.grad_staging(static_cast<int>(i % kSlots)).data,
+                                                                   grads.slice(at, std::min(chunk, end - at))));
+    return Status::ok();
+  };
   double squares = 0;
-  for (int64_t at = begin; at < end; at += OptimizerOffload::kStagingElements) {
-    const int64_t k = std::min(OptimizerOffload::kStagingElements, end - at);
-    GLM_RETURN_IF_ERROR(backend_->download(staged_grads.data, grads.slice(at, k)));
+  if (chunks > 0) GLM_RETURN_IF_ERROR(fetch(0));
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int slot = static_cast<int>(i % kSlots);
+    const int64_t at = begin + i * chunk, k = std::min(chunk, end - at);
+    if (i + 1 < chunks) GLM_RETURN_IF_ERROR(fetch(i + 1));  // its slot's last reader, chunk i - 1, is done
+    GLM_RETURN_IF_ERROR(down[slot]->finish());
+    if (up[slot]) GLM_RETURN_IF_ERROR(up[slot]->finish());  // the parameter slot is free again
+    const Tensor staged_grads = o.grad_staging(slot), staged_params = o.param_staging(slot);
     for (const Range& r : ranges_) {
       const int64_t b = std::max(r.begin, at), n = std::min(r.end, at + k) - b;
       if (n <= 0) continue;
-      const int64_t s = b - at;  // in the staging buffers
+      const int64_t s = b - at;  // in the staging slot
       cpu::HostAdamWArrays a;
       a.master = master_.as<float>() + b;
       a.exp_avg = exp_avg_.tensor().as<float>() + b;
@@ -142,8 +159,10 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
       squares += cpu::host_adamw(o.pool(), a, n, step_scalars(step_, lr, grad_scale, r.decay),
                                  backend_->adamw_rounding(), bf16_, !grad_sq_sum.empty());
     }
-    GLM_RETURN_IF_ERROR(backend_->upload(params_.slice(at, k), staged_params.data));
+    GLM_ASSIGN_OR_RETURN(up[slot], backend_->start_upload(params_.slice(at, k), staged_params.data));
   }
+  for (auto& u : up)
+    if (u) GLM_RETURN_IF_ERROR(u->finish());
   if (grad_sq_sum.empty()) return Status::ok();
   double total = 0;
   GLM_RETURN_IF_ERROR(backend_->download(&total, grad_sq_sum));

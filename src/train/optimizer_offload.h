@@ -2,8 +2,9 @@
 // each rank's fp32 master weights and Adam moments live in host memory (page-locked unless
 // --offload_pin_memory false) and host threads update them with the backend's own rounding
 // (kernels/cpu/host_adamw.h), so an offloaded run computes the same bits as one that is not.
-// Gradients come to the host and the updated working copy goes back through staging buffers of
-// kStagingElements, one chunk at a time.
+// Gradients come to the host and the updated working copy goes back through two staging slots of
+// OffloadConfig::staging_elements each way: the next chunk's gradient comes over and the last
+// chunk's parameters go back while the host updates the current one.
 #pragma once
 
 #include <memory>
@@ -17,29 +18,35 @@ struct OffloadConfig {
   bool optimizer = false;   // --offload_optimizer cpu
   bool pin_memory = true;   // --offload_pin_memory
   int threads = 1;          // host threads of this rank's updates (--offload_threads, resolved)
+  int64_t staging_elements = int64_t{1} << 22;  // per staging slot and direction (tests make it small)
 };
 
 class OptimizerOffload {
  public:
-  static constexpr int64_t kStagingElements = int64_t{1} << 22;
+  static constexpr int kStagingSlots = 2;
 
   static Result<std::unique_ptr<OptimizerOffload>> create(Backend& backend, const OffloadConfig& config);
 
   Backend& backend() { return backend_; }
   ThreadPool& pool() { return pool_; }
   const OffloadConfig& config() const { return config_; }
+  int64_t staging_elements() const { return config_.staging_elements; }
   // Host f32 memory for state, zeroed.
   Result<Buffer> allocate_state(int64_t numel) { return backend_.allocate_host(numel, DType::f32, config_.pin_memory); }
   // Host memory of the staging buffers.
-  int64_t staging_bytes() const { return static_cast<int64_t>(grads_.tensor().bytes() + params_.tensor().bytes()); }
+  int64_t staging_bytes() const {
+    int64_t b = 0;
+    for (int i = 0; i < kStagingSlots; ++i) b += static_cast<int64_t>(grads_[i].tensor().bytes() + params_[i].tensor().bytes());
+    return b;
+  }
 
   // master[i] = params[i] widened to f32 (host master from the device working copy).
   Status read_params(float* master, Tensor params);
   // params[i] = master[i] in the working copy's dtype, rounded as bf16 says.
   Status write_params(Tensor params, const float* master, cpu::Bf16Rounding bf16);
-  // The staging buffers (host, the backend's compute dtype).
-  Tensor grad_staging() const { return grads_.tensor(); }
-  Tensor param_staging() const { return params_.tensor(); }
+  // The staging slots (host, the backend's compute dtype).
+  Tensor grad_staging(int slot) const { return grads_[slot].tensor(); }
+  Tensor param_staging(int slot) const { return params_[slot].tensor(); }
 
  private:
   OptimizerOffload(Backend& backend, const OffloadConfig& config)
@@ -48,7 +55,7 @@ class OptimizerOffload {
   Backend& backend_;
   OffloadConfig config_;
   ThreadPool pool_;
-  Buffer grads_, params_;
+  Buffer grads_[kStagingSlots], params_[kStagingSlots];
 };
 
 }  // namespace glm

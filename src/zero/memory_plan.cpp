@@ -50,8 +50,9 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
     const int64_t owned = stage == 0 ? total : shard_total;
     if (in.offload_optimizer) {
-      // OptimizerOffload: a whole fp32 master and both moments, and the two bf16 staging buffers.
-      const int64_t staging = 2 * 2 * (int64_t{1} << 22);
+      // OptimizerOffload: a whole fp32 master and both moments, and two bf16 staging slots of 4M
+      // elements each way.
+      const int64_t staging = 2 * 2 * 2 * (int64_t{1} << 22);
       p.host_rows.push_back({"offloaded optimizer: fp32 master + Adam moments", 12 * owned});
       p.host_rows.push_back({"offloaded optimizer: staging (bf16 gradients, parameters)", staging});
       p.host_total += 12 * owned + staging;
