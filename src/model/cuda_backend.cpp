@@ -209,8 +209,15 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       size_t free_bytes = 0, total = 0;
       cudaMemGetInfo(&free_bytes, &total);
-      return GLM_ERROR(ErrorKind::internal, "out of device memory allocating ", bytes, " bytes (", free_bytes, " of ",
-                       total, " free)");
+      const double gib = 1024.0 * 1024.0 * 1024.0;
+      char text[160];
+      std::snprintf(text, sizeof(text), "%.2f GiB free of %.1f GiB", static_cast<double>(free_bytes) / gib,
+                    static_cast<double>(total) / gib);
+      return GLM_ERROR(ErrorKind::internal, "out of GPU memory allocating ", bytes, " bytes (", text,
+                       "); `glm_hpc plan` with this run's options and --world_size N --gpu_memory_gib ",
+                       static_cast<int64_t>(static_cast<double>(total) / gib),
+                       " shows what the run needs and names the cheapest settings that fit (ZeRO stage, "
+                       "--recompute, --offload_optimizer cpu)");
     }
     if (cudaMemset(p, 0, bytes) != cudaSuccess) {
       cudaFree(p);
