@@ -3,7 +3,9 @@
 GLM-4-9B-Chat's real shapes (40 layers, random init), PyTorch FSDP2 (fully_shard per decoder layer
 and at the root; bf16 parameters, fp32 gradient reduction, fp32 sharded master weights), SDPA
 attention, AdamW, seq 4096, micro-batch 1 per GPU. Modes: eager, eager with activation
-checkpointing (ckpt), torch.compile per layer (compile).
+checkpointing (ckpt), torch.compile per layer (compile), and checkpointing with the parameters,
+gradients and optimizer state offloaded to the CPU (offload: FSDP2's CPUOffloadPolicy, pinned; the
+optimizer then steps on the CPU), the peer of --offload_optimizer cpu.
 
 Launch: torchrun --nproc_per_node N benchmarks/peers/hf_glm_fsdp_peer.py [--modes eager,ckpt]
 Rank 0 prints one line per mode: tokens/s per GPU, model TFLOP/s per GPU, MFU against 989 TFLOP/s
@@ -14,7 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from glm_shapes import flops_per_token, glm4_9b_config
 from transformers import GlmForCausalLM
 
@@ -23,14 +25,15 @@ def build(cfg, mode):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = GlmForCausalLM(cfg)  # fp32 master weights, initialised on the GPU (fast)
-    if mode == "ckpt":
+    if mode in ("ckpt", "offload"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    extra = {"offload_policy": CPUOffloadPolicy(pin_memory=True)} if mode == "offload" else {}
     for layer in model.model.layers:
         if mode == "compile":
             layer.compile()
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, **extra)
+    fully_shard(model, mp_policy=mp, **extra)
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     except (RuntimeError, TypeError):
