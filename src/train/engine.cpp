@@ -70,38 +70,46 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
     }
     return e;
   }
-  if (adam) {
-    if (ec.offload.optimizer) {
-      if (zero_stage == 0)
-        return GLM_USER_ERROR("--offload_optimizer cpu needs --zero_stage 1, 2 or 3 (as DeepSpeed's offload does): "
-                              "each rank's host then holds only its shard of the optimizer state");
-      GLM_ASSIGN_OR_RETURN(e->offload_, OptimizerOffload::create(backend, ec.offload));
-    }
-    const int units = static_cast<int>(e->layout().units().size());
-    for (int u = 0; u < units; ++u) {
-      GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
-                           AdamWOptimizer::create(backend, e->layout(), e->zero_->owned_params(u),
-                                                  e->zero_->owned_offset(u), *adam, e->offload_.get()));
-      e->optimizers_.push_back(std::move(opt));
-    }
-    e->has_optimizer_ = true;
-    // Deferred embedding rows at stage 0 (every rank holds and updates the whole table; the rows a
-    // step's gradient can reach are the tokens of every rank's batches), the table at the start of
-    // its own unit.
-    const int history = std::clamp(ec.defer_embedding_rows, 0, AdamWRows::kMaxHistory);
-    const ParamEntry& table = e->layout().entry(e->layout().embedding());
-    const int unit = e->layout().embedding_unit();
-    const ParamUnit& table_unit = e->layout().units()[static_cast<size_t>(unit)];
-    if (history > 0 && zero_stage == 0 && table.unit == unit && table.offset == table_unit.offset &&
-        table_unit.entries.size() == 1) {
-      GLM_RETURN_IF_ERROR(
-          e->optimizers_[static_cast<size_t>(unit)].defer_rows(config.vocab_size, config.hidden_size, history));
-      e->deferred_unit_ = unit;
-      GLM_ASSIGN_OR_RETURN(e->step_rows_, backend.allocate(config.vocab_size, DType::i32));
-      e->row_seen_.assign(static_cast<size_t>(config.vocab_size), 0);
-    }
-  }
+  if (adam) GLM_RETURN_IF_ERROR(e->create_optimizers(ec));
   return e;
+}
+
+// One optimizer per unit over what this rank owns (offloaded to the host with ec.offload), and the
+// embedding's deferred rows where they apply.
+Status TrainingEngine::create_optimizers(const EngineConfig& ec) {
+  const ModelConfig& config = ec.model;
+  const int zero_stage = ec.zero_stage;
+  const AdamWOptions& adam = *ec.adam;
+  if (ec.offload.optimizer) {
+    if (zero_stage == 0)
+      return GLM_USER_ERROR("--offload_optimizer cpu needs --zero_stage 1, 2 or 3 (as DeepSpeed's offload does): "
+                            "each rank's host then holds only its shard of the optimizer state");
+    GLM_ASSIGN_OR_RETURN(offload_, OptimizerOffload::create(backend_, ec.offload));
+  }
+  const int units = static_cast<int>(layout().units().size());
+  for (int u = 0; u < units; ++u) {
+    GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
+                         AdamWOptimizer::create(backend_, layout(), zero_->owned_params(u),
+                                                zero_->owned_offset(u), adam, offload_.get()));
+    optimizers_.push_back(std::move(opt));
+  }
+  has_optimizer_ = true;
+  // Deferred embedding rows at stage 0 (every rank holds and updates the whole table; the rows a
+  // step's gradient can reach are the tokens of every rank's batches), the table at the start of
+  // its own unit.
+  const int history = std::clamp(ec.defer_embedding_rows, 0, AdamWRows::kMaxHistory);
+  const ParamEntry& table = layout().entry(layout().embedding());
+  const int unit = layout().embedding_unit();
+  const ParamUnit& table_unit = layout().units()[static_cast<size_t>(unit)];
+  if (history > 0 && zero_stage == 0 && table.unit == unit && table.offset == table_unit.offset &&
+      table_unit.entries.size() == 1) {
+    GLM_RETURN_IF_ERROR(
+        optimizers_[static_cast<size_t>(unit)].defer_rows(config.vocab_size, config.hidden_size, history));
+    deferred_unit_ = unit;
+    GLM_ASSIGN_OR_RETURN(step_rows_, backend_.allocate(config.vocab_size, DType::i32));
+    row_seen_.assign(static_cast<size_t>(config.vocab_size), 0);
+  }
+  return Status::ok();
 }
 
 Status TrainingEngine::settle_optimizer() {

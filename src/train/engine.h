@@ -170,6 +170,7 @@ class TrainingEngine {
 
  private:
   TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
+  Status create_optimizers(const EngineConfig& ec);
   Result<MicroBatch> upload(const HostMicroBatch& batch);
   // The distinct tokens of the batches of every rank (the embedding rows the step's gradient can
   // reach), in increasing order, into step_rows_; their count. Collective above one rank.

@@ -12,6 +12,32 @@
 
 namespace glm {
 
+namespace {
+
+// The full model's optimizer state over `owned` elements: on the GPU, or offloaded to the host.
+void add_optimizer_rows(const MemoryPlanInput& in, int64_t owned, MemoryPlan& p) {
+  auto add = [&](const char* what, int64_t bytes) {
+    p.rows.push_back({what, bytes});
+    p.total += bytes;
+  };
+  if (in.offload_optimizer) {
+    // OptimizerOffload: a whole fp32 master and both moments, and two bf16 staging slots of 4M
+    // elements each way.
+    const int64_t staging = 2 * 2 * 2 * (int64_t{1} << 22);
+    p.host_rows.push_back({"offloaded optimizer: fp32 master + Adam moments", 12 * owned});
+    p.host_rows.push_back({"offloaded optimizer: staging (bf16 gradients, parameters)", staging});
+    p.host_total += 12 * owned + staging;
+  } else if (in.split_master) {  // the masters' high halves are the bf16 parameters
+    add("optimizer: fp32 masters' low halves + Adam moments", 10 * owned);
+  } else {
+    add("optimizer: fp32 master + Adam moments", 12 * owned);
+  }
+  if (in.defer_embedding && in.zero_stage == 0)
+    add("optimizer: deferred embedding rows (row steps, step rows)", 8 * in.model.vocab_size);
+}
+
+}  // namespace
+
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   const int stage = in.zero_stage;
   std::optional<LoraLayout> lora;
@@ -48,21 +74,7 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     if (in.world_size > 1 && reduce != DType::bf16) buffers += static_cast<int64_t>(dtype_size(reduce)) * adapters;
   } else {
     add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
-    const int64_t owned = stage == 0 ? total : shard_total;
-    if (in.offload_optimizer) {
-      // OptimizerOffload: a whole fp32 master and both moments, and two bf16 staging slots of 4M
-      // elements each way.
-      const int64_t staging = 2 * 2 * 2 * (int64_t{1} << 22);
-      p.host_rows.push_back({"offloaded optimizer: fp32 master + Adam moments", 12 * owned});
-      p.host_rows.push_back({"offloaded optimizer: staging (bf16 gradients, parameters)", staging});
-      p.host_total += 12 * owned + staging;
-    } else if (in.split_master) {  // the masters' high halves are the bf16 parameters
-      add("optimizer: fp32 masters' low halves + Adam moments", 10 * owned);
-    } else {
-      add("optimizer: fp32 master + Adam moments", 12 * owned);
-    }
-    if (in.defer_embedding && stage == 0)
-      add("optimizer: deferred embedding rows (row steps, step rows)", 8 * in.model.vocab_size);
+    add_optimizer_rows(in, stage == 0 ? total : shard_total, p);
   }
   add("communication buffers", buffers);
   // + the engine's i32 micro-batch with its index, and its argmax flags (correct).
@@ -135,6 +147,49 @@ std::string settings_text(const MemoryPlanInput& in) {
   return concat("--zero_stage ", in.zero_stage, " --recompute ", enum_name(in.recompute),
                 in.offload_optimizer ? " --offload_optimizer cpu" : "");
 }
+
+int nodes_gpus(const MemoryPlanInput& in) { return std::clamp(in.gpus_per_node, 1, in.world_size); }
+
+// The offloaded optimizer's host memory, per rank and per node.
+std::string format_host_rows(const MemoryPlanInput& in, const MemoryPlan& plan) {
+  if (plan.host_rows.empty()) return "";
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  std::string out = "host memory per GPU's rank (pinned):\n";
+  char line[256];
+  for (const auto& r : plan.host_rows) {
+    std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", r.what.c_str(), static_cast<double>(r.bytes) / gib);
+    out += line;
+  }
+  const int per_node = nodes_gpus(in);
+  std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n",
+                concat("per node of ", per_node, per_node == 1 ? " GPU" : " GPUs").c_str(),
+                static_cast<double>(plan.host_total) * per_node / gib);
+  return out + line;
+}
+
+// The cheapest settings that fit, or what to change when nothing does.
+std::string format_cheapest_settings(const MemoryPlanInput& in, double gpu_memory_gib) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  char line[512];
+  const std::optional<MemoryPlanInput> cheapest = cheapest_fitting_settings(in, gpu_memory_gib);
+  if (!cheapest) {
+    std::snprintf(line, sizeof(line), "%.1f", gpu_memory_gib);
+    return concat("nothing fits in ", line, " GiB per GPU at world size ", in.world_size,
+                  " even with --zero_stage 3 --recompute full", in.lora ? "" : " --offload_optimizer cpu",
+                  ": more GPUs, a shorter max_length", in.lora ? "" : ", or --train_type lora", "\n");
+  }
+  const MemoryPlan best = plan_cuda_memory(*cheapest);
+  const bool same = cheapest->zero_stage == in.zero_stage && cheapest->recompute == in.recompute &&
+                    cheapest->offload_optimizer == in.offload_optimizer;
+  char host[96] = "";
+  if (best.host_total > 0)
+    std::snprintf(host, sizeof(host), ", %.2f GiB of host memory per node",
+                  static_cast<double>(best.host_total) * nodes_gpus(in) / gib);
+  std::snprintf(line, sizeof(line), "cheapest settings that fit in %.1f GiB: %s (%.2f GiB per GPU%s)%s\n",
+                gpu_memory_gib, settings_text(*cheapest).c_str(), static_cast<double>(best.total) / gib, host,
+                same ? ": these options" : "");
+  return line;
+}
 }  // namespace
 
 std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan, double gpu_memory_gib) {
@@ -181,17 +236,7 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
   const double total = static_cast<double>(plan.total) / gib;
   std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", "total (predicted peak)", total);
   out += line;
-  if (!plan.host_rows.empty()) {
-    out += "host memory per GPU's rank (pinned):\n";
-    for (const auto& r : plan.host_rows) {
-      std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", r.what.c_str(), static_cast<double>(r.bytes) / gib);
-      out += line;
-    }
-    const int per_node = std::clamp(in.gpus_per_node, 1, in.world_size);
-    std::snprintf(line, sizeof(line), "  %-58s %9.2f GiB\n", concat("per node of ", per_node, per_node == 1 ? " GPU" : " GPUs").c_str(),
-                  static_cast<double>(plan.host_total) * per_node / gib);
-    out += line;
-  }
+  out += format_host_rows(in, plan);
   std::snprintf(line, sizeof(line), "fits in %.1f GiB: %s (%.1f GiB %s)\n", gpu_memory_gib,
                 total <= gpu_memory_gib ? "yes" : "no", std::abs(gpu_memory_gib - total),
                 total <= gpu_memory_gib ? "to spare" : "short");
@@ -206,25 +251,7 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
                                           .c_str()
                                     : "");
   out += line;
-  const std::optional<MemoryPlanInput> cheapest = cheapest_fitting_settings(in, gpu_memory_gib);
-  if (!cheapest) {
-    std::snprintf(line, sizeof(line), "%.1f", gpu_memory_gib);
-    out += concat("nothing fits in ", line, " GiB per GPU at world size ", in.world_size,
-                  " even with --zero_stage 3 --recompute full", in.lora ? "" : " --offload_optimizer cpu",
-                  ": more GPUs, a shorter max_length", in.lora ? "" : ", or --train_type lora", "\n");
-  } else {
-    const MemoryPlan best = plan_cuda_memory(*cheapest);
-    const bool same = cheapest->zero_stage == in.zero_stage && cheapest->recompute == in.recompute &&
-                      cheapest->offload_optimizer == in.offload_optimizer;
-    char host[96] = "";
-    if (best.host_total > 0)
-      std::snprintf(host, sizeof(host), ", %.2f GiB of host memory per node",
-                    static_cast<double>(best.host_total) * std::clamp(in.gpus_per_node, 1, in.world_size) / gib);
-    std::snprintf(line, sizeof(line), "cheapest settings that fit in %.1f GiB: %s (%.2f GiB per GPU%s)%s\n",
-                  gpu_memory_gib, settings_text(*cheapest).c_str(), static_cast<double>(best.total) / gib, host,
-                  same ? ": these options" : "");
-    out += line;
-  }
+  out += format_cheapest_settings(in, gpu_memory_gib);
   return out;
 }
 
