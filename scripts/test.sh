@@ -8,5 +8,5 @@ bash scripts/build.sh -DGLM_WERROR=ON
 source scripts/mpi_env.sh
 (cd build && ctest --output-on-failure --parallel 2 "$@")
 if [ $# -eq 0 ]; then
-  bash scripts/fuzz.sh --quick 10
+  bash scripts/fuzz.sh --quick 6
 fi
