@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/bf16.h"
 #include "mpi/communicator.h"
 
 namespace glm::bench {
@@ -50,12 +51,7 @@ inline uint16_t bf16_of_small_integer(uint32_t v) {
   std::memcpy(&bits, &f, 4);
   return static_cast<uint16_t>(bits >> 16);
 }
-inline float float_of_bf16(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+inline float float_of_bf16(uint16_t v) { return bf16_bits_to_float(v); }
 
 // Runs body(begin, end) over [0, n) split across up to `threads` threads (one for small n).
 template <typename Body>
