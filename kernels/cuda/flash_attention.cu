@@ -749,6 +749,19 @@ cudaError_t with_head_dim(int64_t head_dim, Launch&& launch) {
 
 }  // namespace
 
+size_t flash_attention_shared_bytes(int64_t head_dim) {
+  switch (head_dim) {
+    case 32:
+      return std::max(forward_smem_bytes<32, 64>(), backward_smem_bytes<32, true>());
+    case 64:
+      return std::max(forward_smem_bytes<64, 64>(), backward_smem_bytes<64, true>());
+    case 128:
+      return std::max(forward_smem_bytes<128, 64>(), backward_smem_bytes<128, true>());
+    default:
+      return 0;
+  }
+}
+
 cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
                                     int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
                                     const FlashOptions& options) {

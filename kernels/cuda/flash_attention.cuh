@@ -9,6 +9,10 @@
 namespace glm::cuda {
 
 bool flash_attention_supports(int64_t head_dim);
+// Dynamic shared memory per block the mma.sync kernels at this head size ask for at most (the
+// gathered backward's, the largest); 0 where no flash kernel exists. A device whose opt-in limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin) is below it cannot run them.
+size_t flash_attention_shared_bytes(int64_t head_dim);
 
 // Kernel choices, fixed by the backend's configuration; the defaults are the tuned ones.
 struct FlashOptions {

@@ -107,6 +107,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The name with what a run should know of the device (its model, architecture, the kernel paths).
+  virtual std::string description() const { return name(); }
   // Type of parameters, gradients and activations on this backend.
   virtual DType compute_dtype() const = 0;
   // Type of optimizer state (fp32 master weights and moments; f64 in the double-precision oracle).

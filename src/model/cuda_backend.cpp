@@ -159,12 +159,28 @@ class CudaBackend final : public Backend {
                        : config_.gemm_autotune == GemmAutotune::large ? cuda::Gemm::Autotune::large
                                                                       : cuda::Gemm::Autotune::off);
     flash_.allow_wgmma = config_.attention_kernel == AttentionKernel::auto_select;
+    cudaDeviceProp prop{};
+    GLM_CUDA_RETURN(cudaGetDeviceProperties(&prop, device_));
+    device_name_ = prop.name;
+    major_ = prop.major;
+    minor_ = prop.minor;
+    GLM_CUDA_RETURN(cudaDeviceGetAttribute(&shared_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+    wgmma_128_ = cuda::flash_wgmma_available(128);
     flash_.backward_head_chunk = config_.attention_backward_head_chunk;
     flash_.dq_vector_atomics = config_.attention_dq_vector_atomics;
     return Status::ok();
   }
 
   std::string name() const override { return "cuda"; }
+  std::string description() const override {
+    char text[320];
+    std::snprintf(text, sizeof(text), "cuda (%s, sm_%d%d, %d KiB of shared memory per block; attention: %s)",
+                  device_name_.c_str(), major_, minor_, shared_optin_ / 1024,
+                  flash_.allow_wgmma && wgmma_128_
+                      ? "wgmma kernels for sm_90a at head_dim 128, mma.sync elsewhere"
+                      : "mma.sync kernels");
+    return text;
+  }
   DType compute_dtype() const override { return DType::bf16; }
   DType optimizer_dtype() const override { return DType::f32; }
   DType stats_dtype() const override { return DType::f32; }
@@ -428,6 +444,7 @@ class CudaBackend final : public Backend {
                             cuda::kAttentionMaxHeadDim);
     // Tensor-core flash attention where the head size allows, the warp-per-row kernel elsewhere.
     if (cuda::flash_attention_supports(s.head_dim)) {
+      GLM_RETURN_IF_ERROR(check_flash_shared_memory(s.head_dim, /*gathered=*/false));
       GLM_CUDA_RETURN(cuda::flash_attention_forward(b(out), lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n,
                                                     s.heads, s.kv_heads, s.head_dim, stream_, flash_));
       return Status::ok();
@@ -443,6 +460,7 @@ class CudaBackend final : public Backend {
     const int64_t scratch = flash ? cuda::flash_attention_scratch(n, s.heads, s.kv_heads, s.head_dim) : n * s.heads;
     GLM_ASSIGN_OR_RETURN(void* acc, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
     if (flash) {
+      GLM_RETURN_IF_ERROR(check_flash_shared_memory(s.head_dim, /*gathered=*/false));
       GLM_CUDA_RETURN(cuda::flash_attention_backward(b(dqkv), static_cast<float*>(acc), b(dout), b(out),
                                                      lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n, s.heads,
                                                      s.kv_heads, s.head_dim, stream_, flash_));
@@ -454,12 +472,24 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   bool has_gathered_attention() const override { return true; }
-  static Status check_gathered(AttentionShape s) {
+  Status check_gathered(AttentionShape s) const {
     if (!cuda::flash_attention_supports(s.head_dim))
       return GLM_USER_ERROR("--context_parallel_size > 1 on the CUDA backend needs head_dim 32, 64 or 128 (the "
                             "flash kernels'); this model's is ",
                             s.head_dim);
-    return Status::ok();
+    return check_flash_shared_memory(s.head_dim, /*gathered=*/true);
+  }
+  // The mma.sync flash kernels' shared memory against the device's opt-in limit: a clear refusal
+  // instead of a failed launch (Hopper's wgmma kernels, where they run, fit on the only devices
+  // that have them).
+  Status check_flash_shared_memory(int64_t head_dim, bool gathered) const {
+    if (!gathered && flash_.allow_wgmma && head_dim == 128 && wgmma_128_) return Status::ok();
+    const size_t need = cuda::flash_attention_shared_bytes(head_dim);
+    if (need <= static_cast<size_t>(shared_optin_)) return Status::ok();
+    return GLM_USER_ERROR("flash attention at head_dim ", head_dim, " needs ", (need + 1023) / 1024,
+                          " KiB of shared memory per block, and the ", device_name_, " (sm_", major_, minor_,
+                          ") allows ", shared_optin_ / 1024, " KiB: GPUs before Hopper cannot train this model ",
+                          "yet (a variant for their shared memory is planned)");
   }
   Status attention_forward_gathered(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows,
                                     Tensor row_position, Tensor doc_start, int64_t n, AttentionShape s) override {
@@ -660,6 +690,9 @@ class CudaBackend final : public Backend {
   int device_;
   BackendConfig config_;
   cuda::FlashOptions flash_;
+  std::string device_name_;
+  int major_ = 0, minor_ = 0, shared_optin_ = 0;  // compute capability, opt-in shared memory per block
+  bool wgmma_128_ = false;                        // Hopper's flash kernels (head_dim 128) built and usable here
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().
   cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
   cudaStream_t copy_down_ = nullptr, copy_up_ = nullptr;  // start_download, start_upload

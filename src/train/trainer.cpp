@@ -230,7 +230,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   ShardedLoader loader(dataset, config.seed, data_rank, data_world, config.per_device_train_batch_size,
                        config.gradient_accumulation_steps, packing ? &*packing : nullptr);
   const auto& rep = dataset.report;
-  logger.print(concat("glm_hpc: ", backend.name(), " backend, world size ", world, ", model ",
+  logger.print(concat("glm_hpc: ", backend.description(), " backend, world size ", world, ", model ",
                       engine->layout().parameter_count(), " parameters (", config.model.num_hidden_layers,
                       " layers, hidden ", config.model.hidden_size, ")"));
   if (const LoraLayout* l = engine->lora_layout())
