@@ -27,7 +27,6 @@ inline uint16_t split_high_bits(float x) {
   return hi;
 }
 
-// Gradients as f32, read from either dtype.
 GLM_HOST_ADAMW_CLONES
 void widen(float* __restrict out, const uint16_t* __restrict in, int64_t n) {
 #pragma omp simd
@@ -67,6 +66,9 @@ void narrow(uint16_t* __restrict out, const float* __restrict in, int64_t n, Bf1
 }
 
 }  // namespace
+
+void widen_bf16(float* out, const uint16_t* in, int64_t n) { widen(out, in, n); }
+void narrow_to_bf16(uint16_t* out, const float* in, int64_t n, Bf16Rounding rounding) { narrow(out, in, n, rounding); }
 
 double host_adamw(ThreadPool& pool, const HostAdamWArrays& a, int64_t n, const AdamWStep& step, AdamWRounding rounding,
                   Bf16Rounding bf16, bool sum_squares) {

@@ -29,6 +29,11 @@ struct HostAdamWArrays {
   uint16_t* param_bf16 = nullptr;
 };
 
+// The conversions the host update reads gradients and writes working copies with, vectorised; for
+// the offloaded optimizer's other copies between its master and the parameters.
+void widen_bf16(float* out, const uint16_t* in, int64_t n);
+void narrow_to_bf16(uint16_t* out, const float* in, int64_t n, Bf16Rounding rounding);
+
 // Elements per chunk: what one thread updates at a time, and the unit the gradient's sum of squares
 // is added up in (per chunk in double, then the chunks in order), so the sum does not depend on
 // the number of threads.

@@ -238,13 +238,11 @@ Status AdamWOptimizer::restored(int64_t steps) {
   return backend_->convert(params_, master_);
 }
 
-int64_t AdamWOptimizer::host_state_bytes() const {
-  if (!offloaded()) return 0;
-  return static_cast<int64_t>(exp_avg_.tensor().bytes() + exp_avg_sq_.tensor().bytes() + master_buffer_.tensor().bytes());
-}
+int64_t AdamWOptimizer::host_state_bytes() const { return offloaded() ? own_state_bytes() : 0; }
 
-int64_t AdamWOptimizer::state_bytes() const {
-  if (offloaded()) return 0;
+int64_t AdamWOptimizer::state_bytes() const { return offloaded() ? 0 : own_state_bytes(); }
+
+int64_t AdamWOptimizer::own_state_bytes() const {
   return static_cast<int64_t>(exp_avg_.tensor().bytes() + exp_avg_sq_.tensor().bytes() +
                               (master_buffer_.numel() > 0 ? master_buffer_.tensor().bytes() : 0));
 }

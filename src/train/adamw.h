@@ -106,6 +106,7 @@ class AdamWOptimizer {
   Buffer exp_avg_, exp_avg_sq_;
   std::vector<Range> ranges_;
   int64_t step_ = 0;
+  int64_t own_state_bytes() const;  // the moments and the master buffer, wherever they live
   OptimizerOffload* offload_ = nullptr;
   cpu::Bf16Rounding bf16_ = cpu::Bf16Rounding::nearest_even;  // the working copy's, when offloaded
   // Deferred rows (defer_rows): the table's shape, each row's last step where above floor_, the

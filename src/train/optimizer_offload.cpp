@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "base/bf16.h"
-#include "kernels/master_split.h"
 
 namespace glm {
 
@@ -34,8 +32,7 @@ Status OptimizerOffload::read_params(float* master, Tensor params) {
     if (staging.dtype == DType::f32) {
       std::memcpy(master + at, staging.data, staging.bytes());
     } else {
-      const auto* b = staging.as<uint16_t>();
-      for (int64_t i = 0; i < k; ++i) master[at + i] = bf16_bits_to_float(b[i]);
+      cpu::widen_bf16(master + at, staging.as<uint16_t>(), k);
     }
   }
   return Status::ok();
@@ -48,15 +45,7 @@ Status OptimizerOffload::write_params(Tensor params, const float* master, cpu::B
     if (staging.dtype == DType::f32) {
       std::memcpy(staging.data, master + at, staging.bytes());
     } else {
-      auto* b = staging.as<uint16_t>();
-      for (int64_t i = 0; i < k; ++i) {
-        if (bf16 == cpu::Bf16Rounding::nearest_even) {
-          b[i] = float_to_bf16_bits(master[at + i]);
-        } else {
-          int16_t lo;
-          split_master(master[at + i], b[i], lo);
-        }
-      }
+      cpu::narrow_to_bf16(staging.as<uint16_t>(), master + at, k, bf16);
     }
     GLM_RETURN_IF_ERROR(backend_.upload(params.slice(at, k), staging.data));
   }

@@ -29,7 +29,6 @@ class OptimizerOffload {
 
   Backend& backend() { return backend_; }
   ThreadPool& pool() { return pool_; }
-  const OffloadConfig& config() const { return config_; }
   int64_t staging_elements() const { return config_.staging_elements; }
   // Host f32 memory for state, zeroed.
   Result<Buffer> allocate_state(int64_t numel) { return backend_.allocate_host(numel, DType::f32, config_.pin_memory); }
