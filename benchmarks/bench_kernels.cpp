@@ -4,7 +4,7 @@
 // achieved rate and the fraction of the matching ceiling. Skips when no GPU is visible. Besides
 // Google Benchmark's flags it takes the backend's kernel choices (BackendConfig) to compare variants:
 //   --attention_kernel auto|mma  --attention_backward_head_chunk N  --attention_dq_vector_atomics true|false
-//   --gemm_autotune off|large|all  --lm_head_scratch_mb N
+//   --gemm_autotune off|large|all  --lm_head_scratch_mb N  --shared_memory_limit_kib N
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -451,6 +451,9 @@ bool parse_backend_flags(int argc, char** argv) {
     } else if (arg == "--attention_dq_vector_atomics") {
       if (value != "true" && value != "false") return fail(arg, "must be true or false");
       g_config.attention_dq_vector_atomics = value == "true";
+    } else if (arg == "--shared_memory_limit_kib") {
+      if (!integer || number < 0) return fail(arg, "must be a number of KiB (0: the GPU's)");
+      g_config.shared_memory_limit_kib = static_cast<int>(number);
     } else if (arg == "--lm_head_scratch_mb") {
       if (!integer || number < 1) return fail(arg, "must be a positive number of MiB");
       g_config.lm_head_scratch_bytes = static_cast<int64_t>(number) << 20;
@@ -460,11 +463,11 @@ bool parse_backend_flags(int argc, char** argv) {
   }
   std::printf(
       "bench_kernels: attention_kernel %s, attention_backward_head_chunk %d, attention_dq_vector_atomics %s, "
-      "gemm_autotune %s, lm_head_scratch_mb %lld\n",
+      "gemm_autotune %s, lm_head_scratch_mb %lld, shared_memory_limit_kib %d\n",
       std::string(glm::enum_name(g_config.attention_kernel)).c_str(), g_config.attention_backward_head_chunk,
       g_config.attention_dq_vector_atomics ? "true" : "false",
       std::string(glm::enum_name(g_config.gemm_autotune)).c_str(),
-      static_cast<long long>(g_config.lm_head_scratch_bytes >> 20));
+      static_cast<long long>(g_config.lm_head_scratch_bytes >> 20), g_config.shared_memory_limit_kib);
   return true;
 }
 

@@ -14,4 +14,17 @@ int cuda_device_count_impl() {
   return count;
 }
 
+namespace {
+__global__ void probe_kernel() {}
+}  // namespace
+
+bool device_has_kernel_image() {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, probe_kernel) == cudaSuccess) return true;
+  cudaGetLastError();  // not sticky, but cleared so that later checks see their own errors
+  return false;
+}
+
+const char* built_architectures() { return GLM_CUDA_ARCHITECTURES; }
+
 }  // namespace glm::cuda

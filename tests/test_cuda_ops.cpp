@@ -17,6 +17,7 @@
 #include "data/context_split.h"
 #include "io/hf_import.h"
 #include "io/safetensors.h"
+#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "base/bf16.h"
@@ -67,16 +68,36 @@ std::vector<float> random_bf16(size_t n, uint64_t seed, double scale = 1.0) {
   return f;
 }
 
+// The kernel paths of the GPUs users own, forced on this one: the A100's shared memory (163 KiB per
+// block) and the RTX 4090's or A6000's (99 KiB), with Hopper's wgmma kernels off; the kernels that
+// fit run as they would there.
+struct DeviceProfile {
+  const char* name;
+  int shared_memory_limit_kib;  // 0: this GPU's own
+  AttentionKernel attention = AttentionKernel::auto_select;
+  BackendConfig config() const {
+    BackendConfig c;
+    c.shared_memory_limit_kib = shared_memory_limit_kib;
+    c.attention_kernel = attention;
+    return c;
+  }
+};
+const DeviceProfile kProfiles[] = {
+    {"this_gpu", 0}, {"a100", 163, AttentionKernel::mma}, {"rtx4090", 99, AttentionKernel::mma}};
+void PrintTo(const DeviceProfile& p, std::ostream* os) { *os << p.name; }
+
 // One logical tensor on both backends: f32 on the CPU, dtype on the GPU.
 class Ops : public ::testing::Test {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
     cpu_ = make_cpu_backend(DType::f32);
-    auto g = make_cuda_backend(0);
+    auto g = make_cuda_backend(0, gpu_config());
     ASSERT_TRUE(g.is_ok()) << g.status().message();
     gpu_ = g.take();
   }
+  // The GPU backend's settings: a suite parametrized by DeviceProfile runs another GPU's kernels.
+  virtual BackendConfig gpu_config() const { return {}; }
   struct Dual {
     Buffer cpu, gpu;
   };
@@ -431,10 +452,15 @@ TEST_F(Linear, MatchesCpuWithTunedAlgorithms) {
 // Hopper: the wgmma ones, down to a single token and one KV head for four query heads), here
 // with documents that straddle its tiles and lengths that are no multiple of them; at 777 and 1000
 // tokens most tiles lie below the diagonal inside one document and take the unmasked path.
-class Attention : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {};
+// Each shape also runs with the kernels of the A100 and the RTX 4090 (kProfiles).
+class Attention : public Ops,
+                  public ::testing::WithParamInterface<std::tuple<std::tuple<int, int, int, int>, DeviceProfile>> {
+ protected:
+  BackendConfig gpu_config() const override { return std::get<1>(GetParam()).config(); }
+};
 
 TEST_P(Attention, RopeAndAttentionWithDocumentsAndGqa) {
-  const auto [heads, kv_heads, head_dim, length] = GetParam();
+  const auto [heads, kv_heads, head_dim, length] = std::get<0>(GetParam());
   AttentionShape s{heads, kv_heads, head_dim};
   const int64_t rot = head_dim / 2;
   std::vector<int32_t> doc, pos;
@@ -477,12 +503,25 @@ TEST_P(Attention, RopeAndAttentionWithDocumentsAndGqa) {
   expect_close(g, "rope backward");
 }
 
+std::string attention_case_name(
+    const ::testing::TestParamInfo<std::tuple<std::tuple<int, int, int, int>, DeviceProfile>>& param) {
+  const auto [heads, kv_heads, head_dim, length] = std::get<0>(param.param);
+  return "heads" + std::to_string(heads) + "x" + std::to_string(kv_heads) + "_d" + std::to_string(head_dim) + "_n" +
+         std::to_string(length) + "_" + std::get<1>(param.param).name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
-                         ::testing::Values(std::make_tuple(8, 2, 40, 70), std::make_tuple(4, 2, 32, 150),
-                                           std::make_tuple(8, 4, 64, 200), std::make_tuple(32, 2, 128, 333),
-                                           std::make_tuple(6, 6, 128, 65), std::make_tuple(16, 2, 128, 1000),
-                                           std::make_tuple(4, 2, 64, 777), std::make_tuple(4, 2, 128, 1),
-                                           std::make_tuple(4, 1, 128, 129)));
+                         ::testing::Combine(::testing::Values(std::make_tuple(8, 2, 40, 70),
+                                                              std::make_tuple(4, 2, 32, 150),
+                                                              std::make_tuple(8, 4, 64, 200),
+                                                              std::make_tuple(32, 2, 128, 333),
+                                                              std::make_tuple(6, 6, 128, 65),
+                                                              std::make_tuple(16, 2, 128, 1000),
+                                                              std::make_tuple(4, 2, 64, 777),
+                                                              std::make_tuple(4, 2, 128, 1),
+                                                              std::make_tuple(4, 1, 128, 129)),
+                                            ::testing::ValuesIn(kProfiles)),
+                         attention_case_name);
 
 // Worst relative error over rows of row_len elements (per token and head), each row's error against
 // its own norm with a floor of 1e-3 of the mean row norm: a single wrong row, which a norm-wise
@@ -605,6 +644,73 @@ TEST_P(FlashPackings, WgmmaAgreesWithMma) {
 
 INSTANTIATE_TEST_SUITE_P(TwoPackings, FlashPackings, ::testing::Values(0, 1));
 
+// Every variant of the mma.sync backward (flash_backward_variant: the first that fits a
+// shared-memory limit) at each head size, forward and backward against the CPU on 777 tokens in
+// four documents with GQA 4:1: limits from none down to below the smallest variant's.
+class FlashVariants : public Ops, public ::testing::WithParamInterface<int> {};
+
+TEST_P(FlashVariants, EachBackwardVariantMatchesCpu) {
+  const AttentionShape s{8, 2, GetParam()};
+  const int64_t n = 777, width = s.qkv_width(), qw = s.heads * s.head_dim;
+  std::vector<int32_t> doc;
+  for (int32_t t = 0; t < n; ++t) doc.push_back(t < 300 ? 0 : t < 301 ? 300 : t < 650 ? 301 : 650);
+  auto docs = ints(doc);
+  auto qkv = dual(random_bf16(static_cast<size_t>(n * width), 81 + GetParam(), 1.5));
+  auto dout = dual(random_bf16(static_cast<size_t>(n * qw), 82 + GetParam()));
+  auto ref_out = output(n * qw);
+  auto ref_lse = output(n * s.heads, DType::f32);
+  ASSERT_TRUE(
+      cpu_->attention_forward(ref_out.cpu.tensor(), ref_lse.cpu.tensor(), qkv.cpu.tensor(), docs.cpu.tensor(), n, s)
+          .is_ok());
+  auto ref_dqkv = output(n * width);
+  ASSERT_TRUE(cpu_->attention_backward(ref_dqkv.cpu.tensor(), dout.cpu.tensor(), ref_out.cpu.tensor(),
+                                       ref_lse.cpu.tensor(), qkv.cpu.tensor(), docs.cpu.tensor(), n, s)
+                  .is_ok());
+  std::vector<std::string> seen;
+  for (int kib : {0, 200, 163, 120, 99, 90, 64, 48, 40, 24}) {
+    const size_t limit = static_cast<size_t>(kib) * 1024;
+    const std::string variant = cuda::flash_backward_variant(s.head_dim, false, limit);
+    if (variant.empty() || cuda::flash_attention_shared_bytes(s.head_dim) > (kib == 0 ? SIZE_MAX : limit)) continue;
+    if (std::find(seen.begin(), seen.end(), variant) != seen.end()) continue;
+    seen.push_back(variant);
+    SCOPED_TRACE("head_dim " + std::to_string(s.head_dim) + ", limit " + std::to_string(kib) + " KiB: " + variant);
+    BackendConfig config;
+    config.attention_kernel = AttentionKernel::mma;
+    config.shared_memory_limit_kib = kib;
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+    auto backend = make_cuda_backend(0, config).take();
+    auto out = output(n * qw);
+    auto lse = output(n * s.heads, DType::f32);
+    ASSERT_TRUE(
+        backend->attention_forward(out.gpu.tensor(), lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+            .is_ok());
+    auto dqkv = output(n * width);
+    ASSERT_TRUE(backend
+                    ->attention_backward(dqkv.gpu.tensor(), dout.gpu.tensor(), out.gpu.tensor(), lse.gpu.tensor(),
+                                         qkv.gpu.tensor(), docs.gpu.tensor(), n, s)
+                    .is_ok());
+    ASSERT_TRUE(backend->synchronize().is_ok());
+    EXPECT_LT(relative_error(from_gpu(out.gpu), from_cpu(ref_out.cpu)), kBf16OpTolerance) << "out";
+    EXPECT_LT(relative_error(from_gpu(dqkv.gpu), from_cpu(ref_dqkv.cpu)), 2e-2) << "dqkv";
+    EXPECT_LT(worst_row_error(from_gpu(dqkv.gpu), from_cpu(ref_dqkv.cpu), static_cast<size_t>(s.head_dim)), 5e-2)
+        << "dqkv: worst (token, head) row";
+  }
+  EXPECT_EQ(seen.size(), 3u) << "each of the three backward variants ran";
+  // Below the smallest variant the backend refuses with the sizes named, not a failed launch.
+  BackendConfig tiny;
+  tiny.attention_kernel = AttentionKernel::mma;
+  tiny.shared_memory_limit_kib = 16;
+  auto backend = make_cuda_backend(0, tiny).take();
+  auto out = output(n * qw);
+  auto lse = output(n * s.heads, DType::f32);
+  const Status st =
+      backend->attention_forward(out.gpu.tensor(), lse.gpu.tensor(), qkv.gpu.tensor(), docs.gpu.tensor(), n, s);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("KiB of shared memory per block"), std::string::npos) << st.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, FlashVariants, ::testing::Values(32, 64, 128));
+
 // Context parallelism's cross-rank attention: each rank of a group of C holds the zigzag share of a
 // row (data/context_split.h) and runs its queries against the gathered k | v. Every rank's out,
 // lse and dq, and the group's summed dk | dv, against the CPU's gathered op on the same inputs and
@@ -617,20 +723,24 @@ struct GatheredCase {
   std::vector<int32_t> starts;  // document starts in the row (0 first)
 };
 
-std::string gathered_case_name(const ::testing::TestParamInfo<GatheredCase>& param) {
-  const GatheredCase& c = param.param;
+std::string gathered_case_name(const ::testing::TestParamInfo<std::tuple<GatheredCase, DeviceProfile>>& param) {
+  const GatheredCase& c = std::get<0>(param.param);
   return "cp" + std::to_string(c.group) + "_chunk" + std::to_string(c.chunk) + "_heads" + std::to_string(c.shape.heads) +
-         "x" + std::to_string(c.shape.kv_heads) + "_d" + std::to_string(c.shape.head_dim);
+         "x" + std::to_string(c.shape.kv_heads) + "_d" + std::to_string(c.shape.head_dim) + "_" +
+         std::get<1>(param.param).name;
 }
 void PrintTo(const GatheredCase& c, std::ostream* os) {
   *os << "group " << c.group << ", chunk " << c.chunk << ", " << c.shape.heads << " heads on " << c.shape.kv_heads
       << " KV groups of " << c.shape.head_dim;
 }
 
-class GatheredAttention : public Ops, public ::testing::WithParamInterface<GatheredCase> {};
+class GatheredAttention : public Ops, public ::testing::WithParamInterface<std::tuple<GatheredCase, DeviceProfile>> {
+ protected:
+  BackendConfig gpu_config() const override { return std::get<1>(GetParam()).config(); }
+};
 
 TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
-  const GatheredCase& c = GetParam();
+  const GatheredCase& c = std::get<0>(GetParam());
   const AttentionShape s = c.shape;
   const int64_t row = 2 * c.group * c.chunk, width = s.qkv_width(), qw = s.heads * s.head_dim;
   const int64_t kvw = 2 * s.kv_heads * s.head_dim;
@@ -733,11 +843,12 @@ TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
 
 INSTANTIATE_TEST_SUITE_P(
     Groups, GatheredAttention,
-    ::testing::Values(GatheredCase{2, 37, {4, 2, 64}, {0, 30, 31, 100}},
-                      GatheredCase{3, 50, {8, 2, 128}, {0, 150, 170, 299}},
-                      GatheredCase{4, 128, {32, 2, 128}, {0, 700}},
-                      GatheredCase{2, 300, {4, 1, 32}, {0}},
-                      GatheredCase{8, 45, {16, 4, 128}, {0, 90, 400, 715, 716, 717, 718, 719}}),
+    ::testing::Combine(::testing::Values(GatheredCase{2, 37, {4, 2, 64}, {0, 30, 31, 100}},
+                                         GatheredCase{3, 50, {8, 2, 128}, {0, 150, 170, 299}},
+                                         GatheredCase{4, 128, {32, 2, 128}, {0, 700}},
+                                         GatheredCase{2, 300, {4, 1, 32}, {0}},
+                                         GatheredCase{8, 45, {16, 4, 128}, {0, 90, 400, 715, 716, 717, 718, 719}}),
+                       ::testing::ValuesIn(kProfiles)),
     gathered_case_name);
 
 // SwiGLU on both paths: odd ffn (scalar), multiples of 8 (vectors) with totals that leave a partial
@@ -1418,11 +1529,11 @@ HostMicroBatch random_batch(const ModelConfig& c, uint64_t seed) {
   return random_documents(c.vocab_size, seed, {57, 200, 3}, 5);
 }
 
-TEST(CudaModel, StepMatchesCpuBackend) {
-  REQUIRE_GPU();
-  const ModelConfig c = small_model();
+// 20 AdamW steps of a model on the GPU against the CPU's fp32 backend: the first step's loss and
+// gradients, then the trajectory.
+void expect_steps_match_cpu(const ModelConfig& c, const BackendConfig& gpu_config) {
   auto cpu = make_cpu_backend(DType::f32);
-  auto gpu = make_cuda_backend(0).take();
+  auto gpu = make_cuda_backend(0, gpu_config).take();
   LocalCommunicator comm;
   AdamWOptions adam{0.9, 0.999, 1e-8, 0.1};
   const EngineConfig ec{.model = c, .max_tokens = 512, .adam = adam};
@@ -1465,6 +1576,29 @@ TEST(CudaModel, StepMatchesCpuBackend) {
   EXPECT_NEAR(gpu_late, cpu_late, kBf16LateMeanTolerance * cpu_late) << "mean of the last 5 steps";
   EXPECT_LT(gpu_losses.back(), gpu_losses.front() - 0.5);
 }
+
+TEST(CudaModel, StepMatchesCpuBackend) {
+  REQUIRE_GPU();
+  expect_steps_match_cpu(small_model(), {});
+}
+
+// GLM-4's head size (128) with the kernels of each GPU in kProfiles: wgmma on Hopper, and the
+// mma.sync variants an A100 and an RTX 4090 run.
+class CudaModelProfiles : public ::testing::TestWithParam<DeviceProfile> {};
+
+TEST_P(CudaModelProfiles, StepAtHeadDim128MatchesCpuBackend) {
+  REQUIRE_GPU();
+  ModelConfig c = small_model();
+  c.hidden_size = 256;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 128;
+  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  expect_steps_match_cpu(c, GetParam().config());
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpus, CudaModelProfiles, ::testing::ValuesIn(kProfiles),
+                         [](const ::testing::TestParamInfo<DeviceProfile>& p) { return std::string(p.param.name); });
 
 // Recomputation on the GPU: the recomputed forward kernels are deterministic, so the first loss is
 // the same to rounding; attention and embedding backward accumulate with atomics (order varies run

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
+#include <string>
 #include <type_traits>
 
 namespace glm::cuda {
@@ -26,9 +28,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kPadB = 8;           // bf16 padding per shared row: 16-byte aligned rows, conflict-free ldmatrix
 constexpr int kFwdRows = 128;      // queries per forward block (32 per warp)
-constexpr int kBwdWarps = 8;
-constexpr int kBwdThreads = 32 * kBwdWarps;
-constexpr int kBwdKeys = 128;      // keys per backward block
 constexpr int kBwdRows = 64;       // queries per backward step
 constexpr int kPld = kBwdRows + kPadB;  // dS^T tile [key][query]
 
@@ -302,25 +301,37 @@ __global__ void delta_kernel(float* delta, float* dq_acc, const bf16* dout, cons
   if (lane == 0) delta[row] = acc;
 }
 
-// Shared memory of the backward: K and V of the block's keys, two stages of Q, dO and their row
+// The backward's variants: Keys keys per block (128: 8 warps; 64: 4 warps), and Stages buffers of
+// the query tiles (2: the next tile loads while this one is computed; 1: it loads after). Listed
+// from the fastest to the smallest; the first that fits the device's shared memory runs: at head_dim
+// 128, (128, 2) needs 174 KiB (Hopper), (128, 1) 139 KiB (A100: 163), (64, 1) 87 KiB (sm_86 and
+// sm_89: 99).
+struct BackwardTiles {
+  int keys, stages;
+};
+constexpr BackwardTiles kBackwardVariants[] = {{128, 2}, {128, 1}, {64, 1}};
+
+// Shared memory of the backward: K and V of the block's keys, Stages buffers of Q, dO and their row
 // statistics (with the row positions when Gathered), P^T and dS^T.
 template <int D, bool Gathered>
-constexpr size_t backward_smem_bytes() {
-  return sizeof(bf16) * (2 * kBwdKeys * (D + kPadB) + 2 * 2 * kBwdRows * (D + kPadB) + 2 * kBwdKeys * kPld) +
-         2 * (2 * sizeof(float) + (Gathered ? 2 : 1) * sizeof(int32_t)) * kBwdRows;
+constexpr size_t backward_smem_bytes(BackwardTiles t) {
+  return sizeof(bf16) *
+             (2 * static_cast<size_t>(t.keys) * (D + kPadB) + t.stages * 2 * kBwdRows * (D + kPadB) +
+              2 * static_cast<size_t>(t.keys) * kPld) +
+         t.stages * (2 * sizeof(float) + (Gathered ? 2 : 1) * sizeof(int32_t)) * kBwdRows;
 }
 
 // Q, dO and the row statistics (lse, delta, document start; the row position when Gathered) of one
 // query tile.
-template <int D, bool Gathered>
+template <int D, bool Gathered, int Threads>
 __device__ __forceinline__ void async_query_tile(bf16* Qs, bf16* dOs, float* q_lse, float* q_delta, int32_t* q_doc,
                                                  int32_t* q_at, const FlashRows& rows, const bf16* dout,
                                                  const float* lse, const float* delta, const int32_t* doc_start,
                                                  int64_t q0, int q_valid, int64_t h, int64_t heads) {
   constexpr int ld = D + kPadB;
-  async_rows<D, kBwdRows, kBwdThreads>(Qs, ld, rows.q + q0 * rows.q_stride + h * D, rows.q_stride, q_valid);
-  async_rows<D, kBwdRows, kBwdThreads>(dOs, ld, dout + q0 * heads * D + h * D, heads * D, q_valid);
-  for (int r = threadIdx.x; r < kBwdRows; r += kBwdThreads) {
+  async_rows<D, kBwdRows, Threads>(Qs, ld, rows.q + q0 * rows.q_stride + h * D, rows.q_stride, q_valid);
+  async_rows<D, kBwdRows, Threads>(dOs, ld, dout + q0 * heads * D + h * D, heads * D, q_valid);
+  for (int r = threadIdx.x; r < kBwdRows; r += Threads) {
     const bool in = r < q_valid;
     const int64_t t = in ? q0 + r : 0;
     cp_async4(q_lse + r, lse + t * heads + h, in);
@@ -331,40 +342,43 @@ __device__ __forceinline__ void async_query_tile(bf16* Qs, bf16* dOs, float* q_l
   cp_async_commit();
 }
 
-// FlashAttention-2 backward. One block per (128 keys, query head) walks the 64-query tiles that can
-// see its keys, the next tile's Q and dO loading while this one is computed. The 8 warps tile every
-// product in two dimensions so that each shared-memory fragment feeds several MMAs: warp w computes
-// S^T and dP^T for keys 32 (w / 2).. x queries 32 (w % 2)..; P^T and dS^T go to shared memory; then
-// the warp accumulates dV and dK for keys 32 (w / 2).. x dims (D / 2) (w % 2).. in registers over
-// all query tiles, and dQ = dS K for one (query, dim) block of the tile into fp32 accumulators.
-template <int D, bool Gathered>
-__global__ void __launch_bounds__(kBwdThreads)
+// FlashAttention-2 backward. One block per (Keys keys, query head) walks the 64-query tiles that
+// can see its keys; with two Stages the next tile's Q and dO load while this one is computed. The
+// Keys / 16 warps tile every product in two dimensions so that each shared-memory fragment feeds
+// several MMAs: warp w computes S^T and dP^T for keys 32 (w / 2).. x queries 32 (w % 2)..; P^T and
+// dS^T go to shared memory; then the warp accumulates dV and dK for keys 32 (w / 2).. x dims (D / 2)
+// (w % 2).. in registers over all query tiles, and dQ = dS K for one (query, dim) block of the tile
+// into fp32 accumulators.
+template <int D, bool Gathered, int Keys, int Stages>
+__global__ void __launch_bounds__(Keys * 2)
     flash_backward_kernel(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
                           const float* lse, FlashRows rows, const int32_t* doc_start, int64_t heads, int64_t kv_heads,
                           float scale) {
+  constexpr int Warps = Keys / 16, Threads = 32 * Warps;
   constexpr int ld = D + kPadB, KT = D / 16, DH = D / 2, DT = DH / 8;
-  // dQ (64 queries x D) over the 8 warps: QW warps along the queries, 8 / QW along the dims.
-  constexpr int QW = D >= 64 ? 2 : 4, QM = kBwdRows / QW / 16, QD = D / (kBwdWarps / QW), QDT = QD / 8;
-  static_assert(kBwdKeys == 128 && kBwdRows == 64 && kBwdWarps == 8, "the warp tiling assumes 4 x 2 warps of 32");
-  static_assert(DT % 2 == 0 && QDT % 2 == 0, "head_dim too small for the warp tiling");
+  // dQ (64 queries x D) over the warps: QW warps along the queries, Warps / QW along the dims.
+  constexpr int QW = D >= 64 ? 2 : 4, QM = kBwdRows / QW / 16, QD = D / (Warps / QW), QDT = QD / 8;
+  static_assert((Keys == 128 || Keys == 64) && kBwdRows == 64, "the warp tiling assumes (Keys / 32) x 2 warps of 32");
+  static_assert(Stages == 1 || Stages == 2, "one or two query-tile buffers");
+  static_assert(DT % 2 == 0 && QDT % 2 == 0 && Warps % QW == 0, "head_dim too small for the warp tiling");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);
-  bf16* Vs = Ks + kBwdKeys * ld;
-  bf16* Qbuf = Vs + kBwdKeys * ld;        // [2][kBwdRows * ld]
-  bf16* dObuf = Qbuf + 2 * kBwdRows * ld;  // [2][kBwdRows * ld]
-  bf16* Ps = dObuf + 2 * kBwdRows * ld;    // P^T [key][query]
-  bf16* dSs = Ps + kBwdKeys * kPld;         // dS^T [key][query]
-  float* lse_buf = reinterpret_cast<float*>(dSs + kBwdKeys * kPld);  // [2][kBwdRows]
-  float* delta_buf = lse_buf + 2 * kBwdRows;                          // [2][kBwdRows]
-  int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + 2 * kBwdRows);  // [2][kBwdRows]
-  int32_t* at_buf = doc_buf + 2 * kBwdRows;                                 // [2][kBwdRows] when Gathered
+  bf16* Vs = Ks + Keys * ld;
+  bf16* Qbuf = Vs + Keys * ld;                  // [Stages][kBwdRows * ld]
+  bf16* dObuf = Qbuf + Stages * kBwdRows * ld;  // [Stages][kBwdRows * ld]
+  bf16* Ps = dObuf + Stages * kBwdRows * ld;    // P^T [key][query]
+  bf16* dSs = Ps + Keys * kPld;                 // dS^T [key][query]
+  float* lse_buf = reinterpret_cast<float*>(dSs + Keys * kPld);                  // [Stages][kBwdRows]
+  float* delta_buf = lse_buf + Stages * kBwdRows;                               // [Stages][kBwdRows]
+  int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + Stages * kBwdRows);  // [Stages][kBwdRows]
+  int32_t* at_buf = doc_buf + Stages * kBwdRows;  // [Stages][kBwdRows] when Gathered
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
   const int wk = warp >> 1, wq = warp & 1;  // key quarter; query half of S and dim half of dK/dV
-  const int wdq = warp / (kBwdWarps / QW), wdd = warp % (kBwdWarps / QW);  // dQ: query block, dim block
-  const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * kBwdKeys;  // first key tiles first
+  const int wdq = warp / (Warps / QW), wdd = warp % (Warps / QW);  // dQ: query block, dim block
+  const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * Keys;  // first key tiles first
   const int64_t g = h / (heads / kv_heads), n = rows.n_q;
-  const int k_valid = static_cast<int>(min(static_cast<int64_t>(kBwdKeys), rows.n_kv - k0));
+  const int k_valid = static_cast<int>(min(static_cast<int64_t>(Keys), rows.n_kv - k0));
   const int64_t k_last = k0 + k_valid - 1;
   // The queries that see some of these keys: from the first at or after k0 to the last whose
   // document starts by k_last (positions and document starts are nondecreasing).
@@ -377,13 +391,17 @@ __global__ void __launch_bounds__(kBwdThreads)
     q_end = queries_seeing_end(doc_start, n, k_last);
   }
   const float scale_log2 = scale * kLog2e;
-  async_key_rows<D, kBwdKeys, Gathered, kBwdThreads>(Ks, ld, rows.k + g * D, rows.kv_stride, rows.kv_row, k0,
-                                                     k_valid);
-  async_key_rows<D, kBwdKeys, Gathered, kBwdThreads>(Vs, ld, rows.v + g * D, rows.kv_stride, rows.kv_row, k0,
-                                                     k_valid);
-  async_query_tile<D, Gathered>(Qbuf, dObuf, lse_buf, delta_buf, doc_buf, at_buf, rows, dout, lse, delta, doc_start,
-                                q_begin, static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q_begin)), h,
-                                heads);
+  async_key_rows<D, Keys, Gathered, Threads>(Ks, ld, rows.k + g * D, rows.kv_stride, rows.kv_row, k0, k_valid);
+  async_key_rows<D, Keys, Gathered, Threads>(Vs, ld, rows.v + g * D, rows.kv_stride, rows.kv_row, k0, k_valid);
+  // The query tile from q0 into stage `to`'s buffers.
+  auto load_query_tile = [&](int64_t q0, int to) {
+    async_query_tile<D, Gathered, Threads>(Qbuf + to * kBwdRows * ld, dObuf + to * kBwdRows * ld,
+                                           lse_buf + to * kBwdRows, delta_buf + to * kBwdRows,
+                                           doc_buf + to * kBwdRows, at_buf + to * kBwdRows, rows, dout, lse, delta,
+                                           doc_start, q0,
+                                           static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0)), h, heads);
+  };
+  load_query_tile(q_begin, 0);
 
   float dk[2][DT][4], dv[2][DT][4];
 #pragma unroll
@@ -394,7 +412,7 @@ __global__ void __launch_bounds__(kBwdThreads)
       for (int e = 0; e < 4; ++e) dk[mi][dt][e] = dv[mi][dt][e] = 0.0f;
 
   int stage = 0;
-  for (int64_t q0 = q_begin; q0 < q_end; q0 += kBwdRows, stage ^= 1) {
+  for (int64_t q0 = q_begin; q0 < q_end; q0 += kBwdRows, stage = (stage + 1) % Stages) {
     const int q_valid = static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0));
     const bf16* Qs = Qbuf + stage * kBwdRows * ld;
     const bf16* dOs = dObuf + stage * kBwdRows * ld;
@@ -404,17 +422,9 @@ __global__ void __launch_bounds__(kBwdThreads)
     const int32_t* q_at = at_buf + stage * kBwdRows;
     cp_async_wait_all();
     __syncthreads();  // this tile in shared memory; every warp is done with the previous tile
-    if (q0 + kBwdRows < q_end) {
-      const int next = stage ^ 1;
-      async_query_tile<D, Gathered>(Qbuf + next * kBwdRows * ld, dObuf + next * kBwdRows * ld,
-                                    lse_buf + next * kBwdRows, delta_buf + next * kBwdRows, doc_buf + next * kBwdRows,
-                                    at_buf + next * kBwdRows, rows, dout, lse, delta, doc_start, q0 + kBwdRows,
-                                    static_cast<int>(min(static_cast<int64_t>(kBwdRows), q_end - q0 - kBwdRows)), h,
-                                    heads);
-    }
+    if (Stages == 2 && q0 + kBwdRows < q_end) load_query_tile(q0 + kBwdRows, stage ^ 1);
     const int64_t first_at = Gathered ? q_at[0] : q0;
-    const bool masked =
-        first_at < k0 + kBwdKeys || q_valid < kBwdRows || k_valid < kBwdKeys || q_doc[q_valid - 1] > k0;
+    const bool masked = first_at < k0 + Keys || q_valid < kBwdRows || k_valid < Keys || q_doc[q_valid - 1] > k0;
     {
       // S^T = K Q^T and dP^T = V dO^T: keys 32 wk + 16 mi + {grp, grp + 8}, queries 32 wq + 8 nt + ...
       float st[2][4][4], dpt[2][4][4];
@@ -502,7 +512,7 @@ __global__ void __launch_bounds__(kBwdThreads)
 #pragma unroll
         for (int dt = 0; dt < QDT; ++dt) acc[mi][dt][0] = acc[mi][dt][1] = acc[mi][dt][2] = acc[mi][dt][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
+      for (int kk = 0; kk < Keys / 16; ++kk) {
         uint32_t a[QM][4];
 #pragma unroll
         for (int mi = 0; mi < QM; ++mi)
@@ -529,6 +539,10 @@ __global__ void __launch_bounds__(kBwdThreads)
             add2(dq_acc + ((q0 + qa + 8) * heads + h) * D + col, acc[mi][dt][2], acc[mi][dt][3]);
         }
       }
+    }
+    if (Stages == 1 && q0 + kBwdRows < q_end) {
+      __syncthreads();  // every warp is done with this tile's Q, dO and statistics
+      load_query_tile(q0 + kBwdRows, 0);
     }
     // The next iteration's first barrier orders these reads of P^T, dS^T and this stage before
     // they are overwritten.
@@ -635,18 +649,45 @@ cudaError_t forward_launch(bf16* out, float* lse, const FlashRows& rows, const i
   return cudaGetLastError();
 }
 
+template <int D, bool Gathered, int Keys, int Stages>
+cudaError_t backward_launch_tiles(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                                  const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
+                                  int64_t kv_heads, cudaStream_t stream) {
+  const size_t smem = backward_smem_bytes<D, Gathered>({Keys, Stages});
+  auto* kernel = flash_backward_kernel<D, Gathered, Keys, Stages>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((rows.n_kv + Keys - 1) / Keys));
+  kernel<<<grid, 2 * Keys, smem, stream>>>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads,
+                                           1.0f / sqrtf(static_cast<float>(D)));
+  return cudaGetLastError();
+}
+
+// The first backward variant whose shared memory fits shared_limit (0: no limit); keys 0 where none
+// does.
+template <int D, bool Gathered>
+BackwardTiles backward_tiles(size_t shared_limit) {
+  for (const BackwardTiles& t : kBackwardVariants)
+    if (shared_limit == 0 || backward_smem_bytes<D, Gathered>(t) <= shared_limit) return t;
+  return {0, 0};
+}
+
 template <int D, bool Gathered>
 cudaError_t backward_launch(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
                             const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
-                            int64_t kv_heads, cudaStream_t stream) {
-  const size_t smem = backward_smem_bytes<D, Gathered>();
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_kernel<D, Gathered>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((rows.n_kv + kBwdKeys - 1) / kBwdKeys));
-  flash_backward_kernel<D, Gathered><<<grid, kBwdThreads, smem, stream>>>(
-      dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, 1.0f / sqrtf(static_cast<float>(D)));
-  return cudaGetLastError();
+                            int64_t kv_heads, cudaStream_t stream, size_t shared_limit) {
+  const BackwardTiles t = backward_tiles<D, Gathered>(shared_limit);
+  static_assert(std::size(kBackwardVariants) == 3, "a launch below for each variant");
+  if (t.keys == 128 && t.stages == 2)
+    return backward_launch_tiles<D, Gathered, 128, 2>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start,
+                                                      heads, kv_heads, stream);
+  if (t.keys == 128 && t.stages == 1)
+    return backward_launch_tiles<D, Gathered, 128, 1>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start,
+                                                      heads, kv_heads, stream);
+  if (t.keys == 64 && t.stages == 1)
+    return backward_launch_tiles<D, Gathered, 64, 1>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
+                                                     kv_heads, stream);
+  return cudaErrorInvalidConfiguration;  // flash_attention_shared_bytes says what a device must allow
 }
 
 // 64-key steps: half the barriers and output rescales of 32-key steps per query tile, which
@@ -683,7 +724,8 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
                              options.backward_head_chunk, options.dq_vector_atomics, stream);
   } else {
     e = backward_launch<D, false>(dkv_acc, dkv_acc + n * kv_heads * D, dq_acc, delta, dout, lse,
-                                  whole_rows(qkv, n, heads, kv_heads, D), doc_start, heads, kv_heads, stream);
+                                  whole_rows(qkv, n, heads, kv_heads, D), doc_start, heads, kv_heads, stream,
+                                  options.shared_limit);
   }
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned int>(((heads + 2 * kv_heads) * D / 4 + 255) / 256),
@@ -702,7 +744,7 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
 template <int D>
 cudaError_t backward_gathered_impl(bf16* dqkv, bf16* dkv, float* scratch, const bf16* dout, const bf16* out,
                                    const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
-                                   int64_t kv_heads, cudaStream_t stream) {
+                                   int64_t kv_heads, cudaStream_t stream, size_t shared_limit) {
   const int64_t n = rows.n_q, n_kv = rows.n_kv;
   float* dq_acc = scratch;
   float* dk_acc = dq_acc + n * heads * D;
@@ -714,7 +756,8 @@ cudaError_t backward_gathered_impl(bf16* dqkv, bf16* dkv, float* scratch, const 
       delta, dq_acc, dout, out, n, heads, D);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  e = backward_launch<D, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, stream);
+  e = backward_launch<D, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, stream,
+                               shared_limit);
   if (e != cudaSuccess) return e;
   write_gathered_grads_kernel<<<grid_for(std::max(n * (heads + 2 * kv_heads), n_kv * 2 * kv_heads) * D, 256), 256, 0,
                                 stream>>>(dqkv, dkv, dq_acc, dk_acc, dv_acc, rows.kv_row, n, n_kv, heads * D,
@@ -750,16 +793,24 @@ cudaError_t with_head_dim(int64_t head_dim, Launch&& launch) {
 }  // namespace
 
 size_t flash_attention_shared_bytes(int64_t head_dim) {
-  switch (head_dim) {
-    case 32:
-      return std::max(forward_smem_bytes<32, 64>(), backward_smem_bytes<32, true>());
-    case 64:
-      return std::max(forward_smem_bytes<64, 64>(), backward_smem_bytes<64, true>());
-    case 128:
-      return std::max(forward_smem_bytes<128, 64>(), backward_smem_bytes<128, true>());
-    default:
-      return 0;
-  }
+  size_t need = 0;
+  const cudaError_t e = with_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    need = std::max(forward_smem_bytes<D, 64>(), backward_smem_bytes<D, true>(std::end(kBackwardVariants)[-1]));
+    return cudaSuccess;
+  });
+  return e == cudaSuccess ? need : 0;
+}
+
+std::string flash_backward_variant(int64_t head_dim, bool gathered, size_t shared_limit) {
+  BackwardTiles t{0, 0};
+  with_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    t = gathered ? backward_tiles<D, true>(shared_limit) : backward_tiles<D, false>(shared_limit);
+    return cudaSuccess;
+  });
+  if (t.keys == 0) return {};
+  return std::to_string(t.keys) + " keys, " + std::to_string(t.stages) + (t.stages == 1 ? " stage" : " stages");
 }
 
 cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
@@ -788,7 +839,8 @@ cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dou
 cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* qkv, const bf16* kv,
                                              const int32_t* kv_row, const int32_t* position,
                                              const int32_t* doc_start, int64_t n, int64_t n_kv, int64_t heads,
-                                             int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+                                             int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
+                                             const FlashOptions& options) {
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0 || n_kv <= 0) return cudaErrorInvalidValue;
   const FlashRows rows = gathered_rows(qkv, kv, kv_row, position, n, n_kv, heads, kv_heads, head_dim);
@@ -802,13 +854,15 @@ cudaError_t flash_attention_backward_gathered(bf16* dqkv, bf16* dkv, float* scra
                                               const bf16* out, const float* lse, const bf16* qkv, const bf16* kv,
                                               const int32_t* kv_row, const int32_t* position,
                                               const int32_t* doc_start, int64_t n, int64_t n_kv, int64_t heads,
-                                              int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+                                              int64_t kv_heads, int64_t head_dim, cudaStream_t stream,
+                                              const FlashOptions& options) {
   if (n == 0) return cudaSuccess;
   if (heads % kv_heads != 0 || n_kv <= 0) return cudaErrorInvalidValue;
   const FlashRows rows = gathered_rows(qkv, kv, kv_row, position, n, n_kv, heads, kv_heads, head_dim);
   return with_head_dim(head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return backward_gathered_impl<D>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream);
+    return backward_gathered_impl<D>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream,
+                                     options.shared_limit);
   });
 }
 

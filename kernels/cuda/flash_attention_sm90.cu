@@ -43,7 +43,6 @@ constexpr int kKeys = 128;     // keys per block, 64 per warpgroup
 constexpr int kRows = 64;      // queries per step
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
-constexpr int kDqBlock = kRows * 64;  // floats of one warpgroup's dQ tile (16 KB)
 static_assert(kRows == kWgmmaDqTile && kD == 128, "wgmma_dq_index's layout: 64-query tiles, two 64-dim halves");
 constexpr int kStages = 3;  // query tiles (Q, dO, statistics) in shared memory
 // Backward: K, V, three stages of Q and dO, dS^T, three stages of the row statistics, alignment slack.
@@ -51,6 +50,7 @@ constexpr size_t kBackwardSmemBytes = 2 * tile_bytes(kKeys) + 2 * kStages * tile
                                       kStages * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;
 
 #ifdef GLM_FLASH_WGMMA
+constexpr int kDqBlock = kRows * 64;  // floats of one warpgroup's dQ tile (16 KB)
 constexpr int kRowBytes = 128;           // one swizzle row: 64 bf16
 constexpr int kUnit16 = 16 * kRowBytes;  // 16 rows: one k16 step along a [k][mn] tile
 
@@ -584,6 +584,8 @@ cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, c
 }
 
 }  // namespace
+
+size_t flash_wgmma_shared_bytes() { return std::max(kBackwardSmemBytes, kFwdSmemBytes); }
 
 bool flash_wgmma_available(int64_t head_dim) {
 #ifdef GLM_SM90A_BUILT

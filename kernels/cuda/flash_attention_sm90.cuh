@@ -9,6 +9,8 @@ namespace glm::cuda {
 // True when this build holds sm_90a code, the current device is compute capability 9.0 and head_dim
 // is 128.
 bool flash_wgmma_available(int64_t head_dim);
+// Dynamic shared memory per block the wgmma kernels ask for (the backward's, the larger).
+size_t flash_wgmma_shared_bytes();
 
 // Same contract as flash_attention_forward.
 cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,

@@ -502,6 +502,10 @@ class OptionTable {
     add_enum(kernels, "attention_kernel", &o_.backend.attention_kernel,
              "CUDA: auto (Hopper's wgmma flash attention on sm_90 at head_dim 128, else the mma.sync one) or mma "
              "(the mma.sync kernels everywhere)");
+    add(kernels, "shared_memory_limit_kib", &o_.backend.shared_memory_limit_kib,
+        "CUDA: KiB of shared memory per block the kernels may use, at most the GPU's (0: the GPU's limit); a "
+        "larger GPU then runs the kernels a smaller one would (an A100 allows 163, an RTX 4090 or A6000 99; "
+        "below Hopper's 227 the wgmma kernels are off)");
     add(kernels, "lm_head_scratch_mb", &o_.lm_head_scratch_mb,
         "CUDA: MiB of bf16 logits the fused lm_head + cross-entropy holds at once (it runs in chunks of rows that "
         "fit)");
@@ -539,6 +543,8 @@ Status validate_performance(CliOptions& o, const Sources& src) {
   GLM_RETURN_IF_ERROR(check(t.defer_embedding_rows >= 0 && t.defer_embedding_rows <= 64, src, "defer_embedding_rows",
                             "must be in [0, 64]"));
   GLM_RETURN_IF_ERROR(check(b.optimizer_side_sms >= 0, src, "optimizer_side_sms", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(b.shared_memory_limit_kib >= 0 && b.shared_memory_limit_kib <= 1 << 20, src,
+                            "shared_memory_limit_kib", "must be in [0, 1048576]"));
   GLM_RETURN_IF_ERROR(check(o.lm_head_scratch_mb >= 1 && o.lm_head_scratch_mb <= (int64_t{1} << 30), src,
                             "lm_head_scratch_mb", "must be a positive number of MiB"));
   b.lm_head_scratch_bytes = o.lm_head_scratch_mb << 20;

@@ -30,6 +30,10 @@ struct BackendConfig {
   int optimizer_side_sms = 12;
   GemmAutotune gemm_autotune = GemmAutotune::off;
   AttentionKernel attention_kernel = AttentionKernel::auto_select;
+  // KiB of shared memory per block the kernels may plan for, at most the device's opt-in limit (0: the
+  // device's). Below Hopper's it also turns the wgmma kernels off: a larger GPU runs what a smaller
+  // one would (tests force the A100's 163 and the RTX 4090's 99 on an H200).
+  int shared_memory_limit_kib = 0;
   // The wgmma attention backward's block order (heads per chunk) and dQ atomics (16-byte or paired):
   // kernel variants that tests and benchmarks compare; the defaults are the tuned ones.
   int attention_backward_head_chunk = 8;

@@ -164,8 +164,20 @@ class CudaBackend final : public Backend {
     device_name_ = prop.name;
     major_ = prop.major;
     minor_ = prop.minor;
+    if (major_ < 8)
+      return GLM_USER_ERROR("the ", device_name_, " has compute capability ", major_, ".", minor_,
+                            ": glm_hpc's bf16 tensor-core kernels need 8.0 or newer (Ampere, Ada, Hopper)");
+    if (!cuda::device_has_kernel_image())
+      return GLM_USER_ERROR("this glm_hpc was built for CUDA architectures ", cuda::built_architectures(),
+                            ", which hold no code for the ", device_name_, " (sm_", major_, minor_,
+                            "): rebuild with the default architectures or -DCMAKE_CUDA_ARCHITECTURES=", major_,
+                            minor_, major_ == 9 && minor_ == 0 ? "a" : "");
     GLM_CUDA_RETURN(cudaDeviceGetAttribute(&shared_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-    wgmma_128_ = cuda::flash_wgmma_available(128);
+    shared_limit_ = shared_optin_;
+    if (config_.shared_memory_limit_kib > 0)
+      shared_limit_ = std::min(shared_limit_, config_.shared_memory_limit_kib * 1024);
+    flash_.shared_limit = static_cast<size_t>(shared_limit_);
+    wgmma_128_ = cuda::flash_wgmma_available(128) && cuda::flash_wgmma_shared_bytes() <= flash_.shared_limit;
     flash_.backward_head_chunk = config_.attention_backward_head_chunk;
     flash_.dq_vector_atomics = config_.attention_dq_vector_atomics;
     return Status::ok();
@@ -173,13 +185,16 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::string description() const override {
-    char text[320];
-    std::snprintf(text, sizeof(text), "cuda (%s, sm_%d%d, %d KiB of shared memory per block; attention: %s)",
-                  device_name_.c_str(), major_, minor_, shared_optin_ / 1024,
-                  flash_.allow_wgmma && wgmma_128_
-                      ? "wgmma kernels for sm_90a at head_dim 128, mma.sync elsewhere"
-                      : "mma.sync kernels");
-    return text;
+    std::string text = "cuda (" + device_name_ + ", sm_" + std::to_string(major_) + std::to_string(minor_) + ", " +
+                       std::to_string(shared_limit_ / 1024) + " KiB of shared memory per block";
+    if (shared_limit_ < shared_optin_) text += " of its " + std::to_string(shared_optin_ / 1024);
+    text += "; attention: ";
+    if (flash_.allow_wgmma && wgmma_128_)
+      text += "wgmma kernels for sm_90a at head_dim 128, mma.sync elsewhere";
+    else
+      text += "mma.sync kernels, backward tiles at head_dim 128: " +
+              cuda::flash_backward_variant(128, /*gathered=*/false, flash_.shared_limit);
+    return text + ")";
   }
   DType compute_dtype() const override { return DType::bf16; }
   DType optimizer_dtype() const override { return DType::f32; }
@@ -485,11 +500,11 @@ class CudaBackend final : public Backend {
   Status check_flash_shared_memory(int64_t head_dim, bool gathered) const {
     if (!gathered && flash_.allow_wgmma && head_dim == 128 && wgmma_128_) return Status::ok();
     const size_t need = cuda::flash_attention_shared_bytes(head_dim);
-    if (need <= static_cast<size_t>(shared_optin_)) return Status::ok();
-    return GLM_USER_ERROR("flash attention at head_dim ", head_dim, " needs ", (need + 1023) / 1024,
-                          " KiB of shared memory per block, and the ", device_name_, " (sm_", major_, minor_,
-                          ") allows ", shared_optin_ / 1024, " KiB: GPUs before Hopper cannot train this model ",
-                          "yet (a variant for their shared memory is planned)");
+    if (need <= static_cast<size_t>(shared_limit_)) return Status::ok();
+    return GLM_USER_ERROR("flash attention at head_dim ", head_dim, " needs at least ", (need + 1023) / 1024,
+                          " KiB of shared memory per block, and ", shared_limit_ / 1024, " KiB are allowed (the ",
+                          device_name_, " (sm_", major_, minor_, ") has ", shared_optin_ / 1024,
+                          shared_limit_ < shared_optin_ ? "; --shared_memory_limit_kib lowers it" : "", ")");
   }
   Status attention_forward_gathered(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows,
                                     Tensor row_position, Tensor doc_start, int64_t n, AttentionShape s) override {
@@ -497,7 +512,7 @@ class CudaBackend final : public Backend {
     GLM_RETURN_IF_ERROR(check_gathered(s));
     GLM_CUDA_RETURN(cuda::flash_attention_forward_gathered(
         b(out), lse.as<float>(), b(qkv), b(kv), kv_rows.as<int32_t>(), row_position.as<int32_t>(),
-        doc_start.as<int32_t>(), n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim, stream_));
+        doc_start.as<int32_t>(), n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim, stream_, flash_));
     return Status::ok();
   }
   Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
@@ -510,7 +525,7 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::flash_attention_backward_gathered(
         b(dqkv), b(dkv), static_cast<float*>(acc), b(dout), b(out), lse.as<float>(), b(qkv), b(kv),
         kv_rows.as<int32_t>(), row_position.as<int32_t>(), doc_start.as<int32_t>(), n, kv_rows.numel, s.heads,
-        s.kv_heads, s.head_dim, stream_));
+        s.kv_heads, s.head_dim, stream_, flash_));
     return Status::ok();
   }
   Status copy_columns(Tensor dst, int64_t dst_stride, Tensor src, int64_t src_stride, int64_t rows,
@@ -692,6 +707,7 @@ class CudaBackend final : public Backend {
   cuda::FlashOptions flash_;
   std::string device_name_;
   int major_ = 0, minor_ = 0, shared_optin_ = 0;  // compute capability, opt-in shared memory per block
+  int shared_limit_ = 0;                          // what the kernels may use: --shared_memory_limit_kib
   bool wgmma_128_ = false;                        // Hopper's flash kernels (head_dim 128) built and usable here
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().
   cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
