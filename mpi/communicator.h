@@ -47,6 +47,11 @@ class Communicator {
   // Seconds compute stood waiting for collectives since the last call, where the communicator can
   // measure it on the device (NCCL, from events); host waits are measured by the caller.
   virtual Result<double> take_device_exposed_seconds() { return 0.0; }
+  // Device communicators: the next collective started also waits for this device event (a
+  // cudaEvent_t of the caller's, e.g. the end of an upload into its send buffer), beside the
+  // compute enqueued so far. The event must stay valid until that collective is started. Host
+  // communicators ignore it: their callers finish copies before starting a collective.
+  virtual Status order_next_after(void* device_event) { return Status::ok(); }
 
   // send == recv is allowed (in place) for all_reduce and broadcast.
   virtual std::unique_ptr<CommRequest> start_all_reduce(const void* send, void* recv, size_t count, CommType type,

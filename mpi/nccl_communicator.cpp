@@ -313,6 +313,10 @@ class NcclCommunicatorImpl final : public Communicator {
                    [&](ncclComm_t c) { return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, c, stream_); });
   }
 
+  Status order_next_after(void* device_event) override {
+    if (device_event != nullptr) after_.push_back(static_cast<cudaEvent_t>(device_event));
+    return Status::ok();
+  }
   Result<double> take_device_exposed_seconds() override {
     GLM_NCCL_CUDA_RETURN(cudaSetDevice(device_));
     GLM_NCCL_CUDA_RETURN(cudaStreamSynchronize(compute_));
@@ -390,6 +394,8 @@ class NcclCommunicatorImpl final : public Communicator {
     // producer). One event serves every call: the wait captures the record made just before it.
     GLM_NCCL_CUDA_RETURN(cudaEventRecord(ready_, compute_));
     GLM_NCCL_CUDA_RETURN(cudaStreamWaitEvent(stream_, ready_, 0));
+    for (cudaEvent_t e : after_) GLM_NCCL_CUDA_RETURN(cudaStreamWaitEvent(stream_, e, 0));
+    after_.clear();
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
       if (shared_->aborted)
@@ -472,6 +478,7 @@ class NcclCommunicatorImpl final : public Communicator {
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // compute stream's position at each start_*, waited on by stream_
+  std::vector<cudaEvent_t> after_;  // order_next_after(): also waited on by the next start_*
   std::shared_ptr<EventPool> pool_ = std::make_shared<EventPool>();
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
   std::vector<std::shared_ptr<Op>> measured_;  // waited collectives whose stall is not yet counted

@@ -646,7 +646,9 @@ INSTANTIATE_TEST_SUITE_P(TwoPackings, FlashPackings, ::testing::Values(0, 1));
 
 // Every variant of the mma.sync backward (flash_backward_variant: the first that fits a
 // shared-memory limit) at each head size, forward and backward against the CPU on 777 tokens in
-// four documents with GQA 4:1: limits from none down to below the smallest variant's.
+// four documents with GQA 4:1 (limits from none down to below the smallest variant's), and each
+// (token, head) row of dQ, dK and dV against the fastest variant's (the same bf16 arithmetic in
+// other tiles: a wrong row shows there, where the CPU's fp32 would hide it in the norm).
 class FlashVariants : public Ops, public ::testing::WithParamInterface<int> {};
 
 TEST_P(FlashVariants, EachBackwardVariantMatchesCpu) {
@@ -667,6 +669,7 @@ TEST_P(FlashVariants, EachBackwardVariantMatchesCpu) {
                                        ref_lse.cpu.tensor(), qkv.cpu.tensor(), docs.cpu.tensor(), n, s)
                   .is_ok());
   std::vector<std::string> seen;
+  std::vector<float> fastest;
   for (int kib : {0, 200, 163, 120, 99, 90, 64, 48, 40, 24}) {
     const size_t limit = static_cast<size_t>(kib) * 1024;
     const std::string variant = cuda::flash_backward_variant(s.head_dim, false, limit);
@@ -691,9 +694,11 @@ TEST_P(FlashVariants, EachBackwardVariantMatchesCpu) {
                     .is_ok());
     ASSERT_TRUE(backend->synchronize().is_ok());
     EXPECT_LT(relative_error(from_gpu(out.gpu), from_cpu(ref_out.cpu)), kBf16OpTolerance) << "out";
-    EXPECT_LT(relative_error(from_gpu(dqkv.gpu), from_cpu(ref_dqkv.cpu)), 2e-2) << "dqkv";
-    EXPECT_LT(worst_row_error(from_gpu(dqkv.gpu), from_cpu(ref_dqkv.cpu), static_cast<size_t>(s.head_dim)), 5e-2)
-        << "dqkv: worst (token, head) row";
+    const std::vector<float> grads = from_gpu(dqkv.gpu);
+    EXPECT_LT(relative_error(grads, from_cpu(ref_dqkv.cpu)), 2e-2) << "dqkv";
+    if (fastest.empty()) fastest = grads;
+    EXPECT_LT(worst_row_error(grads, fastest, static_cast<size_t>(s.head_dim)), 3e-2)
+        << "dqkv: worst (token, head) row against the fastest variant";
   }
   EXPECT_EQ(seen.size(), 3u) << "each of the three backward variants ran";
   // Below the smallest variant the backend refuses with the sizes named, not a failed launch.
@@ -1711,6 +1716,51 @@ TEST(CudaModel, OffloadedOptimizerFollowsTheDevicesTrajectory) {
   }
   EXPECT_LT(relative_error(host.params, device.params), 5e-2);
   EXPECT_GT(*std::max_element(device.params.begin(), device.params.end()), 1e-3f);
+}
+
+// ZeRO-3's parameter shards in pinned host memory (--offload_param cpu, with the optimizer
+// offloaded; the norms persistent on the device): every gather uploads the unit from the host on a
+// copy stream and compute waits for it on the device, the host update writes the shards in place.
+// Three steps follow the run with the shards on the device, and the parameters' sum of squares
+// (read through the gathered buffer) agrees.
+TEST(CudaModel, OffloadedParametersFollowTheDevicesTrajectory) {
+  REQUIRE_GPU();
+  const ModelConfig c = small_model();
+  auto gpu = make_cuda_backend(0).take();
+  LocalCommunicator comm;
+  std::vector<HostMicroBatch> window = {random_batch(c, 14), random_batch(c, 15)};
+  struct Run {
+    std::vector<double> losses, norms;
+    double checksum = 0;
+  };
+  auto run = [&](bool offload_params) {
+    EngineConfig ec{.model = c, .max_tokens = 512, .adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1}, .zero_stage = 3};
+    ec.offload = OffloadConfig{true, true, 3};
+    ec.zero.param_persistence_threshold = 1000;
+    ec.zero.offload_params = offload_params;
+    auto e = TrainingEngine::create(ec, *gpu, comm).take();
+    EXPECT_EQ(e->memory().host_parameter_bytes > 0, offload_params);
+    EXPECT_TRUE(e->initialize_parameters(11).is_ok());
+    Run r;
+    for (int s = 0; s < 3; ++s) {
+      auto step = e->step(window, 2e-3);
+      EXPECT_TRUE(step.is_ok()) << step.status().message();
+      if (!step.is_ok()) return r;
+      r.losses.push_back(step.value().loss);
+      r.norms.push_back(step.value().grad_norm);
+    }
+    r.checksum = e->parameter_checksum().take();
+    return r;
+  };
+  const Run device = run(false), host = run(true);
+  ASSERT_EQ(host.losses.size(), 3u);
+  ASSERT_EQ(device.losses.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_NEAR(host.losses[s], device.losses[s], kBf16TrajectoryTolerance * device.losses[s]) << "step " << s + 1;
+    EXPECT_NEAR(host.norms[s], device.norms[s], kBf16GradTolerance * device.norms[s]) << "step " << s + 1;
+  }
+  EXPECT_NEAR(host.checksum, device.checksum, 1e-3 * device.checksum);
+  EXPECT_GT(device.checksum, 0);
 }
 
 // The fp32 master split beside the bf16 parameters (the CUDA default) against a whole fp32 copy

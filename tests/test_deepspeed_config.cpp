@@ -122,6 +122,30 @@ TEST(DeepSpeedConfig, UnknownKeysAndMeaningsWeDoNotHaveAreRefusedByName) {
   EXPECT_EQ(keys.count("compression_training.weight_quantization"), 0u) << "an empty block has no keys";
 }
 
+// ZeRO-Infinity's CPU block: both offloads applied, one pin_memory serving both, NVMe refused.
+TEST(DeepSpeedConfig, Zero3ParameterOffloadMapsOntoOffloadParam) {
+  const std::string path = testing::TempDir() + "/ds_offload_param.json";
+  std::ofstream(path) << R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true},
+    "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 5}}})";
+  auto read = read_deepspeed_config(path);
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  const auto keys = by_key(read.value());
+  EXPECT_FALSE(read.value().refused()) << read.value().account();
+  expect_applied(keys, "zero_optimization.offload_param.device", "offload_param", "cpu");
+  expect_applied(keys, "zero_optimization.offload_optimizer.pin_memory", "offload_pin_memory", "true");
+  expect_outcome(keys, "zero_optimization.offload_param.pin_memory", Outcome::no_effect, "serves both");
+  expect_outcome(keys, "zero_optimization.offload_param.buffer_count", Outcome::no_effect, "sizes its own staging");
+  const std::string nvme = testing::TempDir() + "/ds_offload_param_nvme.json";
+  std::ofstream(nvme) << R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"},
+    "cpu_offload_params": true}})";
+  auto refused = read_deepspeed_config(nvme);
+  ASSERT_TRUE(refused.is_ok()) << refused.status().message();
+  const auto nvme_keys = by_key(refused.value());
+  expect_outcome(nvme_keys, "zero_optimization.offload_param.device", Outcome::refused, "not NVMe");
+  expect_applied(nvme_keys, "zero_optimization.cpu_offload_params", "offload_param", "cpu");
+}
+
 TEST(DeepSpeedConfig, UnreadableOrNonObjectFilesAreOneClearError) {
   auto missing = read_deepspeed_config("/nonexistent/ds.json");
   ASSERT_FALSE(missing.is_ok());

@@ -1,5 +1,5 @@
 // Under mpirun -np N (1-4): --offload_optimizer cpu changes where the optimizer state lives and who
-// updates it, never what is computed. At ZeRO stages 1-3 an offloaded run gives the losses, gradient
+// updates it, and --offload_param cpu where ZeRO-3's parameter shards live, never what is computed. At ZeRO stages 1-3 an offloaded run gives the losses, gradient
 // norms, evaluation and final parameters of the same run on the backend bit for bit (the CPU
 // backend's rounding, kernels/cpu/adamw_element.h), also without clipping (the update sums the
 // norm); its state is host memory of the sizes the shards say; and a checkpoint of either resumes
@@ -119,6 +119,86 @@ TEST_P(Offload, FusedNormWithoutClipping) {
   EXPECT_EQ(host.value().parameter_checksum, device.value().parameter_checksum);
 }
 
+// ZeRO-3's parameter shards in host memory: the host update writes them in place and each gather
+// uploads this rank's shard first; losses, norms, evaluation and parameters are the bits of the run
+// with the shards on the backend, with and without persistent tensors (kept on the backend).
+TEST(OffloadParams, SameBitsAsShardsOnTheBackend) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  const int size = comm.size();
+  if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
+  for (const int64_t persistence : {int64_t{0}, int64_t{2000}}) {
+    TrainConfig base = offloaded(offload_config(size, 3), 2);
+    base.zero_options.param_persistence_threshold = persistence;
+    auto shards_on_backend = run(base, comm);
+    ASSERT_TRUE(shards_on_backend.is_ok()) << shards_on_backend.status().message();
+    TrainConfig params = base;
+    params.offload_param = OffloadDevice::cpu;
+    auto shards_on_host = run(params, comm);
+    ASSERT_TRUE(shards_on_host.is_ok()) << shards_on_host.status().message();
+    expect_same_run(shards_on_host.value(), shards_on_backend.value(),
+                    "persistence threshold " + std::to_string(persistence));
+  }
+}
+
+// The shards are host memory (none of them in backend memory but the persistent tensors), their
+// initialisation and writes from outside (import) land there, and parameter offload is refused
+// below ZeRO-3 and without the optimizer offloaded.
+TEST(OffloadParams, ShardsAreHostMemoryAndWritesReachThem) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  auto backend = make_cpu_backend(DType::f32);
+  EngineConfig ec;
+  ec.model = tiny_glm4();
+  ASSERT_TRUE(ec.model.finalize_and_validate().is_ok());
+  ec.max_tokens = 256;
+  ec.adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1};
+  ec.zero_stage = 3;
+  ec.zero.param_persistence_threshold = 2000;
+  ec.offload = OffloadConfig{true, true, 2};
+  auto device = TrainingEngine::create(ec, *backend, comm);
+  ec.zero.offload_params = true;
+  auto host = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_TRUE(device.is_ok()) << device.status().message();
+  ASSERT_TRUE(host.is_ok()) << host.status().message();
+  const ZeroMemory on_device = device.value()->memory(), on_host = host.value()->memory();
+  EXPECT_EQ(on_host.host_parameter_bytes + on_host.parameter_bytes, on_device.parameter_bytes);
+  EXPECT_GT(on_host.host_parameter_bytes, 0);
+  const int persistent = host.value()->layout().persistent_unit();
+  ASSERT_GE(persistent, 0) << "the threshold keeps the norms whole";
+  EXPECT_EQ(on_host.parameter_bytes,
+            static_cast<int64_t>(sizeof(float)) * host.value()->layout().units()[static_cast<size_t>(persistent)].numel);
+  // Initialisation, then one tensor written from outside, then a step: the same on both.
+  // A tensor of the first layer's partitioned ones: it spans several ranks' shards.
+  int entry = 0;
+  const ParamLayout& layout = host.value()->layout();
+  while (layout.entry(entry).unit != layout.layer_unit(0) || layout.entry(entry).numel <= 2000) ++entry;
+  const ParamEntry& e = layout.entry(entry);
+  std::vector<float> values(static_cast<size_t>(e.numel));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.01f * static_cast<float>(static_cast<int>(i % 37) - 18);
+  for (auto* engine : {device.value().get(), host.value().get()}) {
+    ASSERT_TRUE(engine->initialize_parameters(9).is_ok());
+    ASSERT_TRUE(engine->set_parameter(entry, values).is_ok());
+    ASSERT_TRUE(engine->parameters_updated().is_ok());
+  }
+  const std::vector<HostMicroBatch> window = {random_documents(ec.model.vocab_size, 300 + comm.rank(), {70, 50}, 3)};
+  for (int s = 0; s < 2; ++s) {
+    auto d = device.value()->step(window, 3e-3);
+    auto h = host.value()->step(window, 3e-3);
+    ASSERT_TRUE(d.is_ok()) << d.status().message();
+    ASSERT_TRUE(h.is_ok()) << h.status().message();
+    EXPECT_EQ(h.value().loss, d.value().loss) << "step " << s + 1;
+    EXPECT_EQ(h.value().grad_norm, d.value().grad_norm) << "step " << s + 1;
+  }
+  ec.offload = OffloadConfig{};
+  auto no_optimizer_offload = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_FALSE(no_optimizer_offload.is_ok());
+  EXPECT_NE(no_optimizer_offload.status().message().find("--offload_optimizer cpu"), std::string::npos);
+  ec.offload = OffloadConfig{true, true, 1};
+  ec.zero_stage = 2;
+  auto stage2 = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_FALSE(stage2.is_ok());
+  EXPECT_NE(stage2.status().message().find("--zero_stage 3"), std::string::npos) << stage2.status().message();
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, Offload, ::testing::Values(1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 
@@ -207,12 +287,18 @@ TEST(OffloadCheckpoint, ResumesWithAndWithoutOffload) {
   base.eval_steps = 0;
   constexpr size_t half = kSteps / 2;
   base.save_steps = half;
+  auto with_params = [](TrainConfig t) {
+    t.offload_param = OffloadDevice::cpu;
+    return offloaded(t, 2);
+  };
   for (const bool saved_offloaded : {true, false}) {
-    TrainConfig first = saved_offloaded ? offloaded(base, 2) : base;
+    // At ZeRO-3 "offloaded" is both offloads: the parameter shards as well as the optimizer.
+    auto offload = [&](const TrainConfig& t) { return t.zero_stage == 3 ? with_params(t) : offloaded(t, 2); };
+    TrainConfig first = saved_offloaded ? offload(base) : base;
     first.output_dir = dir + (saved_offloaded ? "/host" : "/device");
     auto straight = run(first, comm);
     ASSERT_TRUE(straight.is_ok()) << straight.status().message();
-    TrainConfig second = saved_offloaded ? base : offloaded(base, 2);
+    TrainConfig second = saved_offloaded ? base : offload(base);
     second.resume_from_checkpoint = first.output_dir + "/checkpoint-" + std::to_string(half);
     second.output_dir = first.output_dir + "-resumed";
     second.save_strategy = SaveStrategy::no;

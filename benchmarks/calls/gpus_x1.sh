@@ -19,10 +19,10 @@ step archs 30 bash -c "'$cuobjdump' --list-elf build-gpu/glm_hpc | grep -o 'sm_[
   '$cuobjdump' --list-ptx build-gpu/glm_hpc | grep -o 'sm_[0-9]*a\?' | sort | uniq -c | sed 's/$/ (PTX)/'"
 step ctest_gpu 200 bash -c "cd build-gpu && ctest -L gpu -E test_nccl -j 2 --timeout 150 --output-on-failure"
 grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout|Not Run" "$OUT/ctest_gpu.log" | head -12
-for profile in "this_gpu 0 auto" "a100 163 mma" "rtx4090 99 mma"; do
+for profile in "this_gpu 0 auto" "h200_mma 0 mma" "a100 163 mma" "rtx4090 99 mma"; do
   set -- $profile
   step "attention_$1" 60 build-gpu/benchmarks/bench_kernels --benchmark_filter='BM_Attention(Forward|Backward)/(4096|8192)' \
-    --shared_memory_limit_kib "$2" --attention_kernel "$3"
+    --benchmark_color=false --shared_memory_limit_kib "$2" --attention_kernel "$3"
 done
 data=/tmp/gpus4096.jsonl
 python3 - "$data" <<'PY'
@@ -31,22 +31,22 @@ random.seed(0)
 with open(sys.argv[1], "w") as f:
     for _ in range(96): f.write(json.dumps({"input_ids": [random.randrange(151552) for _ in range(4096)]}) + "\n")
 PY
-train() {  # train NAME GA EXTRA...
-  local name=$1 ga=$2; shift 2
+train() {  # train NAME GA STEPS EXTRA...
+  local name=$1 ga=$2 steps=$3; shift 3
   step "$name" 120 mpirun -np 1 --bind-to none build-gpu/glm_hpc --device cuda --config configs/glm4-9b-chat.cfg \
     --num_hidden_layers 4 --dataset "$data" --max_length 4096 --zero_stage 1 --gradient_accumulation_steps "$ga" \
-    --max_steps 5 --logging_steps 1 --warmup_steps 0 --save_strategy no --overwrite_output_dir true \
+    --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --save_strategy no --overwrite_output_dir true \
     --output_dir "/tmp/$name" "$@"
 }
-train train_this_gpu 1
-train train_a100 1 --attention_kernel mma --shared_memory_limit_kib 163
-train train_rtx4090 1 --attention_kernel mma --shared_memory_limit_kib 99
-train gpu_ga16 16 --max_steps 3
-train offload_ga16 16 --max_steps 3 --offload_optimizer cpu
+train train_this_gpu 1 5
+train train_a100 1 5 --attention_kernel mma --shared_memory_limit_kib 163
+train train_rtx4090 1 5 --attention_kernel mma --shared_memory_limit_kib 99
+train gpu_ga16 16 3
+train offload_ga16 16 3 --offload_optimizer cpu
 step_table
 echo "== cuda architectures in build-gpu/glm_hpc =="; cat "$OUT/archs.log"
 echo "== attention (ms; bench_kernels) =="
-grep -hE "^bench_kernels:|^BM_Attention" "$OUT"/attention_*.log | awk '{print $1, $2, $3, $4, $5, $6}'
+for f in "$OUT"/attention_*.log; do echo "$(basename "$f" .log): $(grep -E "^BM_Attention" "$f" | awk '{printf "%s %s %s; ", $1, $2, $3}')"; done
 echo "== start lines =="
 for name in train_this_gpu train_a100 train_rtx4090; do grep -m1 -o "cuda (.*)" "$OUT/$name.log"; done
 python3 - <<'PY'

@@ -110,27 +110,32 @@ void zero_key(DeepSpeedKey& k, const Json& v, const std::string& name, const Con
   if (name == "offload_param.device") {
     const std::string device = v.is_string() ? lower(v.get<std::string>()) : "";
     if (device == "none" || device == "auto" || v.is_null()) return no_effect(k, "no offload");
-    return refused(k, "parameter offload is not implemented yet; offload_optimizer.device \"cpu\" is, and "
-                      "`glm_hpc plan --world_size N --gpu_memory_gib G` shows what fits (ZeRO-3, --recompute full, LoRA)");
+    if (device == "cpu") return applied(k, "offload_param", "cpu");
+    return refused(k, "only \"cpu\" (or \"none\") is offered: the parameter shards go to host memory, not NVMe");
   }
   if (name == "offload_optimizer.pin_memory" && c.optimizer_offload == "cpu")
     return bool_option(k, v, "offload_pin_memory");
+  if (name == "offload_param.pin_memory" && c.param_offload == "cpu") {
+    if (c.optimizer_offload == "cpu")
+      return no_effect(k, "one --offload_pin_memory serves both offloads: offload_optimizer.pin_memory's");
+    return bool_option(k, v, "offload_pin_memory");
+  }
   if (starts_with(name, "offload_optimizer.") || starts_with(name, "offload_param.")) {
     const bool optimizer = starts_with(name, "offload_optimizer.");
     const std::string& device = optimizer ? c.optimizer_offload : c.param_offload;
     if (device == "none")
       return no_effect(k, std::string("a setting of ") + (optimizer ? "offload_optimizer" : "offload_param") +
                               ", which is off");
-    if (!optimizer) return no_effect(k, "a setting of offload_param, refused with its device");
+    if (device != "cpu") return no_effect(k, "a setting of an offload refused with its device");
     return no_effect(k, "a tuning of DeepSpeed's offload (buffers, NVMe pipelining, partial offload); glm_hpc "
-                        "offloads the whole optimizer state and sizes its own staging");
+                        "offloads the whole optimizer state or parameter shards and sizes its own staging");
   }
   if (name == "cpu_offload") {
     if (enabled(v)) return applied(k, "offload_optimizer", "cpu");
     return no_effect(k, "no offload");
   }
   if (name == "cpu_offload_params") {
-    if (enabled(v)) return refused(k, "parameter offload is not implemented yet (offload_optimizer is)");
+    if (enabled(v)) return applied(k, "offload_param", "cpu");
     return no_effect(k, "no offload");
   }
   if (name == "stage3_max_live_parameters" || name == "stage3_max_reuse_distance")

@@ -435,6 +435,11 @@ class OptionTable {
              "none, or cpu (DeepSpeed's offload_optimizer, ZeRO stages 1-3): each rank's fp32 master weights and Adam "
              "moments live in host memory and host threads update them with the GPU kernel's arithmetic (the same "
              "bits); GPU memory keeps the parameters, gradients and activations. LoRA's adapters stay on the GPU");
+    add_enum(train, "offload_param", &t.offload_param,
+             "none, or cpu (DeepSpeed's offload_param; --zero_stage 3 with --offload_optimizer cpu): each rank's "
+             "parameter shards live in host memory, where the host update writes them, and each unit's shard is "
+             "copied to the GPU as the unit is gathered, ahead of its use; GPU memory keeps the gathered units, the "
+             "persistent tensors, gradients and activations");
     add(train, "offload_pin_memory", &t.offload_pin_memory,
         "with --offload_optimizer cpu: page-locked host memory (DeepSpeed's pin_memory; faster copies); false: "
         "pageable memory, for hosts whose memory-lock limit is low");
@@ -605,6 +610,14 @@ Status validate_combinations(CliOptions& o, const Sources& src) {
   } else if (t.train_type == TrainType::lora) {
     return GLM_USER_ERROR(src.where("offload_optimizer"), " cpu with --train_type lora: the frozen base has no "
                           "optimizer state and the adapters' is small; drop --offload_optimizer");
+  }
+  if (t.offload_param == OffloadDevice::cpu) {
+    if (t.zero_stage != 3)
+      return GLM_USER_ERROR(src.where("offload_param"), " cpu needs --zero_stage 3 (as DeepSpeed's offload_param): "
+                            "below it every rank holds the whole model on its GPU");
+    if (t.offload_optimizer != OffloadDevice::cpu)
+      return GLM_USER_ERROR(src.where("offload_param"), " cpu needs --offload_optimizer cpu too: the host update "
+                            "then writes the parameters where they live");
   }
   if (o.command != "train") return Status::ok();
   if (t.train_type != TrainType::lora)

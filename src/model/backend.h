@@ -101,6 +101,10 @@ class AsyncCopy {
  public:
   virtual ~AsyncCopy() = default;
   virtual Status finish() { return Status::ok(); }
+  // The device event that marks its end (cudaEvent_t), for ordering device work after it without
+  // the host waiting (Backend::wait_for, Communicator::order_next_after); null where the copy was
+  // done at once.
+  virtual void* device_event() const { return nullptr; }
 };
 
 class Backend {
@@ -160,6 +164,8 @@ class Backend {
     GLM_RETURN_IF_ERROR(upload(dst, src));
     return std::make_unique<AsyncCopy>();
   }
+  // Work enqueued from now on waits for the copy on the device; the host goes on.
+  virtual Status wait_for(const AsyncCopy& copy) { return Status::ok(); }
   // dst[i] = src[i] converted between dtypes (compute <-> optimizer copies).
   virtual Status convert(Tensor dst, Tensor src) = 0;
   virtual Status synchronize() = 0;

@@ -98,6 +98,7 @@ class CudaAsyncCopy final : public AsyncCopy {
     if (e != cudaSuccess) return GLM_ERROR(ErrorKind::internal, "asynchronous copy: ", cudaGetErrorString(e));
     return Status::ok();
   }
+  void* device_event() const override { return done_; }
 
  private:
   cudaEvent_t done_;
@@ -250,9 +251,12 @@ class CudaBackend final : public Backend {
                        " shows what the run needs and names the cheapest settings that fit (ZeRO stage, "
                        "--recompute, --offload_optimizer cpu)");
     }
-    if (cudaMemset(p, 0, bytes) != cudaSuccess) {
+    // Zeroed on the current stream and waited for: cudaMemset would run on the legacy default
+    // stream, which the non-blocking streams do not wait for, so later work on the buffer could
+    // run first and be zeroed over.
+    if (cudaMemsetAsync(p, 0, bytes, stream_) != cudaSuccess || cudaStreamSynchronize(stream_) != cudaSuccess) {
       cudaFree(p);
-      return GLM_ERROR(ErrorKind::internal, "cudaMemset failed");
+      return GLM_ERROR(ErrorKind::internal, "zeroing a new allocation failed");
     }
     return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFree(q); });
   }
@@ -311,6 +315,11 @@ class CudaBackend final : public Backend {
   }
   Result<std::unique_ptr<AsyncCopy>> start_upload(Tensor dst, const void* src) override {
     return start_copy(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, copy_up_);
+  }
+  Status wait_for(const AsyncCopy& copy) override {
+    if (copy.device_event() != nullptr)
+      GLM_CUDA_RETURN(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(copy.device_event()), 0));
+    return Status::ok();
   }
   // On a copy stream of its direction (both directions at once), after the work enqueued on stream_
   // so far; an event marks its end.

@@ -9,18 +9,21 @@
 namespace glm {
 
 Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options,
-                                                  OptimizerOffload* offload) {
+                                                  OptimizerOffload* offload, bool params_on_host) {
   AdamWOptimizer opt(backend, params, options);
   const DType odt = backend.optimizer_dtype();
+  if (params_on_host && offload == nullptr)
+    return GLM_INTERNAL_ERROR("parameters in host memory need the offloaded optimizer");
   if (offload != nullptr) {
     // A whole fp32 master on the host; the working copy rounds as the device's own update would.
     opt.offload_ = offload;
+    opt.params_on_host_ = params_on_host;
     if (options.split_master && params.dtype == DType::bf16) opt.bf16_ = cpu::Bf16Rounding::split_high;
     GLM_ASSIGN_OR_RETURN(opt.master_buffer_, offload->allocate_state(params.numel));
     GLM_ASSIGN_OR_RETURN(opt.exp_avg_, offload->allocate_state(params.numel));
     GLM_ASSIGN_OR_RETURN(opt.exp_avg_sq_, offload->allocate_state(params.numel));
     opt.master_ = opt.master_buffer_.tensor();
-    GLM_RETURN_IF_ERROR(offload->read_params(opt.master_.as<float>(), params));
+    GLM_RETURN_IF_ERROR(offload->read_params(opt.master_.as<float>(), params, params_on_host));
     return opt;
   }
   if (odt == params.dtype) {
@@ -41,8 +44,8 @@ Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor param
 
 Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayout& layout, Tensor params,
                                               int64_t offset, const AdamWOptions& options,
-                                              OptimizerOffload* offload) {
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options, offload));
+                                              OptimizerOffload* offload, bool params_on_host) {
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options, offload, params_on_host));
   // Runs of equal decay; alignment padding joins the run before it (its values stay zero).
   const int64_t end = offset + params.numel;
   for (const auto& e : layout.entries()) {
@@ -67,7 +70,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor p
   // Adapters are few: their master stays whole (LoRA checkpoints and lora_adapters() read it as is).
   AdamWOptions whole = options;
   whole.split_master = false;
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, whole, nullptr));
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, whole, nullptr, false));
   opt.ranges_.push_back({0, params.numel, decay});
   return opt;
 }
@@ -140,7 +143,10 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
     if (i + 1 < chunks) GLM_RETURN_IF_ERROR(fetch(i + 1));  // its slot's last reader, chunk i - 1, is done
     GLM_RETURN_IF_ERROR(down[slot]->finish());
     if (up[slot]) GLM_RETURN_IF_ERROR(up[slot]->finish());  // the parameter slot is free again
-    const Tensor staged_grads = o.grad_staging(slot), staged_params = o.param_staging(slot);
+    // Parameters in host memory are written in place; the working copy on the device through the
+    // slot's staging.
+    const Tensor staged_grads = o.grad_staging(slot);
+    const Tensor staged_params = params_on_host_ ? params_.slice(at, k) : o.param_staging(slot);
     for (const Range& r : ranges_) {
       const int64_t b = std::max(r.begin, at), n = std::min(r.end, at + k) - b;
       if (n <= 0) continue;
@@ -159,7 +165,9 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
       squares += cpu::host_adamw(o.pool(), a, n, step_scalars(step_, lr, grad_scale, r.decay),
                                  backend_->adamw_rounding(), bf16_, !grad_sq_sum.empty());
     }
-    GLM_ASSIGN_OR_RETURN(up[slot], backend_->start_upload(params_.slice(at, k), staged_params.data));
+    if (!params_on_host_) {
+      GLM_ASSIGN_OR_RETURN(up[slot], backend_->start_upload(params_.slice(at, k), staged_params.data));
+    }
   }
   for (auto& u : up)
     if (u) GLM_RETURN_IF_ERROR(u->finish());
@@ -213,7 +221,7 @@ Status AdamWOptimizer::settle() {
 }
 
 Status AdamWOptimizer::reset_master() {
-  if (offloaded()) return offload_->read_params(master_.as<float>(), params_);
+  if (offloaded()) return offload_->read_params(master_.as<float>(), params_, params_on_host_);
   // The parameters were written whole: every row is current (catch up before writing, not after).
   if (deferred()) {
     floor_ = step_;
@@ -232,7 +240,7 @@ Status AdamWOptimizer::restored(int64_t steps) {
     history_.clear();
     GLM_RETURN_IF_ERROR(backend_->zero(row_step_.tensor()));
   }
-  if (offloaded()) return offload_->write_params(params_, master_.as<float>(), bf16_);
+  if (offloaded()) return offload_->write_params(params_, master_.as<float>(), bf16_, params_on_host_);
   // A split master was written through both halves (OptimizerStateTransfer): the parameters are its high ones.
   if (master_.data == params_.data || split()) return Status::ok();
   return backend_->convert(params_, master_);

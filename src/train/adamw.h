@@ -25,9 +25,11 @@ class AdamWOptimizer {
  public:
   // params/grads cover layout range [offset, offset + params.numel). With offload the fp32 master
   // and moments are host memory that offload's threads update (train/optimizer_offload.h); the
-  // master then starts as the parameters' values.
+  // master then starts as the parameters' values. params_on_host (with offload only): params are
+  // host memory too (--offload_param cpu), which the host update writes in place.
   static Result<AdamWOptimizer> create(Backend& backend, const ParamLayout& layout, Tensor params, int64_t offset,
-                                       const AdamWOptions& options, OptimizerOffload* offload = nullptr);
+                                       const AdamWOptions& options, OptimizerOffload* offload = nullptr,
+                                       bool params_on_host = false);
   // Every element decayed alike (LoRA adapters: PEFT decays both A and B).
   static Result<AdamWOptimizer> create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
                                                bool decay);
@@ -93,7 +95,7 @@ class AdamWOptimizer {
   // The master (an fp32 copy, the low halves of a split one, or the params themselves) and zeroed
   // moments; no decay ranges yet.
   static Result<AdamWOptimizer> with_state(Backend& backend, Tensor params, const AdamWOptions& options,
-                                           OptimizerOffload* offload);
+                                           OptimizerOffload* offload, bool params_on_host);
   // step_part's update on the host (offloaded): the gradient comes over a chunk at a time and the
   // chunk's working copy goes back.
   Status host_step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin, int64_t end);
@@ -108,6 +110,7 @@ class AdamWOptimizer {
   int64_t step_ = 0;
   int64_t own_state_bytes() const;  // the moments and the master buffer, wherever they live
   OptimizerOffload* offload_ = nullptr;
+  bool params_on_host_ = false;  // params_ in host memory (with offload_)
   cpu::Bf16Rounding bf16_ = cpu::Bf16Rounding::nearest_even;  // the working copy's, when offloaded
   // Deferred rows (defer_rows): the table's shape, each row's last step where above floor_, the
   // steps floor_ + 1 .. step_ (history_), the bound on their number, and the next step's rows.

@@ -80,6 +80,9 @@ Status TrainingEngine::create_optimizers(const EngineConfig& ec) {
   const ModelConfig& config = ec.model;
   const int zero_stage = ec.zero_stage;
   const AdamWOptions& adam = *ec.adam;
+  if (ec.zero.offload_params && !ec.offload.optimizer)
+    return GLM_USER_ERROR("--offload_param cpu needs --offload_optimizer cpu (the host then updates the parameters "
+                          "it holds; DeepSpeed's offload_param is used with it)");
   if (ec.offload.optimizer) {
     if (zero_stage == 0)
       return GLM_USER_ERROR("--offload_optimizer cpu needs --zero_stage 1, 2 or 3 (as DeepSpeed's offload does): "
@@ -90,7 +93,7 @@ Status TrainingEngine::create_optimizers(const EngineConfig& ec) {
   for (int u = 0; u < units; ++u) {
     GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
                          AdamWOptimizer::create(backend_, layout(), zero_->owned_params(u),
-                                                zero_->owned_offset(u), adam, offload_.get()));
+                                                zero_->owned_offset(u), adam, offload_.get(), zero_->params_on_host(u)));
     optimizers_.push_back(std::move(opt));
   }
   has_optimizer_ = true;
@@ -311,7 +314,11 @@ Result<double> TrainingEngine::base_checksum() {
   const int units = static_cast<int>(layout().units().size());
   for (int u = 0; u < units; ++u) {
     if (zero_->owned_params(u).numel == 0) continue;  // a unit whose tensors are all persistent
-    GLM_ASSIGN_OR_RETURN(double s, backend_.sum_squares(zero_->owned_params(u)));
+    double s = 0;
+    GLM_RETURN_IF_ERROR(zero_->read_stored(u, [&](Tensor stored) -> Status {
+      GLM_ASSIGN_OR_RETURN(s, backend_.sum_squares(stored));
+      return Status::ok();
+    }));
     sum += s;
   }
   if (zero_->stage() > 0) GLM_RETURN_IF_ERROR(comm_.all_reduce(&sum, &sum, 1, CommType::f64, ReduceOp::sum));

@@ -24,11 +24,11 @@ Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(Backend& back
   return o;
 }
 
-Status OptimizerOffload::read_params(float* master, Tensor params) {
+Status OptimizerOffload::read_params(float* master, Tensor params, bool params_on_host) {
   for (int64_t at = 0; at < params.numel; at += staging_elements()) {
     const int64_t k = std::min(staging_elements(), params.numel - at);
-    const Tensor staging = params_[0].slice(0, k);
-    GLM_RETURN_IF_ERROR(backend_.download(staging.data, params.slice(at, k)));
+    const Tensor staging = params_on_host ? params.slice(at, k) : params_[0].slice(0, k);
+    if (!params_on_host) GLM_RETURN_IF_ERROR(backend_.download(staging.data, params.slice(at, k)));
     if (staging.dtype == DType::f32) {
       std::memcpy(master + at, staging.data, staging.bytes());
     } else {
@@ -38,16 +38,17 @@ Status OptimizerOffload::read_params(float* master, Tensor params) {
   return Status::ok();
 }
 
-Status OptimizerOffload::write_params(Tensor params, const float* master, cpu::Bf16Rounding bf16) {
+Status OptimizerOffload::write_params(Tensor params, const float* master, cpu::Bf16Rounding bf16,
+                                      bool params_on_host) {
   for (int64_t at = 0; at < params.numel; at += staging_elements()) {
     const int64_t k = std::min(staging_elements(), params.numel - at);
-    const Tensor staging = params_[0].slice(0, k);
+    const Tensor staging = params_on_host ? params.slice(at, k) : params_[0].slice(0, k);
     if (staging.dtype == DType::f32) {
       std::memcpy(staging.data, master + at, staging.bytes());
     } else {
       cpu::narrow_to_bf16(staging.as<uint16_t>(), master + at, k, bf16);
     }
-    GLM_RETURN_IF_ERROR(backend_.upload(params.slice(at, k), staging.data));
+    if (!params_on_host) GLM_RETURN_IF_ERROR(backend_.upload(params.slice(at, k), staging.data));
   }
   return Status::ok();
 }

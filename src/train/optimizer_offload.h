@@ -39,10 +39,11 @@ class OptimizerOffload {
     return b;
   }
 
-  // master[i] = params[i] widened to f32 (host master from the device working copy).
-  Status read_params(float* master, Tensor params);
+  // master[i] = params[i] widened to f32 (host master from the working copy, in backend memory or,
+  // where params_on_host, host memory).
+  Status read_params(float* master, Tensor params, bool params_on_host);
   // params[i] = master[i] in the working copy's dtype, rounded as bf16 says.
-  Status write_params(Tensor params, const float* master, cpu::Bf16Rounding bf16);
+  Status write_params(Tensor params, const float* master, cpu::Bf16Rounding bf16, bool params_on_host);
   // The staging slots (host, the backend's compute dtype).
   Tensor grad_staging(int slot) const { return grads_[slot].tensor(); }
   Tensor param_staging(int slot) const { return params_[slot].tensor(); }

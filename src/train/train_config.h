@@ -93,6 +93,7 @@ struct TrainConfig {
   bool split_master_weights = true;
   int defer_embedding_rows = 64;  // most optimizer steps an unread embedding row's update may lag; 0: none
   OffloadDevice offload_optimizer = OffloadDevice::none;
+  OffloadDevice offload_param = OffloadDevice::none;  // --offload_param (ZeRO-3's parameter shards)
   bool offload_pin_memory = true;
   int offload_threads = 0;  // host threads of this rank's offloaded updates; 0: 1 (the CLI resolves its auto)
 };

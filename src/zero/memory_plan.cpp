@@ -58,7 +58,14 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     p.rows.push_back({what, bytes});
     p.total += bytes;
   };
-  add(lora ? "base parameters (bf16, frozen)" : "parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
+  if (in.offload_param && stage == 3 && !lora) {
+    // ParamGatherer's shards in host memory; the persistent unit stays whole on the GPU.
+    add("parameters (bf16): persistent tensors", 2 * persistent_numel);
+    p.host_rows.push_back({"offloaded parameters: bf16 shards", 2 * (stage3_params - persistent_numel)});
+    p.host_total += 2 * (stage3_params - persistent_numel);
+  } else {
+    add(lora ? "base parameters (bf16, frozen)" : "parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
+  }
   ZeroOptions zero = in.zero_options;
   zero.reduce_bucket_size = zero.unmeasured_reduce_bucket_size();
   // Gradient buckets, packed send and receive slots, gathered units: what ZeroEngine allocates
@@ -127,12 +134,13 @@ std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& 
   MemoryPlanInput probe = in;
   auto fits = [&] { return static_cast<double>(plan_cuda_memory(probe).total) <= limit; };
   const bool full = !in.lora.has_value();
-  for (const bool offload : {false, true}) {
-    if (offload && !full) break;
+  for (const int offload : {0, 1, 2}) {  // nothing, the optimizer, the optimizer and the parameters
+    if (offload > 0 && !full) break;
     for (const Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full}) {
       for (int stage = full ? 0 : in.zero_stage; stage <= (full ? 3 : in.zero_stage); ++stage) {
-        if (offload && stage == 0) continue;  // offload needs ZeRO 1-3
-        probe.offload_optimizer = offload;
+        if ((offload == 1 && stage == 0) || (offload == 2 && stage != 3)) continue;  // as the options require
+        probe.offload_optimizer = offload >= 1;
+        probe.offload_param = offload == 2;
         probe.recompute = recompute;
         probe.zero_stage = stage;
         if (fits()) return probe;
@@ -145,7 +153,7 @@ std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& 
 namespace {
 std::string settings_text(const MemoryPlanInput& in) {
   return concat("--zero_stage ", in.zero_stage, " --recompute ", enum_name(in.recompute),
-                in.offload_optimizer ? " --offload_optimizer cpu" : "");
+                in.offload_optimizer ? " --offload_optimizer cpu" : "", in.offload_param ? " --offload_param cpu" : "");
 }
 
 int nodes_gpus(const MemoryPlanInput& in) { return std::clamp(in.gpus_per_node, 1, in.world_size); }
@@ -175,12 +183,14 @@ std::string format_cheapest_settings(const MemoryPlanInput& in, double gpu_memor
   if (!cheapest) {
     std::snprintf(line, sizeof(line), "%.1f", gpu_memory_gib);
     return concat("nothing fits in ", line, " GiB per GPU at world size ", in.world_size,
-                  " even with --zero_stage 3 --recompute full", in.lora ? "" : " --offload_optimizer cpu",
+                  " even with --zero_stage 3 --recompute full",
+                  in.lora ? "" : " --offload_optimizer cpu --offload_param cpu",
                   ": more GPUs, a shorter max_length", in.lora ? "" : ", or --train_type lora", "\n");
   }
   const MemoryPlan best = plan_cuda_memory(*cheapest);
   const bool same = cheapest->zero_stage == in.zero_stage && cheapest->recompute == in.recompute &&
-                    cheapest->offload_optimizer == in.offload_optimizer;
+                    cheapest->offload_optimizer == in.offload_optimizer &&
+                    cheapest->offload_param == in.offload_param;
   char host[96] = "";
   if (best.host_total > 0)
     std::snprintf(host, sizeof(host), ", %.2f GiB of host memory per node",

@@ -27,7 +27,12 @@ Result<std::unique_ptr<ParamGatherer>> ParamGatherer::create(const ParamLayout& 
   // The persistent unit is last: the others' shard offsets index a buffer without its shard.
   const int persistent = layout.persistent_unit();
   const int64_t persistent_shard = persistent >= 0 ? layout.shard_numel(persistent) : 0;
-  GLM_ASSIGN_OR_RETURN(g->param_shards_, backend.allocate(g->shard_offsets_.back() - persistent_shard, dt));
+  const int64_t stored = g->shard_offsets_.back() - persistent_shard;
+  if (options.offload_params) {
+    GLM_ASSIGN_OR_RETURN(g->param_shards_, backend.allocate_host(stored, dt, options.offload_pin_memory));
+  } else {
+    GLM_ASSIGN_OR_RETURN(g->param_shards_, backend.allocate(stored, dt));
+  }
   for (auto& slot : g->gathered_) {
     GLM_ASSIGN_OR_RETURN(slot.params, backend.allocate(sizes.gathered_unit_numel, dt));
   }
@@ -54,6 +59,7 @@ Result<Tensor> ParamGatherer::acquire(int unit) {
     GLM_RETURN_IF_ERROR(gather_into(slot, unit));
   }
   GLM_RETURN_IF_ERROR(waits_.wait(gathered_[slot].in_flight));
+  if (gathered_[slot].upload) GLM_RETURN_IF_ERROR(backend_.wait_for(*gathered_[slot].upload));
   held_slot_ = slot;
   return gathered_[slot].params.slice(0, u.numel);
 }
@@ -74,15 +80,32 @@ Status ParamGatherer::gather_into(int slot, int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   Tensor from = shard(unit), full = g.params.slice(0, u.numel);
   g.unit = unit;
+  if (params_on_host()) return upload_and_gather(g, unit);
   if (!plan_.distributed()) return backend_.convert(full, from);
   if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
   g.in_flight = data_.start_all_gather(from.data, full.data, static_cast<size_t>(from.numel), type_);
   return Status::ok();
 }
 
+Status ParamGatherer::upload_and_gather(Gathered& g, int unit) {
+  const int64_t n = layout_.shard_numel(unit);
+  const Tensor block = g.params.slice(plan_.distributed() ? plan_.rank * n : 0, n);
+  GLM_ASSIGN_OR_RETURN(g.upload, backend_.start_upload(block, shard(unit).data));
+  if (!plan_.distributed()) return Status::ok();  // acquire() orders compute after the upload
+  if (data_.device_buffers()) {
+    GLM_RETURN_IF_ERROR(data_.order_next_after(g.upload->device_event()));
+  } else {
+    GLM_RETURN_IF_ERROR(g.upload->finish());
+  }
+  g.in_flight = data_.start_all_gather(block.data, g.params.tensor().data, static_cast<size_t>(n), type_);
+  return Status::ok();
+}
+
 Status ParamGatherer::forget_gathered() {
   for (auto& g : gathered_) {
     GLM_RETURN_IF_ERROR(waits_.wait(g.in_flight));
+    if (g.upload) GLM_RETURN_IF_ERROR(g.upload->finish());
+    g.upload.reset();
     g.unit = -1;
   }
   held_slot_ = -1;
@@ -159,16 +182,40 @@ Status ParamGatherer::finish_bucket_of(int unit) {
   return Status::ok();
 }
 
-Status ParamGatherer::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill) {
+Status ParamGatherer::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill, int64_t begin,
+                                  int64_t end) {
   if (!plan_.shard_params) return fill(params_.tensor(), 0);
   const int units = static_cast<int>(layout_.units().size());
-  for (int u = 0; u < units; ++u)
-    if (u != layout_.persistent_unit()) GLM_RETURN_IF_ERROR(fill(shard(u), layout_.shard_offset(u, plan_.rank)));
+  for (int u = 0; u < units; ++u) {
+    if (u == layout_.persistent_unit()) continue;
+    const Tensor stored = shard(u);
+    const int64_t at = layout_.shard_offset(u, plan_.rank);
+    if (stored.numel == 0 || at >= end || at + stored.numel <= begin) continue;
+    if (!params_on_host()) {
+      GLM_RETURN_IF_ERROR(fill(stored, at));
+      continue;
+    }
+    // Through the first gathered buffer (free: the caller forgot the gathered units).
+    const Tensor staging = gathered_[0].params.slice(0, stored.numel);
+    if (begin > at || end < at + stored.numel) GLM_RETURN_IF_ERROR(backend_.upload(staging, stored.data));
+    GLM_RETURN_IF_ERROR(fill(staging, at));
+    GLM_RETURN_IF_ERROR(backend_.download(stored.data, staging));
+  }
   return Status::ok();
 }
 
+Status ParamGatherer::read_stored(int unit, const std::function<Status(Tensor stored)>& read) {
+  const Tensor stored = shard(unit), staging = gathered_[0].params.slice(0, stored.numel);
+  GLM_RETURN_IF_ERROR(backend_.upload(staging, stored.data));
+  return read(staging);
+}
+
 int64_t ParamGatherer::param_bytes() const {
-  return static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes());
+  return static_cast<int64_t>(params_.tensor().bytes() + (params_on_host() ? 0 : param_shards_.tensor().bytes()));
+}
+
+int64_t ParamGatherer::host_param_bytes() const {
+  return params_on_host() ? static_cast<int64_t>(param_shards_.tensor().bytes()) : 0;
 }
 
 int64_t ParamGatherer::buffer_bytes() const {

@@ -2,7 +2,10 @@
 //   stages 0-2: the full parameters on every rank; stages 1-2 all-gather each rank's updated
 //     shards after the optimizer in buckets of consecutive units (forward order);
 //   stage 3: this rank's shards only; a unit is all-gathered just before the model uses it, the
-//     next unit prefetched into a second buffer while the current one computes.
+//     next unit prefetched into a second buffer while the current one computes. With
+//     offload_params the shards live in host memory: a gather first uploads this rank's shard
+//     into its block of the gathered buffer (on a copy stream, after the compute that read the
+//     buffer's previous unit), then all-gathers in place once the upload is done.
 #pragma once
 
 #include <functional>
@@ -32,8 +35,9 @@ class ParamGatherer {
   // Units other than the persistent one.
   Result<Tensor> acquire(int unit);
   Status prefetch(int unit);
-  // The whole unit (stage 0) or this rank's shard of it.
+  // The whole unit (stage 0) or this rank's shard of it: host memory where params_on_host().
   Tensor owned_params(int unit) const;
+  bool params_on_host() const { return plan_.shard_params && options_.offload_params; }
   // After the optimizer wrote owned_params(unit), units in forward order: with --overlap_comm
   // stages 1-2 start the all-gather of the bucket that unit completes.
   Status unit_updated(int unit);
@@ -43,9 +47,16 @@ class ParamGatherer {
   Status settle();
   // Stage 3: gathered copies are stale once parameters change; finish any gather, drop them.
   Status forget_gathered();
-  // fill(dst, global_begin) over what this rank stores, but the persistent unit's.
-  Status fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill);
-  int64_t param_bytes() const;
+  // fill(dst, global_begin) over what this rank stores, but the persistent unit's, where it meets
+  // the global range [begin, end). dst is backend memory: host-held shards are staged through a
+  // gathered buffer (uploaded first where the range covers them only in part).
+  Status fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill, int64_t begin = 0,
+                     int64_t end = INT64_MAX);
+  // read(a copy of the host-held shard of unit in the first gathered buffer); the gathered units
+  // must have been forgotten.
+  Status read_stored(int unit, const std::function<Status(Tensor stored)>& read);
+  int64_t param_bytes() const;       // backend memory
+  int64_t host_param_bytes() const;  // host memory (offload_params)
   int64_t buffer_bytes() const;
 
  private:
@@ -72,10 +83,12 @@ class ParamGatherer {
     Buffer params;
     int unit = -1;
     std::unique_ptr<CommRequest> in_flight;
+    std::unique_ptr<AsyncCopy> upload;  // offload_params: this rank's shard coming from the host
   };
   Gathered gathered_[2];
   int held_slot_ = -1;  // the slot of the unit the model acquired last
   Status gather_into(int slot, int unit);
+  Status upload_and_gather(Gathered& g, int unit);
 
   // Stages 1-2: parameter all-gathers after the optimizer, buckets in forward order.
   std::vector<CommBucket> buckets_;

@@ -18,6 +18,9 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::create(const ParamLayout& layout
                                                        Communicator& comm, int stage, Communicator* data,
                                                        const ZeroOptions& options, bool frozen) {
   if (stage < 0 || stage > 3) return GLM_USER_ERROR("--zero_stage must be 0, 1, 2 or 3, got ", stage);
+  if (options.offload_params && stage != 3)
+    return GLM_USER_ERROR("--offload_param cpu needs --zero_stage 3 (as DeepSpeed's offload_param does): below it "
+                          "every rank holds the whole model");
   if (layout.shards() != comm.size())
     return GLM_INTERNAL_ERROR("layout has ", layout.shards(), " shards for ", comm.size(), " ranks");
   if (data != nullptr && data->size() != comm.size())
@@ -170,28 +173,39 @@ Result<double> ZeroStep::global_grad_norm_squared(double local) {
   return engine_->reducer_->global_grad_norm_squared(local);
 }
 
-Status ZeroEngine::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill) {
+Status ZeroEngine::fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill, int64_t begin,
+                               int64_t end) {
   GLM_RETURN_IF_ERROR(settle_gathers());
   GLM_RETURN_IF_ERROR(forget_gathered());
-  GLM_RETURN_IF_ERROR(gatherer_->fill_stored(fill));
+  GLM_RETURN_IF_ERROR(gatherer_->fill_stored(fill, begin, end));
   if (!persistent_) return Status::ok();
   return fill(persistent_->params(), layout_.units()[static_cast<size_t>(persistent_->unit())].offset);
 }
 
+Status ZeroEngine::read_stored(int unit, const std::function<Status(Tensor stored)>& read) {
+  if (!params_on_host(unit)) return read(owned_params(unit));
+  GLM_RETURN_IF_ERROR(settle_gathers());
+  GLM_RETURN_IF_ERROR(forget_gathered());
+  return gatherer_->read_stored(unit, read);
+}
+
 Status ZeroEngine::set_range(int64_t begin, std::span<const float> values) {
   const int64_t end = begin + static_cast<int64_t>(values.size());
-  return fill_stored([&](Tensor dst, int64_t dst_begin) -> Status {
-    const int64_t lo = std::max(begin, dst_begin), hi = std::min(end, dst_begin + dst.numel);
-    if (lo >= hi) return Status::ok();
-    GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(hi - lo, DType::f32));
-    GLM_RETURN_IF_ERROR(backend_.upload(staging.tensor(), values.data() + (lo - begin)));
-    return backend_.convert(dst.slice(lo - dst_begin, hi - lo), staging.tensor());
-  });
+  return fill_stored(
+      [&](Tensor dst, int64_t dst_begin) -> Status {
+        const int64_t lo = std::max(begin, dst_begin), hi = std::min(end, dst_begin + dst.numel);
+        if (lo >= hi) return Status::ok();
+        GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(hi - lo, DType::f32));
+        GLM_RETURN_IF_ERROR(backend_.upload(staging.tensor(), values.data() + (lo - begin)));
+        return backend_.convert(dst.slice(lo - dst_begin, hi - lo), staging.tensor());
+      },
+      begin, end);
 }
 
 ZeroMemory ZeroEngine::memory() const {
   ZeroMemory m;
   m.parameter_bytes = gatherer_->param_bytes() + (persistent_ ? persistent_->param_bytes() : 0);
+  m.host_parameter_bytes = gatherer_->host_param_bytes();
   m.gradient_bytes = reducer_ ? reducer_->grad_bytes() : 0;
   m.buffer_bytes = gatherer_->buffer_bytes() + (reducer_ ? reducer_->buffer_bytes() : 0) +
                    (persistent_ ? persistent_->grad_bytes() : 0);

@@ -43,6 +43,7 @@ namespace glm {
 
 struct ZeroMemory {
   int64_t parameter_bytes = 0, gradient_bytes = 0, buffer_bytes = 0;
+  int64_t host_parameter_bytes = 0;  // --offload_param cpu: the shards in host memory
 };
 
 struct StepSchedule {
@@ -126,8 +127,10 @@ class ZeroEngine final : public ParameterProvider {
   bool frozen() const { return plan_.frozen; }
   const ShardingPlan& plan() const { return plan_; }
   int units() const { return static_cast<int>(layout_.units().size()); }
-  // Parameters and gradients this rank updates: the whole unit (stage 0) or its shard.
+  // Parameters and gradients this rank updates: the whole unit (stage 0) or its shard; in host
+  // memory where params_on_host(unit) (--offload_param cpu: every unit but the persistent one).
   Tensor owned_params(int unit) const;
+  bool params_on_host(int unit) const { return !persistent(unit) && gatherer_->params_on_host(); }
   Tensor owned_grads(int unit) const { return reducer_ ? reducer_->owned_grads(unit) : Tensor{}; }
   Tensor owned_grads_all() const { return reducer_ ? reducer_->full_grads() : Tensor{}; }  // stages 0-1
   int64_t owned_offset(int unit) const;  // global layout offset of owned_params(unit)
@@ -149,8 +152,13 @@ class ZeroEngine final : public ParameterProvider {
   // Writes global layout range [begin, begin + values.size()) from host f32 values, keeping only
   // what this rank stores.
   Status set_range(int64_t begin, std::span<const float> values);
-  // Fills what this rank stores through fill(dst, global_begin).
-  Status fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill);
+  // read(stored) over owned_params(unit) in backend memory: the parameters themselves, or (host
+  // memory) a copy in a gathered buffer, which drops the gathered units.
+  Status read_stored(int unit, const std::function<Status(Tensor stored)>& read);
+  // Fills what this rank stores through fill(dst, global_begin) (dst in backend memory), where it
+  // meets the global range [begin, end).
+  Status fill_stored(const std::function<Status(Tensor dst, int64_t global_begin)>& fill, int64_t begin = 0,
+                     int64_t end = INT64_MAX);
   ZeroMemory memory() const;
 
  private:

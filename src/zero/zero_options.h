@@ -36,6 +36,11 @@ struct ZeroOptions {
   static constexpr int64_t kDeepSpeedParamPersistenceThreshold = 100'000;
   int64_t param_persistence_threshold = 0;
   int64_t model_persistence_threshold = PersistencePolicy::kUnlimited;
+  // --offload_param cpu (stage 3; DeepSpeed's offload_param): this rank's parameter shards live in
+  // host memory (page-locked with offload_pin_memory) and each is uploaded into its gathered
+  // buffer when its unit is gathered; the persistent tensors stay on the device.
+  bool offload_params = false;
+  bool offload_pin_memory = true;
 
   // reduce_bucket_size with auto taken as the default: what a run that measures nothing uses.
   int64_t unmeasured_reduce_bucket_size() const {

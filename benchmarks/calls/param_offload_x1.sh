@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One single-H200 call for both offloads (issue 31): builds for sm_90a, runs `ctest -L gpu` two at a
+# time (the A100 and RTX 4090 kernel paths forced, the offloaded parameters' trajectory), then
+# GLM-4-9B shapes cut to 20 layers at seq 4096, ZeRO-3, --recompute full on one GPU:
+#   ours with --offload_optimizer cpu --offload_param cpu at gradient accumulation 1 and 16, ours
+#   without offload at accumulation 16, and PyTorch FSDP2 with CPUOffloadPolicy and checkpointing
+#   on the same shapes (benchmarks/peers/hf_glm_fsdp_peer.py --modes offload),
+# each run's tokens/s and peak GPU memory next to `plan`'s prediction. Carries .deb. GLM_LAYERS sets
+# the layers (20). A short table comes last.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.."
+source benchmarks/calls/steps.sh
+STEP_DEADLINE=$(( $(date +%s) + ${GLM_CALL_SECONDS:-570} ))
+layers=${GLM_LAYERS:-20}
+step build 240 env GLM_BUILD_JOBS=16 GLM_ONLY_BUILD=1 bash benchmarks/calls/gpu_session.sh ||
+  { tail -30 "$OUT/build.log"; step_table; exit 1; }
+step ctest_gpu 150 bash -c "cd build-gpu && ctest -L gpu -E test_nccl -j 2 --timeout 120 --output-on-failure"
+grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout|Not Run" "$OUT/ctest_gpu.log" | head -12
+data=/tmp/offload4096.jsonl
+python3 - "$data" <<'PY'
+import json, random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(64): f.write(json.dumps({"input_ids": [random.randrange(151552) for _ in range(4096)]}) + "\n")
+PY
+common=(--config configs/glm4-9b-chat.cfg --num_hidden_layers "$layers" --max_length 4096 --zero_stage 3
+  --recompute full)
+both=(--offload_optimizer cpu --offload_param cpu)
+run() {  # run NAME GA STEPS LIMIT EXTRA...
+  local name=$1 ga=$2 steps=$3 limit=$4; shift 4
+  build-gpu/glm_hpc plan "${common[@]}" --world_size 1 --gpus_per_node 1 --gpu_memory_gib 24 "$@" >"$OUT/plan_$name.txt" 2>&1
+  step "$name" "$limit" mpirun -np 1 --bind-to none build-gpu/glm_hpc --device cuda "${common[@]}" --dataset "$data" \
+    --gradient_accumulation_steps "$ga" --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --save_strategy no \
+    --overwrite_output_dir true --output_dir "/tmp/po_$name" "$@"
+}
+run offload_ga1 1 4 120 "${both[@]}"
+step peer_fsdp2_offload 150 torchrun --nproc_per_node 1 benchmarks/peers/hf_glm_fsdp_peer.py --modes offload \
+  --layers "$layers" --steps 3 --warmup 1
+run offload_ga16 16 2 120 "${both[@]}"
+run gpu_ga16 16 2 90
+step_table
+grep -h "memory per rank" "$OUT"/offload_ga1.log "$OUT"/gpu_ga16.log 2>/dev/null | head -2
+OUT=$OUT LAYERS=$layers python3 - <<'PY'
+import json, os, re
+out, layers = os.environ["OUT"], os.environ["LAYERS"]
+print(f"\n== GLM-4-9B shapes, {layers} layers, seq 4096, ZeRO-3, recompute full, 1 x H200 ==")
+print("%-14s %10s %12s %10s %16s" % ("run", "tokens/s", "peak GiB", "plan GiB", "host plan GiB"))
+rate = {}
+for name in ("offload_ga1", "offload_ga16", "gpu_ga16"):
+    rows = []
+    try: rows = [json.loads(l) for l in open(f"/tmp/po_{name}/logging.jsonl") if '"loss"' in l]
+    except OSError: pass
+    steady = rows[1:] or rows
+    rate[name] = sum(r["tokens_per_second"] for r in steady) / len(steady) if steady else 0
+    peak = max((r.get("device_memory_gib", 0) for r in rows), default=0)
+    text = open(f"{out}/plan_{name}.txt").read() if os.path.exists(f"{out}/plan_{name}.txt") else ""
+    plan = re.search(r"total \(predicted peak\)\s+([\d.]+) GiB", text)
+    host = re.search(r"per node of \d+ GPUs?\s+([\d.]+) GiB", text)
+    print("%-14s %10.0f %12.2f %10s %16s" % (name, rate[name], peak, plan.group(1) if plan else "?", host.group(1) if host else "-"))
+peer = 0
+try:
+    line = [l for l in open(f"{out}/peer_fsdp2_offload.log") if l.startswith("peer fsdp2")][-1].strip()
+    print(line)
+    peer = float(re.search(r"offload: ([\d.]+) tokens/s", line).group(1))
+except (OSError, IndexError, AttributeError): pass
+if peer and rate.get("offload_ga1"): print("offloaded, accumulation 1, against FSDP2 CPUOffloadPolicy: %.2fx (target >= 3x)" % (rate["offload_ga1"] / peer))
+if rate.get("gpu_ga16") and rate.get("offload_ga16"): print("offloaded at accumulation 16 against no offload: %.2f (target >= 0.70)" % (rate["offload_ga16"] / rate["gpu_ga16"]))
+PY
