@@ -20,6 +20,8 @@ export UBSAN_OPTIONS=print_stacktrace=1
 # Open MPI unloads its plugins at exit, and LeakSanitizer then cannot name them; kept loaded, their
 # allocations match the suppressions (mca_*).
 export OMPI_MCA_mca_base_component_disable_dlclose=1
+# PMIx loads its own plugins through its own MCA base: kept loaded too (unnamed frames otherwise).
+export PMIX_MCA_mca_base_component_disable_dlclose=1
 # An MPI entry reserves one ctest slot per rank (GLM_MPI_TEST_PROCESSORS), and waiting ranks yield:
 # instrumented ranks spinning on fewer cores than they are slow down by hundreds of times.
 export OMPI_MCA_mpi_yield_when_idle=1

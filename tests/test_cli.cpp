@@ -683,6 +683,28 @@ TEST(Cli, OffloadIsPlannedAndTheCheapestFittingSettingsNamed) {
   RunResult tiny_card = run_glm(plan + "--world_size 1 --gpu_memory_gib 8", 1);
   ASSERT_EQ(tiny_card.exit_code, 0) << tiny_card.output;
   EXPECT_EQ(count(tiny_card.output, "nothing fits in 8.0 GiB per GPU at world size 1"), 1) << tiny_card.output;
+  // 20 layers on one 24 GB card need the parameter shards on the host too; the plan then keeps only
+  // the persistent tensors on the GPU and counts the shards in host memory.
+  RunResult one_card = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24", 1);
+  ASSERT_EQ(one_card.exit_code, 0) << one_card.output;
+  EXPECT_EQ(count(one_card.output, "cheapest settings that fit in 24.0 GiB: --zero_stage 3 --recompute selective "
+                                   "--offload_optimizer cpu --offload_param cpu ("),
+            1)
+      << one_card.output;
+  RunResult params = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24 --zero_stage 3 "
+                                    "--recompute full --offload_optimizer cpu --offload_param cpu",
+                             1);
+  ASSERT_EQ(params.exit_code, 0) << params.output;
+  EXPECT_EQ(count(params.output, "parameters (bf16): persistent tensors"), 1) << params.output;
+  EXPECT_EQ(count(params.output, "offloaded parameters: bf16 shards"), 1) << params.output;
+  EXPECT_EQ(count(params.output, "fits in 24.0 GiB: yes"), 1) << params.output;
+  // Refused where DeepSpeed refuses it, and without the optimizer offloaded.
+  for (const char* bad : {"--zero_stage 2 --offload_optimizer cpu --offload_param cpu",
+                          "--zero_stage 3 --offload_param cpu"}) {
+    RunResult r = run_glm(plan + "--world_size 2 " + bad, 1);
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
+    EXPECT_EQ(count(r.output, "--offload_param cpu needs"), 1) << bad << "\n" << r.output;
+  }
 }
 
 TEST(Cli, HelpListsOptionsOnce) {

@@ -670,7 +670,7 @@ TEST_P(FlashVariants, EachBackwardVariantMatchesCpu) {
                   .is_ok());
   std::vector<std::string> seen;
   std::vector<float> fastest;
-  for (int kib : {0, 200, 163, 120, 99, 90, 64, 48, 40, 24}) {
+  for (int kib : {0, 200, 163, 120, 99, 90, 70, 64, 48, 40, 24}) {
     const size_t limit = static_cast<size_t>(kib) * 1024;
     const std::string variant = cuda::flash_backward_variant(s.head_dim, false, limit);
     if (variant.empty() || cuda::flash_attention_shared_bytes(s.head_dim) > (kib == 0 ? SIZE_MAX : limit)) continue;

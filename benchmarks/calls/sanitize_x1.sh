@@ -17,6 +17,8 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/sanitize/lsan.supp:print_suppression
 # Open MPI unloads its plugins at exit, and LeakSanitizer then cannot name them; kept loaded, their
 # allocations match the suppressions (mca_*).
 export OMPI_MCA_mca_base_component_disable_dlclose=1
+# PMIx loads its own plugins through its own MCA base: kept loaded too (unnamed frames otherwise).
+export PMIX_MCA_mca_base_component_disable_dlclose=1
 # Entries reserve a ctest slot per rank (GLM_MPI_TEST_PROCESSORS): at most 16 ranks run on the 16
 # cores at once. Ranks still yield while they wait, beside the single-process entries.
 export OMPI_MCA_mpi_yield_when_idle=1

@@ -249,7 +249,7 @@ class CudaBackend final : public Backend {
                        "); `glm_hpc plan` with this run's options and --world_size N --gpu_memory_gib ",
                        static_cast<int64_t>(static_cast<double>(total) / gib),
                        " shows what the run needs and names the cheapest settings that fit (ZeRO stage, "
-                       "--recompute, --offload_optimizer cpu)");
+                       "--recompute, --offload_optimizer cpu, --offload_param cpu)");
     }
     // Zeroed on the current stream and waited for: cudaMemset would run on the legacy default
     // stream, which the non-blocking streams do not wait for, so later work on the buffer could
