@@ -199,6 +199,95 @@ TEST(OffloadParams, ShardsAreHostMemoryAndWritesReachThem) {
   EXPECT_NE(stage2.status().message().find("--zero_stage 3"), std::string::npos) << stage2.status().message();
 }
 
+// --offload_delayed_update: step k's forward and backward see the parameters of update k - 2 (the
+// host update of step k - 1 lands after step k's backward). So, bit for bit: step 2 of a delayed
+// run equals a fresh run's first step on step 2's batch (both at the initial parameters), and step
+// 3 equals the second step of an undelayed run fed step 1's and step 3's batches (both after update
+// 1 alone). At ZeRO-2 and at ZeRO-3 with the parameter shards on the host; clipping on and off.
+TEST(OffloadDelayed, GradientsAreTakenOneUpdateLate) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  auto backend = make_cpu_backend(DType::f32);
+  const int rank = comm.rank();
+  const std::vector<HostMicroBatch> w1 = {random_documents(tiny_glm4().vocab_size, 400 + rank, {90, 40}, 3)};
+  const std::vector<HostMicroBatch> w2 = {random_documents(tiny_glm4().vocab_size, 500 + rank, {70, 60}, 3)};
+  const std::vector<HostMicroBatch> w3 = {random_documents(tiny_glm4().vocab_size, 600 + rank, {120}, 4)};
+  for (const int stage : {2, 3})
+    for (const double clip : {1.0, 0.0}) {
+      const std::string what = "stage " + std::to_string(stage) + (clip > 0 ? ", clipping" : ", no clipping");
+      auto engine = [&](bool delayed) {
+        EngineConfig ec;
+        ec.model = tiny_glm4();
+        EXPECT_TRUE(ec.model.finalize_and_validate().is_ok());
+        ec.max_tokens = 256;
+        ec.adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1};
+        ec.max_grad_norm = clip;
+        ec.zero_stage = stage;
+        ec.zero.offload_params = stage == 3;
+        ec.offload = OffloadConfig{true, true, 2};
+        ec.offload.delayed_update = delayed;
+        auto e = TrainingEngine::create(ec, *backend, comm).take();
+        EXPECT_TRUE(e->initialize_parameters(21).is_ok());
+        return e;
+      };
+      auto delayed = engine(true), plain = engine(false), fresh = engine(false);
+      auto step = [&](TrainingEngine& e, const std::vector<HostMicroBatch>& w) {
+        auto r = e.step(w, 4e-3);
+        EXPECT_TRUE(r.is_ok()) << what << ": " << r.status().message();
+        return r.is_ok() ? r.value() : StepResult{};
+      };
+      const StepResult d1 = step(*delayed, w1), d2 = step(*delayed, w2), d3 = step(*delayed, w3);
+      const StepResult p1 = step(*plain, w1), p3 = step(*plain, w3), f2 = step(*fresh, w2);
+      // Without clipping the undelayed update sums the norm itself, in another order.
+      auto same_norm = [&](double got, double want, const char* which) {
+        if (clip > 0)
+          EXPECT_EQ(got, want) << what << ", " << which;
+        else
+          EXPECT_NEAR(got, want, 1e-12 * want) << what << ", " << which;
+      };
+      EXPECT_EQ(d1.loss, p1.loss) << what;
+      same_norm(d1.grad_norm, p1.grad_norm, "step 1");
+      EXPECT_EQ(d2.loss, f2.loss) << what << ": step 2 at the initial parameters";
+      same_norm(d2.grad_norm, f2.grad_norm, "step 2");
+      EXPECT_EQ(d3.loss, p3.loss) << what << ": step 3 after update 1 alone";
+      same_norm(d3.grad_norm, p3.grad_norm, "step 3");
+      // Settling lands the pending update: three updates against the undelayed run's two.
+      auto checksum = delayed->parameter_checksum();
+      ASSERT_TRUE(checksum.is_ok()) << checksum.status().message();
+      EXPECT_NE(checksum.value(), plain->parameter_checksum().take()) << what;
+    }
+}
+
+// A delayed run's checkpoint lands the pending update first; resuming from it gives the rest of
+// the uninterrupted run bit for bit.
+TEST(OffloadDelayed, CheckpointResumesTheUninterruptedRun) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  const int size = comm.size();
+  if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
+  int tag = static_cast<int>(::getpid());
+  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string dir = (std::filesystem::temp_directory_path() / ("glm_delayed_" + std::to_string(tag))).string();
+  TrainConfig first = offloaded(offload_config(size, 2), 2);
+  first.offload_delayed_update = true;
+  first.eval_steps = 0;
+  constexpr size_t half = kSteps / 2;
+  first.save_steps = half;
+  first.output_dir = dir + "/straight";
+  auto straight = run(first, comm);
+  ASSERT_TRUE(straight.is_ok()) << straight.status().message();
+  TrainConfig second = first;
+  second.resume_from_checkpoint = first.output_dir + "/checkpoint-" + std::to_string(half);
+  second.output_dir = dir + "/resumed";
+  second.save_strategy = SaveStrategy::no;
+  auto resumed = run(second, comm);
+  ASSERT_TRUE(resumed.is_ok()) << resumed.status().message();
+  ASSERT_EQ(resumed.value().losses.size(), half);
+  for (size_t i = 0; i < half; ++i)
+    EXPECT_EQ(resumed.value().losses[i], straight.value().losses[half + i]) << "step " << half + 1 + i;
+  EXPECT_EQ(resumed.value().parameter_checksum, straight.value().parameter_checksum);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, Offload, ::testing::Values(1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 

@@ -443,6 +443,10 @@ class OptionTable {
     add(train, "offload_pin_memory", &t.offload_pin_memory,
         "with --offload_optimizer cpu: page-locked host memory (DeepSpeed's pin_memory; faster copies); false: "
         "pageable memory, for hosts whose memory-lock limit is low");
+    add(train, "offload_delayed_update", &t.offload_delayed_update,
+        "with --offload_optimizer cpu: ZeRO-Offload's one-step delayed parameter update: a step's host update "
+        "runs beside the next step's forward and backward, whose gradients are then taken one update late; "
+        "evaluation, checkpoints and the end of training land it first (4 bytes a parameter more host memory)");
     add(train, "offload_threads", &t.offload_threads,
         "with --offload_optimizer cpu: host threads per rank for the update; 0: the cores this rank may run on, "
         "shared with the node's other ranks");
@@ -601,7 +605,7 @@ Status validate_combinations(CliOptions& o, const Sources& src) {
                           "eval_ppl); drop --output_dir");
   if (o.command != "train" && o.command != "plan") return Status::ok();
   if (t.offload_optimizer == OffloadDevice::none) {
-    for (const char* name : {"offload_pin_memory", "offload_threads"})
+    for (const char* name : {"offload_pin_memory", "offload_threads", "offload_delayed_update"})
       if (given(src, name))
         return GLM_USER_ERROR(src.where(name), " applies to an offloaded optimizer: add --offload_optimizer cpu");
   } else if (t.zero_stage == 0) {

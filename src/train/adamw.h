@@ -62,6 +62,16 @@ class AdamWOptimizer {
   int64_t state_bytes() const;  // backend memory
   int64_t host_state_bytes() const;
 
+  // The delayed update (offloaded only, OffloadConfig::delayed_update), in three parts:
+  // start_delayed() copies the gradient to the host and counts the step; run_delayed() (on any
+  // one thread, while the caller's thread goes on with the backend) updates the host state and
+  // writes the new working copy to a host buffer; land_delayed() writes it to params() (after
+  // run_delayed() returned). Until then params() keep their values and the state is the host's.
+  Status prepare_delayed();  // the two host buffers, once
+  Status start_delayed(Tensor grads, double lr, double grad_scale);
+  Status run_delayed();
+  Status land_delayed();
+  bool delayed_pending() const { return delayed_.started; }
   // Deferred rows: the range's first table_rows x width elements are a table (the embedding at ZeRO
   // stage 0, alone in its unit: one decay range) whose rows without a token in a step have a zero
   // gradient there. step() then updates only
@@ -111,6 +121,12 @@ class AdamWOptimizer {
   int64_t own_state_bytes() const;  // the moments and the master buffer, wherever they live
   OptimizerOffload* offload_ = nullptr;
   bool params_on_host_ = false;  // params_ in host memory (with offload_)
+  struct Delayed {
+    Buffer grads, params;  // host, the compute dtype: the step's gradient, the new working copy
+    double lr = 0, grad_scale = 1;
+    bool started = false, ran = false;
+  };
+  Delayed delayed_;
   cpu::Bf16Rounding bf16_ = cpu::Bf16Rounding::nearest_even;  // the working copy's, when offloaded
   // Deferred rows (defer_rows): the table's shape, each row's last step where above floor_, the
   // steps floor_ + 1 .. step_ (history_), the bound on their number, and the next step's rows.

@@ -94,6 +94,7 @@ Status TrainingEngine::create_optimizers(const EngineConfig& ec) {
     GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
                          AdamWOptimizer::create(backend_, layout(), zero_->owned_params(u),
                                                 zero_->owned_offset(u), adam, offload_.get(), zero_->params_on_host(u)));
+    if (ec.offload.delayed_update) GLM_RETURN_IF_ERROR(opt.prepare_delayed());
     optimizers_.push_back(std::move(opt));
   }
   has_optimizer_ = true;
@@ -117,6 +118,35 @@ Status TrainingEngine::create_optimizers(const EngineConfig& ec) {
 
 Status TrainingEngine::settle_optimizer() {
   for (auto& opt : optimizers_) GLM_RETURN_IF_ERROR(opt.settle());
+  if (!delayed_update()) return Status::ok();
+  // The pending delayed update lands before anything reads or writes the parameters or the state.
+  GLM_RETURN_IF_ERROR(finish_delayed());
+  bool pending = false;
+  for (const auto& opt : optimizers_) pending = pending || opt.delayed_pending();
+  if (!pending) return Status::ok();
+  return zero_->params_written(static_cast<int>(optimizers_.size()),
+                               [&](int u) { return optimizers_[static_cast<size_t>(u)].land_delayed(); });
+}
+
+Status TrainingEngine::finish_delayed() {
+  if (!delayed_job_.valid()) return Status::ok();
+  return delayed_job_.get();
+}
+
+// The last step's host update lands (its units' gathers follow, as after any update), then this
+// step's gradients go to the host and its update starts on a thread of its own, to land after the
+// next step's backward.
+Status TrainingEngine::apply_delayed_update(ZeroStep& zero_step) {
+  GLM_RETURN_IF_ERROR(finish_delayed());
+  GLM_RETURN_IF_ERROR(
+      zero_step.update_units([&](int u) { return optimizers_[static_cast<size_t>(u)].land_delayed(); }));
+  GLM_RETURN_IF_ERROR(zero_step.finish_update());
+  for (size_t u = 0; u < optimizers_.size(); ++u)
+    GLM_RETURN_IF_ERROR(optimizers_[u].start_delayed(zero_->owned_grads(static_cast<int>(u)), update_.lr, update_.clip));
+  delayed_job_ = std::async(std::launch::async, [this]() -> Status {
+    for (auto& opt : optimizers_) GLM_RETURN_IF_ERROR(opt.run_delayed());
+    return Status::ok();
+  });
   return Status::ok();
 }
 
@@ -342,6 +372,9 @@ Status TrainingEngine::set_parameter(int entry, std::span<const float> values) {
 }
 
 Status TrainingEngine::parameters_updated() {
+  GLM_RETURN_IF_ERROR(finish_delayed());  // what lands next is overwritten: nothing may be pending
+  for (auto& opt : optimizers_)
+    if (opt.delayed_pending()) return GLM_INTERNAL_ERROR("parameters written with a delayed update pending");
   for (auto& opt : optimizers_) GLM_RETURN_IF_ERROR(opt.reset_master());
   return Status::ok();
 }
@@ -478,8 +511,8 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, do
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
   GLM_RETURN_IF_ERROR(check_and_clip(zero_step, r, this_step));
-  GLM_RETURN_IF_ERROR(apply_update(zero_step));
-  if (!update_.clipping) GLM_RETURN_IF_ERROR(fused_grad_norm(zero_step, r, this_step));
+  GLM_RETURN_IF_ERROR(delayed_update() ? apply_delayed_update(zero_step) : apply_update(zero_step));
+  if (!update_.norm_pass) GLM_RETURN_IF_ERROR(fused_grad_norm(zero_step, r, this_step));
   GLM_ASSIGN_OR_RETURN(const StepStats stats, zero_step.finish());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
   r.exposed_comm_seconds = lora_seconds + stats.exposed_comm_seconds();
@@ -510,9 +543,10 @@ void TrainingEngine::begin_update(double lr) {
   update_.lr = lr;
   update_.clip = 1.0;
   update_.clipping = max_grad_norm_ > 0;
+  update_.norm_pass = update_.clipping || delayed_update();
   update_.in_backward =
-      !update_.clipping && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
-  update_.fused_sq = update_.clipping ? Tensor{} : grad_sq_sum_.tensor();
+      !update_.norm_pass && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
+  update_.fused_sq = update_.norm_pass ? Tensor{} : grad_sq_sum_.tensor();
   update_.updated.assign(optimizers_.size(), 0);
   update_.tail_from.assign(optimizers_.size(), -1);
 }
@@ -534,7 +568,7 @@ Status TrainingEngine::zero_step_gradients(std::span<const HostMicroBatch> micro
     GLM_RETURN_IF_ERROR(opt.catch_up(step_rows_.tensor(), rows));
     opt.set_step_rows(step_rows_.tensor(), rows);
   }
-  if (!update_.clipping) GLM_RETURN_IF_ERROR(backend_.zero(update_.fused_sq));
+  if (!update_.norm_pass) GLM_RETURN_IF_ERROR(backend_.zero(update_.fused_sq));
   return Status::ok();
 }
 
@@ -561,7 +595,7 @@ Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_
     for (size_t u = 0; u < update_.updated.size(); ++u)
       if (!update_.updated[u]) return GLM_INTERNAL_ERROR("unit ", u, " was not updated in backward");
   }
-  if (!update_.clipping) {
+  if (!update_.norm_pass) {
     if (std::isfinite(r.loss)) return Status::ok();
     return non_finite(r, this_step, update_.in_backward ? kAfterUpdate : "");
   }
@@ -573,7 +607,7 @@ Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_
   r.grad_norm = std::sqrt(sq);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return non_finite(r, this_step, "");
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
-  update_.clip = std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6));
+  if (update_.clipping) update_.clip = std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6));
   return Status::ok();
 }
 

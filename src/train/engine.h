@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -198,8 +199,9 @@ class TrainingEngine {
   struct StepUpdate {
     double lr = 0, clip = 1.0;
     bool clipping = false;
+    bool norm_pass = false;          // the norm from a pass of its own (clipping, or a delayed update)
     bool in_backward = false;        // units are updated as backward finishes them (see step())
-    Tensor fused_sq;                 // without clipping: the gradient norm the update sums
+    Tensor fused_sq;                 // without a norm pass: the gradient norm the update sums
     std::vector<char> updated;       // per unit: updated in backward
     std::vector<int64_t> tail_from;  // per unit: where its update began early (a layer's MLP half); -1: not yet
   };
@@ -207,6 +209,12 @@ class TrainingEngine {
   bool optimizer_in_backward_ = true;       // EngineConfig::optimizer_in_backward
   std::unique_ptr<OptimizerOffload> offload_;  // before the optimizers, which use it
   std::vector<AdamWOptimizer> optimizers_;     // one per unit, over what this rank owns (none under LoRA)
+  // OffloadConfig::delayed_update: the host update of the last step, running on its own thread
+  // (run_delayed of every unit) until finish_delayed() waits for it.
+  std::future<Status> delayed_job_;
+  bool delayed_update() const { return offload_ && offload_->delayed_update(); }
+  Status finish_delayed();
+  Status apply_delayed_update(ZeroStep& zero_step);
   Communicator* data_comm_ = nullptr;
   // Context parallelism: this rank's place in its group, the group, and its cross-rank attention.
   ContextSplit split_;

@@ -19,6 +19,10 @@ struct OffloadConfig {
   bool pin_memory = true;   // --offload_pin_memory
   int threads = 1;          // host threads of this rank's updates (--offload_threads, resolved)
   int64_t staging_elements = int64_t{1} << 22;  // per staging slot and direction (tests make it small)
+  // --offload_delayed_update (ZeRO-Offload's one-step delayed parameter update): a step's host
+  // update runs beside the next step's forward and backward, which see the parameters from before
+  // it; its result lands after that backward (or before anything reads the parameters).
+  bool delayed_update = false;
 };
 
 class OptimizerOffload {
@@ -32,6 +36,11 @@ class OptimizerOffload {
   int64_t staging_elements() const { return config_.staging_elements; }
   // Host f32 memory for state, zeroed.
   Result<Buffer> allocate_state(int64_t numel) { return backend_.allocate_host(numel, DType::f32, config_.pin_memory); }
+  // Host memory of another dtype (the delayed update's gradient and working copy).
+  Result<Buffer> allocate_host(int64_t numel, DType dtype) {
+    return backend_.allocate_host(numel, dtype, config_.pin_memory);
+  }
+  bool delayed_update() const { return config_.delayed_update; }
   // Host memory of the staging buffers.
   int64_t staging_bytes() const {
     int64_t b = 0;

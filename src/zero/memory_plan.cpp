@@ -27,6 +27,10 @@ void add_optimizer_rows(const MemoryPlanInput& in, int64_t owned, MemoryPlan& p)
     p.host_rows.push_back({"offloaded optimizer: fp32 master + Adam moments", 12 * owned});
     p.host_rows.push_back({"offloaded optimizer: staging (bf16 gradients, parameters)", staging});
     p.host_total += 12 * owned + staging;
+    if (in.offload_delayed_update) {
+      p.host_rows.push_back({"delayed update: the step's gradient + working copy (bf16)", 4 * owned});
+      p.host_total += 4 * owned;
+    }
   } else if (in.split_master) {  // the masters' high halves are the bf16 parameters
     add("optimizer: fp32 masters' low halves + Adam moments", 10 * owned);
   } else {

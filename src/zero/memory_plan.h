@@ -40,6 +40,8 @@ struct MemoryPlanInput {
   // --offload_param cpu (stage 3, with the optimizer offloaded): the bf16 parameter shards in host
   // memory; the GPU keeps the persistent tensors and the gathered units.
   bool offload_param = false;
+  // --offload_delayed_update: the step's gradient and new working copy in host memory too.
+  bool offload_delayed_update = false;
   int gpus_per_node = 8;  // host memory is reported per node of this many GPUs (at most world_size)
 };
 
