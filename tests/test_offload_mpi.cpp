@@ -268,6 +268,7 @@ TEST(OffloadDelayed, CheckpointResumesTheUninterruptedRun) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("glm_delayed_" + std::to_string(tag))).string();
   TrainConfig first = offloaded(offload_config(size, 2), 2);
   first.offload_delayed_update = true;
+  first.offload_delayed_update_after = 1;  // the first step at once, the rest delayed
   first.eval_steps = 0;
   constexpr size_t half = kSteps / 2;
   first.save_steps = half;

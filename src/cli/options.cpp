@@ -447,6 +447,9 @@ class OptionTable {
         "with --offload_optimizer cpu: ZeRO-Offload's one-step delayed parameter update: a step's host update "
         "runs beside the next step's forward and backward, whose gradients are then taken one update late; "
         "evaluation, checkpoints and the end of training land it first (4 bytes a parameter more host memory)");
+    add(train, "offload_delayed_update_after", &t.offload_delayed_update_after,
+        "with --offload_delayed_update: optimizer steps updated at once before the delay begins (ZeRO-Offload "
+        "delays only after the first tens of steps, where the parameters move fastest)");
     add(train, "offload_threads", &t.offload_threads,
         "with --offload_optimizer cpu: host threads per rank for the update; 0: the cores this rank may run on, "
         "shared with the node's other ranks");
@@ -559,6 +562,7 @@ Status validate_performance(CliOptions& o, const Sources& src) {
   b.lm_head_scratch_bytes = o.lm_head_scratch_mb << 20;
   GLM_RETURN_IF_ERROR(check(b.profile_trace.empty() || b.profile, src, "profile_trace", "needs --profile true"));
   GLM_RETURN_IF_ERROR(check(t.offload_threads >= 0, src, "offload_threads", "must be >= 0 (0: automatic)"));
+  GLM_RETURN_IF_ERROR(check(t.offload_delayed_update_after >= 0, src, "offload_delayed_update_after", "must be >= 0"));
   return Status::ok();
 }
 
@@ -605,7 +609,8 @@ Status validate_combinations(CliOptions& o, const Sources& src) {
                           "eval_ppl); drop --output_dir");
   if (o.command != "train" && o.command != "plan") return Status::ok();
   if (t.offload_optimizer == OffloadDevice::none) {
-    for (const char* name : {"offload_pin_memory", "offload_threads", "offload_delayed_update"})
+    for (const char* name :
+         {"offload_pin_memory", "offload_threads", "offload_delayed_update", "offload_delayed_update_after"})
       if (given(src, name))
         return GLM_USER_ERROR(src.where(name), " applies to an offloaded optimizer: add --offload_optimizer cpu");
   } else if (t.zero_stage == 0) {

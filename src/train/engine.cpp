@@ -511,7 +511,7 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, do
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
   GLM_RETURN_IF_ERROR(check_and_clip(zero_step, r, this_step));
-  GLM_RETURN_IF_ERROR(delayed_update() ? apply_delayed_update(zero_step) : apply_update(zero_step));
+  GLM_RETURN_IF_ERROR(update_.delayed ? apply_delayed_update(zero_step) : apply_update(zero_step));
   if (!update_.norm_pass) GLM_RETURN_IF_ERROR(fused_grad_norm(zero_step, r, this_step));
   GLM_ASSIGN_OR_RETURN(const StepStats stats, zero_step.finish());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
@@ -543,7 +543,8 @@ void TrainingEngine::begin_update(double lr) {
   update_.lr = lr;
   update_.clip = 1.0;
   update_.clipping = max_grad_norm_ > 0;
-  update_.norm_pass = update_.clipping || delayed_update();
+  update_.delayed = delays_step(steps_taken() + 1);
+  update_.norm_pass = update_.clipping || update_.delayed;
   update_.in_backward =
       !update_.norm_pass && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
   update_.fused_sq = update_.norm_pass ? Tensor{} : grad_sq_sum_.tensor();

@@ -200,6 +200,7 @@ class TrainingEngine {
     double lr = 0, clip = 1.0;
     bool clipping = false;
     bool norm_pass = false;          // the norm from a pass of its own (clipping, or a delayed update)
+    bool delayed = false;            // this step's update is delayed (OffloadConfig::delayed_update)
     bool in_backward = false;        // units are updated as backward finishes them (see step())
     Tensor fused_sq;                 // without a norm pass: the gradient norm the update sums
     std::vector<char> updated;       // per unit: updated in backward
@@ -213,6 +214,7 @@ class TrainingEngine {
   // (run_delayed of every unit) until finish_delayed() waits for it.
   std::future<Status> delayed_job_;
   bool delayed_update() const { return offload_ && offload_->delayed_update(); }
+  bool delays_step(int64_t step) const { return offload_ && offload_->delays_step(step); }
   Status finish_delayed();
   Status apply_delayed_update(ZeroStep& zero_step);
   Communicator* data_comm_ = nullptr;

@@ -23,6 +23,7 @@ struct OffloadConfig {
   // update runs beside the next step's forward and backward, which see the parameters from before
   // it; its result lands after that backward (or before anything reads the parameters).
   bool delayed_update = false;
+  int64_t delayed_update_after = 0;  // optimizer steps updated at once before the delay begins
 };
 
 class OptimizerOffload {
@@ -41,6 +42,8 @@ class OptimizerOffload {
     return backend_.allocate_host(numel, dtype, config_.pin_memory);
   }
   bool delayed_update() const { return config_.delayed_update; }
+  // Whether optimizer step `step` (1-based) is a delayed one.
+  bool delays_step(int64_t step) const { return config_.delayed_update && step > config_.delayed_update_after; }
   // Host memory of the staging buffers.
   int64_t staging_bytes() const {
     int64_t b = 0;

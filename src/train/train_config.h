@@ -96,6 +96,7 @@ struct TrainConfig {
   OffloadDevice offload_param = OffloadDevice::none;  // --offload_param (ZeRO-3's parameter shards)
   bool offload_pin_memory = true;
   bool offload_delayed_update = false;  // --offload_delayed_update (OffloadConfig::delayed_update)
+  int64_t offload_delayed_update_after = 40;  // --offload_delayed_update_after
   int offload_threads = 0;  // host threads of this rank's offloaded updates; 0: 1 (the CLI resolves its auto)
 };
 

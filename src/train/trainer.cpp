@@ -221,6 +221,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   engine_config.offload = OffloadConfig{config.offload_optimizer == OffloadDevice::cpu, config.offload_pin_memory,
                                         std::max(config.offload_threads, 1)};
   engine_config.offload.delayed_update = config.offload_delayed_update;
+  engine_config.offload.delayed_update_after = config.offload_delayed_update_after;
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(engine_config, backend, comm, data_comm));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
