@@ -698,6 +698,13 @@ TEST(Cli, OffloadIsPlannedAndTheCheapestFittingSettingsNamed) {
   EXPECT_EQ(count(params.output, "parameters (bf16): persistent tensors"), 1) << params.output;
   EXPECT_EQ(count(params.output, "offloaded parameters: bf16 shards"), 1) << params.output;
   EXPECT_EQ(count(params.output, "fits in 24.0 GiB: yes"), 1) << params.output;
+  // The delayed update's host buffers are planned; it needs the optimizer offloaded.
+  RunResult delayed = run_glm(plan + "--world_size 2 --zero_stage 2 --offload_optimizer cpu --offload_delayed_update true", 1);
+  ASSERT_EQ(delayed.exit_code, 0) << delayed.output;
+  EXPECT_EQ(count(delayed.output, "delayed update: the step's gradient + working copy (bf16)"), 1) << delayed.output;
+  RunResult undelayable = run_glm(plan + "--world_size 2 --zero_stage 2 --offload_delayed_update true", 1);
+  EXPECT_EQ(undelayable.exit_code, 2) << undelayable.output;
+  EXPECT_EQ(count(undelayable.output, "applies to an offloaded optimizer"), 1) << undelayable.output;
   // Refused where DeepSpeed refuses it, and without the optimizer offloaded.
   for (const char* bad : {"--zero_stage 2 --offload_optimizer cpu --offload_param cpu",
                           "--zero_stage 3 --offload_param cpu"}) {
