@@ -47,6 +47,17 @@ TrainConfig offloaded(TrainConfig t, int threads) {
   return t;
 }
 
+// The tiny model's engine at a ZeRO stage, AdamW with weight decay 0.1.
+EngineConfig tiny_engine(int64_t max_tokens, int stage) {
+  EngineConfig ec;
+  ec.model = tiny_glm4();
+  EXPECT_TRUE(ec.model.finalize_and_validate().is_ok());
+  ec.max_tokens = max_tokens;
+  ec.adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1};
+  ec.zero_stage = stage;
+  return ec;
+}
+
 const Dataset& dataset() {
   static ByteTokenizer tokenizer;
   static Dataset d =
@@ -146,12 +157,7 @@ TEST(OffloadParams, SameBitsAsShardsOnTheBackend) {
 TEST(OffloadParams, ShardsAreHostMemoryAndWritesReachThem) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   auto backend = make_cpu_backend(DType::f32);
-  EngineConfig ec;
-  ec.model = tiny_glm4();
-  ASSERT_TRUE(ec.model.finalize_and_validate().is_ok());
-  ec.max_tokens = 256;
-  ec.adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1};
-  ec.zero_stage = 3;
+  EngineConfig ec = tiny_engine(256, 3);
   ec.zero.param_persistence_threshold = 2000;
   ec.offload = OffloadConfig{true, true, 2};
   auto device = TrainingEngine::create(ec, *backend, comm);
@@ -215,13 +221,8 @@ TEST(OffloadDelayed, GradientsAreTakenOneUpdateLate) {
     for (const double clip : {1.0, 0.0}) {
       const std::string what = "stage " + std::to_string(stage) + (clip > 0 ? ", clipping" : ", no clipping");
       auto engine = [&](bool delayed) {
-        EngineConfig ec;
-        ec.model = tiny_glm4();
-        EXPECT_TRUE(ec.model.finalize_and_validate().is_ok());
-        ec.max_tokens = 256;
-        ec.adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1};
+        EngineConfig ec = tiny_engine(256, stage);
         ec.max_grad_norm = clip;
-        ec.zero_stage = stage;
         ec.zero.offload_params = stage == 3;
         ec.offload = OffloadConfig{true, true, 2};
         ec.offload.delayed_update = delayed;
@@ -334,12 +335,7 @@ TEST(OffloadMemory, StateIsHostMemoryOfTheShardsSize) {
 TEST(OffloadEngine, ChunkedStagingGivesTheSameBits) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   auto backend = make_cpu_backend(DType::f32);
-  EngineConfig ec;
-  ec.model = tiny_glm4();
-  ASSERT_TRUE(ec.model.finalize_and_validate().is_ok());
-  ec.max_tokens = 512;
-  ec.adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1};
-  ec.zero_stage = 2;
+  EngineConfig ec = tiny_engine(512, 2);
   auto device = TrainingEngine::create(ec, *backend, comm);
   ec.offload = OffloadConfig{true, true, 2, 777};
   auto host = TrainingEngine::create(ec, *backend, comm);
