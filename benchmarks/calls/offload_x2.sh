@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the 2 x H200 machine for the offloaded optimizer: full fine-tuning of GLM-4-9B-Chat
 # (40 layers, seq 4096, --recompute full) at world 2, ZeRO-3, with the optimizer on the GPUs and
-# offloaded to the host (gradient accumulation 1 and 16), each run's tokens/s and peak memory
+# offloaded to the host (gradient accumulation 1 and 16), and at 16 with the parameters offloaded
+# too, without and with the delayed update, each run's tokens/s and peak memory
 # (logging.jsonl's device_memory_gib, nvidia-smi beside it) next to `plan`'s prediction, and the
 # PyTorch peer: FSDP2 with CPUOffloadPolicy and checkpointing on the same shapes
 # (benchmarks/peers/hf_glm_fsdp_peer.py --modes offload). A short table comes last.
@@ -57,6 +58,9 @@ run() {
 run gpu_ga1 1
 run offload_ga1 1 --offload_optimizer cpu
 run offload_ga16 16 --offload_optimizer cpu
+run params_ga16 16 --offload_optimizer cpu --offload_param cpu
+run delayed_ga16 16 --offload_optimizer cpu --offload_param cpu --offload_delayed_update true \
+  --offload_delayed_update_after 1
 if [ "$dry" != 1 ]; then
   step peer_fsdp2_offload 300 torchrun --nproc_per_node 2 benchmarks/peers/hf_glm_fsdp_peer.py --modes offload \
     --steps 3 --warmup 1
@@ -66,7 +70,7 @@ import json, os, re, sys
 out = sys.argv[1]
 print("== GLM-4-9B-Chat full fine-tuning, world 2, ZeRO-3, recompute full (tokens/s per GPU) ==")
 print("%-14s %10s %14s %14s %14s %16s" % ("run", "tokens/s", "peak (jsonl)", "peak (smi)", "plan", "host plan/node"))
-for name in ("gpu_ga1", "offload_ga1", "offload_ga16"):
+for name in ("gpu_ga1", "offload_ga1", "offload_ga16", "params_ga16", "delayed_ga16"):
     rows = []
     try:
         rows = [json.loads(l) for l in open(f"/tmp/offload_{name}/logging.jsonl") if '"loss"' in l]
