@@ -47,6 +47,13 @@ TrainConfig offloaded(TrainConfig t, int threads) {
   return t;
 }
 
+// A directory under the temp root named after rank 0's pid: the same on every rank of this job.
+std::string job_temp_dir(const std::string& prefix) {
+  int tag = static_cast<int>(::getpid());
+  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return (std::filesystem::temp_directory_path() / (prefix + std::to_string(tag))).string();
+}
+
 // The tiny model's engine at a ZeRO stage, AdamW with weight decay 0.1.
 EngineConfig tiny_engine(int64_t max_tokens, int stage) {
   EngineConfig ec;
@@ -264,9 +271,7 @@ TEST(OffloadDelayed, CheckpointResumesTheUninterruptedRun) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   const int size = comm.size();
   if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
-  int tag = static_cast<int>(::getpid());
-  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  const std::string dir = (std::filesystem::temp_directory_path() / ("glm_delayed_" + std::to_string(tag))).string();
+  const std::string dir = job_temp_dir("glm_delayed_");
   TrainConfig first = offloaded(offload_config(size, 2), 2);
   first.offload_delayed_update = true;
   first.offload_delayed_update_after = 1;  // the first step at once, the rest delayed
@@ -366,9 +371,7 @@ TEST(OffloadCheckpoint, ResumesWithAndWithoutOffload) {
   MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
   const int size = comm.size();
   if (kGlobalBatch % size != 0) GTEST_SKIP() << "12 samples do not split over " << size << " ranks";
-  int tag = static_cast<int>(::getpid());
-  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  const std::string dir = (std::filesystem::temp_directory_path() / ("glm_offload_" + std::to_string(tag))).string();
+  const std::string dir = job_temp_dir("glm_offload_");
   TrainConfig base = offload_config(size, size > 1 ? 3 : 2);
   base.eval_steps = 0;
   constexpr size_t half = kSteps / 2;

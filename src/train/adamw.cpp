@@ -122,7 +122,6 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
   if (grads.dtype != o.grad_staging(0).dtype || params_.dtype != o.param_staging(0).dtype)
     return GLM_INTERNAL_ERROR("offloaded optimizer over ", dtype_name(grads.dtype), " gradients and ",
                               dtype_name(params_.dtype), " parameters");
-  const bool f32 = params_.dtype == DType::f32;
   const int64_t chunk = o.staging_elements();
   const int64_t chunks = (end - begin + chunk - 1) / chunk;
   constexpr int kSlots = OptimizerOffload::kStagingSlots;
@@ -146,26 +145,8 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
     if (up[slot]) GLM_RETURN_IF_ERROR(up[slot]->finish());  // the parameter slot is free again
     // Parameters in host memory are written in place; the working copy on the device through the
     // slot's staging.
-    const Tensor staged_grads = o.grad_staging(slot);
     const Tensor staged_params = params_on_host_ ? params_.slice(at, k) : o.param_staging(slot);
-    for (const Range& r : ranges_) {
-      const int64_t b = std::max(r.begin, at), n = std::min(r.end, at + k) - b;
-      if (n <= 0) continue;
-      const int64_t s = b - at;  // in the staging slot
-      cpu::HostAdamWArrays a;
-      a.master = master_.as<float>() + b;
-      a.exp_avg = exp_avg_.tensor().as<float>() + b;
-      a.exp_avg_sq = exp_avg_sq_.tensor().as<float>() + b;
-      if (f32) {
-        a.grad_f32 = staged_grads.as<float>() + s;
-        a.param_f32 = staged_params.as<float>() + s;
-      } else {
-        a.grad_bf16 = staged_grads.as<uint16_t>() + s;
-        a.param_bf16 = staged_params.as<uint16_t>() + s;
-      }
-      squares += cpu::host_adamw(o.pool(), a, n, step_scalars(step_, lr, grad_scale, r.decay),
-                                 backend_->adamw_rounding(), bf16_, !grad_sq_sum.empty());
-    }
+    squares += host_update(o.grad_staging(slot), staged_params, at, k, lr, grad_scale, !grad_sq_sum.empty());
     if (!params_on_host_) {
       GLM_ASSIGN_OR_RETURN(up[slot], backend_->start_upload(params_.slice(at, k), staged_params.data));
     }
@@ -177,6 +158,31 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
   GLM_RETURN_IF_ERROR(backend_->download(&total, grad_sq_sum));
   total += squares;
   return backend_->upload(grad_sq_sum, &total);
+}
+
+double AdamWOptimizer::host_update(Tensor grads, Tensor params, int64_t at, int64_t k, double lr, double grad_scale,
+                                   bool sum_squares) {
+  const bool f32 = params.dtype == DType::f32;
+  double squares = 0;
+  for (const Range& r : ranges_) {
+    const int64_t b = std::max(r.begin, at), n = std::min(r.end, at + k) - b;
+    if (n <= 0) continue;
+    const int64_t s = b - at;  // in grads and params
+    cpu::HostAdamWArrays a;
+    a.master = master_.as<float>() + b;
+    a.exp_avg = exp_avg_.tensor().as<float>() + b;
+    a.exp_avg_sq = exp_avg_sq_.tensor().as<float>() + b;
+    if (f32) {
+      a.grad_f32 = grads.as<float>() + s;
+      a.param_f32 = params.as<float>() + s;
+    } else {
+      a.grad_bf16 = grads.as<uint16_t>() + s;
+      a.param_bf16 = params.as<uint16_t>() + s;
+    }
+    squares += cpu::host_adamw(offload_->pool(), a, n, step_scalars(step_, lr, grad_scale, r.decay),
+                               backend_->adamw_rounding(), bf16_, sum_squares);
+  }
+  return squares;
 }
 
 Status AdamWOptimizer::prepare_delayed() {
@@ -203,25 +209,8 @@ Status AdamWOptimizer::start_delayed(Tensor grads, double lr, double grad_scale)
 
 Status AdamWOptimizer::run_delayed() {
   if (!delayed_.started || delayed_.ran) return GLM_INTERNAL_ERROR("run_delayed() without a started update");
-  const bool f32 = params_.dtype == DType::f32;
-  const Tensor g = delayed_.grads.tensor(), p = delayed_.params.tensor();
-  for (const Range& r : ranges_) {
-    const int64_t n = r.end - r.begin;
-    if (n <= 0) continue;
-    cpu::HostAdamWArrays a;
-    a.master = master_.as<float>() + r.begin;
-    a.exp_avg = exp_avg_.tensor().as<float>() + r.begin;
-    a.exp_avg_sq = exp_avg_sq_.tensor().as<float>() + r.begin;
-    if (f32) {
-      a.grad_f32 = g.as<float>() + r.begin;
-      a.param_f32 = p.as<float>() + r.begin;
-    } else {
-      a.grad_bf16 = g.as<uint16_t>() + r.begin;
-      a.param_bf16 = p.as<uint16_t>() + r.begin;
-    }
-    cpu::host_adamw(offload_->pool(), a, n, step_scalars(step_, delayed_.lr, delayed_.grad_scale, r.decay),
-                    backend_->adamw_rounding(), bf16_, false);
-  }
+  host_update(delayed_.grads.tensor(), delayed_.params.tensor(), 0, params_.numel, delayed_.lr, delayed_.grad_scale,
+              false);
   delayed_.ran = true;
   return Status::ok();
 }

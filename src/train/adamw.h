@@ -109,6 +109,11 @@ class AdamWOptimizer {
   // step_part's update on the host (offloaded): the gradient comes over a chunk at a time and the
   // chunk's working copy goes back.
   Status host_step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin, int64_t end);
+  // The host update of elements [at, at + k): their gradient and new working copy are host tensors
+  // of k elements (a staging slot, the parameters themselves, the delayed update's buffers); returns
+  // the gradient's sum of squares where sum_squares.
+  double host_update(Tensor grads, Tensor params, int64_t at, int64_t k, double lr, double grad_scale,
+                     bool sum_squares);
 
   Backend* backend_;
   Tensor params_;
