@@ -688,8 +688,9 @@ TEST(Cli, OffloadIsPlannedAndTheCheapestFittingSettingsNamed) {
   RunResult one_card = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24", 1);
   ASSERT_EQ(one_card.exit_code, 0) << one_card.output;
   EXPECT_EQ(count(one_card.output, "cheapest settings that fit in 24.0 GiB: --zero_stage 3 --recompute selective "
-                                   "--offload_optimizer cpu --offload_param cpu ("),
+                                   "--offload_optimizer cpu --offload_param cpu --offload_param_ratio 0."),
             1)
+      << "the smallest share of the shards on the host that fits\n"
       << one_card.output;
   RunResult params = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24 --zero_stage 3 "
                                     "--recompute full --offload_optimizer cpu --offload_param cpu",
@@ -698,6 +699,22 @@ TEST(Cli, OffloadIsPlannedAndTheCheapestFittingSettingsNamed) {
   EXPECT_EQ(count(params.output, "parameters (bf16): persistent tensors"), 1) << params.output;
   EXPECT_EQ(count(params.output, "offloaded parameters: bf16 shards"), 1) << params.output;
   EXPECT_EQ(count(params.output, "fits in 24.0 GiB: yes"), 1) << params.output;
+  // Half of the shards resident: GPU and host rows share them, and what the GPU holds is named.
+  RunResult half = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24 --zero_stage 3 "
+                                  "--recompute full --offload_optimizer cpu --offload_param cpu --offload_param_ratio 0.5",
+                           1);
+  ASSERT_EQ(half.exit_code, 0) << half.output;
+  EXPECT_EQ(count(half.output, "parameters (bf16): persistent tensors and resident shards"), 1) << half.output;
+  EXPECT_EQ(count(half.output, "offloaded parameters: bf16 shards"), 1) << half.output;
+  for (const char* bad : {"--offload_param_ratio 0", "--offload_param_ratio 1.5", "--offload_param_ratio nan"}) {
+    RunResult r = run_glm(plan + "--world_size 2 --zero_stage 3 --offload_optimizer cpu --offload_param cpu " + bad, 1);
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
+    EXPECT_EQ(count(r.output, "must be in (0, 1]") + count(r.output, "must be a finite number"), 1) << bad << "\n"
+                                                                                                  << r.output;
+  }
+  RunResult no_params = run_glm(plan + "--world_size 2 --zero_stage 3 --offload_optimizer cpu --offload_param_ratio 0.5", 1);
+  EXPECT_EQ(no_params.exit_code, 2) << no_params.output;
+  EXPECT_EQ(count(no_params.output, "applies to offloaded parameters: add --offload_param cpu"), 1) << no_params.output;
   // The delayed update's host buffers are planned; it needs the optimizer offloaded.
   RunResult delayed = run_glm(plan + "--world_size 2 --zero_stage 2 --offload_optimizer cpu --offload_delayed_update true", 1);
   ASSERT_EQ(delayed.exit_code, 0) << delayed.output;

@@ -1122,6 +1122,15 @@ TEST_F(Ops, SumSquaresAndAdamW) {
   auto gs = gpu_->sum_squares(g.gpu.tensor());
   ASSERT_TRUE(cs.is_ok() && gs.is_ok());
   EXPECT_NEAR(gs.value(), cs.value(), 1e-5 * cs.value());
+  {  // accumulate_squares: two odd-sized parts into one f64 on the device, nothing waited for between
+    auto acc = gpu_->allocate(1, DType::f64).take();
+    const int64_t half = 1000003;
+    ASSERT_TRUE(gpu_->accumulate_squares(g.gpu.tensor().slice(0, half), acc.tensor()).is_ok());
+    ASSERT_TRUE(gpu_->accumulate_squares(g.gpu.tensor().slice(half, n - half), acc.tensor()).is_ok());
+    double got = 0;
+    ASSERT_TRUE(gpu_->download(&got, acc.tensor()).is_ok());
+    EXPECT_NEAR(got, cs.value(), 1e-5 * cs.value());
+  }
   // offset 0: every pointer aligned, vectors of 8 and a 3-element tail; offset 1: the bf16
   // gradient and working copy start one element in, so the whole update goes element by element.
   // Beside: on the side stream (the optimizer inside backward), whose summing grid is short blocks
@@ -1721,25 +1730,34 @@ TEST(CudaModel, OffloadedOptimizerFollowsTheDevicesTrajectory) {
 // ZeRO-3's parameter shards in pinned host memory (--offload_param cpu, with the optimizer
 // offloaded; the norms persistent on the device): every gather uploads the unit from the host on a
 // copy stream and compute waits for it on the device, the host update writes the shards in place.
-// Three steps follow the run with the shards on the device, and the parameters' sum of squares
-// (read through the gathered buffer) agrees.
+// Every shard on the host, and (--offload_param_ratio 0.5) half of them, interleaved with units
+// gathered from the device; and with one micro-batch a step, the gradient shards in host memory too
+// (ZeroOptions::offload_grads: each of many small buckets copied there during backward while
+// backward fills the other bucket buffer, the norm from squares summed on the device). Three steps
+// follow the run with everything on the device, and the parameters' sum of squares (read through
+// the gathered buffer) agrees.
 TEST(CudaModel, OffloadedParametersFollowTheDevicesTrajectory) {
   REQUIRE_GPU();
   const ModelConfig c = small_model();
   auto gpu = make_cuda_backend(0).take();
   LocalCommunicator comm;
-  std::vector<HostMicroBatch> window = {random_batch(c, 14), random_batch(c, 15)};
+  const std::vector<HostMicroBatch> two = {random_batch(c, 14), random_batch(c, 15)}, one = {two[0]};
   struct Run {
     std::vector<double> losses, norms;
     double checksum = 0;
   };
-  auto run = [&](bool offload_params) {
+  auto run = [&](const std::vector<HostMicroBatch>& window, bool offload_params, double ratio, bool offload_grads) {
     EngineConfig ec{.model = c, .max_tokens = 512, .adam = AdamWOptions{0.9, 0.999, 1e-8, 0.1}, .zero_stage = 3};
     ec.offload = OffloadConfig{true, true, 3};
     ec.zero.param_persistence_threshold = 1000;
+    ec.zero.reduce_bucket_size = 20000;
     ec.zero.offload_params = offload_params;
+    ec.zero.offload_param_ratio = ratio;
+    ec.zero.offload_grads = offload_grads;
     auto e = TrainingEngine::create(ec, *gpu, comm).take();
     EXPECT_EQ(e->memory().host_parameter_bytes > 0, offload_params);
+    EXPECT_EQ(e->memory().host_gradient_bytes > 0, offload_grads);
+    EXPECT_EQ(e->memory().gradient_bytes == 0, offload_grads);
     EXPECT_TRUE(e->initialize_parameters(11).is_ok());
     Run r;
     for (int s = 0; s < 3; ++s) {
@@ -1752,15 +1770,23 @@ TEST(CudaModel, OffloadedParametersFollowTheDevicesTrajectory) {
     r.checksum = e->parameter_checksum().take();
     return r;
   };
-  const Run device = run(false), host = run(true);
-  ASSERT_EQ(host.losses.size(), 3u);
-  ASSERT_EQ(device.losses.size(), 3u);
-  for (size_t s = 0; s < 3; ++s) {
-    EXPECT_NEAR(host.losses[s], device.losses[s], kBf16TrajectoryTolerance * device.losses[s]) << "step " << s + 1;
-    EXPECT_NEAR(host.norms[s], device.norms[s], kBf16GradTolerance * device.norms[s]) << "step " << s + 1;
+  for (const bool offload_grads : {false, true}) {
+    const std::vector<HostMicroBatch>& window = offload_grads ? one : two;
+    const Run device = run(window, false, 1.0, false);
+    ASSERT_EQ(device.losses.size(), 3u);
+    EXPECT_GT(device.checksum, 0);
+    for (const double ratio : {1.0, 0.5}) {
+      const std::string what = concat("ratio ", ratio, offload_grads ? ", gradients on the host" : "");
+      const Run host = run(window, true, ratio, offload_grads);
+      ASSERT_EQ(host.losses.size(), 3u) << what;
+      for (size_t s = 0; s < 3; ++s) {
+        EXPECT_NEAR(host.losses[s], device.losses[s], kBf16TrajectoryTolerance * device.losses[s])
+            << what << ", step " << s + 1;
+        EXPECT_NEAR(host.norms[s], device.norms[s], kBf16GradTolerance * device.norms[s]) << what << ", step " << s + 1;
+      }
+      EXPECT_NEAR(host.checksum, device.checksum, 1e-3 * device.checksum) << what;
+    }
   }
-  EXPECT_NEAR(host.checksum, device.checksum, 1e-3 * device.checksum);
-  EXPECT_GT(device.checksum, 0);
 }
 
 // The fp32 master split beside the bf16 parameters (the CUDA default) against a whole fp32 copy

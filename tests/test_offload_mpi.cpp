@@ -8,14 +8,18 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "data/dataset.h"
 #include "mpi/mpi_communicator.h"
 #include "test_util.h"
 #include "train/engine.h"
 #include "train/trainer.h"
+#include "zero/zero_options.h"
 
 namespace glm::test {
 namespace {
@@ -149,12 +153,59 @@ TEST(OffloadParams, SameBitsAsShardsOnTheBackend) {
     base.zero_options.param_persistence_threshold = persistence;
     auto shards_on_backend = run(base, comm);
     ASSERT_TRUE(shards_on_backend.is_ok()) << shards_on_backend.status().message();
-    TrainConfig params = base;
-    params.offload_param = OffloadDevice::cpu;
-    auto shards_on_host = run(params, comm);
-    ASSERT_TRUE(shards_on_host.is_ok()) << shards_on_host.status().message();
-    expect_same_run(shards_on_host.value(), shards_on_backend.value(),
-                    "persistence threshold " + std::to_string(persistence));
+    // Every unit's shard on the host, and (--offload_param_ratio) some of them.
+    for (const double ratio : {1.0, 0.4}) {
+      TrainConfig params = base;
+      params.offload_param = OffloadDevice::cpu;
+      params.zero_options.offload_param_ratio = ratio;
+      auto shards_on_host = run(params, comm);
+      ASSERT_TRUE(shards_on_host.is_ok()) << shards_on_host.status().message();
+      expect_same_run(shards_on_host.value(), shards_on_backend.value(),
+                      "persistence threshold " + std::to_string(persistence) + ", ratio " + std::to_string(ratio));
+    }
+  }
+}
+
+// --offload_param_ratio: the offloaded units hold the ratio's share of the shards to within half
+// the largest unit, interleaved with the resident ones (so at every prefix); never the persistent
+// unit.
+TEST(OffloadParams, RatioPicksAnEvenlySpreadShare) {
+  ModelConfig c = tiny_glm4();
+  c.num_hidden_layers = 8;
+  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  for (const int64_t persistence : {int64_t{0}, int64_t{2000}}) {
+    const ParamLayout layout(c, 3, PersistencePolicy{persistence});
+    int64_t total = 0, largest = 0;
+    for (int u = 0; u < static_cast<int>(layout.units().size()); ++u) {
+      if (u == layout.persistent_unit()) continue;
+      total += layout.shard_numel(u);
+      largest = std::max(largest, layout.shard_numel(u));
+    }
+    for (const double ratio : {1.0, 0.75, 0.5, 0.3, 0.05}) {
+      const std::vector<bool> host = offloaded_param_units(layout, ratio);
+      ASSERT_EQ(host.size(), layout.units().size());
+      int64_t offloaded = 0;
+      for (size_t u = 0; u < host.size(); ++u) {
+        if (!host[u]) continue;
+        EXPECT_NE(static_cast<int>(u), layout.persistent_unit());
+        offloaded += layout.shard_numel(static_cast<int>(u));
+      }
+      const std::string what = "ratio " + std::to_string(ratio) + ", persistence " + std::to_string(persistence);
+      EXPECT_LE(std::abs(static_cast<double>(offloaded) - ratio * static_cast<double>(total)), 0.5 * largest) << what;
+      if (ratio == 1.0) {
+        EXPECT_EQ(offloaded, total) << what;
+      }
+      // Interleaved: every prefix of the units in forward order holds the ratio's share of its
+      // elements on the host to within half the largest unit.
+      int64_t seen = 0, on_host = 0;
+      for (size_t u = 0; u < host.size(); ++u) {
+        if (static_cast<int>(u) == layout.persistent_unit()) continue;
+        seen += layout.shard_numel(static_cast<int>(u));
+        on_host += host[u] ? layout.shard_numel(static_cast<int>(u)) : 0;
+        EXPECT_LE(std::abs(static_cast<double>(on_host) - ratio * static_cast<double>(seen)), 0.5 * largest)
+            << what << ", units 0-" << u;
+      }
+    }
   }
 }
 
@@ -201,6 +252,14 @@ TEST(OffloadParams, ShardsAreHostMemoryAndWritesReachThem) {
     EXPECT_EQ(h.value().loss, d.value().loss) << "step " << s + 1;
     EXPECT_EQ(h.value().grad_norm, d.value().grad_norm) << "step " << s + 1;
   }
+  // Half of the shards resident: the two stores add up to the same bytes.
+  ec.zero.offload_param_ratio = 0.5;
+  auto half = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_TRUE(half.is_ok()) << half.status().message();
+  const ZeroMemory on_both = half.value()->memory();
+  EXPECT_EQ(on_both.host_parameter_bytes + on_both.parameter_bytes, on_device.parameter_bytes);
+  EXPECT_GT(on_both.host_parameter_bytes, 0);
+  EXPECT_GT(on_both.parameter_bytes, on_host.parameter_bytes);
   ec.offload = OffloadConfig{};
   auto no_optimizer_offload = TrainingEngine::create(ec, *backend, comm);
   ASSERT_FALSE(no_optimizer_offload.is_ok());
@@ -332,6 +391,55 @@ TEST(OffloadMemory, StateIsHostMemoryOfTheShardsSize) {
   auto refused = TrainingEngine::create(ec, *backend, comm);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("--zero_stage 1, 2 or 3"), std::string::npos) << refused.status().message();
+}
+
+// One micro-batch a step at ZeRO-2 and 3 (ZeroOptions::offload_grads, what the trainer sets at
+// --gradient_accumulation_steps 1): each reduced bucket goes straight to the gradient shards in host
+// memory, backward filling the other bucket buffer meanwhile at one rank, and the norm comes from
+// squares summed bucket by bucket. Small buckets make many of them. The norm is the same sum in
+// another order (to 1e-12); a clipping threshold far above it keeps the norm pass without letting
+// its last bits reach a clip factor, so losses and parameters equal the backend's update bit for
+// bit. Nothing of the gradients stays in backend memory; a step of two micro-batches is refused.
+TEST(OffloadGrads, ReducedBucketsGoStraightToHostMemory) {
+  MpiCommunicator comm(MPI_COMM_WORLD, std::chrono::seconds(120));
+  auto backend = make_cpu_backend(DType::f32);
+  for (const int stage : {2, 3}) {
+    EngineConfig ec = tiny_engine(512, stage);
+    ec.max_grad_norm = 1e6;
+    ec.zero.reduce_bucket_size = 5000;
+    ec.offload = OffloadConfig{true, true, 2, 777};
+    auto device = TrainingEngine::create(ec, *backend, comm);
+    ec.zero.offload_grads = true;
+    auto host = TrainingEngine::create(ec, *backend, comm);
+    ASSERT_TRUE(device.is_ok()) << device.status().message();
+    ASSERT_TRUE(host.is_ok()) << host.status().message();
+    const ZeroMemory on_device = device.value()->memory(), on_host = host.value()->memory();
+    EXPECT_EQ(on_host.gradient_bytes, 0) << "stage " << stage;
+    EXPECT_EQ(on_host.host_gradient_bytes, on_device.gradient_bytes) << "stage " << stage;
+    ASSERT_TRUE(device.value()->initialize_parameters(5).is_ok());
+    ASSERT_TRUE(host.value()->initialize_parameters(5).is_ok());
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<HostMicroBatch> window = {
+          random_documents(ec.model.vocab_size, 100 + 10 * s + comm.rank(), {90, 40}, 3)};
+      auto d = device.value()->step(window, 3e-3);
+      auto h = host.value()->step(window, 3e-3);
+      ASSERT_TRUE(d.is_ok()) << d.status().message();
+      ASSERT_TRUE(h.is_ok()) << h.status().message();
+      EXPECT_EQ(h.value().loss, d.value().loss) << "stage " << stage << ", step " << s + 1;
+      EXPECT_NEAR(h.value().grad_norm, d.value().grad_norm, 1e-12 * d.value().grad_norm)
+          << "stage " << stage << ", step " << s + 1;
+    }
+    auto dp = device.value()->parameter_checksum();
+    auto hp = host.value()->parameter_checksum();
+    ASSERT_TRUE(dp.is_ok() && hp.is_ok());
+    EXPECT_EQ(hp.value(), dp.value()) << "stage " << stage;
+    const std::vector<HostMicroBatch> two = {random_documents(ec.model.vocab_size, 7, {60}, 3),
+                                             random_documents(ec.model.vocab_size, 8, {60}, 3)};
+    auto refused = host.value()->step(two, 3e-3);
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_NE(refused.status().message().find("one micro-batch a step"), std::string::npos)
+        << refused.status().message();
+  }
 }
 
 // Staging slots far smaller than a unit: every unit's update runs as many chunks whose copies overlap

@@ -5,7 +5,9 @@ and at the root; bf16 parameters, fp32 gradient reduction, fp32 sharded master w
 attention, AdamW, seq 4096, micro-batch 1 per GPU. Modes: eager, eager with activation
 checkpointing (ckpt), torch.compile per layer (compile), and checkpointing with the parameters,
 gradients and optimizer state offloaded to the CPU (offload: FSDP2's CPUOffloadPolicy, pinned; the
-optimizer then steps on the CPU), the peer of --offload_optimizer cpu.
+optimizer then steps on the CPU with torch's fused AdamW; offload_default: with torch.optim.AdamW as
+constructed by default), the peer of --offload_optimizer cpu. The peak memory counts from after
+the model is built and sharded.
 
 Launch: torchrun --nproc_per_node N benchmarks/peers/hf_glm_fsdp_peer.py [--modes eager,ckpt]
 Rank 0 prints one line per mode: tokens/s per GPU, model TFLOP/s per GPU, MFU against 989 TFLOP/s
@@ -25,15 +27,18 @@ def build(cfg, mode):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = GlmForCausalLM(cfg)  # fp32 master weights, initialised on the GPU (fast)
-    if mode in ("ckpt", "offload"):
+    if mode == "ckpt" or offload:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    extra = {"offload_policy": CPUOffloadPolicy(pin_memory=True)} if mode == "offload" else {}
+    offload = mode.startswith("offload")
+    extra = {"offload_policy": CPUOffloadPolicy(pin_memory=True)} if offload else {}
     for layer in model.model.layers:
         if mode == "compile":
             layer.compile()
         fully_shard(layer, mp_policy=mp, **extra)
     fully_shard(model, mp_policy=mp, **extra)
+    if mode == "offload_default":  # torch.optim.AdamW as constructed by default (on CPU tensors: per tensor)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-5)
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     except (RuntimeError, TypeError):
@@ -59,6 +64,10 @@ def main():
     ids = torch.randint(0, cfg.vocab_size, (1, a.seq), device="cuda", generator=g)
     for mode in a.modes.split(","):
         model, opt = build(cfg, mode)
+        # The peak from here: the fp32 model built on the GPU before fully_shard moved it is not the step's.
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
         def step():
             loss = model(input_ids=ids, labels=ids).loss

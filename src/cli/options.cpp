@@ -440,6 +440,10 @@ class OptionTable {
              "parameter shards live in host memory, where the host update writes them, and each unit's shard is "
              "copied to the GPU as the unit is gathered, ahead of its use; GPU memory keeps the gathered units, the "
              "persistent tensors, gradients and activations");
+    add(train, "offload_param_ratio", &z.offload_param_ratio,
+        "with --offload_param cpu: the share of the parameter shards (by elements) kept in host memory, 0 < R <= 1; "
+        "the other units' shards stay on the GPU, interleaved with the offloaded ones, and are gathered without "
+        "a copy from the host. `glm_hpc plan --gpu_memory_gib G` names the smallest share that fits");
     add(train, "offload_pin_memory", &t.offload_pin_memory,
         "with --offload_optimizer cpu: page-locked host memory (DeepSpeed's pin_memory; faster copies); false: "
         "pageable memory, for hosts whose memory-lock limit is low");
@@ -563,6 +567,8 @@ Status validate_performance(CliOptions& o, const Sources& src) {
   GLM_RETURN_IF_ERROR(check(b.profile_trace.empty() || b.profile, src, "profile_trace", "needs --profile true"));
   GLM_RETURN_IF_ERROR(check(t.offload_threads >= 0, src, "offload_threads", "must be >= 0 (0: automatic)"));
   GLM_RETURN_IF_ERROR(check(t.offload_delayed_update_after >= 0, src, "offload_delayed_update_after", "must be >= 0"));
+  const double ratio = t.zero_options.offload_param_ratio;
+  GLM_RETURN_IF_ERROR(check(ratio > 0 && ratio <= 1, src, "offload_param_ratio", "must be in (0, 1]"));
   return Status::ok();
 }
 
@@ -620,6 +626,8 @@ Status validate_combinations(CliOptions& o, const Sources& src) {
     return GLM_USER_ERROR(src.where("offload_optimizer"), " cpu with --train_type lora: the frozen base has no "
                           "optimizer state and the adapters' is small; drop --offload_optimizer");
   }
+  if (t.offload_param != OffloadDevice::cpu && given(src, "offload_param_ratio"))
+    return GLM_USER_ERROR(src.where("offload_param_ratio"), " applies to offloaded parameters: add --offload_param cpu");
   if (t.offload_param == OffloadDevice::cpu) {
     if (t.zero_stage != 3)
       return GLM_USER_ERROR(src.where("offload_param"), " cpu needs --zero_stage 3 (as DeepSpeed's offload_param): "

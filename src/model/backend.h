@@ -258,6 +258,9 @@ class Backend {
   // the same mask on every backend. Its backward is the same op on the gradient, accumulating.
   virtual Status dropout(Tensor out, Tensor in, double p, uint64_t key, int64_t offset, bool accumulate) = 0;
   virtual Result<double> sum_squares(Tensor x) = 0;
+  // sum (one f64 element in backend memory) += the sum of squares of x, enqueued like any op: the
+  // host does not wait for it.
+  virtual Status accumulate_squares(Tensor x, Tensor sum) = 0;
   // dst[i] = value; dst[i] = std * counter_normal(key, offset + i) (base/counter_rng.h).
   virtual Status fill(Tensor dst, double value) = 0;
   virtual Status fill_normal(Tensor dst, uint64_t key, int64_t offset, double std) = 0;

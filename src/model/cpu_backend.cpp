@@ -224,6 +224,11 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
   Result<double> sum_squares(Tensor x) override { return cpu::sum_squares(p(x), x.numel); }
+  Status accumulate_squares(Tensor x, Tensor sum) override {
+    if (sum.dtype != DType::f64 || sum.numel != 1) return GLM_INTERNAL_ERROR("accumulate_squares into ", sum.numel, " ", dtype_name(sum.dtype));
+    *sum.as<double>() += cpu::sum_squares(p(x), x.numel);
+    return Status::ok();
+  }
   Status fill(Tensor dst, double value) override {
     std::fill(p(dst), p(dst) + dst.numel, static_cast<T>(value));
     return Status::ok();

@@ -613,17 +613,27 @@ class CudaBackend final : public Backend {
     GLM_PROFILE_OP("sum_squares");
     GLM_ASSIGN_OR_RETURN(void* acc, sum_scratch_.get(sizeof(double)));
     GLM_CUDA_RETURN(cudaMemsetAsync(acc, 0, sizeof(double), stream_));
-    if (x.dtype == DType::bf16) {
-      GLM_CUDA_RETURN(cuda::sum_squares_bf16(static_cast<double*>(acc), b(x), x.numel, stream_));
-    } else if (x.dtype == DType::f32) {
-      GLM_CUDA_RETURN(cuda::sum_squares_f32(static_cast<double*>(acc), x.as<float>(), x.numel, stream_));
-    } else {
-      return GLM_INTERNAL_ERROR("sum_squares of ", dtype_name(x.dtype));
-    }
+    GLM_RETURN_IF_ERROR(add_squares(static_cast<double*>(acc), x));
     double result = 0;
     GLM_CUDA_RETURN(cudaMemcpyAsync(&result, acc, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     GLM_RETURN_IF_ERROR(synchronize());
     return result;
+  }
+  Status accumulate_squares(Tensor x, Tensor sum) override {
+    GLM_PROFILE_OP("accumulate_squares");
+    if (sum.dtype != DType::f64 || sum.numel != 1)
+      return GLM_INTERNAL_ERROR("accumulate_squares into ", sum.numel, " ", dtype_name(sum.dtype));
+    return add_squares(sum.as<double>(), x);
+  }
+  Status add_squares(double* acc, Tensor x) {
+    if (x.dtype == DType::bf16) {
+      GLM_CUDA_RETURN(cuda::sum_squares_bf16(acc, b(x), x.numel, stream_));
+    } else if (x.dtype == DType::f32) {
+      GLM_CUDA_RETURN(cuda::sum_squares_f32(acc, x.as<float>(), x.numel, stream_));
+    } else {
+      return GLM_INTERNAL_ERROR("sum_squares of ", dtype_name(x.dtype));
+    }
+    return Status::ok();
   }
   Status fill(Tensor dst, double value) override {
     GLM_PROFILE_OP("fill");

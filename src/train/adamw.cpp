@@ -10,15 +10,16 @@
 namespace glm {
 
 Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor params, const AdamWOptions& options,
-                                                  OptimizerOffload* offload, bool params_on_host) {
+                                                  OptimizerOffload* offload, bool params_on_host, bool grads_on_host) {
   AdamWOptimizer opt(backend, params, options);
   const DType odt = backend.optimizer_dtype();
-  if (params_on_host && offload == nullptr)
-    return GLM_INTERNAL_ERROR("parameters in host memory need the offloaded optimizer");
+  if ((params_on_host || grads_on_host) && offload == nullptr)
+    return GLM_INTERNAL_ERROR("parameters or gradients in host memory need the offloaded optimizer");
   if (offload != nullptr) {
     // A whole fp32 master on the host; the working copy rounds as the device's own update would.
     opt.offload_ = offload;
     opt.params_on_host_ = params_on_host;
+    opt.grads_on_host_ = grads_on_host;
     if (options.split_master && params.dtype == DType::bf16) opt.bf16_ = cpu::Bf16Rounding::split_high;
     GLM_ASSIGN_OR_RETURN(opt.master_buffer_, offload->allocate_state(params.numel));
     GLM_ASSIGN_OR_RETURN(opt.exp_avg_, offload->allocate_state(params.numel));
@@ -45,8 +46,8 @@ Result<AdamWOptimizer> AdamWOptimizer::with_state(Backend& backend, Tensor param
 
 Result<AdamWOptimizer> AdamWOptimizer::create(Backend& backend, const ParamLayout& layout, Tensor params,
                                               int64_t offset, const AdamWOptions& options,
-                                              OptimizerOffload* offload, bool params_on_host) {
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options, offload, params_on_host));
+                                              OptimizerOffload* offload, bool params_on_host, bool grads_on_host) {
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, options, offload, params_on_host, grads_on_host));
   // Runs of equal decay; alignment padding joins the run before it (its values stay zero).
   const int64_t end = offset + params.numel;
   for (const auto& e : layout.entries()) {
@@ -71,7 +72,7 @@ Result<AdamWOptimizer> AdamWOptimizer::create_uniform(Backend& backend, Tensor p
   // Adapters are few: their master stays whole (LoRA checkpoints and lora_adapters() read it as is).
   AdamWOptions whole = options;
   whole.split_master = false;
-  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, whole, nullptr, false));
+  GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt, with_state(backend, params, whole, nullptr, false, false));
   opt.ranges_.push_back({0, params.numel, decay});
   return opt;
 }
@@ -130,6 +131,7 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
   // destructors if a step fails.
   std::unique_ptr<AsyncCopy> down[kSlots], up[kSlots];
   auto fetch = [&](int64_t i) -> Status {
+    if (grads_on_host_) return Status::ok();  // read where they are
     const int64_t at = begin + i * chunk;
     GLM_ASSIGN_OR_RETURN(down[i % kSlots], backend_->start_download(o.grad_staging(static_cast<int>(i % kSlots)).data,
                                                                    grads.slice(at, std::min(chunk, end - at))));
@@ -141,12 +143,13 @@ Status AdamWOptimizer::host_step_part(Tensor grads, double lr, double grad_scale
     const int slot = static_cast<int>(i % kSlots);
     const int64_t at = begin + i * chunk, k = std::min(chunk, end - at);
     if (i + 1 < chunks) GLM_RETURN_IF_ERROR(fetch(i + 1));  // its slot's last reader, chunk i - 1, is done
-    GLM_RETURN_IF_ERROR(down[slot]->finish());
+    if (down[slot]) GLM_RETURN_IF_ERROR(down[slot]->finish());
     if (up[slot]) GLM_RETURN_IF_ERROR(up[slot]->finish());  // the parameter slot is free again
-    // Parameters in host memory are written in place; the working copy on the device through the
-    // slot's staging.
+    // Parameters and gradients in host memory are read and written in place; those on the device
+    // through the slot's staging.
     const Tensor staged_params = params_on_host_ ? params_.slice(at, k) : o.param_staging(slot);
-    squares += host_update(o.grad_staging(slot), staged_params, at, k, lr, grad_scale, !grad_sq_sum.empty());
+    const Tensor staged_grads = grads_on_host_ ? grads.slice(at, k) : o.grad_staging(slot);
+    squares += host_update(staged_grads, staged_params, at, k, lr, grad_scale, !grad_sq_sum.empty());
     if (!params_on_host_) {
       GLM_ASSIGN_OR_RETURN(up[slot], backend_->start_upload(params_.slice(at, k), staged_params.data));
     }
@@ -198,7 +201,11 @@ Status AdamWOptimizer::start_delayed(Tensor grads, double lr, double grad_scale)
     return GLM_INTERNAL_ERROR("delayed update ", delayed_.started ? "still pending" : "not prepared");
   if (grads.numel != params_.numel || grads.dtype != delayed_.grads.tensor().dtype)
     return GLM_INTERNAL_ERROR("delayed update over ", grads.numel, " gradients for ", params_.numel, " parameters");
-  if (params_.numel > 0) GLM_RETURN_IF_ERROR(backend_->download(delayed_.grads.tensor().data, grads));
+  if (grads_on_host_) {
+    parallel_copy(delayed_.grads.tensor().data, grads.data, grads.bytes());
+  } else if (params_.numel > 0) {
+    GLM_RETURN_IF_ERROR(backend_->download(delayed_.grads.tensor().data, grads));
+  }
   ++step_;
   delayed_.lr = lr;
   delayed_.grad_scale = grad_scale;
@@ -215,18 +222,22 @@ Status AdamWOptimizer::run_delayed() {
   return Status::ok();
 }
 
+// In the offload's threads: a memcpy of GLM-4-9B's shards on one thread takes about a second.
+void AdamWOptimizer::parallel_copy(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kChunk = size_t{1} << 24;
+  char* to = static_cast<char*>(dst);
+  const char* from = static_cast<const char*>(src);
+  offload_->pool().run(static_cast<int64_t>((bytes + kChunk - 1) / kChunk), [&](int64_t c) {
+    const size_t at = static_cast<size_t>(c) * kChunk;
+    std::memcpy(to + at, from + at, std::min(kChunk, bytes - at));
+  });
+}
+
 Status AdamWOptimizer::land_delayed() {
   if (!delayed_.started) return Status::ok();
   if (!delayed_.ran) return GLM_INTERNAL_ERROR("land_delayed() before run_delayed()");
   if (params_on_host_) {
-    // In parallel: a memcpy of GLM-4-9B's shards on one thread takes about a second.
-    constexpr int64_t kChunk = int64_t{1} << 24;
-    const int64_t bytes = static_cast<int64_t>(params_.bytes());
-    char* to = static_cast<char*>(params_.data);
-    const char* from = static_cast<const char*>(delayed_.params.tensor().data);
-    offload_->pool().run((bytes + kChunk - 1) / kChunk, [&](int64_t c) {
-      std::memcpy(to + c * kChunk, from + c * kChunk, static_cast<size_t>(std::min(kChunk, bytes - c * kChunk)));
-    });
+    parallel_copy(params_.data, delayed_.params.tensor().data, params_.bytes());
   } else if (params_.numel > 0) {
     GLM_RETURN_IF_ERROR(backend_->upload(params_, delayed_.params.tensor().data));
   }

@@ -26,10 +26,11 @@ class AdamWOptimizer {
   // params/grads cover layout range [offset, offset + params.numel). With offload the fp32 master
   // and moments are host memory that offload's threads update (train/optimizer_offload.h); the
   // master then starts as the parameters' values. params_on_host (with offload only): params are
-  // host memory too (--offload_param cpu), which the host update writes in place.
+  // host memory too (--offload_param cpu), which the host update writes in place; grads_on_host:
+  // the gradients given to step() are host memory (ZeroOptions::offload_grads), read in place.
   static Result<AdamWOptimizer> create(Backend& backend, const ParamLayout& layout, Tensor params, int64_t offset,
                                        const AdamWOptions& options, OptimizerOffload* offload = nullptr,
-                                       bool params_on_host = false);
+                                       bool params_on_host = false, bool grads_on_host = false);
   // Every element decayed alike (LoRA adapters: PEFT decays both A and B).
   static Result<AdamWOptimizer> create_uniform(Backend& backend, Tensor params, const AdamWOptions& options,
                                                bool decay);
@@ -105,7 +106,7 @@ class AdamWOptimizer {
   // The master (an fp32 copy, the low halves of a split one, or the params themselves) and zeroed
   // moments; no decay ranges yet.
   static Result<AdamWOptimizer> with_state(Backend& backend, Tensor params, const AdamWOptions& options,
-                                           OptimizerOffload* offload, bool params_on_host);
+                                           OptimizerOffload* offload, bool params_on_host, bool grads_on_host);
   // step_part's update on the host (offloaded): the gradient comes over a chunk at a time and the
   // chunk's working copy goes back.
   Status host_step_part(Tensor grads, double lr, double grad_scale, Tensor grad_sq_sum, int64_t begin, int64_t end);
@@ -114,6 +115,7 @@ class AdamWOptimizer {
   // the gradient's sum of squares where sum_squares.
   double host_update(Tensor grads, Tensor params, int64_t at, int64_t k, double lr, double grad_scale,
                      bool sum_squares);
+  void parallel_copy(void* dst, const void* src, size_t bytes);  // host memory
 
   Backend* backend_;
   Tensor params_;
@@ -126,6 +128,7 @@ class AdamWOptimizer {
   int64_t own_state_bytes() const;  // the moments and the master buffer, wherever they live
   OptimizerOffload* offload_ = nullptr;
   bool params_on_host_ = false;  // params_ in host memory (with offload_)
+  bool grads_on_host_ = false;   // step()'s gradients in host memory (with offload_)
   struct Delayed {
     Buffer grads, params;  // host, the compute dtype: the step's gradient, the new working copy
     double lr = 0, grad_scale = 1;

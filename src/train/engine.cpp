@@ -80,6 +80,8 @@ Status TrainingEngine::create_optimizers(const EngineConfig& ec) {
   const ModelConfig& config = ec.model;
   const int zero_stage = ec.zero_stage;
   const AdamWOptions& adam = *ec.adam;
+  if (ec.zero.offload_grads && !ec.offload.optimizer)
+    return GLM_INTERNAL_ERROR("gradients in host memory without the offloaded optimizer that reads them there");
   if (ec.zero.offload_params && !ec.offload.optimizer)
     return GLM_USER_ERROR("--offload_param cpu needs --offload_optimizer cpu (the host then updates the parameters "
                           "it holds; DeepSpeed's offload_param is used with it)");
@@ -93,7 +95,8 @@ Status TrainingEngine::create_optimizers(const EngineConfig& ec) {
   for (int u = 0; u < units; ++u) {
     GLM_ASSIGN_OR_RETURN(AdamWOptimizer opt,
                          AdamWOptimizer::create(backend_, layout(), zero_->owned_params(u),
-                                                zero_->owned_offset(u), adam, offload_.get(), zero_->params_on_host(u)));
+                                                zero_->owned_offset(u), adam, offload_.get(), zero_->params_on_host(u),
+                                                zero_->grads_on_host()));
     if (ec.offload.delayed_update) GLM_RETURN_IF_ERROR(opt.prepare_delayed());
     optimizers_.push_back(std::move(opt));
   }

@@ -68,6 +68,9 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
   ZeroOptions z = config.zero_options;
   z.offload_params = config.offload_param == OffloadDevice::cpu;
   z.offload_pin_memory = config.offload_pin_memory;
+  // One micro-batch a step: the reduced gradients go straight to the host optimizer's memory.
+  z.offload_grads = offloads_gradients(config.offload_optimizer == OffloadDevice::cpu, config.gradient_accumulation_steps,
+                                      config.zero_stage, config.train_type == TrainType::lora);
   if (z.reduce_bucket_size != ZeroOptions::kAutoBucketSize) return z;
   const DType reduce = effective_reduce_dtype(z, backend.compute_dtype(), comm.size());
   std::vector<BandwidthPoint> curve;
@@ -121,7 +124,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfig& config) {
   const ZeroMemory mem = engine.memory();
   const LoraMemory adapters = engine.lora_memory();
-  constexpr int kFields = 12;
+  constexpr int kFields = 13;
   const int64_t mine[kFields] = {mem.parameter_bytes + adapters.parameter_bytes,
                                  adapters.parameter_bytes,
                                  mem.gradient_bytes + adapters.gradient_bytes,
@@ -133,7 +136,8 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
                                  engine.activation_bytes(),
                                  adapters.activation_bytes,
                                  engine.host_optimizer_bytes(),
-                                 mem.host_parameter_bytes};
+                                 mem.host_parameter_bytes,
+                                 mem.host_gradient_bytes};
   std::vector<int64_t> all(static_cast<size_t>(kFields * comm.size()));
   GLM_RETURN_IF_ERROR(comm.all_gather(mine, all.data(), kFields, CommType::i64));
   if (comm.rank() != 0) return Status::ok();
@@ -161,7 +165,11 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
     const char* pinned = config.offload_pin_memory && !engine.backend().host_accessible() ? "pinned " : "";
     std::string parameters = mib(v[0], v[1]);
     if (config.offload_param == OffloadDevice::cpu)
-      parameters = concat(mib(v[0], 0), " on the device (persistent), ", mib(v[11], 0), " in ", pinned, "host memory");
+      parameters = concat(mib(v[0], 0), " on the device (",
+                          config.zero_options.offload_param_ratio < 1 ? "persistent and resident shards" : "persistent",
+                          "), ", mib(v[11], 0), " in ", pinned, "host memory");
+    std::string gradients = mib(v[2], v[3]);
+    if (v[12] > 0) gradients = concat(mib(v[12], 0), " in ", pinned, "host memory (copied there in backward)");
     std::string optimizer = mib(v[4], v[5]);
     if (config.offload_optimizer == OffloadDevice::cpu)
       optimizer = concat(mib(v[10], 0), " in ", pinned, "host memory (",
@@ -170,7 +178,7 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
         "glm_hpc: memory per rank (ZeRO-%d), rank%s %s of %d: parameters %s, gradients %s, optimizer %s, "
         "communication buffers %s, activations (recompute %s) %s\n",
         config.zero_stage, group.size() > 1 ? "s" : "", rank_list(group).c_str(), comm.size(), parameters.c_str(),
-        mib(v[2], v[3]).c_str(), optimizer.c_str(), mib(v[6], v[7]).c_str(), enum_name(config.recompute).data(),
+        gradients.c_str(), optimizer.c_str(), mib(v[6], v[7]).c_str(), enum_name(config.recompute).data(),
         mib(v[8], v[9]).c_str());
   }
   std::fflush(stdout);

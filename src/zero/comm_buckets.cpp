@@ -95,8 +95,9 @@ ZeroBufferSizes zero_buffer_sizes(const ParamLayout& layout, int stage, const Ze
   const bool pack = world > 1 && convert;
   if (stage >= 2) {
     s.grad_bucket_numel = largest_written_bucket;
-    // A packed bucket is free again as soon as it is copied out; one rank only adds it to its shards.
-    s.grad_bucket_count = pack || world == 1 ? 1 : 2;
+    // A packed bucket is free again as soon as it is copied out; one rank only adds it to its shards,
+    // unless it copies it to host memory (offload_grads): backward then fills the other meanwhile.
+    s.grad_bucket_count = pack || (world == 1 && !options.offload_grads) ? 1 : 2;
   }
   if (world == 1) return s;  // nothing is communicated: stages 2-3 add the bucket to the shards
   if (pack) s.reduce_send_numel = largest_bucket;

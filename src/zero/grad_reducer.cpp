@@ -14,7 +14,10 @@ Result<std::unique_ptr<GradReducer>> GradReducer::create(const ParamLayout& layo
                                                          const ZeroBufferSizes& sizes, CommWaits& waits,
                                                          const PersistentUnit* persistent) {
   if (plan.frozen) return GLM_INTERNAL_ERROR("a gradient reducer for frozen parameters");
+  if (options.offload_grads && !plan.shard_grads)
+    return GLM_INTERNAL_ERROR("gradients in host memory at ZeRO stage ", plan.stage, " (stages 2-3 only)");
   std::unique_ptr<GradReducer> r(new GradReducer(layout, backend, comm, data, plan, options, waits));
+  r->host_grads_ = options.offload_grads;
   GLM_ASSIGN_OR_RETURN(r->reduce_type_, comm_type(options.grad_reduce_dtype));
   if (persistent != nullptr) {
     r->persistent_ = persistent->unit();
@@ -39,7 +42,12 @@ Status GradReducer::allocate(const ZeroBufferSizes& sizes) {
     return Status::ok();
   };
   if (!plan_.shard_grads) GLM_RETURN_IF_ERROR(alloc(grads_, layout_.total_numel(), dt));
-  if (plan_.shard_optimizer) GLM_RETURN_IF_ERROR(alloc(grad_shards_, shard_offsets_.back(), dt));
+  if (host_grads_) {
+    GLM_ASSIGN_OR_RETURN(grad_shards_, backend_.allocate_host(shard_offsets_.back(), dt, options_.offload_pin_memory));
+    GLM_RETURN_IF_ERROR(alloc(squares_, 1, DType::f64));
+  } else if (plan_.shard_optimizer) {
+    GLM_RETURN_IF_ERROR(alloc(grad_shards_, shard_offsets_.back(), dt));
+  }
   for (int i = 0; i < sizes.grad_bucket_count; ++i) GLM_RETURN_IF_ERROR(alloc(grad_buckets_[i], sizes.grad_bucket_numel, dt));
   for (auto& slot : slots_) {
     if (sizes.reduce_send_numel > 0) GLM_RETURN_IF_ERROR(alloc(slot.send, sizes.reduce_send_numel, rt));
@@ -89,6 +97,13 @@ Status GradReducer::zero_grads(int caller_zeroed) {
     }
     GLM_RETURN_IF_ERROR(backend_.zero_all(parts));
   }
+  if (host_grads_) {
+    // Every element of the host shards is written by this step's copies (the buckets tile them).
+    downloads_.clear();  // a failed step's, if any: their destructors wait for them
+    bucket_download_[0] = bucket_download_[1] = convert_download_ = nullptr;
+    for (auto& slot : slots_) slot.download = nullptr;
+    return backend_.zero(squares_.tensor());
+  }
   if (grad_shards_.numel() > 0) GLM_RETURN_IF_ERROR(backend_.zero(grad_shards_.tensor()));
   return Status::ok();
 }
@@ -109,8 +124,13 @@ Result<Tensor> GradReducer::unit_grads(int unit) {
   // Stages 2-3: the open bucket's buffer; backward reaches a bucket's units from `last` down.
   const CommBucket& bucket = buckets_[static_cast<size_t>(bucket_of_unit_[static_cast<size_t>(unit)])];
   const int index = pack_ ? 0 : next_slot_;
-  // Unpacked, a collective reads this buffer directly: it must have finished.
+  // Unpacked, a collective reads this buffer directly: it must have finished. One rank copying
+  // its gradients to the host: so must the copy of the bucket it held before.
   if (unit == bucket.last && !pack_ && plan_.distributed()) GLM_RETURN_IF_ERROR(drain(slots_[index]));
+  if (unit == bucket.last && bucket_download_[index] != nullptr) {
+    GLM_RETURN_IF_ERROR(backend_.wait_for(*bucket_download_[index]));
+    bucket_download_[index] = nullptr;
+  }
   // Each micro-batch writes its weight gradients afresh (overwrite_grads()); the rest is added to.
   Tensor g = grad_buckets_[index].slice(u.offset - bucket.offset, u.numel);
   std::vector<Tensor> parts;
@@ -134,6 +154,10 @@ Status GradReducer::reduce_bucket(int index) {
   }
   ReduceSlot& slot = slots_[next_slot_];
   GLM_RETURN_IF_ERROR(drain(slot));
+  if (slot.download != nullptr) {  // the reduction writes recv once its last copy to the host read it
+    GLM_RETURN_IF_ERROR(data_.order_next_after(slot.download->device_event()));
+    slot.download = nullptr;
+  }
   Tensor src = bucket_source(b);
   const int64_t shard_numel = b.shard_numel(plan_.world);
   Tensor send = src;
@@ -186,8 +210,14 @@ Status GradReducer::drain(ReduceSlot& slot) {
   Tensor part = slot.recv.slice(0, shard_numel);
   if (converted) {
     Tensor c = reduce_convert_.slice(0, shard_numel);
+    if (convert_download_ != nullptr) GLM_RETURN_IF_ERROR(backend_.wait_for(*convert_download_));
     GLM_RETURN_IF_ERROR(backend_.convert(c, part));
     part = c;
+  }
+  if (host_grads_) {  // the step's only micro-batch: its reduction is the gradient
+    GLM_ASSIGN_OR_RETURN(const AsyncCopy* copy, store_on_host(shards, part));
+    (converted ? convert_download_ : slot.download) = copy;
+    return Status::ok();
   }
   return backend_.add(shards, shards, part, shard_numel);
 }
@@ -195,7 +225,20 @@ Status GradReducer::drain(ReduceSlot& slot) {
 Status GradReducer::accumulate_alone(const CommBucket& b) {
   if (b.numel == 0) return Status::ok();
   Tensor shards = grad_shards_.slice(b.shard_offset, b.numel);
-  return backend_.add(shards, shards, bucket_source(b), b.numel);
+  if (!host_grads_) return backend_.add(shards, shards, bucket_source(b), b.numel);
+  GLM_ASSIGN_OR_RETURN(const AsyncCopy* copy, store_on_host(shards, bucket_source(b)));
+  if (b.first != persistent_) {  // backward fills the other bucket buffer while this one is copied
+    bucket_download_[next_slot_] = copy;
+    next_slot_ ^= 1;
+  }
+  return Status::ok();
+}
+
+Result<const AsyncCopy*> GradReducer::store_on_host(Tensor shards, Tensor src) {
+  GLM_RETURN_IF_ERROR(backend_.accumulate_squares(src, squares_.tensor()));
+  GLM_ASSIGN_OR_RETURN(std::unique_ptr<AsyncCopy> copy, backend_.start_download(shards.data, src));
+  downloads_.push_back(std::move(copy));
+  return downloads_.back().get();
 }
 
 Status GradReducer::grads_ready(int unit, bool last_micro_batch) {
@@ -225,12 +268,18 @@ Status GradReducer::finish_backward() {
                               " (no begin_micro_batch() of the last micro-batch before its backward?)");
   if (plan_.shard_optimizer && !plan_.shard_grads && !plan_.distributed())
     GLM_RETURN_IF_ERROR(backend_.convert(grad_shards_.tensor(), grads_.tensor()));
+  for (auto& copy : downloads_) GLM_RETURN_IF_ERROR(copy->finish());  // the host shards are complete
   return Status::ok();
 }
 
 Result<double> GradReducer::grad_norm_squared() {
   if (!plan_.shard_optimizer) return backend_.sum_squares(grads_.tensor());
-  GLM_ASSIGN_OR_RETURN(double local, backend_.sum_squares(grad_shards_.tensor()));
+  double local = 0;
+  if (host_grads_) {
+    GLM_RETURN_IF_ERROR(backend_.download(&local, squares_.tensor()));
+  } else {
+    GLM_ASSIGN_OR_RETURN(local, backend_.sum_squares(grad_shards_.tensor()));
+  }
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&local, &local, 1, CommType::f64, ReduceOp::sum));
   return local;
 }
@@ -248,7 +297,11 @@ Tensor GradReducer::owned_grads(int unit) const {
 }
 
 int64_t GradReducer::grad_bytes() const {
-  return static_cast<int64_t>(grads_.tensor().bytes() + grad_shards_.tensor().bytes());
+  return static_cast<int64_t>(grads_.tensor().bytes() + (host_grads_ ? 0 : grad_shards_.tensor().bytes()));
+}
+
+int64_t GradReducer::host_grad_bytes() const {
+  return host_grads_ ? static_cast<int64_t>(grad_shards_.tensor().bytes()) : 0;
 }
 
 int64_t GradReducer::buffer_bytes() const {

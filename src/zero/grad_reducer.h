@@ -2,7 +2,10 @@
 //   stages 0-1: full gradients; each bucket is all-reduced (0) or reduce-scattered (1) once, when
 //     the last micro-batch's backward completed it (with --overlap_comm), else after backward;
 //   stages 2-3: only bucket-sized gradient buffers; every micro-batch's bucket is reduce-scattered
-//     as soon as backward filled it and accumulated into this rank's gradient shards.
+//     as soon as backward filled it and accumulated into this rank's gradient shards. With
+//     offload_grads (one micro-batch a step) the shards are host memory: each reduced bucket is
+//     copied there on a copy stream once its reduction is done, while backward goes on; the device
+//     sums its squares first, so the norm needs no pass over host memory.
 // Buckets (zero/comm_buckets.h) coalesce consecutive units up to --reduce_bucket_size elements. A
 // multi-unit bucket is one group of per-unit collectives, each unit reduced where it lies (no
 // packed copy); only a conversion to --grad_reduce_dtype copies the bucket first. At most two
@@ -47,10 +50,12 @@ class GradReducer {
   Status finish_backward();
   Result<double> grad_norm_squared();
   Result<double> global_grad_norm_squared(double local);
-  Tensor owned_grads(int unit) const;
+  Tensor owned_grads(int unit) const;  // host memory where grads_on_host()
+  bool grads_on_host() const { return host_grads_; }
   Tensor full_grads() const { return grads_.tensor(); }  // stages 0-1
   const std::vector<CommBucket>& buckets() const { return buckets_; }
-  int64_t grad_bytes() const;
+  int64_t grad_bytes() const;       // backend memory
+  int64_t host_grad_bytes() const;  // host memory (offload_grads)
   int64_t buffer_bytes() const;
 
  private:
@@ -67,6 +72,9 @@ class GradReducer {
   struct ReduceSlot;
   Status drain(ReduceSlot& slot);
   Status accumulate_alone(const CommBucket& b);  // one rank, stages 2-3
+  // host_grads_: shards (host) = src, the range's reduced gradient (backend memory), its squares
+  // added to squares_ first; the copy is waited for by finish_backward.
+  Result<const AsyncCopy*> store_on_host(Tensor shards, Tensor src);
 
   const ParamLayout& layout_;
   Backend& backend_;
@@ -86,7 +94,12 @@ class GradReducer {
   };
   std::vector<std::vector<ZeroRange>> zero_ranges_;
   Buffer grads_;        // stages 0-1: the full gradients
-  Buffer grad_shards_;  // stages 1-3: this rank's gradient shards
+  Buffer grad_shards_;  // stages 1-3: this rank's gradient shards (host memory where host_grads_)
+  bool host_grads_ = false;
+  Buffer squares_;  // host_grads_: the step's sum of squares of the reduced gradient (f64, backend)
+  std::vector<std::unique_ptr<AsyncCopy>> downloads_;         // host_grads_: this step's copies
+  const AsyncCopy* bucket_download_[2] = {nullptr, nullptr};  // one rank: the copy reading grad_buckets_[i]
+  const AsyncCopy* convert_download_ = nullptr;               // the copy reading reduce_convert_
 
   // Buckets in backward order; bucket_of_unit_ maps a unit to its bucket.
   std::vector<CommBucket> buckets_;
@@ -98,6 +111,7 @@ class GradReducer {
     Buffer send, recv;
     std::unique_ptr<CommRequest> in_flight;
     int bucket = -1;
+    const AsyncCopy* download = nullptr;  // host_grads_: the copy reading recv
   };
   ReduceSlot slots_[2];
   int next_slot_ = 0;

@@ -40,6 +40,31 @@ void add_optimizer_rows(const MemoryPlanInput& in, int64_t owned, MemoryPlan& p)
     add("optimizer: deferred embedding rows (row steps, step rows)", 8 * in.model.vocab_size);
 }
 
+// The parameters: whole (stages 0-2) or this rank's shards (3) on the GPU; with --offload_param cpu
+// the offloaded units' shards (ParamGatherer) in host memory, the persistent unit (whole) and the
+// resident units' shards on the GPU.
+void add_parameter_rows(const MemoryPlanInput& in, const ParamLayout& layout, int64_t stage3_params,
+                        int64_t persistent_numel, bool lora, MemoryPlan& p) {
+  auto add = [&](const char* what, int64_t bytes) {
+    p.rows.push_back({what, bytes});
+    p.total += bytes;
+  };
+  const int stage = in.zero_stage;
+  if (!in.offload_param || stage != 3 || lora) {
+    add(lora ? "base parameters (bf16, frozen)" : "parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * layout.total_numel());
+    return;
+  }
+  const std::vector<bool> host = offloaded_param_units(layout, in.zero_options.offload_param_ratio);
+  int64_t offloaded = 0;
+  for (size_t u = 0; u < host.size(); ++u)
+    if (host[u]) offloaded += layout.shard_numel(static_cast<int>(u));
+  add(offloaded + persistent_numel == stage3_params ? "parameters (bf16): persistent tensors"
+                                                     : "parameters (bf16): persistent tensors and resident shards",
+      2 * (stage3_params - offloaded));
+  p.host_rows.push_back({"offloaded parameters: bf16 shards", 2 * offloaded});
+  p.host_total += 2 * offloaded;
+}
+
 }  // namespace
 
 MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
@@ -62,16 +87,10 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     p.rows.push_back({what, bytes});
     p.total += bytes;
   };
-  if (in.offload_param && stage == 3 && !lora) {
-    // ParamGatherer's shards in host memory; the persistent unit stays whole on the GPU.
-    add("parameters (bf16): persistent tensors", 2 * persistent_numel);
-    p.host_rows.push_back({"offloaded parameters: bf16 shards", 2 * (stage3_params - persistent_numel)});
-    p.host_total += 2 * (stage3_params - persistent_numel);
-  } else {
-    add(lora ? "base parameters (bf16, frozen)" : "parameters (bf16)", stage == 3 ? 2 * stage3_params : 2 * total);
-  }
+  add_parameter_rows(in, layout, stage3_params, persistent_numel, lora.has_value(), p);
   ZeroOptions zero = in.zero_options;
   zero.reduce_bucket_size = zero.unmeasured_reduce_bucket_size();
+  zero.offload_grads = offloads_gradients(in.offload_optimizer, in.gradient_accumulation_steps, stage, lora.has_value());
   // Gradient buckets, packed send and receive slots, gathered units: what ZeroEngine allocates
   // (for a frozen base only stage 3's gathered units).
   int64_t buffers = zero_buffer_sizes(layout, stage, zero, DType::bf16, lora.has_value()).bytes();
@@ -84,7 +103,12 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
     const DType reduce = effective_reduce_dtype(zero, DType::bf16, in.world_size);
     if (in.world_size > 1 && reduce != DType::bf16) buffers += static_cast<int64_t>(dtype_size(reduce)) * adapters;
   } else {
-    add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
+    if (zero.offload_grads) {  // GradReducer's shards in host memory
+      p.host_rows.push_back({"offloaded gradients: bf16 shards", 2 * shard_total});
+      p.host_total += 2 * shard_total;
+    } else {
+      add("gradients (bf16)", stage == 0 ? 2 * total : (stage == 1 ? 2 * total + 2 * shard_total : 2 * shard_total));
+    }
     add_optimizer_rows(in, stage == 0 ? total : shard_total, p);
   }
   add("communication buffers", buffers);
@@ -147,7 +171,11 @@ std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& 
         probe.offload_param = offload == 2;
         probe.recompute = recompute;
         probe.zero_stage = stage;
-        if (fits()) return probe;
+        // Offloaded parameters: the smallest share of them in host memory that fits, in steps of 5%.
+        for (int twentieths = offload == 2 ? 1 : 20; twentieths <= 20; ++twentieths) {
+          probe.zero_options.offload_param_ratio = offload == 2 ? twentieths / 20.0 : in.zero_options.offload_param_ratio;
+          if (fits()) return probe;
+        }
       }
     }
   }
@@ -156,8 +184,10 @@ std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& 
 
 namespace {
 std::string settings_text(const MemoryPlanInput& in) {
+  const double ratio = in.zero_options.offload_param_ratio;
   return concat("--zero_stage ", in.zero_stage, " --recompute ", enum_name(in.recompute),
-                in.offload_optimizer ? " --offload_optimizer cpu" : "", in.offload_param ? " --offload_param cpu" : "");
+                in.offload_optimizer ? " --offload_optimizer cpu" : "", in.offload_param ? " --offload_param cpu" : "",
+                in.offload_param && ratio < 1 ? concat(" --offload_param_ratio ", ratio) : "");
 }
 
 int nodes_gpus(const MemoryPlanInput& in) { return std::clamp(in.gpus_per_node, 1, in.world_size); }
@@ -194,7 +224,9 @@ std::string format_cheapest_settings(const MemoryPlanInput& in, double gpu_memor
   const MemoryPlan best = plan_cuda_memory(*cheapest);
   const bool same = cheapest->zero_stage == in.zero_stage && cheapest->recompute == in.recompute &&
                     cheapest->offload_optimizer == in.offload_optimizer &&
-                    cheapest->offload_param == in.offload_param;
+                    cheapest->offload_param == in.offload_param &&
+                    (!in.offload_param ||
+                     cheapest->zero_options.offload_param_ratio == in.zero_options.offload_param_ratio);
   char host[96] = "";
   if (best.host_total > 0)
     std::snprintf(host, sizeof(host), ", %.2f GiB of host memory per node",

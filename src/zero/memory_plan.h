@@ -37,9 +37,13 @@ struct MemoryPlanInput {
   // --offload_optimizer cpu (stages 1-3, full training): the fp32 master and moments in host memory
   // (train/optimizer_offload.h), none of them on the GPU.
   bool offload_optimizer = false;
-  // --offload_param cpu (stage 3, with the optimizer offloaded): the bf16 parameter shards in host
-  // memory; the GPU keeps the persistent tensors and the gathered units.
+  // --offload_param cpu (stage 3, with the optimizer offloaded): the bf16 parameter shards of the
+  // units offloaded_param_units(zero_options.offload_param_ratio) names in host memory; the GPU
+  // keeps the other shards, the persistent tensors and the gathered units.
   bool offload_param = false;
+  // --gradient_accumulation_steps: at 1 with the optimizer offloaded (stages 2-3) the gradient
+  // shards live in host memory (offloads_gradients()).
+  int64_t gradient_accumulation_steps = 1;
   // --offload_delayed_update: the step's gradient and new working copy in host memory too.
   bool offload_delayed_update = false;
   int gpus_per_node = 8;  // host memory is reported per node of this many GPUs (at most world_size)
@@ -67,9 +71,9 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in);
 // gpu_memory_gib, everything else as `in` says; 0 when not even the smallest row fits.
 int64_t longest_fitting_tokens(const MemoryPlanInput& in, double gpu_memory_gib);
 // The cheapest settings whose plan fits in gpu_memory_gib, `in` otherwise: nothing offloaded before
-// the optimizer before the optimizer and parameters (stage 3), then no recomputation before
-// selective before full, then the lowest ZeRO stage (full training; LoRA keeps its own stage and
-// offloads nothing). nullopt: nothing fits.
+// the optimizer before the optimizer and parameters (stage 3; the smallest --offload_param_ratio
+// that fits, in steps of 0.05), then no recomputation before selective before full, then the lowest
+// ZeRO stage (full training; LoRA keeps its own stage and offloads nothing). nullopt: nothing fits.
 std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& in, double gpu_memory_gib);
 std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan, double gpu_memory_gib);
 

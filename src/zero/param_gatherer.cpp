@@ -5,6 +5,23 @@
 
 namespace glm {
 
+std::vector<bool> offloaded_param_units(const ParamLayout& layout, double ratio) {
+  const int units = static_cast<int>(layout.units().size());
+  std::vector<bool> host(static_cast<size_t>(units), false);
+  int64_t seen = 0, on_host = 0;
+  for (int u = 0; u < units; ++u) {
+    const int64_t n = layout.shard_numel(u);
+    if (u == layout.persistent_unit() || n == 0) continue;
+    seen += n;
+    // Offloaded when on_host + n lies nearer ratio x seen than on_host does.
+    if (static_cast<double>(on_host) + 0.5 * static_cast<double>(n) <= ratio * static_cast<double>(seen)) {
+      host[static_cast<size_t>(u)] = true;
+      on_host += n;
+    }
+  }
+  return host;
+}
+
 Result<std::unique_ptr<ParamGatherer>> ParamGatherer::create(const ParamLayout& layout, Backend& backend,
                                                              Communicator& data, const ShardingPlan& plan,
                                                              const ZeroOptions& options, const ZeroBufferSizes& sizes,
@@ -12,7 +29,6 @@ Result<std::unique_ptr<ParamGatherer>> ParamGatherer::create(const ParamLayout& 
   std::unique_ptr<ParamGatherer> g(new ParamGatherer(layout, backend, data, plan, options, waits));
   const DType dt = backend.compute_dtype();
   GLM_ASSIGN_OR_RETURN(g->type_, comm_type(dt));
-  g->shard_offsets_ = shard_offsets(layout);
   if (plan.gathers_after_update()) {
     g->buckets_ = plan_comm_buckets(layout, options.allgather_bucket_size, false);
     g->bucket_of_unit_.assign(layout.units().size(), -1);
@@ -24,14 +40,22 @@ Result<std::unique_ptr<ParamGatherer>> ParamGatherer::create(const ParamLayout& 
     GLM_ASSIGN_OR_RETURN(g->params_, backend.allocate(layout.total_numel(), dt));
     return g;
   }
-  // The persistent unit is last: the others' shard offsets index a buffer without its shard.
-  const int persistent = layout.persistent_unit();
-  const int64_t persistent_shard = persistent >= 0 ? layout.shard_numel(persistent) : 0;
-  const int64_t stored = g->shard_offsets_.back() - persistent_shard;
-  if (options.offload_params) {
-    GLM_ASSIGN_OR_RETURN(g->param_shards_, backend.allocate_host(stored, dt, options.offload_pin_memory));
-  } else {
-    GLM_ASSIGN_OR_RETURN(g->param_shards_, backend.allocate(stored, dt));
+  // Two stores of consecutive shards, every unit's but the persistent one's: the device's and
+  // (--offload_param cpu) the host's.
+  const size_t units = layout.units().size();
+  g->on_host_ = options.offload_params ? offloaded_param_units(layout, options.offload_param_ratio)
+                                       : std::vector<bool>(units, false);
+  g->stored_offsets_.assign(units, 0);
+  int64_t stored[2] = {0, 0};
+  for (size_t u = 0; u < units; ++u) {
+    if (static_cast<int>(u) == layout.persistent_unit()) continue;
+    int64_t& end = stored[g->on_host_[u] ? 1 : 0];
+    g->stored_offsets_[u] = end;
+    end += layout.shard_numel(static_cast<int>(u));
+  }
+  GLM_ASSIGN_OR_RETURN(g->param_shards_, backend.allocate(stored[0], dt));
+  if (stored[1] > 0) {
+    GLM_ASSIGN_OR_RETURN(g->host_shards_, backend.allocate_host(stored[1], dt, options.offload_pin_memory));
   }
   for (auto& slot : g->gathered_) {
     GLM_ASSIGN_OR_RETURN(slot.params, backend.allocate(sizes.gathered_unit_numel, dt));
@@ -80,7 +104,7 @@ Status ParamGatherer::gather_into(int slot, int unit) {
   const ParamUnit& u = layout_.units()[static_cast<size_t>(unit)];
   Tensor from = shard(unit), full = g.params.slice(0, u.numel);
   g.unit = unit;
-  if (params_on_host()) return upload_and_gather(g, unit);
+  if (params_on_host(unit)) return upload_and_gather(g, unit);
   if (!plan_.distributed()) return backend_.convert(full, from);
   if (!data_.device_buffers()) GLM_RETURN_IF_ERROR(backend_.synchronize());
   g.in_flight = data_.start_all_gather(from.data, full.data, static_cast<size_t>(from.numel), type_);
@@ -191,7 +215,7 @@ Status ParamGatherer::fill_stored(const std::function<Status(Tensor dst, int64_t
     const Tensor stored = shard(u);
     const int64_t at = layout_.shard_offset(u, plan_.rank);
     if (stored.numel == 0 || at >= end || at + stored.numel <= begin) continue;
-    if (!params_on_host()) {
+    if (!params_on_host(u)) {
       GLM_RETURN_IF_ERROR(fill(stored, at));
       continue;
     }
@@ -211,12 +235,10 @@ Status ParamGatherer::read_stored(int unit, const std::function<Status(Tensor st
 }
 
 int64_t ParamGatherer::param_bytes() const {
-  return static_cast<int64_t>(params_.tensor().bytes() + (params_on_host() ? 0 : param_shards_.tensor().bytes()));
+  return static_cast<int64_t>(params_.tensor().bytes() + param_shards_.tensor().bytes());
 }
 
-int64_t ParamGatherer::host_param_bytes() const {
-  return params_on_host() ? static_cast<int64_t>(param_shards_.tensor().bytes()) : 0;
-}
+int64_t ParamGatherer::host_param_bytes() const { return static_cast<int64_t>(host_shards_.tensor().bytes()); }
 
 int64_t ParamGatherer::buffer_bytes() const {
   int64_t bytes = 0;

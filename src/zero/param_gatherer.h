@@ -3,9 +3,10 @@
 //     shards after the optimizer in buckets of consecutive units (forward order);
 //   stage 3: this rank's shards only; a unit is all-gathered just before the model uses it, the
 //     next unit prefetched into a second buffer while the current one computes. With
-//     offload_params the shards live in host memory: a gather first uploads this rank's shard
-//     into its block of the gathered buffer (on a copy stream, after the compute that read the
-//     buffer's previous unit), then all-gathers in place once the upload is done.
+//     offload_params the shards of offloaded_param_units() live in host memory: a gather of one
+//     first uploads this rank's shard into its block of the gathered buffer (on a copy stream,
+//     after the compute that read the buffer's previous unit), then all-gathers in place once the
+//     upload is done.
 #pragma once
 
 #include <functional>
@@ -35,9 +36,9 @@ class ParamGatherer {
   // Units other than the persistent one.
   Result<Tensor> acquire(int unit);
   Status prefetch(int unit);
-  // The whole unit (stage 0) or this rank's shard of it: host memory where params_on_host().
+  // The whole unit (stage 0) or this rank's shard of it: host memory where params_on_host(unit).
   Tensor owned_params(int unit) const;
-  bool params_on_host() const { return plan_.shard_params && options_.offload_params; }
+  bool params_on_host(int unit) const { return plan_.shard_params && on_host_[static_cast<size_t>(unit)]; }
   // After the optimizer wrote owned_params(unit), units in forward order: with --overlap_comm
   // stages 1-2 start the all-gather of the bucket that unit completes.
   Status unit_updated(int unit);
@@ -64,7 +65,8 @@ class ParamGatherer {
                 const ZeroOptions& options, CommWaits& waits)
       : layout_(layout), backend_(backend), data_(data), plan_(plan), options_(options), waits_(waits) {}
   Tensor shard(int unit) const {
-    return param_shards_.slice(shard_offsets_[static_cast<size_t>(unit)], layout_.shard_numel(unit));
+    const size_t u = static_cast<size_t>(unit);
+    return (on_host_[u] ? host_shards_ : param_shards_).slice(stored_offsets_[u], layout_.shard_numel(unit));
   }
 
   const ParamLayout& layout_;
@@ -74,9 +76,12 @@ class ParamGatherer {
   ZeroOptions options_;
   CommWaits& waits_;
   CommType type_ = CommType::f32;
-  std::vector<int64_t> shard_offsets_;
-  Buffer params_;        // stages 0-2: the full parameters
-  Buffer param_shards_;  // stage 3: this rank's shards (of every unit but the persistent one)
+  Buffer params_;  // stages 0-2: the full parameters
+  // Stage 3: this rank's shards of every unit but the persistent one, on the device or (on_host_)
+  // in host memory, each at its stored_offsets_ entry in its store.
+  Buffer param_shards_, host_shards_;
+  std::vector<bool> on_host_;
+  std::vector<int64_t> stored_offsets_;
 
   // Stage 3: two unit-sized buffers of gathered parameters, the one in use and the prefetch.
   struct Gathered {

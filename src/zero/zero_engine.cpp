@@ -89,6 +89,8 @@ int64_t ZeroEngine::owned_offset(int unit) const {
 Result<ZeroStep> ZeroEngine::begin_step(StepSchedule schedule) {
   if (step_.open) return GLM_INTERNAL_ERROR("begin_step() while a step is open");
   if (schedule.micro_batches <= 0) return GLM_INTERNAL_ERROR("a step of ", schedule.micro_batches, " micro-batches");
+  if (grads_on_host() && schedule.micro_batches != 1)
+    return GLM_INTERNAL_ERROR("gradients in host memory take one micro-batch a step, not ", schedule.micro_batches);
   step_ = OpenStep{};
   step_.open = true;
   step_.micro_batches = schedule.micro_batches;
@@ -207,6 +209,7 @@ ZeroMemory ZeroEngine::memory() const {
   m.parameter_bytes = gatherer_->param_bytes() + (persistent_ ? persistent_->param_bytes() : 0);
   m.host_parameter_bytes = gatherer_->host_param_bytes();
   m.gradient_bytes = reducer_ ? reducer_->grad_bytes() : 0;
+  m.host_gradient_bytes = reducer_ ? reducer_->host_grad_bytes() : 0;
   m.buffer_bytes = gatherer_->buffer_bytes() + (reducer_ ? reducer_->buffer_bytes() : 0) +
                    (persistent_ ? persistent_->grad_bytes() : 0);
   return m;

@@ -44,6 +44,7 @@ namespace glm {
 struct ZeroMemory {
   int64_t parameter_bytes = 0, gradient_bytes = 0, buffer_bytes = 0;
   int64_t host_parameter_bytes = 0;  // --offload_param cpu: the shards in host memory
+  int64_t host_gradient_bytes = 0;   // ZeroOptions::offload_grads: the gradient shards in host memory
 };
 
 struct StepSchedule {
@@ -128,10 +129,12 @@ class ZeroEngine final : public ParameterProvider {
   const ShardingPlan& plan() const { return plan_; }
   int units() const { return static_cast<int>(layout_.units().size()); }
   // Parameters and gradients this rank updates: the whole unit (stage 0) or its shard; in host
-  // memory where params_on_host(unit) (--offload_param cpu: every unit but the persistent one).
+  // memory where params_on_host(unit) (--offload_param cpu: the units of offloaded_param_units(),
+  // never the persistent one).
   Tensor owned_params(int unit) const;
-  bool params_on_host(int unit) const { return !persistent(unit) && gatherer_->params_on_host(); }
+  bool params_on_host(int unit) const { return !persistent(unit) && gatherer_->params_on_host(unit); }
   Tensor owned_grads(int unit) const { return reducer_ ? reducer_->owned_grads(unit) : Tensor{}; }
+  bool grads_on_host() const { return reducer_ && reducer_->grads_on_host(); }  // ZeroOptions::offload_grads
   Tensor owned_grads_all() const { return reducer_ ? reducer_->full_grads() : Tensor{}; }  // stages 0-1
   int64_t owned_offset(int unit) const;  // global layout offset of owned_params(unit)
   // Whether a unit's owned gradient is final as soon as the last micro-batch's backward finished

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "base/tensor.h"
 #include "model/param_layout.h"
@@ -41,12 +42,34 @@ struct ZeroOptions {
   // buffer when its unit is gathered; the persistent tensors stay on the device.
   bool offload_params = false;
   bool offload_pin_memory = true;
+  // --offload_param_ratio: the share of those shards (by elements) in host memory; the other units'
+  // shards stay on the device, spread evenly among the offloaded ones (offloaded_param_units()),
+  // and are gathered without an upload. 1: every unit's.
+  double offload_param_ratio = 1.0;
+  // With the optimizer offloaded at stages 2-3 and one micro-batch a step (the trainer sets it at
+  // --gradient_accumulation_steps 1): this rank's gradient shards live in host memory, each
+  // bucket's reduced gradient copied there during backward as soon as its reduction is done (its
+  // squares summed on the device first, for the norm); the device keeps only the bucket buffers.
+  bool offload_grads = false;
 
   // reduce_bucket_size with auto taken as the default: what a run that measures nothing uses.
   int64_t unmeasured_reduce_bucket_size() const {
     return reduce_bucket_size == kAutoBucketSize ? kDefaultBucketSize : reduce_bucket_size;
   }
 };
+
+// --offload_param cpu at ratio r: true for the units whose shards live in host memory. In forward
+// order a unit goes to the host when that keeps the host's share of the elements seen so far
+// nearest r, so resident and offloaded units interleave (an upload overlaps a resident unit's
+// compute) and the host's share of the whole is within half a unit of r. The persistent unit and
+// empty units are never offloaded.
+std::vector<bool> offloaded_param_units(const ParamLayout& layout, double ratio);
+
+// Whether a run keeps its gradient shards in host memory (ZeroOptions::offload_grads): the optimizer
+// offloaded (full training, stages 2-3) and one micro-batch a step, so nothing accumulates there.
+inline bool offloads_gradients(bool offload_optimizer, int64_t gradient_accumulation_steps, int stage, bool lora) {
+  return offload_optimizer && gradient_accumulation_steps == 1 && stage >= 2 && !lora;
+}
 
 // The tensors ZeRO keeps whole on every rank: none below stage 3.
 inline PersistencePolicy persistence_policy(const ZeroOptions& options, int stage) {
