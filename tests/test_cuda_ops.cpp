@@ -1591,6 +1591,34 @@ void expect_steps_match_cpu(const ModelConfig& c, const BackendConfig& gpu_confi
   EXPECT_LT(gpu_losses.back(), gpu_losses.front() - 0.5);
 }
 
+// An allocation the GPU cannot hold fails at once with what it was for (AllocationPurpose, nested
+// scopes restoring the outer name), the GPU's free memory and the `glm_hpc plan` line to run.
+TEST(CudaBackend, OutOfMemoryNamesWhatItWasForAndThePlan) {
+  REQUIRE_GPU();
+  auto gpu = make_cuda_backend(0).take();
+  const int64_t huge = int64_t{1} << 47;  // 256 TiB of bf16: refused by cudaMalloc without allocating
+  {
+    AllocationPurpose outer(*gpu, "the outer buffers");
+    {
+      AllocationPurpose inner(*gpu, "the test's buffer");
+      auto r = gpu->allocate(huge, DType::bf16);
+      ASSERT_FALSE(r.is_ok());
+      const std::string m = r.status().message();
+      for (const char* part : {"out of GPU memory allocating 281474976710656 bytes for the test's buffer", "GiB free of",
+                               "glm_hpc plan", "--gpu_memory_gib"})
+        EXPECT_NE(m.find(part), std::string::npos) << part << "\n" << m;
+    }
+    auto r = gpu->allocate(huge, DType::bf16);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("bytes for the outer buffers ("), std::string::npos) << r.status().message();
+  }
+  auto r = gpu->allocate(huge, DType::bf16);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message().find(" for "), std::string::npos) << r.status().message();
+  auto fine = gpu->allocate(1000, DType::bf16);  // the failures left the device usable
+  EXPECT_TRUE(fine.is_ok()) << fine.status().message();
+}
+
 TEST(CudaModel, StepMatchesCpuBackend) {
   REQUIRE_GPU();
   expect_steps_match_cpu(small_model(), {});

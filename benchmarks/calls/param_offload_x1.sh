@@ -5,6 +5,7 @@
 #   ours with --offload_optimizer cpu --offload_param cpu at gradient accumulation 1 and 16, ours
 #   without offload at accumulation 16, and PyTorch FSDP2 with CPUOffloadPolicy and checkpointing
 #   on the same shapes (benchmarks/peers/hf_glm_fsdp_peer.py --modes offload),
+# the host AdamW against a copy and torch.optim.AdamW on CPU tensors (steps host_adamw, torch_adamw),
 # and both offloads with --offload_delayed_update (after one undelayed step) at accumulation 1 and 16,
 # also with part of the parameter shards resident on the GPU (--offload_param_ratio, GLM_PARAM_RATIO,
 # 0.4: 23.3 GiB planned at 20 layers); the peer with torch's fused AdamW and with torch.optim.AdamW
@@ -23,6 +24,10 @@ step build 240 env GLM_BUILD_JOBS=16 GLM_ONLY_BUILD=1 bash benchmarks/calls/gpu_
   { tail -30 "$OUT/build.log"; step_table; exit 1; }
 step ctest_gpu 150 bash -c "cd build-gpu && ctest -L gpu -E test_nccl -j 2 --timeout 120 --output-on-failure"
 grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout|Not Run" "$OUT/ctest_gpu.log" | head -12
+# The host AdamW against a copy and torch.optim.AdamW on CPU tensors (as constructed by default, foreach, fused).
+cores=$(nproc)
+step host_adamw 60 build-gpu/benchmarks/bench_host_adamw --threads "$cores" --elements $((1 << 27)) --repeat 5
+step torch_adamw 120 python3 benchmarks/peers/torch_cpu_adamw.py --threads "$cores" --elements $((1 << 27)) --repeat 5
 data=/tmp/offload4096.jsonl
 python3 - "$data" <<'PY'
 import json, random, sys
@@ -35,7 +40,8 @@ common=(--config configs/glm4-9b-chat.cfg --num_hidden_layers "$layers" --max_le
 both=(--offload_optimizer cpu --offload_param cpu)
 run() {  # run NAME GA STEPS LIMIT EXTRA...
   local name=$1 ga=$2 steps=$3 limit=$4; shift 4
-  build-gpu/glm_hpc plan "${common[@]}" --world_size 1 --gpus_per_node 1 --gpu_memory_gib 24 "$@" >"$OUT/plan_$name.txt" 2>&1
+  build-gpu/glm_hpc plan "${common[@]}" --gradient_accumulation_steps "$ga" --world_size 1 --gpus_per_node 1 \
+    --gpu_memory_gib 24 "$@" >"$OUT/plan_$name.txt" 2>&1
   step "$name" "$limit" mpirun -np 1 --bind-to none build-gpu/glm_hpc --device cuda "${common[@]}" --dataset "$data" \
     --gradient_accumulation_steps "$ga" --max_steps "$steps" --logging_steps 1 --warmup_steps 0 --save_strategy no \
     --overwrite_output_dir true --output_dir "/tmp/po_$name" "$@"
@@ -52,6 +58,8 @@ step peer_fsdp2_offload 240 torchrun --nproc_per_node 1 benchmarks/peers/hf_glm_
   --modes offload,offload_default --layers "$layers" --steps 3 --warmup 1
 run offload_ga16 16 2 120 "${both[@]}"
 step_table
+cat "$OUT/host_adamw.log" 2>/dev/null | tail -6
+grep -hE "torch AdamW" "$OUT/torch_adamw.log" 2>/dev/null
 grep -h "memory per rank" "$OUT"/offload_ga1.log "$OUT"/gpu_ga16.log 2>/dev/null | head -2
 OUT=$OUT LAYERS=$layers python3 - <<'PY'
 import json, os, re

@@ -1,6 +1,6 @@
 """torch.optim.AdamW on CPU tensors, the peer of bench_host_adamw: one fp32 parameter of N elements
-with its gradient, T threads, foreach and (where this torch has it) fused implementations; best of
-R steps each. Prints one line per implementation and the fastest as torch_adamw_melem_per_s.
+with its gradient, T threads: as torch.optim.AdamW is constructed by default (on CPU tensors its
+per-tensor loop), foreach, and (where this torch has it) fused; best of R steps each. Prints one line per implementation and the fastest as torch_adamw_melem_per_s.
 Usage: python3 torch_cpu_adamw.py [--elements N] [--threads T] [--repeat R]"""
 import argparse
 import time
@@ -16,11 +16,11 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     best_rate = 0.0
-    for impl in ("foreach", "fused"):
+    for impl in ("default", "foreach", "fused"):
         p = torch.nn.Parameter(torch.randn(a.elements) * 0.01)
         p.grad = torch.randn(a.elements) * 1e-3
         try:
-            opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.1, **{impl: True})
+            opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.1, **({} if impl == "default" else {impl: True}))
             opt.step()  # allocates the moments
         except (RuntimeError, TypeError) as e:
             print(f"torch AdamW {impl}: unavailable ({e})")

@@ -137,6 +137,9 @@ class Backend {
   virtual Status join_side() { return Status::ok(); }
 
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
+  // What allocate() is being called for, named in its out-of-memory error (AllocationPurpose sets it).
+  const char* allocation_purpose() const { return allocation_purpose_; }
+  void set_allocation_purpose(const char* purpose) { allocation_purpose_ = purpose; }
   // Host memory, zeroed, for state kept off the device (the offloaded optimizer): page-locked
   // where pinned and the backend has a device to copy to (faster, asynchronous copies), plain
   // aligned memory otherwise.
@@ -280,6 +283,26 @@ class Backend {
   // grad_sq_sum as adamw's, over the gradient rows read; grad may be empty without r.gradient.
   virtual Status adamw_rows(Tensor param, Tensor master, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                             const AdamWRows& r, Tensor grad_sq_sum) = 0;
+
+ private:
+  const char* allocation_purpose_ = nullptr;
+};
+
+// Names what the allocations in its scope are for (a string literal), in the backend's
+// out-of-memory errors; the enclosing scope's name comes back at its end.
+class AllocationPurpose {
+ public:
+  AllocationPurpose(Backend& backend, const char* purpose)
+      : backend_(backend), outer_(backend.allocation_purpose()) {
+    backend.set_allocation_purpose(purpose);
+  }
+  ~AllocationPurpose() { backend_.set_allocation_purpose(outer_); }
+  AllocationPurpose(const AllocationPurpose&) = delete;
+  AllocationPurpose& operator=(const AllocationPurpose&) = delete;
+
+ private:
+  Backend& backend_;
+  const char* outer_;
 };
 
 // adamw_rows' checks every backend makes: shapes, history, one set of constants over the history.

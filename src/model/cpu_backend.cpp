@@ -24,7 +24,11 @@ class CpuBackend final : public Backend {
   DType stats_dtype() const override { return dtype_of<T>(); }
   bool host_accessible() const override { return true; }
 
-  Result<Buffer> allocate(int64_t numel, DType dtype) override { return host_buffer(numel, dtype); }
+  Result<Buffer> allocate(int64_t numel, DType dtype) override {
+    Result<Buffer> b = host_buffer(numel, dtype);
+    if (b.is_ok() || allocation_purpose() == nullptr) return b;
+    return GLM_ERROR(ErrorKind::internal, b.status().message(), " for ", allocation_purpose());
+  }
   Status zero(Tensor t) override {
     if (!t.empty()) std::memset(t.data, 0, t.bytes());
     return Status::ok();

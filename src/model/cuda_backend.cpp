@@ -245,7 +245,9 @@ class CudaBackend final : public Backend {
       char text[160];
       std::snprintf(text, sizeof(text), "%.2f GiB free of %.1f GiB", static_cast<double>(free_bytes) / gib,
                     static_cast<double>(total) / gib);
-      return GLM_ERROR(ErrorKind::internal, "out of GPU memory allocating ", bytes, " bytes (", text,
+      const char* purpose = allocation_purpose();
+      return GLM_ERROR(ErrorKind::internal, "out of GPU memory allocating ", bytes, " bytes",
+                       purpose != nullptr ? concat(" for ", purpose) : std::string(), " (", text,
                        "); `glm_hpc plan` with this run's options and --world_size N --gpu_memory_gib ",
                        static_cast<int64_t>(static_cast<double>(total) / gib),
                        " shows what the run needs and names the cheapest settings that fit (ZeRO stage, "

@@ -34,6 +34,8 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
   if (cp < 1 || comm.size() % cp != 0)
     return GLM_USER_ERROR("--context_parallel_size ", cp, " must divide the ", comm.size(), " ranks");
   const int64_t local_tokens = context_share_tokens(max_tokens, cp);
+  // Named in an out-of-memory error, phase by phase (ZeroEngine's pieces name their own).
+  AllocationPurpose purpose(backend, "the activations and backward scratch");
   GLM_ASSIGN_OR_RETURN(
       e->model_, Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options), backend,
                                    local_tokens, ec.recompute));
@@ -42,6 +44,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
     // From the communicator of the tensor collectives (NCCL's device buffers under CUDA).
     GLM_ASSIGN_OR_RETURN(e->context_comm_, e->data_comm_->split(comm.rank() / cp, comm.rank() % cp));
     const AttentionShape shape{config.num_attention_heads, config.num_key_value_heads, config.head_dim};
+    backend.set_allocation_purpose("context parallelism's gathered keys and values");
     GLM_ASSIGN_OR_RETURN(e->context_, ContextAttention::create(backend, *e->context_comm_, shape, local_tokens));
     GLM_ASSIGN_OR_RETURN(e->kv_rows_, backend.allocate(int64_t{cp} * local_tokens, DType::i32));
     e->model_->attach_context(e->context_.get());
@@ -50,12 +53,14 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
                                                     zero_options, /*frozen=*/lora != nullptr));
   // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs, and
   // a context-parallel share's row positions.
+  backend.set_allocation_purpose("the micro-batch");
   GLM_ASSIGN_OR_RETURN(e->batch_ints_, backend.allocate(micro_batch_ints(local_tokens) + local_tokens, DType::i32));
   GLM_ASSIGN_OR_RETURN(e->correct_, backend.allocate(local_tokens, DType::i32));
   GLM_ASSIGN_OR_RETURN(e->grad_sq_sum_, backend.allocate(1, DType::f64));
   if (lora != nullptr) {
     e->lora_layout_ = std::make_unique<LoraLayout>(config, *lora);
     const int64_t n = e->lora_layout_->total_numel();
+    backend.set_allocation_purpose("the LoRA adapters, their gradients and optimizer state");
     GLM_ASSIGN_OR_RETURN(e->lora_params_, backend.allocate(n, backend.compute_dtype()));
     GLM_ASSIGN_OR_RETURN(e->lora_grads_, backend.allocate(n, backend.compute_dtype()));
     if (e->grad_reduce_dtype_ != backend.compute_dtype() && comm.size() > 1) {
@@ -70,6 +75,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
     }
     return e;
   }
+  backend.set_allocation_purpose("the optimizer state");
   if (adam) GLM_RETURN_IF_ERROR(e->create_optimizers(ec));
   return e;
 }

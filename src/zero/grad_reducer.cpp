@@ -36,6 +36,7 @@ Result<std::unique_ptr<GradReducer>> GradReducer::create(const ParamLayout& layo
 }
 
 Status GradReducer::allocate(const ZeroBufferSizes& sizes) {
+  AllocationPurpose purpose(backend_, "the gradients and their reduction buckets");
   const DType dt = backend_.compute_dtype(), rt = options_.grad_reduce_dtype;
   auto alloc = [&](Buffer& b, int64_t n, DType type) -> Status {
     GLM_ASSIGN_OR_RETURN(b, backend_.allocate(n, type));

@@ -27,6 +27,7 @@ Result<std::unique_ptr<ParamGatherer>> ParamGatherer::create(const ParamLayout& 
                                                              const ZeroOptions& options, const ZeroBufferSizes& sizes,
                                                              CommWaits& waits) {
   std::unique_ptr<ParamGatherer> g(new ParamGatherer(layout, backend, data, plan, options, waits));
+  AllocationPurpose purpose(backend, plan.shard_params ? "ZeRO-3's parameter shards and gathered units" : "the parameters");
   const DType dt = backend.compute_dtype();
   GLM_ASSIGN_OR_RETURN(g->type_, comm_type(dt));
   if (plan.gathers_after_update()) {
