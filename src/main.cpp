@@ -391,6 +391,7 @@ static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
       in.offload_param = options.train.offload_param == glm::OffloadDevice::cpu;
       in.offload_delayed_update = options.train.offload_delayed_update;
       in.gradient_accumulation_steps = options.train.gradient_accumulation_steps;
+      in.offload_gradients = options.train.offload_gradients;
       in.gpus_per_node = static_cast<int>(options.plan_gpus_per_node);
       std::printf("%s", glm::format_memory_plan(in, glm::plan_cuda_memory(in), options.gpu_memory_gib).c_str());
     }

@@ -699,6 +699,17 @@ TEST(Cli, OffloadIsPlannedAndTheCheapestFittingSettingsNamed) {
   EXPECT_EQ(count(params.output, "parameters (bf16): persistent tensors"), 1) << params.output;
   EXPECT_EQ(count(params.output, "offloaded parameters: bf16 shards"), 1) << params.output;
   EXPECT_EQ(count(params.output, "fits in 24.0 GiB: yes"), 1) << params.output;
+  // One micro-batch a step: the gradient shards go to host memory too, unless --offload_gradients false.
+  for (const bool on : {true, false}) {
+    RunResult ga1 = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24 --zero_stage 3 "
+                                   "--recompute full --offload_optimizer cpu --offload_param cpu "
+                                   "--gradient_accumulation_steps 1" +
+                                   std::string(on ? "" : " --offload_gradients false"),
+                            1);
+    ASSERT_EQ(ga1.exit_code, 0) << ga1.output;
+    EXPECT_EQ(count(ga1.output, "offloaded gradients: bf16 shards"), on ? 1 : 0) << ga1.output;
+    EXPECT_EQ(count(ga1.output, "  gradients (bf16)"), on ? 0 : 1) << ga1.output;
+  }
   // Half of the shards resident: GPU and host rows share them, and what the GPU holds is named.
   RunResult half = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24 --zero_stage 3 "
                                   "--recompute full --offload_optimizer cpu --offload_param cpu --offload_param_ratio 0.5",

@@ -454,6 +454,10 @@ class OptionTable {
     add(train, "offload_delayed_update_after", &t.offload_delayed_update_after,
         "with --offload_delayed_update: optimizer steps updated at once before the delay begins (ZeRO-Offload "
         "delays only after the first tens of steps, where the parameters move fastest)");
+    add(train, "offload_gradients", &t.offload_gradients,
+        "with --offload_optimizer cpu at --gradient_accumulation_steps 1 and ZeRO stage 2 or 3: each bucket's reduced "
+        "gradient is copied to pinned host memory during backward and the GPU keeps none (false: the gradients stay "
+        "on the GPU until the host update fetches them)");
     add(train, "offload_threads", &t.offload_threads,
         "with --offload_optimizer cpu: host threads per rank for the update; 0: the cores this rank may run on, "
         "shared with the node's other ranks");
@@ -616,7 +620,8 @@ Status validate_combinations(CliOptions& o, const Sources& src) {
   if (o.command != "train" && o.command != "plan") return Status::ok();
   if (t.offload_optimizer == OffloadDevice::none) {
     for (const char* name :
-         {"offload_pin_memory", "offload_threads", "offload_delayed_update", "offload_delayed_update_after"})
+         {"offload_pin_memory", "offload_threads", "offload_delayed_update", "offload_delayed_update_after",
+          "offload_gradients"})
       if (given(src, name))
         return GLM_USER_ERROR(src.where(name), " applies to an offloaded optimizer: add --offload_optimizer cpu");
   } else if (t.zero_stage == 0) {

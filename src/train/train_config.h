@@ -97,6 +97,7 @@ struct TrainConfig {
   bool offload_pin_memory = true;
   bool offload_delayed_update = false;  // --offload_delayed_update (OffloadConfig::delayed_update)
   int64_t offload_delayed_update_after = 40;  // --offload_delayed_update_after
+  bool offload_gradients = true;              // --offload_gradients (ZeroOptions::offload_grads where it applies)
   int offload_threads = 0;  // host threads of this rank's offloaded updates; 0: 1 (the CLI resolves its auto)
 };
 

@@ -69,8 +69,9 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
   z.offload_params = config.offload_param == OffloadDevice::cpu;
   z.offload_pin_memory = config.offload_pin_memory;
   // One micro-batch a step: the reduced gradients go straight to the host optimizer's memory.
-  z.offload_grads = offloads_gradients(config.offload_optimizer == OffloadDevice::cpu, config.gradient_accumulation_steps,
-                                      config.zero_stage, config.train_type == TrainType::lora);
+  z.offload_grads = offloads_gradients(config.offload_gradients, config.offload_optimizer == OffloadDevice::cpu,
+                                      config.gradient_accumulation_steps, config.zero_stage,
+                                      config.train_type == TrainType::lora);
   if (z.reduce_bucket_size != ZeroOptions::kAutoBucketSize) return z;
   const DType reduce = effective_reduce_dtype(z, backend.compute_dtype(), comm.size());
   std::vector<BandwidthPoint> curve;

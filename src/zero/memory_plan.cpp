@@ -90,7 +90,8 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   add_parameter_rows(in, layout, stage3_params, persistent_numel, lora.has_value(), p);
   ZeroOptions zero = in.zero_options;
   zero.reduce_bucket_size = zero.unmeasured_reduce_bucket_size();
-  zero.offload_grads = offloads_gradients(in.offload_optimizer, in.gradient_accumulation_steps, stage, lora.has_value());
+  zero.offload_grads = offloads_gradients(in.offload_gradients, in.offload_optimizer, in.gradient_accumulation_steps,
+                                          stage, lora.has_value());
   // Gradient buckets, packed send and receive slots, gathered units: what ZeroEngine allocates
   // (for a frozen base only stage 3's gathered units).
   int64_t buffers = zero_buffer_sizes(layout, stage, zero, DType::bf16, lora.has_value()).bytes();

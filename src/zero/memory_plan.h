@@ -44,6 +44,7 @@ struct MemoryPlanInput {
   // --gradient_accumulation_steps: at 1 with the optimizer offloaded (stages 2-3) the gradient
   // shards live in host memory (offloads_gradients()).
   int64_t gradient_accumulation_steps = 1;
+  bool offload_gradients = true;  // --offload_gradients
   // --offload_delayed_update: the step's gradient and new working copy in host memory too.
   bool offload_delayed_update = false;
   int gpus_per_node = 8;  // host memory is reported per node of this many GPUs (at most world_size)

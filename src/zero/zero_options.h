@@ -65,10 +65,12 @@ struct ZeroOptions {
 // empty units are never offloaded.
 std::vector<bool> offloaded_param_units(const ParamLayout& layout, double ratio);
 
-// Whether a run keeps its gradient shards in host memory (ZeroOptions::offload_grads): the optimizer
-// offloaded (full training, stages 2-3) and one micro-batch a step, so nothing accumulates there.
-inline bool offloads_gradients(bool offload_optimizer, int64_t gradient_accumulation_steps, int stage, bool lora) {
-  return offload_optimizer && gradient_accumulation_steps == 1 && stage >= 2 && !lora;
+// Whether a run keeps its gradient shards in host memory (ZeroOptions::offload_grads): asked for
+// (--offload_gradients), the optimizer offloaded (full training, stages 2-3) and one micro-batch a
+// step, so nothing accumulates there.
+inline bool offloads_gradients(bool wanted, bool offload_optimizer, int64_t gradient_accumulation_steps, int stage,
+                               bool lora) {
+  return wanted && offload_optimizer && gradient_accumulation_steps == 1 && stage >= 2 && !lora;
 }
 
 // The tensors ZeRO keeps whole on every rank: none below stage 3.
