@@ -25,12 +25,12 @@ from transformers import GlmForCausalLM
 
 def build(cfg, mode):
     torch.manual_seed(0)
+    offload = mode.startswith("offload")
     with torch.device("cuda"):
         model = GlmForCausalLM(cfg)  # fp32 master weights, initialised on the GPU (fast)
     if mode == "ckpt" or offload:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    offload = mode.startswith("offload")
     extra = {"offload_policy": CPUOffloadPolicy(pin_memory=True)} if offload else {}
     for layer in model.model.layers:
         if mode == "compile":
