@@ -2,12 +2,24 @@
 // chunks are large (tens of thousands of elements), so the lock is not what limits the rate.
 #include "base/thread_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 
 namespace glm {
 
-ThreadPool::ThreadPool(int threads) {
-  for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { work(); });
+ThreadPool::ThreadPool(int threads, const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  const bool pin = CPU_COUNT(&set) > 0;
+  for (int i = 1; i < std::max(threads, 1); ++i)
+    workers_.emplace_back([this, set, pin] {
+      if (pin) pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort: else anywhere
+      work();
+    });
 }
 
 ThreadPool::~ThreadPool() {

@@ -15,8 +15,9 @@ namespace glm {
 
 class ThreadPool {
  public:
-  // threads in all, the caller's included (1: everything runs on the caller's thread).
-  explicit ThreadPool(int threads);
+  // threads in all, the caller's included (1: everything runs on the caller's thread); the
+  // workers run on `cpus` where given (their memory near those cores), anywhere otherwise.
+  explicit ThreadPool(int threads, const std::vector<int>& cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

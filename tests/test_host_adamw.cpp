@@ -1,16 +1,19 @@
-// The offloaded optimizer's host AdamW (kernels/cpu/host_adamw.h) and its thread pool: in the CPU
-// backend's rounding it gives cpu::adamw's bits, in the CUDA kernel's the element function's (the
-// GPU suite checks that against the kernel itself), for any thread count, odd sizes and both
-// dtypes of gradients and working copies.
+// The offloaded optimizer's host AdamW (kernels/cpu/host_adamw.h), its thread pool and the NUMA
+// helpers that place both (base/numa.h): in the CPU backend's rounding it gives cpu::adamw's bits,
+// in the CUDA kernel's the element function's (the GPU suite checks that against the kernel
+// itself), for any thread count, odd sizes and both dtypes of gradients and working copies.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/numa.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/adamw_element.h"
 #include "kernels/cpu/host_adamw.h"
@@ -65,6 +68,48 @@ TEST(ThreadPool, RunsEveryChunkOnceAtAnySize) {
       pool.run(chunks, [&](int64_t c) { seen[static_cast<size_t>(c)].fetch_add(1); });
       for (int64_t c = 0; c < chunks; ++c) EXPECT_EQ(seen[static_cast<size_t>(c)].load(), 1) << chunks << " chunks";
     }
+  }
+}
+
+// Workers given CPUs run on them only (the offloaded optimizer's on the GPU's NUMA node): here the
+// one CPU this process is allowed first; the caller's thread, which also runs chunks, is left alone.
+TEST(ThreadPool, WorkersRunOnTheCpusGiven) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &allowed)) ++first;
+  ThreadPool pool(3, {first});
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> elsewhere{0}, by_workers{0};
+  pool.run(400, [&](int64_t) {
+    if (std::this_thread::get_id() == caller) return;
+    by_workers.fetch_add(1);
+    if (sched_getcpu() != first) elsewhere.fetch_add(1);
+  });
+  EXPECT_EQ(elsewhere.load(), 0) << "of " << by_workers.load() << " chunks run by the workers";
+}
+
+TEST(Numa, CpuListsAndTopology) {
+  EXPECT_EQ(parse_cpu_list("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_cpu_list("5"), (std::vector<int>{5}));
+  for (const char* bad : {"", "x", "3-1", "1,,2", "1-"}) EXPECT_TRUE(parse_cpu_list(bad).empty()) << bad;
+  EXPECT_GE(numa_node_count(), 1);
+  EXPECT_EQ(pci_numa_node("not-a-device"), -1);
+  EXPECT_TRUE(numa_node_cpus(-1).empty());
+  // Node 0's CPUs are ones this process may use; with one node, every one it may use.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  const std::vector<int> node0 = numa_node_cpus(0);
+  for (int c : node0) EXPECT_TRUE(CPU_ISSET(c, &allowed)) << c;
+  if (numa_node_count() == 1 && !node0.empty()) {
+    EXPECT_EQ(static_cast<int>(node0.size()), CPU_COUNT(&allowed));
+  }
+  // A preference on a one-node machine, or for no node, does nothing.
+  EXPECT_FALSE(PreferNumaNode(-1).active());
+  if (numa_node_count() == 1) {
+    EXPECT_FALSE(PreferNumaNode(0).active());
   }
 }
 

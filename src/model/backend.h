@@ -144,6 +144,9 @@ class Backend {
   // where pinned and the backend has a device to copy to (faster, asynchronous copies), plain
   // aligned memory otherwise.
   virtual Result<Buffer> allocate_host(int64_t numel, DType dtype, bool pinned) { return host_buffer(numel, dtype); }
+  // The NUMA node nearest the device (where allocate_host prefers its pages and the offloaded
+  // optimizer's threads run); -1: none, or the host itself computes.
+  virtual int host_numa_node() const { return -1; }
   static Result<Buffer> host_buffer(int64_t numel, DType dtype);
   // The rounding of this backend's adamw(), which an offloaded optimizer on the host repeats.
   virtual cpu::AdamWRounding adamw_rounding() const { return cpu::AdamWRounding::reference; }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/numa.h"
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cross_entropy.cuh"
@@ -130,6 +131,9 @@ class CudaBackend final : public Backend {
 
   Status init() {
     GLM_CUDA_RETURN(cudaSetDevice(device_));
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess) host_numa_node_ = pci_numa_node(bus_id);
+    cudaGetLastError();
     // The main stream has the highest priority and the side stream the lowest, so that the block
     // scheduler hands SMs that free up to the main stream's pending blocks first. Without that, a
     // side update that starts just before a GEMM (a layer's MLP half, released after its
@@ -262,7 +266,10 @@ class CudaBackend final : public Backend {
     }
     return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFree(q); });
   }
+  int host_numa_node() const override { return host_numa_node_; }
   Result<Buffer> allocate_host(int64_t numel, DType dtype, bool pinned) override {
+    // Pinning allocates the pages at once: from the GPU's NUMA node where the machine has several.
+    PreferNumaNode near(host_numa_node_);
     if (!pinned) return host_buffer(numel, dtype);
     if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");
     const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 256);
@@ -273,7 +280,7 @@ class CudaBackend final : public Backend {
                             "memory-lock limit, `ulimit -l`, or the host's free memory); `glm_hpc plan` shows "
                             "the host memory a run needs, and --offload_pin_memory false uses pageable memory");
     }
-    std::memset(p, 0, bytes);  // first touch by this rank's thread: the pages come from its NUMA node
+    std::memset(p, 0, bytes);
     return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFreeHost(q); });
   }
   cpu::AdamWRounding adamw_rounding() const override { return cpu::AdamWRounding::fused; }
@@ -733,6 +740,7 @@ class CudaBackend final : public Backend {
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().
   cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
   cudaStream_t copy_down_ = nullptr, copy_up_ = nullptr;  // start_download, start_upload
+  int host_numa_node_ = -1;
   cudaEvent_t fork_ = nullptr, joined_ = nullptr;
   bool side_pending_ = false;  // side work enqueued since the last join_side()
   // SMs the GEMMs are planned for while side work is pending (0: all).

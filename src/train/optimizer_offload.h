@@ -1,7 +1,8 @@
 // The optimizer offloaded to the host (--offload_optimizer cpu, DeepSpeed's offload_optimizer):
 // each rank's fp32 master weights and Adam moments live in host memory (page-locked unless
 // --offload_pin_memory false) and host threads update them with the backend's own rounding
-// (kernels/cpu/host_adamw.h), so an offloaded run computes the same bits as one that is not.
+// (kernels/cpu/host_adamw.h), so an offloaded run computes the same bits as one that is not. The
+// state is allocated on, and the threads run on, the NUMA node nearest the GPU (Backend::host_numa_node).
 // Gradients come to the host and the updated working copy goes back through two staging slots of
 // OffloadConfig::staging_elements each way: the next chunk's gradient comes over and the last
 // chunk's parameters go back while the host updates the current one.
@@ -9,6 +10,7 @@
 
 #include <memory>
 
+#include "base/numa.h"
 #include "base/thread_pool.h"
 #include "model/backend.h"
 
@@ -62,7 +64,7 @@ class OptimizerOffload {
 
  private:
   OptimizerOffload(Backend& backend, const OffloadConfig& config)
-      : backend_(backend), config_(config), pool_(config.threads) {}
+      : backend_(backend), config_(config), pool_(config.threads, numa_node_cpus(backend.host_numa_node())) {}
 
   Backend& backend_;
   OffloadConfig config_;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "base/numa.h"
 #include "data/sharded_loader.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
@@ -106,6 +107,13 @@ Result<ZeroOptions> resolve_zero_options(const TrainConfig& config, Communicator
 
 namespace {
 
+// Where the offloaded state sits on a machine of several NUMA nodes: ", NUMA node N, the GPU's".
+std::string numa_text(const Backend& backend) {
+  const int node = backend.host_numa_node();
+  if (node < 0 || numa_node_count() < 2) return "";
+  return concat(", NUMA node ", node, ", the GPU's");
+}
+
 // "0-3,5": the ranks, consecutive ones as ranges.
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
@@ -173,8 +181,8 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
     if (v[12] > 0) gradients = concat(mib(v[12], 0), " in ", pinned, "host memory (copied there in backward)");
     std::string optimizer = mib(v[4], v[5]);
     if (config.offload_optimizer == OffloadDevice::cpu)
-      optimizer = concat(mib(v[10], 0), " in ", pinned, "host memory (",
-                         config.offload_threads, config.offload_threads == 1 ? " thread" : " threads", ")");
+      optimizer = concat(mib(v[10], 0), " in ", pinned, "host memory (", config.offload_threads,
+                         config.offload_threads == 1 ? " thread" : " threads", numa_text(engine.backend()), ")");
     std::printf(
         "glm_hpc: memory per rank (ZeRO-%d), rank%s %s of %d: parameters %s, gradients %s, optimizer %s, "
         "communication buffers %s, activations (recompute %s) %s\n",
