@@ -394,12 +394,16 @@ BENCHMARK(BM_EmbeddingBackward)
 BENCHMARK(BM_Rope)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AttentionForward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBackward)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
-// A 32k row over 4 ranks: each share against the whole row (ranks 0 and 3 hold the lightest and the
-// heaviest chunk); the whole row for comparison.
-BENCHMARK(BM_AttentionForward)->Arg(32768)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AttentionBackward)->Arg(32768)->UseManualTime()->Unit(benchmark::kMillisecond);
+// A 32k and a 128k row over 4 ranks: each share against the whole row (ranks 0 and 3 hold the
+// lightest and the heaviest chunk); the whole row for comparison (ideal share: its time over 4; a
+// 128k row's share does the work of a 64k whole row). Group 1: the gathered kernels on a whole row,
+// the same work as the whole-row kernels.
+BENCHMARK(BM_AttentionForward)->Arg(32768)->Arg(65536)->Arg(131072)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionBackward)->Arg(32768)->Arg(65536)->Arg(131072)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionGathered)
-    ->ArgsProduct({{32768}, {4}, {0, 3}, {0, 1}})
+    ->ArgsProduct({{32768, 131072}, {4}, {0, 3}, {0, 1}})
+    ->Args({32768, 1, 0, 0})
+    ->Args({32768, 1, 0, 1})
     ->ArgNames({"row", "group", "rank", "backward"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

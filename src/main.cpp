@@ -381,6 +381,7 @@ static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
       in.zero_stage = options.train.zero_stage;
       in.micro_batch_tokens = options.train.per_device_train_batch_size * options.train.max_length;
       in.recompute = options.train.recompute;
+      in.offload_activations = options.train.offload_activations;
       in.zero_options = options.train.zero_options;
       if (options.train.train_type == glm::TrainType::lora) in.lora = options.train.lora;
       in.split_master = options.train.split_master_weights;

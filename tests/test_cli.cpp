@@ -683,15 +683,27 @@ TEST(Cli, OffloadIsPlannedAndTheCheapestFittingSettingsNamed) {
   RunResult tiny_card = run_glm(plan + "--world_size 1 --gpu_memory_gib 8", 1);
   ASSERT_EQ(tiny_card.exit_code, 0) << tiny_card.output;
   EXPECT_EQ(count(tiny_card.output, "nothing fits in 8.0 GiB per GPU at world size 1"), 1) << tiny_card.output;
-  // 20 layers on one 24 GB card need the parameter shards on the host too; the plan then keeps only
-  // the persistent tensors on the GPU and counts the shards in host memory.
+  // 20 layers on one 24 GB card fit with the layers' inputs in host memory beside the optimizer
+  // (activations cross PCIe once each way, less than the parameters would every step); a 20 GB card
+  // needs a share of the parameter shards on the host too.
   RunResult one_card = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24", 1);
   ASSERT_EQ(one_card.exit_code, 0) << one_card.output;
-  EXPECT_EQ(count(one_card.output, "cheapest settings that fit in 24.0 GiB: --zero_stage 3 --recompute selective "
-                                   "--offload_optimizer cpu --offload_param cpu --offload_param_ratio 0."),
+  EXPECT_EQ(count(one_card.output, "cheapest settings that fit in 24.0 GiB: --zero_stage 2 --recompute full "
+                                   "--offload_activations true --offload_optimizer cpu ("),
+            1)
+      << one_card.output;
+  RunResult smaller_card = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 20", 1);
+  ASSERT_EQ(smaller_card.exit_code, 0) << smaller_card.output;
+  EXPECT_EQ(count(smaller_card.output, "cheapest settings that fit in 20.0 GiB: --zero_stage 3 --recompute full "
+                                       "--offload_optimizer cpu --offload_param cpu --offload_param_ratio 0."),
             1)
       << "the smallest share of the shards on the host that fits\n"
-      << one_card.output;
+      << smaller_card.output;
+  // The layers' inputs offloaded: the GPU keeps 3 of them, the host the rest.
+  RunResult inputs = run_glm(plan + "--world_size 1 --train_type lora --recompute full --offload_activations true", 1);
+  ASSERT_EQ(inputs.exit_code, 0) << inputs.output;
+  EXPECT_EQ(count(inputs.output, "offloaded activations: the layers' inputs (bf16)"), 1) << inputs.output;
+  EXPECT_EQ(count(inputs.output, "recompute full, the layers' inputs offloaded"), 1) << inputs.output;
   RunResult params = run_glm(plan + "--num_hidden_layers 20 --world_size 1 --gpu_memory_gib 24 --zero_stage 3 "
                                     "--recompute full --offload_optimizer cpu --offload_param cpu",
                              1);

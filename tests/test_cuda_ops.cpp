@@ -719,8 +719,11 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, FlashVariants, ::testing::Values(32, 64, 128)
 // Context parallelism's cross-rank attention: each rank of a group of C holds the zigzag share of a
 // row (data/context_split.h) and runs its queries against the gathered k | v. Every rank's out,
 // lse and dq, and the group's summed dk | dv, against the CPU's gathered op on the same inputs and
-// against the GPU's whole-row attention; rows of odd lengths (no multiple of the tiles), documents
-// that start inside chunks and on chunk edges, and the one-token documents the data path pads with.
+// against the GPU's whole-row attention, every (token, head) row; rows of odd lengths (no multiple
+// of the tiles, so that query tiles straddle a share's two chunks), documents that start inside
+// chunks and on chunk edges, and the one-token documents the data path pads with. On this GPU the
+// head_dim 128 cases run the kernels the whole row runs (wgmma on an H200); the A100 and RTX 4090
+// profiles run the mma.sync ones.
 struct GatheredCase {
   int group;
   int64_t chunk;
@@ -836,6 +839,7 @@ TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
   expect_close(dkv, "gathered dk | dv summed over the group", 2e-2);
   EXPECT_LT(worst_row_error(share_out, share_ref_out, static_cast<size_t>(s.head_dim)), 3e-2) << "out: whole row";
   EXPECT_LT(relative_error(share_dq, share_ref_dq), 2e-2) << "dq: whole row";
+  EXPECT_LT(worst_row_error(share_dq, share_ref_dq, static_cast<size_t>(s.head_dim)), 3e-2) << "dq: worst row";
   const std::vector<float> summed = from_gpu(dkv.gpu);
   std::vector<float> ours_kv, ref_kv;
   for (int64_t t = 0; t < row; ++t) {
@@ -844,6 +848,7 @@ TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
     ref_kv.insert(ref_kv.end(), ref_dqkv.begin() + t * width + qw, ref_dqkv.begin() + (t + 1) * width);
   }
   EXPECT_LT(relative_error(ours_kv, ref_kv), 2e-2) << "dk | dv: whole row";
+  EXPECT_LT(worst_row_error(ours_kv, ref_kv, static_cast<size_t>(s.head_dim)), 3e-2) << "dk | dv: worst row";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -852,7 +857,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          GatheredCase{3, 50, {8, 2, 128}, {0, 150, 170, 299}},
                                          GatheredCase{4, 128, {32, 2, 128}, {0, 700}},
                                          GatheredCase{2, 300, {4, 1, 32}, {0}},
-                                         GatheredCase{8, 45, {16, 4, 128}, {0, 90, 400, 715, 716, 717, 718, 719}}),
+                                         GatheredCase{8, 45, {16, 4, 128}, {0, 90, 400, 715, 716, 717, 718, 719}},
+                                         GatheredCase{2, 333, {8, 2, 128}, {0, 100, 333, 666, 1000, 1330, 1331}},
+                                         GatheredCase{3, 700, {4, 1, 128}, {0, 1500, 2801}}),
                        ::testing::ValuesIn(kProfiles)),
     gathered_case_name);
 
@@ -1683,6 +1690,55 @@ TEST(CudaModel, RecomputationIsExactOnGpu) {
       EXPECT_NEAR(o.losses[s], none.losses[s], kBf16TrajectoryTolerance * none.losses[s]) << enum_name(policy);
     EXPECT_LT(relative_error(o.grads, none.grads), kBf16GradTolerance) << enum_name(policy);
     EXPECT_LT(o.bytes, none.bytes) << enum_name(policy);
+  }
+}
+
+// --offload_activations on the GPU: the layers' inputs go to pinned host memory on the copy
+// stream while the next layers run and come back a layer ahead of their backward, through a ring
+// of 3 device tensors (7 layers: it wraps twice). Any missing wait (a slot overwritten before its
+// copy down finished, a layer reading its input before the copy up arrived) changes the numbers;
+// the trajectory matches keeping the inputs on the device to the tolerance of attention's atomics.
+TEST(CudaModel, OffloadedActivationsFollowTheResidentRun) {
+  REQUIRE_GPU();
+  ModelConfig c = small_model();
+  c.num_hidden_layers = 7;
+  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  auto gpu = make_cuda_backend(0).take();
+  LocalCommunicator comm;
+  std::vector<HostMicroBatch> window = {random_batch(c, 5), random_batch(c, 6)};
+  struct Outcome {
+    std::vector<double> losses;
+    std::vector<float> grads;
+    int64_t bytes = 0, host_bytes = 0;
+  };
+  auto run = [&](Recompute policy, bool offload) {
+    EngineConfig ec{.model = c, .max_tokens = 512, .adam = AdamWOptions{}, .recompute = policy};
+    ec.offload_activations = offload;
+    auto e = TrainingEngine::create(ec, *gpu, comm).take();
+    EXPECT_TRUE(e->initialize_parameters(9).is_ok());
+    Outcome o;
+    for (int s = 0; s < 5; ++s) {
+      auto r = e->step(window, 2e-3);
+      EXPECT_TRUE(r.is_ok()) << r.status().message();
+      if (r.is_ok()) o.losses.push_back(r.value().loss);
+    }
+    Buffer staging = gpu->allocate(e->layout().total_numel(), DType::f32).take();
+    EXPECT_TRUE(gpu->convert(staging.tensor(), e->gradients()).is_ok());
+    o.grads.resize(static_cast<size_t>(e->layout().total_numel()));
+    EXPECT_TRUE(gpu->download(o.grads.data(), staging.tensor()).is_ok());
+    o.bytes = e->activation_bytes();
+    o.host_bytes = e->host_activation_bytes();
+    return o;
+  };
+  for (Recompute policy : {Recompute::none, Recompute::full}) {
+    const Outcome kept = run(policy, false), offloaded = run(policy, true);
+    ASSERT_EQ(offloaded.losses.size(), kept.losses.size());
+    EXPECT_NEAR(offloaded.losses[0], kept.losses[0], 1e-6 * kept.losses[0]) << enum_name(policy);
+    for (size_t s = 1; s < kept.losses.size(); ++s)
+      EXPECT_NEAR(offloaded.losses[s], kept.losses[s], kBf16TrajectoryTolerance * kept.losses[s]) << enum_name(policy);
+    EXPECT_LT(relative_error(offloaded.grads, kept.grads), kBf16GradTolerance) << enum_name(policy);
+    EXPECT_EQ(offloaded.host_bytes, (c.num_hidden_layers + 1 - 3) * 512 * c.hidden_size * 2);
+    EXPECT_EQ(kept.bytes - offloaded.bytes, offloaded.host_bytes);
   }
 }
 

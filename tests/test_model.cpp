@@ -261,6 +261,55 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
   EXPECT_LT(full.bytes, selective.bytes);
 }
 
+// --offload_activations moves the layers' inputs to host memory between their forward and backward
+// through a ring of 3 device tensors: losses and gradients bit-identical to keeping them, with
+// recomputation and without, over micro-batches with an evaluation between them (which copies
+// nothing and must not disturb the ring), on a model deep enough that the ring wraps twice; the
+// device holds 3 residual tensors instead of L + 1, the host the rest, as the planner says.
+TEST(Glm4Model, OffloadedActivationsGiveIdenticalLossesAndGradients) {
+  ModelConfig config = tiny_config();
+  config.num_hidden_layers = 7;
+  auto backend = make_cpu_backend(DType::f64);
+  std::vector<double> params(static_cast<size_t>(ParamLayout(config).total_numel()));
+  ASSERT_TRUE(initialize_parameters(config, 13, *backend,
+                                    Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
+                  .is_ok());
+  HostBatch first = two_document_batch(), second = two_document_batch();
+  std::reverse(second.tokens.begin(), second.tokens.end());
+  struct Outcome {
+    std::vector<double> losses, grads;
+    int64_t bytes = 0, host_bytes = 0;
+  };
+  auto run = [&](Recompute policy, bool offload) {
+    auto model = Glm4Model::create(config, ParamLayout(config), *backend, 16, policy, offload).take();
+    Outcome o;
+    o.grads.assign(params.size(), 0.0);
+    VectorParameters provider(model->layout(), params, o.grads);
+    for (HostBatch* hb : {&first, &second}) {
+      EXPECT_TRUE(model->forward_backward(hb->view(), 0.5, provider).is_ok());
+      const double* l = model->losses().as<double>();
+      o.losses.insert(o.losses.end(), l, l + hb->tokens.size());
+      EXPECT_TRUE(model->forward(second.view(), provider).is_ok());
+      o.losses.insert(o.losses.end(), l, l + second.tokens.size());
+    }
+    o.bytes = model->activation_bytes();
+    o.host_bytes = model->host_activation_bytes();
+    EXPECT_EQ(o.bytes, Glm4Model::planned_activation_bytes(config, 16, 8, 8, policy, offload));
+    EXPECT_EQ(o.host_bytes, Glm4Model::planned_host_activation_bytes(config, 16, 8, offload));
+    return o;
+  };
+  const int64_t residual_bytes = 16 * config.hidden_size * 8;
+  for (const Recompute policy : {Recompute::none, Recompute::full}) {
+    const Outcome kept = run(policy, false), offloaded = run(policy, true);
+    EXPECT_EQ(offloaded.losses, kept.losses) << enum_name(policy);
+    EXPECT_EQ(offloaded.grads, kept.grads) << enum_name(policy);
+    EXPECT_GT(*std::max_element(kept.grads.begin(), kept.grads.end()), 1e-6);
+    EXPECT_EQ(kept.host_bytes, 0);
+    EXPECT_EQ(offloaded.host_bytes, (config.num_hidden_layers + 1 - 3) * residual_bytes);
+    EXPECT_EQ(kept.bytes - offloaded.bytes, offloaded.host_bytes);
+  }
+}
+
 // Without clipping on one rank the optimizer updates each unit as backward finishes it (on the
 // CPU in place, at that point of backward), a layer's MLP half first, when the layer's backward
 // has passed it (a mutation that leaves part of the other half out fails here). The update reads

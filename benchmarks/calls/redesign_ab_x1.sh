@@ -6,6 +6,8 @@
 # with the old and the new binary alternately. Prints a short table last. GLM_AB_CTEST=1 builds every
 # target and runs `ctest -L gpu` instead of test_cuda_ops alone; GLM_AB_FIXTURES=NAME regenerates that
 # parity fixture with transformers (tools/make_parity_fixtures.py) into $OUT/fixtures.
+# GLM_AB_BENCH=REGEX also builds both trees' bench_kernels and runs the benchmarks it matches with
+# each, old first (a benchmark the old tree lacks prints nothing there).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp/out}
@@ -15,7 +17,8 @@ root=$PWD
 rm -rf /tmp/old && mkdir -p /tmp/old && tar -xzf .old/old.tar.gz -C /tmp/old && cp -r .deb /tmp/old/
 old_session=$(ls /tmp/old/benchmarks/gpu_session.sh /tmp/old/benchmarks/calls/gpu_session.sh 2>/dev/null | head -1)
 t0=$(date +%s)
-(cd /tmp/old && GLM_BUILD_JOBS=8 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc" OUT=/tmp/old_out bash "$old_session" \
+old_targets="glm_hpc"; [ -n "${GLM_AB_BENCH:-}" ] && old_targets="glm_hpc bench_kernels"
+(cd /tmp/old && GLM_BUILD_JOBS=8 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="$old_targets" OUT=/tmp/old_out bash "$old_session" \
   >"$OUT/old_build.txt" 2>&1; echo "old build rc=$?" >>"$OUT/old_build.txt") &
 old_pid=$!
 if [ -n "${GLM_AB_FIXTURES:-}" ]; then
@@ -23,7 +26,8 @@ if [ -n "${GLM_AB_FIXTURES:-}" ]; then
    mkdir -p "$OUT/fixtures"; for f in $GLM_AB_FIXTURES; do cp -r "/tmp/fixtures/$f" "$OUT/fixtures/"; done) &
   fixtures_pid=$!
 fi
-new_targets="glm_hpc test_cuda_ops"; [ "${GLM_AB_CTEST:-0}" = 1 ] && new_targets=""
+new_targets="glm_hpc test_cuda_ops"; [ -n "${GLM_AB_BENCH:-}" ] && new_targets="$new_targets bench_kernels"
+[ "${GLM_AB_CTEST:-0}" = 1 ] && new_targets=""
 GLM_BUILD_JOBS=10 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="$new_targets" bash benchmarks/calls/gpu_session.sh ||
   { echo "new build failed"; exit 1; }
 wait $old_pid
@@ -49,6 +53,12 @@ try:
     print("tiny cuda vs cpu: %d steps, worst relative loss gap %.2e" % (len(c), max(abs(a - b) / abs(b) for a, b in zip(g, c))))
 except Exception as e: print("tiny comparison failed:", e)
 PY
+if [ -n "${GLM_AB_BENCH:-}" ]; then
+  for side in old new; do
+    bin=$([ $side = old ] && echo /tmp/old/build-gpu/benchmarks/bench_kernels || echo "$root/build-gpu/benchmarks/bench_kernels")
+    timeout 240 "$bin" --benchmark_color=false --benchmark_filter="$GLM_AB_BENCH" >"$OUT/bench_$side.txt" 2>&1 || echo "bench_kernels $side rc=$?"
+  done
+fi
 data=/tmp/bench4096.jsonl
 python3 - "$data" <<'PY'
 import json, random, sys
@@ -77,3 +87,6 @@ for side in ("old", "new"):
             print("%-10s %8.0f tokens/s over %d steps, final loss %.6f, %.1f GiB" % (d.split("/")[-1], sum(x["tokens_per_second"] for x in r) / len(r), len(r), r[-1]["loss"], max(x.get("device_memory_gib", 0) for x in r)))
         except Exception as e: print(d, "no result:", e)
 PY
+if [ -n "${GLM_AB_BENCH:-}" ]; then
+  for side in old new; do echo "== bench_kernels, $side =="; grep -E "^BM_" "$OUT/bench_$side.txt" | awk '{print $1, $2, $3}'; done
+fi

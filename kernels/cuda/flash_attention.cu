@@ -66,24 +66,6 @@ __device__ __forceinline__ void async_rows(bf16* dst, int ld, const bf16* src, i
   }
 }
 
-// Where one call's rows live. Queries: n_q rows of q (row stride q_stride), query i at row position
-// i, or pos[i] when Gathered (ascending). Keys and values: row position p at row p of k and v
-// (stride kv_stride), or at row kv_row[p] when Gathered; n_kv positions.
-struct FlashRows {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
-  const int32_t* pos;
-  const int32_t* kv_row;
-  int64_t q_stride, kv_stride, n_q, n_kv;
-};
-
-template <bool Gathered>
-__device__ __forceinline__ int query_position(const FlashRows& rows, int64_t i) {
-  if constexpr (Gathered) return rows.pos[i];
-  return static_cast<int>(i);
-}
-
 // Rows x D key (or value) rows of positions k0.. into shared memory, as async_rows; base is the
 // row of position 0's head.
 template <int D, int Rows, bool Gathered, int Threads = kThreads>
@@ -100,18 +82,6 @@ __device__ __forceinline__ void async_key_rows(bf16* dst, int ld, const bf16* ba
       cp_async16(dst + r * ld + c, ok ? base + static_cast<int64_t>(kv_row[k0 + r]) * stride + c : base, ok);
     }
   }
-}
-
-// First index i in [lo, hi) with a[i] >= value (a nondecreasing there), or hi.
-__device__ __forceinline__ int64_t first_at_least(const int32_t* a, int64_t lo, int64_t hi, int64_t value) {
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a[mid] < value)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
 }
 
 template <int D, int BN>
@@ -377,19 +347,12 @@ __global__ void __launch_bounds__(Keys * 2)
   const int wk = warp >> 1, wq = warp & 1;  // key quarter; query half of S and dim half of dK/dV
   const int wdq = warp / (Warps / QW), wdd = warp % (Warps / QW);  // dQ: query block, dim block
   const int64_t h = blockIdx.x, k0 = static_cast<int64_t>(blockIdx.y) * Keys;  // first key tiles first
-  const int64_t g = h / (heads / kv_heads), n = rows.n_q;
+  const int64_t g = h / (heads / kv_heads);
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(Keys), rows.n_kv - k0));
   const int64_t k_last = k0 + k_valid - 1;
-  // The queries that see some of these keys: from the first at or after k0 to the last whose
-  // document starts by k_last (positions and document starts are nondecreasing).
-  int64_t q_begin = k0, q_end = 0;
-  if constexpr (Gathered) {
-    q_begin = first_at_least(rows.pos, 0, n, k0);
-    q_end = first_at_least(doc_start, first_at_least(rows.pos, q_begin, n, k_last), n, k_last + 1);
-    if (q_begin >= q_end) return;  // the whole block: no query of this call sees these keys
-  } else {
-    q_end = queries_seeing_end(doc_start, n, k_last);
-  }
+  int64_t q_begin = 0, q_end = 0;
+  queries_seeing<Gathered>(rows, doc_start, k0, k_last, q_begin, q_end);
+  if (q_begin >= q_end) return;  // the whole block: no query of this call sees these keys
   const float scale_log2 = scale * kLog2e;
   async_key_rows<D, Keys, Gathered, Threads>(Ks, ld, rows.k + g * D, rows.kv_stride, rows.kv_row, k0, k_valid);
   async_key_rows<D, Keys, Gathered, Threads>(Vs, ld, rows.v + g * D, rows.kv_stride, rows.kv_row, k0, k_valid);
@@ -605,15 +568,19 @@ __global__ void write_dqkv_kernel(bf16* dqkv, const float* dq_acc, const float* 
   }
 }
 
-// dq into the q columns of dqkv ([n, q_width] fp32 accumulators) and zeros into its k and v
-// columns; each row position's dK | dV added to its gathered row kv_row[p] of dkv.
+// dq into the q columns of dqkv (fp32 accumulators [n, q_width], or wgmma_dq_index's layout for
+// head_dim d when dq_tiled) and zeros into its k and v columns; each row position's dK | dV added to
+// its gathered row kv_row[p] of dkv.
 __global__ void write_gathered_grads_kernel(bf16* dqkv, bf16* dkv, const float* dq_acc, const float* dk_acc,
                                             const float* dv_acc, const int32_t* kv_row, int64_t n, int64_t n_kv,
-                                            int64_t q_width, int64_t kv_width) {
+                                            int64_t q_width, int64_t kv_width, int64_t d, bool dq_tiled) {
   const int64_t width = q_width + 2 * kv_width, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * width; i += step) {
     const int64_t t = i / width, c = i % width;
-    dqkv[i] = __float2bfloat16(c < q_width ? dq_acc[t * q_width + c] : 0.0f);
+    float grad = 0.0f;
+    if (c < q_width)
+      grad = dq_tiled ? dq_acc[wgmma_dq_index(t, c / d, static_cast<int>(c % d), n)] : dq_acc[t * q_width + c];
+    dqkv[i] = __float2bfloat16(grad);
   }
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_kv * 2 * kv_width; i += step) {
     const int64_t p = i / (2 * kv_width), c = i % (2 * kv_width);
@@ -621,19 +588,6 @@ __global__ void write_gathered_grads_kernel(bf16* dqkv, bf16* dkv, const float* 
     bf16& d = dkv[static_cast<int64_t>(kv_row[p]) * 2 * kv_width + c];
     d = __float2bfloat16(__bfloat162float(d) + grad);
   }
-}
-
-// The rows of one sequence's fused qkv (queries, keys and values all in it, positions 0..n-1).
-FlashRows whole_rows(const bf16* qkv, int64_t n, int64_t heads, int64_t kv_heads, int64_t d) {
-  const int64_t width = (heads + 2 * kv_heads) * d;
-  return FlashRows{qkv, qkv + heads * d, qkv + (heads + kv_heads) * d, nullptr, nullptr, width, width, n, n};
-}
-
-// A context-parallel share's queries against its gathered row (flash_attention.cuh).
-FlashRows gathered_rows(const bf16* qkv, const bf16* kv, const int32_t* kv_row, const int32_t* position, int64_t n,
-                        int64_t n_kv, int64_t heads, int64_t kv_heads, int64_t d) {
-  return FlashRows{qkv,      kv, kv + kv_heads * d, position, kv_row, (heads + 2 * kv_heads) * d, 2 * kv_heads * d,
-                   n,        n_kv};
 }
 
 template <int D, int BN, bool Gathered>
@@ -695,9 +649,10 @@ cudaError_t backward_launch(float* dk_acc, float* dv_acc, float* dq_acc, const f
 template <int D>
 cudaError_t forward_impl(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
                          int64_t kv_heads, cudaStream_t stream, const FlashOptions& options) {
-  if (options.allow_wgmma && flash_wgmma_available(D)) return flash_forward_wgmma(out, lse, qkv, doc_start, n, heads, kv_heads, stream);
-  return forward_launch<D, 64, false>(out, lse, whole_rows(qkv, n, heads, kv_heads, D), doc_start, heads, kv_heads,
-                                      stream);
+  const FlashRows rows = whole_rows(qkv, n, heads, kv_heads, D);
+  if (options.allow_wgmma && flash_wgmma_available(D))
+    return flash_forward_wgmma(out, lse, rows, false, doc_start, heads, kv_heads, stream);
+  return forward_launch<D, 64, false>(out, lse, rows, doc_start, heads, kv_heads, stream);
 }
 
 template <int D>
@@ -720,7 +675,8 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (wgmma) {
-    e = flash_backward_wgmma(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads,
+    e = flash_backward_wgmma(dkv_acc, dkv_acc + n * kv_heads * D, dq_acc, delta, dout, lse,
+                             whole_rows(qkv, n, heads, kv_heads, D), false, doc_start, heads, kv_heads,
                              options.backward_head_chunk, options.dq_vector_atomics, stream);
   } else {
     e = backward_launch<D, false>(dkv_acc, dkv_acc + n * kv_heads * D, dq_acc, delta, dout, lse,
@@ -739,29 +695,37 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
   return cudaGetLastError();
 }
 
-// The mma.sync kernels over a share's queries and its gathered row: dQ per query as the whole-row
-// path, dK and dV per row position, then written out as flash_attention_backward_gathered says.
+// The flash kernels (wgmma where the whole-row path would use them, else mma.sync) over a share's
+// queries and its gathered row: dQ per query as the whole-row path, dK and dV per row position,
+// then written out as flash_attention_backward_gathered says.
 template <int D>
 cudaError_t backward_gathered_impl(bf16* dqkv, bf16* dkv, float* scratch, const bf16* dout, const bf16* out,
                                    const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
-                                   int64_t kv_heads, cudaStream_t stream, size_t shared_limit) {
+                                   int64_t kv_heads, cudaStream_t stream, const FlashOptions& options) {
+  const bool wgmma = options.allow_wgmma && flash_wgmma_available(D);
   const int64_t n = rows.n_q, n_kv = rows.n_kv;
   float* dq_acc = scratch;
-  float* dk_acc = dq_acc + n * heads * D;
+  float* dk_acc = dq_acc + wgmma_dq_rows(n) * heads * D;
   float* dv_acc = dk_acc + n_kv * kv_heads * D;
   float* delta = dv_acc + n_kv * kv_heads * D;
-  cudaError_t e = cudaMemsetAsync(dk_acc, 0, sizeof(float) * (delta - dk_acc), stream);
+  // As the whole-row path: the wgmma layout's padded dQ tiles cleared here, mma.sync's dQ by delta.
+  float* clear_from = wgmma ? dq_acc : dk_acc;
+  cudaError_t e = cudaMemsetAsync(clear_from, 0, sizeof(float) * (delta - clear_from), stream);
   if (e != cudaSuccess) return e;
   delta_kernel<<<static_cast<unsigned int>((n * heads + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
-      delta, dq_acc, dout, out, n, heads, D);
+      delta, wgmma ? nullptr : dq_acc, dout, out, n, heads, D);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  e = backward_launch<D, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, stream,
-                               shared_limit);
+  if (wgmma)
+    e = flash_backward_wgmma(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, true, doc_start, heads, kv_heads,
+                             options.backward_head_chunk, options.dq_vector_atomics, stream);
+  else
+    e = backward_launch<D, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, stream,
+                                 options.shared_limit);
   if (e != cudaSuccess) return e;
   write_gathered_grads_kernel<<<grid_for(std::max(n * (heads + 2 * kv_heads), n_kv * 2 * kv_heads) * D, 256), 256, 0,
                                 stream>>>(dqkv, dkv, dq_acc, dk_acc, dv_acc, rows.kv_row, n, n_kv, heads * D,
-                                          kv_heads * D);
+                                          kv_heads * D, D, wgmma);
   return cudaGetLastError();
 }
 
@@ -846,6 +810,8 @@ cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* 
   const FlashRows rows = gathered_rows(qkv, kv, kv_row, position, n, n_kv, heads, kv_heads, head_dim);
   return with_head_dim(head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
+    if (options.allow_wgmma && flash_wgmma_available(D))
+      return flash_forward_wgmma(out, lse, rows, true, doc_start, heads, kv_heads, stream);
     return forward_launch<D, 64, true>(out, lse, rows, doc_start, heads, kv_heads, stream);
   });
 }
@@ -862,7 +828,7 @@ cudaError_t flash_attention_backward_gathered(bf16* dqkv, bf16* dkv, float* scra
   return with_head_dim(head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     return backward_gathered_impl<D>(dqkv, dkv, scratch, dout, out, lse, rows, doc_start, heads, kv_heads, stream,
-                                     options.shared_limit);
+                                     options);
   });
 }
 

@@ -48,7 +48,8 @@ cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dou
 // Context parallelism (model/context_attention.h): a share's n queries (the q blocks of qkv, query i
 // at row position position[i], ascending) against the keys and values of the whole row gathered
 // in kv ([n_kv, 2 * kv_heads * head_dim], k | v; row position p at row kv_row[p]); doc_start per
-// query, in row positions. Same kernels as the whole-row mma.sync path (no wgmma variant).
+// query, in row positions. The same kernels as the whole-row path (wgmma or mma.sync), in their
+// gathered variant.
 cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* qkv, const bf16* kv,
                                              const int32_t* kv_row, const int32_t* position,
                                              const int32_t* doc_start, int64_t n, int64_t n_kv, int64_t heads,
@@ -59,7 +60,7 @@ cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* 
 // flash_attention_gathered_scratch(...) elements.
 inline int64_t flash_attention_gathered_scratch(int64_t n, int64_t n_kv, int64_t heads, int64_t kv_heads,
                                                 int64_t head_dim) {
-  return n * heads * (head_dim + 1) + 2 * n_kv * kv_heads * head_dim;
+  return wgmma_dq_rows(n) * heads * head_dim + n * heads + 2 * n_kv * kv_heads * head_dim;
 }
 cudaError_t flash_attention_backward_gathered(bf16* dqkv, bf16* dkv, float* scratch, const bf16* dout,
                                               const bf16* out, const float* lse, const bf16* qkv, const bf16* kv,

@@ -45,9 +45,13 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int tile_bytes(int rows) { return rows * kD * 2; }
 static_assert(kRows == kWgmmaDqTile && kD == 128, "wgmma_dq_index's layout: 64-query tiles, two 64-dim halves");
 constexpr int kStages = 3;  // query tiles (Q, dO, statistics) in shared memory
-// Backward: K, V, three stages of Q and dO, dS^T, three stages of the row statistics, alignment slack.
-constexpr size_t kBackwardSmemBytes = 2 * tile_bytes(kKeys) + 2 * kStages * tile_bytes(kRows) + kKeys * kRows * 2 +
-                                      kStages * kRows * (2 * sizeof(float) + sizeof(int32_t)) + 1024;
+// Backward: K, V, three stages of Q and dO, dS^T, three stages of the row statistics (lse, delta,
+// document start; the row position when Gathered), alignment slack.
+template <bool Gathered>
+constexpr size_t backward_smem_bytes() {
+  return 2 * tile_bytes(kKeys) + 2 * kStages * tile_bytes(kRows) + kKeys * kRows * 2 +
+         kStages * kRows * (2 * sizeof(float) + (Gathered ? 2 : 1) * sizeof(int32_t)) + 1024;
+}
 
 #ifdef GLM_FLASH_WGMMA
 constexpr int kDqBlock = kRows * 64;  // floats of one warpgroup's dQ tile (16 KB)
@@ -74,6 +78,28 @@ __device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, 
   for (int k = 0; k < Rows / rows_per_pass; ++k) {
     const bool ok = r0 + k * rows_per_pass < valid;
     cp_async16(d + k * rows_per_pass * kRowBytes, ok ? s + k * rows_per_pass * stride : src, ok);
+  }
+}
+
+// Rows x kD key (or value) rows of row positions k0.. into a swizzled tile, as async_tile; base is
+// the row of position 0's head (rows.k or rows.v plus the KV group's columns). Gathered: position
+// k0 + r is at row tile_rows[r] (kv_row from k0, in global or shared memory).
+template <int Rows, bool Gathered>
+__device__ __forceinline__ void async_key_tile(unsigned char* dst, const FlashRows& rows, const bf16* base,
+                                               const int32_t* tile_rows, int64_t k0, int valid) {
+  if constexpr (!Gathered) {
+    async_tile<Rows>(dst, base + k0 * rows.kv_stride, rows.kv_stride, valid);
+  } else {
+    constexpr int units = kD / 8, rows_per_pass = kThreads / units;
+    const int r0 = threadIdx.x / units, c = (threadIdx.x % units) * 8;
+    unsigned char* d = dst + swizzled(Rows, r0, c);
+#pragma unroll
+    for (int k = 0; k < Rows / rows_per_pass; ++k) {
+      const int r = r0 + k * rows_per_pass;
+      const bool ok = r < valid;
+      const bf16* src = ok ? base + static_cast<int64_t>(tile_rows[r]) * rows.kv_stride + c : base;
+      cp_async16(d + k * rows_per_pass * kRowBytes, src, ok);
+    }
   }
 }
 
@@ -200,11 +226,13 @@ __device__ __forceinline__ void gemm_nt_dims(float (&d)[N / 2], uint32_t a_lo, u
 #endif  // GLM_FLASH_WGMMA
 
 // QuadDq: dQ by 16-byte vector atomics (4 floats per thread and instruction), else paired ones.
-template <bool QuadDq>
+// Gathered: a context-parallel share's queries against its gathered row (FlashRows); dK and dV are
+// accumulated per row position, dQ per query of the share.
+template <bool QuadDq, bool Gathered>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_backward_wgmma_kernel(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
-                                const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                                float scale, int head_chunk) {
+    flash_backward_wgmma_kernel(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                                const float* lse, FlashRows rows, const int32_t* doc_start, int64_t heads,
+                                int64_t kv_heads, float scale, int head_chunk) {
 #ifdef GLM_FLASH_WGMMA
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Ks = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -215,6 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* lse_buf = reinterpret_cast<float*>(dSt + kKeys * kRows * 2);          // [kStages][kRows]
   float* delta_buf = lse_buf + kStages * kRows;                                // [kStages][kRows]
   int32_t* doc_buf = reinterpret_cast<int32_t*>(delta_buf + kStages * kRows);  // [kStages][kRows]
+  int32_t* at_buf = doc_buf + kStages * kRows;  // [kStages][kRows] row positions when Gathered
 
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
@@ -223,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Blocks in order: heads in chunks of head_chunk, in each chunk the first key tiles (the most
   // query tiles) first, a chunk's heads side by side. Only the chunk's heads' dQ accumulators are
   // then being added to, a working set that stays in L2 (4 MiB per head at seq 8192).
-  const int64_t key_tiles = (n + kKeys - 1) / kKeys, chunk_blocks = head_chunk * key_tiles;
+  const int64_t n = rows.n_q, key_tiles = (rows.n_kv + kKeys - 1) / kKeys, chunk_blocks = head_chunk * key_tiles;
   const int64_t chunk = blockIdx.x / chunk_blocks, in_chunk = blockIdx.x % chunk_blocks;
   const int64_t chunk_heads = min(static_cast<int64_t>(head_chunk), heads - chunk * head_chunk);
   const int64_t h = chunk * head_chunk + in_chunk % chunk_heads, k0 = in_chunk / chunk_heads * kKeys;
@@ -235,16 +264,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This thread's dS^T elements (key rows key_row and key_row + 8, query columns 8 j + 2 quad ..):
   // swizzled byte offsets ds_row + ((j ^ key_row % 8) << 4) and 1024 more.
   const uint32_t ds_row = key_row * kRowBytes + quad * 4, ds_swz = (key_row & 7) << 4;
-  const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * kD;
-  const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), n - k0));
+  const int64_t g = h / (heads / kv_heads);
+  const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), rows.n_kv - k0));
   const int64_t k_last = k0 + k_valid - 1;
-  const int64_t q_end = queries_seeing_end(doc_start, n, k_last);
+  int64_t q_begin = 0, q_end = 0;
+  queries_seeing<Gathered>(rows, doc_start, k0, k_last, q_begin, q_end);
+  if (q_begin >= q_end) return;  // the whole block: no query of this call sees these keys
+  // From a whole dQ tile (a share's first queries here may start inside one): the queries before
+  // q_begin sit before every key of the block, so their P and dS are masked to zeros.
+  q_begin = q_begin / kRows * kRows;
   const float scale_log2 = scale * kLog2e;
 
   // Q, dO and the row statistics of the query tile at q0 into stage s, as one commit group.
   auto load_queries = [&](int s, int64_t q0) {
     const int valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
-    async_tile<kRows>(Qbuf + s * tile_bytes(kRows), qkv + q0 * width + h * kD, width, valid);
+    async_tile<kRows>(Qbuf + s * tile_bytes(kRows), rows.q + q0 * rows.q_stride + h * kD, rows.q_stride, valid);
     async_tile<kRows>(dObuf + s * tile_bytes(kRows), dout + q0 * heads * kD + h * kD, heads * kD, valid);
     for (int r = threadIdx.x; r < kRows; r += kThreads) {
       const bool in = r < valid;
@@ -252,12 +286,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async4(lse_buf + s * kRows + r, lse + t * heads + h, in);
       cp_async4(delta_buf + s * kRows + r, delta + t * heads + h, in);
       cp_async4(doc_buf + s * kRows + r, doc_start + t, in);
+      if constexpr (Gathered) cp_async4(at_buf + s * kRows + r, rows.pos + t, in);
     }
     cp_async_commit();
   };
-  async_tile<kKeys>(Ks, qkv + k0 * width + (heads + g) * kD, width, k_valid);
-  async_tile<kKeys>(Vs, qkv + k0 * width + (heads + kv_heads + g) * kD, width, k_valid);
-  load_queries(0, k0);
+  async_key_tile<kKeys, Gathered>(Ks, rows, rows.k + g * kD, rows.kv_row + k0, k0, k_valid);
+  async_key_tile<kKeys, Gathered>(Vs, rows, rows.v + g * kD, rows.kv_row + k0, k0, k_valid);
+  load_queries(0, q_begin);
 
   float dk[64], dv[64];
 #pragma unroll
@@ -282,16 +317,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_wait_all();
   fence_async_shared();
   int stage = 0;
-  for (int64_t q0 = k0; q0 < q_end; q0 += kRows, stage = stage == kStages - 1 ? 0 : stage + 1) {
+  for (int64_t q0 = q_begin; q0 < q_end; q0 += kRows, stage = stage == kStages - 1 ? 0 : stage + 1) {
     const int q_valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
     const float* q_lse = lse_buf + stage * kRows;
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
+    const int32_t* q_at = at_buf + stage * kRows;
     // This tile in shared memory (every thread's copies fenced); every wgmma but the previous tile's
     // dK has completed, so the stage loaded next (two tiles ago) and dS^T are free.
     __syncthreads();
     if (q0 + kRows < q_end) load_queries(stage == kStages - 1 ? 0 : stage + 1, q0 + kRows);
-    const bool masked = q0 < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
+    const int64_t first_at = Gathered ? q_at[0] : q0;
+    const bool masked = first_at < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the 64 queries (k = 128 dims).
     float st[32], dpt[32];  // no initial values: the first k step does not read them (scale_d 0)
@@ -318,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int qc = j * 8 + quad * 2 + (e & 1), kr = key_row + (e >> 1) * 8;
         float pv = fast_exp2(fmaf(st[4 * j + e], scale_log2, neg_lse[e & 1]));
         if (masked) {
-          const int64_t key = k0 + kr, q = q0 + qc;
+          const int64_t key = k0 + kr, q = Gathered ? q_at[qc] : q0 + qc;
           if (!(qc < q_valid && kr < k_valid && key <= q && key >= q_doc[qc])) pv = 0.0f;
         }
         st[4 * j + e] = pv;
@@ -374,9 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();  // the last dK
   pin(dk);
   pin(sa);
-  // This head's dK and dV into the KV group's fp32 accumulators.
-  float* dk_acc = dkv_acc;
-  float* dv_acc = dkv_acc + n * kv_heads * kD;
+  // This head's dK and dV into the KV group's fp32 accumulators (by row position).
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int key = key_row + hf * 8;
@@ -396,41 +431,69 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Forward: one block of two warpgroups per (128 queries, head), warpgroup w owning queries 64 w..;
 // key/value tiles of 128 double-buffered by cp.async. S = Q K^T (both from shared memory) lands in
 // registers, the online softmax runs there, and P (bf16, the accumulator layout is the A operand's)
-// multiplies V from shared memory into the output accumulators.
-constexpr int kFwdRows = 128, kFwdKeys = 128;
-constexpr size_t kFwdSmemBytes = tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + 1024;
+// multiplies V from shared memory into the output accumulators. Gathered: a context-parallel
+// share's queries against its gathered row (FlashRows).
+// Gathered: the key tiles' rows in kv (kv_row of their positions) are brought into a ring of four
+// tiles' indices a tile ahead of the K and V loads that use them, so that no load waits for one.
+constexpr int kFwdRows = 128, kFwdKeys = 128, kIndexRing = 4;
+template <bool Gathered>
+constexpr size_t forward_smem_bytes() {
+  return tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + (Gathered ? kIndexRing * kFwdKeys * sizeof(int32_t) : 0) +
+         1024;
+}
 
+template <bool Gathered>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
-                               int64_t heads, int64_t kv_heads, float scale_log2) {
+    flash_forward_wgmma_kernel(bf16* out, float* lse, FlashRows rows, const int32_t* doc_start, int64_t heads,
+                               int64_t kv_heads, float scale_log2) {
 #ifdef GLM_FLASH_WGMMA
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* Kbuf = Qs + tile_bytes(kFwdRows);        // [2] x [kFwdKeys][kD]
   unsigned char* Vbuf = Kbuf + 2 * tile_bytes(kFwdKeys);  // [2] x [kFwdKeys][kD]
+  int32_t* kv_index = reinterpret_cast<int32_t*>(Vbuf + 2 * tile_bytes(kFwdKeys));  // [kIndexRing][kFwdKeys]
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
   const int row0 = wg * 64 + warp * 16 + grp;  // this thread's rows relative to q0: row0, row0 + 8
   const int64_t h = blockIdx.x;
   const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kFwdRows;  // heavy tiles first
-  const int64_t g = h / (heads / kv_heads), width = (heads + 2 * kv_heads) * kD;
+  const int64_t n = rows.n_q, g = h / (heads / kv_heads);
   const int q_valid = static_cast<int>(min(static_cast<int64_t>(kFwdRows), n - q0));
-  const bf16* k_base = qkv + (heads + g) * kD;
-  const bf16* v_base = qkv + (heads + kv_heads + g) * kD;
-  int doc[2];
+  const bf16* k_base = rows.k + g * kD;
+  const bf16* v_base = rows.v + g * kD;
+  // This thread's rows' document starts and row positions (q0 + the row unless Gathered).
+  int doc[2], at[2];
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) doc[hf] = row0 + hf * 8 < q_valid ? doc_start[q0 + row0 + hf * 8] : INT_MAX;
-  // Keys from the first row's document start (tile-aligned) to the last row; tiles that end before
-  // q0 and start at or after the block's latest document start need no mask.
-  const int k_first = doc_start[q0] / kFwdKeys * kFwdKeys, k_end = static_cast<int>(q0) + q_valid;
+  for (int hf = 0; hf < 2; ++hf) {
+    const bool in = row0 + hf * 8 < q_valid;
+    doc[hf] = in ? doc_start[q0 + row0 + hf * 8] : INT_MAX;
+    at[hf] = in ? query_position<Gathered>(rows, q0 + row0 + hf * 8) : -1;
+  }
+  // Keys from the first row's document start (tile-aligned) to the last row's position; tiles that
+  // end before the first row's position and start at or after the block's latest document start
+  // need no mask.
+  const int first_at = query_position<Gathered>(rows, q0);
+  const int k_first = doc_start[q0] / kFwdKeys * kFwdKeys;
+  const int k_end = query_position<Gathered>(rows, q0 + q_valid - 1) + 1;
   const int doc_max = doc_start[q0 + q_valid - 1];
   const int tiles = (k_end - k_first + kFwdKeys - 1) / kFwdKeys;
-  // K of tile t + 2 and V of tile t + 1 load while tile t is computed (two buffers each).
+  // K of tile t + 2 and V of tile t + 1 load while tile t is computed (two buffers each); when
+  // Gathered, the indices of tile t + 3 with them.
   auto load_tile = [&](unsigned char* buf, const bf16* base, int t) {
     if (t >= tiles) return;
     const int k0 = k_first + t * kFwdKeys;
-    async_tile<kFwdKeys>(buf + (t & 1) * tile_bytes(kFwdKeys), base + static_cast<int64_t>(k0) * width, width,
-                         min(kFwdKeys, k_end - k0));
+    async_key_tile<kFwdKeys, Gathered>(buf + (t & 1) * tile_bytes(kFwdKeys), rows, base,
+                                       kv_index + (t % kIndexRing) * kFwdKeys, k0, min(kFwdKeys, k_end - k0));
+  };
+  auto load_index = [&](int t) {
+    if constexpr (Gathered) {
+      if (t >= tiles) return;
+      const int k0 = k_first + t * kFwdKeys;
+      for (int r = threadIdx.x; r < kFwdKeys; r += kThreads) {
+        const bool in = k0 + r < k_end;
+        cp_async4(kv_index + (t % kIndexRing) * kFwdKeys + r, rows.kv_row + (in ? k0 + r : 0), in);
+      }
+    }
   };
   // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
   const uint32_t q_lo = smem_addr(Qs) >> 4, kbuf_lo = q_lo + lo16(tile_bytes(kFwdRows));
@@ -445,14 +508,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // row0 + 8 (e >> 1), key k0 + 8 j + 2 quad + (e & 1).
   auto softmax = [&](float(&sc)[64], int t, float(&corr)[2]) {
     const int k0 = k_first + t * kFwdKeys, k_valid = min(kFwdKeys, k_end - k0);
-    if (k0 + kFwdKeys > q0 || k0 < doc_max) {
-      const int diag = k0 - static_cast<int>(q0);  // key j of the tile is visible to row r if diag + j <= r
+    if (k0 + kFwdKeys > first_at || k0 < doc_max) {
 #pragma unroll
       for (int j = 0; j < kFwdKeys / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = j * 8 + quad * 2 + (e & 1), r = row0 + (e >> 1) * 8;
-          if (!(c < k_valid && diag + c <= r && k0 + c >= doc[e >> 1])) sc[4 * j + e] = -INFINITY;
+          const int c = j * 8 + quad * 2 + (e & 1);
+          if (!(c < k_valid && k0 + c <= at[e >> 1] && k0 + c >= doc[e >> 1])) sc[4 * j + e] = -INFINITY;
         }
     }
 #pragma unroll
@@ -492,10 +554,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  async_tile<kFwdRows>(Qs, qkv + q0 * width + h * kD, width, q_valid);
+  if constexpr (Gathered) {  // the first two tiles' indices, before any load that needs them
+    load_index(0);
+    load_index(1);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+  }
+  async_tile<kFwdRows>(Qs, rows.q + q0 * rows.q_stride + h * kD, rows.q_stride, q_valid);
   load_tile(Kbuf, k_base, 0);
   load_tile(Vbuf, v_base, 0);
   load_tile(Kbuf, k_base, 1);
+  load_index(2);
   cp_async_commit();
   tiles_arrived();
   float o[64], sc[64], corr[2];  // sc: no initial values, the first k step does not read them
@@ -516,9 +586,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
   auto next_tile = [&](int t) {
-    tiles_arrived();  // K(t + 1) and V(t) in shared memory; every wgmma of tile t - 1 has completed
+    // K(t + 1), V(t) and the indices of tile t + 2 in shared memory; every wgmma of tile t - 1 has
+    // completed, and every thread is done with the indices of tile t - 1, whose slot t + 3 takes.
+    tiles_arrived();
     load_tile(Kbuf, k_base, t + 2);
     load_tile(Vbuf, v_base, t + 1);
+    load_index(t + 3);
     cp_async_commit();
   };
   // Tile t: S of tile t + 1 is issued before O += P V of tile t, so that its softmax runs while
@@ -566,26 +639,39 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <bool QuadDq>
-cudaError_t launch_backward(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
-                            const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                            int chosen_chunk, cudaStream_t stream) {
-  constexpr size_t smem = kBackwardSmemBytes;
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_wgmma_kernel<QuadDq>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
+template <bool QuadDq, bool Gathered>
+cudaError_t launch_backward(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                            const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
+                            int64_t kv_heads, int chosen_chunk, cudaStream_t stream) {
+  constexpr size_t smem = backward_smem_bytes<Gathered>();
+  auto* kernel = flash_backward_wgmma_kernel<QuadDq, Gathered>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   const int head_chunk = static_cast<int>(std::min<int64_t>(std::max(chosen_chunk, 1), heads));
-  const int64_t blocks = heads * ((n + kKeys - 1) / kKeys);
+  const int64_t blocks = heads * ((rows.n_kv + kKeys - 1) / kKeys);
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  flash_backward_wgmma_kernel<QuadDq><<<static_cast<unsigned int>(blocks), kThreads, smem, stream>>>(
-      dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, 1.0f / sqrtf(static_cast<float>(kD)),
-      head_chunk);
+  kernel<<<static_cast<unsigned int>(blocks), kThreads, smem, stream>>>(
+      dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads,
+      1.0f / sqrtf(static_cast<float>(kD)), head_chunk);
+  return cudaGetLastError();
+}
+
+template <bool Gathered>
+cudaError_t launch_forward(bf16* out, float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
+                           int64_t kv_heads, cudaStream_t stream) {
+  constexpr size_t smem = forward_smem_bytes<Gathered>();
+  auto* kernel = flash_forward_wgmma_kernel<Gathered>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((rows.n_q + kFwdRows - 1) / kFwdRows));
+  kernel<<<grid, kThreads, smem, stream>>>(out, lse, rows, doc_start, heads, kv_heads,
+                                           kLog2e / sqrtf(static_cast<float>(kD)));
   return cudaGetLastError();
 }
 
 }  // namespace
 
-size_t flash_wgmma_shared_bytes() { return std::max(kBackwardSmemBytes, kFwdSmemBytes); }
+size_t flash_wgmma_shared_bytes() { return std::max(backward_smem_bytes<true>(), forward_smem_bytes<true>()); }
 
 bool flash_wgmma_available(int64_t head_dim) {
 #ifdef GLM_SM90A_BUILT
@@ -601,25 +687,26 @@ bool flash_wgmma_available(int64_t head_dim) {
 }
 
 // dQ by paired atomics where asked or where dq_acc is not 16-byte aligned.
-cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
-                                 const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                                 int head_chunk, bool dq_vector_atomics, cudaStream_t stream) {
-  if (!dq_vector_atomics || reinterpret_cast<uintptr_t>(dq_acc) % 16 != 0)
-    return launch_backward<false>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, head_chunk,
-                                  stream);
-  return launch_backward<true>(dkv_acc, dq_acc, delta, dout, lse, qkv, doc_start, n, heads, kv_heads, head_chunk,
-                               stream);
+cudaError_t flash_backward_wgmma(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                                 const float* lse, const FlashRows& rows, bool gathered, const int32_t* doc_start,
+                                 int64_t heads, int64_t kv_heads, int head_chunk, bool dq_vector_atomics,
+                                 cudaStream_t stream) {
+  const bool quad = dq_vector_atomics && reinterpret_cast<uintptr_t>(dq_acc) % 16 == 0;
+  if (gathered)
+    return quad ? launch_backward<true, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
+                                              kv_heads, head_chunk, stream)
+                : launch_backward<false, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
+                                               kv_heads, head_chunk, stream);
+  return quad ? launch_backward<true, false>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
+                                             kv_heads, head_chunk, stream)
+              : launch_backward<false, false>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
+                                              kv_heads, head_chunk, stream);
 }
 
-cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
-                                int64_t heads, int64_t kv_heads, cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(flash_forward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kFwdSmemBytes));
-  if (e != cudaSuccess) return e;
-  dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((n + kFwdRows - 1) / kFwdRows));
-  flash_forward_wgmma_kernel<<<grid, kThreads, kFwdSmemBytes, stream>>>(out, lse, qkv, doc_start, n, heads, kv_heads,
-                                                                        kLog2e / sqrtf(static_cast<float>(kD)));
-  return cudaGetLastError();
+cudaError_t flash_forward_wgmma(bf16* out, float* lse, const FlashRows& rows, bool gathered,
+                                const int32_t* doc_start, int64_t heads, int64_t kv_heads, cudaStream_t stream) {
+  return gathered ? launch_forward<true>(out, lse, rows, doc_start, heads, kv_heads, stream)
+                  : launch_forward<false>(out, lse, rows, doc_start, heads, kv_heads, stream);
 }
 
 }  // namespace glm::cuda

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_rows.cuh"
 
 namespace glm::cuda {
 
@@ -12,9 +13,10 @@ bool flash_wgmma_available(int64_t head_dim);
 // Dynamic shared memory per block the wgmma kernels ask for (the backward's, the larger).
 size_t flash_wgmma_shared_bytes();
 
-// Same contract as flash_attention_forward.
-cudaError_t flash_forward_wgmma(bf16* out, float* lse, const bf16* qkv, const int32_t* doc_start, int64_t n,
-                                int64_t heads, int64_t kv_heads, cudaStream_t stream);
+// Same contract as flash_attention_forward (whole rows) and flash_attention_forward_gathered
+// (gathered: a context-parallel share's rows, flash_rows.cuh).
+cudaError_t flash_forward_wgmma(bf16* out, float* lse, const FlashRows& rows, bool gathered,
+                                const int32_t* doc_start, int64_t heads, int64_t kv_heads, cudaStream_t stream);
 
 // The wgmma backward's dQ accumulator layout: per head, per 64-query tile and per 64-dim half, one
 // contiguous 16 KB block in the order of the warpgroup's accumulator registers (float4 chunk j of
@@ -32,12 +34,14 @@ __host__ __device__ inline int64_t wgmma_dq_index(int64_t t, int64_t h, int c, i
   return (((h * tiles + t / kWgmmaDqTile) * 2 + (c >> 6)) * 8 + (cc >> 3)) * 512 + thread * 4 + in_chunk;
 }
 
-// dK/dV ([2][n][kv_heads][128]) and dQ (wgmma_dq_index's layout, wgmma_dq_rows(n) x heads x 128) fp32
-// accumulators, cleared by the caller, receive this call's sums; delta = dout . out per (token, head).
-// Blocks run in chunks of head_chunk heads; dQ is added by 16-byte atomics when dq_vector_atomics
-// (and dq_acc is 16-byte aligned), else by paired ones.
-cudaError_t flash_backward_wgmma(float* dkv_acc, float* dq_acc, const float* delta, const bf16* dout, const float* lse,
-                                 const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads, int64_t kv_heads,
-                                 int head_chunk, bool dq_vector_atomics, cudaStream_t stream);
+// dK and dV ([rows.n_kv][kv_heads][128] each, by row position) and dQ (wgmma_dq_index's layout,
+// wgmma_dq_rows(rows.n_q) x heads x 128) fp32 accumulators, cleared by the caller, receive this
+// call's sums; delta = dout . out per (query, head). Blocks run in chunks of head_chunk heads; dQ is
+// added by 16-byte atomics when dq_vector_atomics (and dq_acc is 16-byte aligned), else by paired
+// ones.
+cudaError_t flash_backward_wgmma(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
+                                 const float* lse, const FlashRows& rows, bool gathered, const int32_t* doc_start,
+                                 int64_t heads, int64_t kv_heads, int head_chunk, bool dq_vector_atomics,
+                                 cudaStream_t stream);
 
 }  // namespace glm::cuda

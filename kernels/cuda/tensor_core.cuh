@@ -81,18 +81,4 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Packed documents: the first query (at or after key k_last) whose document starts after k_last;
-// the queries in [k_last, end) are the only ones that can see key k_last.
-__device__ __forceinline__ int64_t queries_seeing_end(const int32_t* doc_start, int64_t n, int64_t k_last) {
-  int64_t lo = k_last, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (doc_start[mid] <= k_last)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
 }  // namespace glm::cuda

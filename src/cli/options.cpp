@@ -386,6 +386,10 @@ class OptionTable {
              "recomputed from its input before its backward)");
     add(train, "gradient_checkpointing", &o_.gradient_checkpointing,
         "true is --recompute full (the transformers/ms-swift name)");
+    add(train, "offload_activations", &t.offload_activations,
+        "the layers' inputs (what --recompute full keeps) wait for their backward in pinned host memory, copied "
+        "there and back while other layers compute; the GPU keeps 3 of them: for sequences whose activations do "
+        "not fit");
     add(train, "context_parallel_size", &t.context_parallel_size,
         "ranks sharing each sequence (Megatron's name): groups of this many consecutive ranks each hold 1/C of "
         "every row's tokens and attention gathers the row's keys and values; must divide the world size");

@@ -477,7 +477,7 @@ class CudaBackend final : public Backend {
                             cuda::kAttentionMaxHeadDim);
     // Tensor-core flash attention where the head size allows, the warp-per-row kernel elsewhere.
     if (cuda::flash_attention_supports(s.head_dim)) {
-      GLM_RETURN_IF_ERROR(check_flash_shared_memory(s.head_dim, /*gathered=*/false));
+      GLM_RETURN_IF_ERROR(check_flash_shared_memory(s.head_dim));
       GLM_CUDA_RETURN(cuda::flash_attention_forward(b(out), lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n,
                                                     s.heads, s.kv_heads, s.head_dim, stream_, flash_));
       return Status::ok();
@@ -493,7 +493,7 @@ class CudaBackend final : public Backend {
     const int64_t scratch = flash ? cuda::flash_attention_scratch(n, s.heads, s.kv_heads, s.head_dim) : n * s.heads;
     GLM_ASSIGN_OR_RETURN(void* acc, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
     if (flash) {
-      GLM_RETURN_IF_ERROR(check_flash_shared_memory(s.head_dim, /*gathered=*/false));
+      GLM_RETURN_IF_ERROR(check_flash_shared_memory(s.head_dim));
       GLM_CUDA_RETURN(cuda::flash_attention_backward(b(dqkv), static_cast<float*>(acc), b(dout), b(out),
                                                      lse.as<float>(), b(qkv), doc_start.as<int32_t>(), n, s.heads,
                                                      s.kv_heads, s.head_dim, stream_, flash_));
@@ -510,13 +510,13 @@ class CudaBackend final : public Backend {
       return GLM_USER_ERROR("--context_parallel_size > 1 on the CUDA backend needs head_dim 32, 64 or 128 (the "
                             "flash kernels'); this model's is ",
                             s.head_dim);
-    return check_flash_shared_memory(s.head_dim, /*gathered=*/true);
+    return check_flash_shared_memory(s.head_dim);
   }
   // The mma.sync flash kernels' shared memory against the device's opt-in limit: a clear refusal
   // instead of a failed launch (Hopper's wgmma kernels, where they run, fit on the only devices
   // that have them).
-  Status check_flash_shared_memory(int64_t head_dim, bool gathered) const {
-    if (!gathered && flash_.allow_wgmma && head_dim == 128 && wgmma_128_) return Status::ok();
+  Status check_flash_shared_memory(int64_t head_dim) const {
+    if (flash_.allow_wgmma && head_dim == 128 && wgmma_128_) return Status::ok();
     const size_t need = cuda::flash_attention_shared_bytes(head_dim);
     if (need <= static_cast<size_t>(shared_limit_)) return Status::ok();
     return GLM_USER_ERROR("flash attention at head_dim ", head_dim, " needs at least ", (need + 1023) / 1024,

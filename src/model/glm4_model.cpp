@@ -81,8 +81,13 @@ MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<con
 }
 
 Glm4Model::Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens,
-                     Recompute recompute)
-    : config_(config), layout_(std::move(layout)), backend_(backend), max_tokens_(max_tokens), recompute_(recompute) {
+                     Recompute recompute, bool offload_activations)
+    : config_(config),
+      layout_(std::move(layout)),
+      backend_(backend),
+      max_tokens_(max_tokens),
+      recompute_(recompute),
+      offload_activations_(offload_activations) {
   shape_.heads = config.num_attention_heads;
   shape_.kv_heads = config.num_key_value_heads;
   shape_.head_dim = config.head_dim;
@@ -94,12 +99,14 @@ Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, 
 }
 
 Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, ParamLayout layout, Backend& backend,
-                                                     int64_t max_tokens, Recompute recompute) {
+                                                     int64_t max_tokens, Recompute recompute,
+                                                     bool offload_activations) {
   if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
   const std::vector<int64_t> table{config.vocab_size, config.hidden_size};
   if (layout.entry(layout.embedding()).shape != table || layout.head_unit() != config.num_hidden_layers + 1)
     return GLM_INTERNAL_ERROR("a parameter layout of another model configuration");
-  std::unique_ptr<Glm4Model> model(new Glm4Model(config, std::move(layout), backend, max_tokens, recompute));
+  std::unique_ptr<Glm4Model> model(
+      new Glm4Model(config, std::move(layout), backend, max_tokens, recompute, offload_activations));
   GLM_RETURN_IF_ERROR(model->allocate());
   return model;
 }
@@ -114,8 +121,9 @@ Status Glm4Model::allocate() {
     activation_bytes_ += static_cast<int64_t>(b.tensor().bytes());
     return Status::ok();
   };
-  residual_.resize(static_cast<size_t>(config_.num_hidden_layers + 1));
-  for (auto& r : residual_) GLM_RETURN_IF_ERROR(alloc(r, n * h, act));
+  GLM_ASSIGN_OR_RETURN(residual_,
+                       ResidualStash::create(backend_, config_.num_hidden_layers + 1, n * h, act, offload_activations_));
+  activation_bytes_ += residual_->device_bytes();
 
   // Per-layer activations: a kept field gets storage per layer, a shared one a single copy.
   constexpr Tensor LayerActivations::*kMembers[kFields] = {
@@ -249,18 +257,23 @@ Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor
 }
 
 int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats,
-                                            Recompute recompute) {
+                                            Recompute recompute, bool offload_activations) {
   // Mirrors allocate(): per-layer fields (once when shared), residual stream, head, backward scratch.
   const int64_t h = c.hidden_size, f = c.intermediate_size, layers = c.num_hidden_layers;
   int64_t fields = 0;
   for (const ActivationField& a : activation_fields(c, n, recompute))
     fields += (a.shared ? 1 : layers) * a.numel * (a.statistics ? stats : act);
-  const int64_t residual = act * n * h * (layers + 1);
+  const int64_t residual = act * n * h * ResidualStash::device_tensors(layers + 1, offload_activations);
   // final_norm_, final_rstd_, losses_, compact_losses_, compact_correct_ (i32).
   const int64_t head = act * n * h + stats * n * 3 + 4 * n;
   int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f) + act * h;  // + norm_grad_scratch_
   if (f < h) scratch += act * 2 * n * h;  // head_rows_: d_gate_up_ cannot lend the lm_head's rows
   return fields + residual + head + scratch;
+}
+
+int64_t Glm4Model::planned_host_activation_bytes(const ModelConfig& c, int64_t n, int64_t act,
+                                                 bool offload_activations) {
+  return act * n * c.hidden_size * ResidualStash::host_tensors(c.num_hidden_layers + 1, offload_activations);
 }
 
 Tensor Glm4Model::view(Tensor unit_params, int entry) const {
@@ -301,7 +314,7 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   const int64_t n = b.n, h = config_.hidden_size, f = config_.intermediate_size;
   const LayerEntries& e = layout_.layer(l);
   LayerActivations& a = layers_[static_cast<size_t>(l)];
-  Tensor x = rows(residual_[static_cast<size_t>(l)], n, h);
+  Tensor x = residual(l, n);
   Tensor ln1 = rows(a.ln1, n, h), qkv = rows(a.qkv, n, config_.qkv_width());
   Tensor attn = rows(a.attn, n, config_.q_width()), mid = rows(a.mid, n, h), ln2 = rows(a.ln2, n, h);
   Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
@@ -317,7 +330,7 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
       adapted_linear(l, LoraTarget::dense_h_to_4h, gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
   GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
   if (!to_output) return Status::ok();
-  Tensor out = rows(residual_[static_cast<size_t>(l + 1)], n, h);
+  Tensor out = residual(l + 1, n);
   return residual_linear(l, LoraTarget::dense_4h_to_h, out, act, view(w, e.four_h_to_h), mid, n, f, h);
 }
 
@@ -367,7 +380,7 @@ Status Glm4Model::recompute_layer(int64_t l, const MicroBatch& b, Tensor w) {
       const LayerEntries& e = layout_.layer(l);
       const LayerActivations& a = layers_[static_cast<size_t>(l)];
       GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln1, n, h), a.rstd1,
-                                                   rows(residual_[static_cast<size_t>(l)], n, h), view(w, e.input_norm),
+                                                   residual(l, n), view(w, e.input_norm),
                                                    n, h, config_.rms_norm_eps));
       GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(rows(a.ln2, n, h), a.rstd2, rows(a.mid, n, h), view(w, e.post_norm),
                                                    n, h, config_.rms_norm_eps));
@@ -396,7 +409,7 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   const int64_t qkv_w = config_.qkv_width(), q_w = config_.q_width();
   const LayerEntries& e = layout_.layer(l);
   LayerActivations& a = layers_[static_cast<size_t>(l)];
-  Tensor x = rows(residual_[static_cast<size_t>(l)], n, h);
+  Tensor x = residual(l, n);
   Tensor dres = rows(d_residual_, n, h), dnorm = rows(d_norm_, n, h);
   Tensor dact = rows(d_act_, n, f), dgu = rows(d_gate_up_, n, 2 * f);
   Tensor dattn = rows(d_attn_, n, q_w), dqkv = rows(d_qkv_, n, qkv_w);
@@ -429,20 +442,24 @@ Status Glm4Model::layer_backward(int64_t l, const MicroBatch& b, Tensor w, Tenso
   return backend_.rmsnorm_backward(dres, input_norm_grad, dnorm, x, view(w, e.input_norm), a.rstd1, n, h);
 }
 
-Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params) {
+Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params, bool keep) {
   if (b.n <= 0 || b.n > max_tokens_)
     return GLM_INTERNAL_ERROR("micro-batch of ", b.n, " tokens outside (0, ", max_tokens_, "]");
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
   GLM_RETURN_IF_ERROR(acquire_persistent(params));
   GLM_ASSIGN_OR_RETURN(Tensor emb, params.acquire_params(layout_.embedding_unit()));
   GLM_RETURN_IF_ERROR(params.prefetch_params(layers > 0 ? layout_.layer_unit(0) : layout_.head_unit()));
-  GLM_RETURN_IF_ERROR(
-      backend_.embedding_forward(rows(residual_[0], n, h), view(emb, layout_.embedding()), b.tokens, n, h));
+  GLM_RETURN_IF_ERROR(residual_->begin(n * h, keep));
+  GLM_RETURN_IF_ERROR(residual_->will_write(0));
+  GLM_RETURN_IF_ERROR(backend_.embedding_forward(residual(0, n), view(emb, layout_.embedding()), b.tokens, n, h));
+  GLM_RETURN_IF_ERROR(residual_->written(0));
   GLM_RETURN_IF_ERROR(params.release_params(layout_.embedding_unit()));
   for (int64_t l = 0; l < layers; ++l) {
     GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(layout_.layer_unit(l)));
     GLM_RETURN_IF_ERROR(params.prefetch_params(l + 1 < layers ? layout_.layer_unit(l + 1) : layout_.head_unit()));
+    GLM_RETURN_IF_ERROR(residual_->will_write(l + 1));
     GLM_RETURN_IF_ERROR(layer_forward(l, b, w));
+    GLM_RETURN_IF_ERROR(residual_->written(l + 1));
     GLM_RETURN_IF_ERROR(params.release_params(layout_.layer_unit(l)));
   }
   return Status::ok();
@@ -450,14 +467,14 @@ Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params)
 
 Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params, Tensor logits) {
   lora_dropout_active_ = false;  // evaluation
-  GLM_RETURN_IF_ERROR(forward_layers(b, params));
+  GLM_RETURN_IF_ERROR(forward_layers(b, params, /*keep=*/false));
   const int64_t n = b.n, h = config_.hidden_size;
   const int head = layout_.head_unit();
   GLM_ASSIGN_OR_RETURN(Tensor hw, params.acquire_params(head));
   Tensor normed = rows(final_norm_, n, h);
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(),
-                                               rows(residual_[static_cast<size_t>(config_.num_hidden_layers)], n, h),
-                                               view(hw, layout_.final_norm()), n, h, config_.rms_norm_eps));
+                                               residual(config_.num_hidden_layers, n), view(hw, layout_.final_norm()),
+                                               n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
       backend_.linear_forward(logits, normed, view(hw, layout_.output()), Tensor{}, n, h, config_.vocab_size));
   GLM_RETURN_IF_ERROR(params.release_params(head));
@@ -469,13 +486,13 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
   // LoRA dropout only in training steps; p = 0 takes the dropout-free path.
   lora_dropout_active_ = with_grad && lora_ != nullptr && lora_->config().dropout > 0;
   lora_dropout_key_ = dropout_key;
-  GLM_RETURN_IF_ERROR(forward_layers(b, params));
+  GLM_RETURN_IF_ERROR(forward_layers(b, params, with_grad));
   const int64_t n = b.n, h = config_.hidden_size, layers = config_.num_hidden_layers;
 
   // Head: final RMSNorm, then lm_head fused with cross-entropy (and its backward when training).
   const int head = layout_.head_unit();
   GLM_ASSIGN_OR_RETURN(Tensor hw, params.acquire_params(head));
-  Tensor last = rows(residual_[static_cast<size_t>(layers)], n, h);
+  Tensor last = residual(layers, n);
   Tensor normed = rows(final_norm_, n, h);
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(), last, view(hw, layout_.final_norm()), n, h,
                                                config_.rms_norm_eps));
@@ -547,6 +564,9 @@ Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, Pa
     GLM_ASSIGN_OR_RETURN(Tensor w, params.acquire_params(unit));
     if (l > 0) GLM_RETURN_IF_ERROR(params.prefetch_params(layout_.layer_unit(l - 1)));
     GLM_ASSIGN_OR_RETURN(Tensor g, params.unit_grads(unit));
+    // The layer's input on the device, and the next one's on its way (offloaded activations).
+    GLM_RETURN_IF_ERROR(residual_->need(l));
+    if (l > 0) GLM_RETURN_IF_ERROR(residual_->prefetch(l - 1));
     GLM_RETURN_IF_ERROR(layer_backward(l, b, w, g, params));
     GLM_RETURN_IF_ERROR(params.release_params(unit));
     GLM_RETURN_IF_ERROR(params.grads_ready(unit));

@@ -12,6 +12,7 @@
 #include "model/lora.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
+#include "model/residual_stash.h"
 
 namespace glm {
 
@@ -102,8 +103,11 @@ class Glm4Model {
   // layout (of config; the parameter provider's, e.g. ZeRO's sharded one) may have a persistent
   // unit, which the model acquires (and whose gradients it takes) once for the whole forward and
   // backward. Without a layout: ParamLayout(config), one shard, nothing persistent.
+  // offload_activations (--offload_activations): the layers' inputs wait for their backward in
+  // pinned host memory (model/residual_stash.h).
   static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, ParamLayout layout, Backend& backend,
-                                                   int64_t max_tokens, Recompute recompute = Recompute::none);
+                                                   int64_t max_tokens, Recompute recompute = Recompute::none,
+                                                   bool offload_activations = false);
   static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
                                                    Recompute recompute = Recompute::none);
 
@@ -111,12 +115,17 @@ class Glm4Model {
   const ParamLayout& layout() const { return layout_; }
   int64_t max_tokens() const { return max_tokens_; }
   Recompute recompute() const { return recompute_; }
-  // Bytes of every activation and backward scratch buffer allocated by create().
+  // Bytes of every activation and backward scratch buffer allocated by create() on the backend,
+  // and of the offloaded layer inputs in host memory.
   int64_t activation_bytes() const { return activation_bytes_; }
-  // The same number without allocating: micro-batches of max_tokens tokens, activations of
+  int64_t host_activation_bytes() const { return residual_->host_bytes(); }
+  // The same numbers without allocating: micro-batches of max_tokens tokens, activations of
   // activation_size bytes per element and statistics of stats_size (the memory planner).
   static int64_t planned_activation_bytes(const ModelConfig& config, int64_t max_tokens, int64_t activation_size,
-                                          int64_t stats_size, Recompute recompute = Recompute::none);
+                                          int64_t stats_size, Recompute recompute = Recompute::none,
+                                          bool offload_activations = false);
+  static int64_t planned_host_activation_bytes(const ModelConfig& config, int64_t max_tokens, int64_t activation_size,
+                                               bool offload_activations);
 
   // Adds trainable LoRA adapters (model/lora.h) to the layers' linears: params and grads are laid
   // out as `layout` (which must outlive the model); backward accumulates into grads. Allocates
@@ -146,12 +155,14 @@ class Glm4Model {
   int64_t mlp_tail_from(int64_t l) const;
 
  private:
-  Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens, Recompute recompute);
+  Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens, Recompute recompute,
+            bool offload_activations);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params,
              Tensor correct = Tensor{}, uint64_t dropout_key = 0);
-  // Embedding and every layer; the last layer's output is residual_[L].
-  Status forward_layers(const MicroBatch& batch, ParameterProvider& params);
+  // Embedding and every layer; the last layer's output is residual L. keep: a backward follows.
+  Status forward_layers(const MicroBatch& batch, ParameterProvider& params, bool keep);
+  Tensor residual(int64_t j, int64_t n) const { return rows(residual_->at(j), n, config_.hidden_size); }
   // The layer's forward; with to_output false it stops before the MLP's down projection (the
   // recomputation before backward, which needs everything but the layer output).
   Status layer_forward(int64_t l, const MicroBatch& b, Tensor unit_params, bool to_output = true);
@@ -188,6 +199,7 @@ class Glm4Model {
   Backend& backend_;
   int64_t max_tokens_;
   Recompute recompute_;
+  bool offload_activations_;
   int64_t activation_bytes_ = 0;
   AttentionShape shape_;
 
@@ -196,7 +208,7 @@ class Glm4Model {
     Tensor ln1, rstd1, qkv, attn, lse, mid, ln2, rstd2, gate_up, act;
   };
   std::vector<Buffer> storage_;   // owns what LayerActivations views
-  std::vector<Buffer> residual_;  // L + 1 residual-stream tensors: layer inputs and the last output
+  std::unique_ptr<ResidualStash> residual_;  // L + 1 residual-stream tensors: layer inputs and the last output
   std::vector<LayerActivations> layers_;
   Buffer final_norm_, final_rstd_, losses_;
   // The lm_head over the labelled rows only: their losses and argmax flags before they are

@@ -38,7 +38,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
   AllocationPurpose purpose(backend, "the activations and backward scratch");
   GLM_ASSIGN_OR_RETURN(
       e->model_, Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options), backend,
-                                   local_tokens, ec.recompute));
+                                   local_tokens, ec.recompute, ec.offload_activations));
   if (cp > 1) {
     e->split_ = ContextSplit{cp, comm.rank() % cp};
     // From the communicator of the tensor collectives (NCCL's device buffers under CUDA).

@@ -59,6 +59,7 @@ struct EngineConfig {
   double max_grad_norm = 1.0;
   int zero_stage = 0;
   Recompute recompute = Recompute::none;
+  bool offload_activations = false;  // --offload_activations (model/residual_stash.h)
   ZeroOptions zero{};
   std::optional<LoraConfig> lora{};
   bool optimizer_in_backward = true;                  // --optimizer_in_backward
@@ -94,6 +95,7 @@ class TrainingEngine {
   int64_t host_optimizer_bytes() const;  // the offloaded optimizer's host memory, staging included
   // Activations and backward scratch of the model (what the recompute policy changes).
   int64_t activation_bytes() const { return model_->activation_bytes(); }
+  int64_t host_activation_bytes() const { return model_->host_activation_bytes(); }
   Backend& backend() { return backend_; }
 
   Status initialize_parameters(uint64_t seed);

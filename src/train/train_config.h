@@ -75,6 +75,7 @@ struct TrainConfig {
   int zero_stage = 0;                     // DeepSpeed's ZeRO stages 0-3 (src/zero/zero_engine.h)
   int context_parallel_size = 1;          // ranks sharing each row (src/data/context_split.h)
   Recompute recompute = Recompute::none;  // activation recomputation (src/model/recompute.h)
+  bool offload_activations = false;        // layer inputs in pinned host memory (src/model/residual_stash.h)
   ZeroOptions zero_options;               // buckets, overlap, reduce dtype (src/zero/zero_options.h)
   std::string comm_profile;               // bench_comm JSON for --reduce_bucket_size auto; empty: measure at start
   std::string output_dir;                 // empty: no files (tests)

@@ -133,7 +133,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfig& config) {
   const ZeroMemory mem = engine.memory();
   const LoraMemory adapters = engine.lora_memory();
-  constexpr int kFields = 13;
+  constexpr int kFields = 14;
   const int64_t mine[kFields] = {mem.parameter_bytes + adapters.parameter_bytes,
                                  adapters.parameter_bytes,
                                  mem.gradient_bytes + adapters.gradient_bytes,
@@ -146,11 +146,17 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
                                  adapters.activation_bytes,
                                  engine.host_optimizer_bytes(),
                                  mem.host_parameter_bytes,
-                                 mem.host_gradient_bytes};
+                                 mem.host_gradient_bytes,
+                                 engine.host_activation_bytes()};
   std::vector<int64_t> all(static_cast<size_t>(kFields * comm.size()));
   GLM_RETURN_IF_ERROR(comm.all_gather(mine, all.data(), kFields, CommType::i64));
   if (comm.rank() != 0) return Status::ok();
   const bool lora = engine.lora_layout() != nullptr;
+  auto format_mib = [](int64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+    return std::string(text);
+  };
   auto mib = [&](int64_t bytes, int64_t lora_bytes) {
     const double m = 1024.0 * 1024.0;
     char text[64];
@@ -183,12 +189,16 @@ Status print_memory(TrainingEngine& engine, Communicator& comm, const TrainConfi
     if (config.offload_optimizer == OffloadDevice::cpu)
       optimizer = concat(mib(v[10], 0), " in ", pinned, "host memory (", config.offload_threads,
                          config.offload_threads == 1 ? " thread" : " threads", numa_text(engine.backend()), ")");
+    std::string activations = mib(v[8], v[9]);
+    if (v[13] > 0)
+      activations = concat(activations, " on the device, layer inputs ", format_mib(v[13]), " in ",
+                           engine.backend().host_accessible() ? "" : "pinned ", "host memory");
     std::printf(
         "glm_hpc: memory per rank (ZeRO-%d), rank%s %s of %d: parameters %s, gradients %s, optimizer %s, "
         "communication buffers %s, activations (recompute %s) %s\n",
         config.zero_stage, group.size() > 1 ? "s" : "", rank_list(group).c_str(), comm.size(), parameters.c_str(),
         gradients.c_str(), optimizer.c_str(), mib(v[6], v[7]).c_str(), enum_name(config.recompute).data(),
-        mib(v[8], v[9]).c_str());
+        activations.c_str());
   }
   std::fflush(stdout);
   return Status::ok();
@@ -230,6 +240,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   engine_config.max_grad_norm = config.max_grad_norm;
   engine_config.zero_stage = config.zero_stage;
   engine_config.recompute = config.recompute;
+  engine_config.offload_activations = config.offload_activations;
   engine_config.zero = zero_options;
   if (lora) engine_config.lora = config.lora;
   engine_config.optimizer_in_backward = config.optimizer_in_backward;

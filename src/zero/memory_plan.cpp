@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "model/context_attention.h"
 #include "model/glm4_model.h"
@@ -115,7 +116,13 @@ MemoryPlan plan_cuda_memory(const MemoryPlanInput& in) {
   add("communication buffers", buffers);
   // + the engine's i32 micro-batch with its index, and its argmax flags (correct).
   add("activations and backward scratch",
-      Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute) + 4 * (micro_batch_ints(n) + n));
+      Glm4Model::planned_activation_bytes(in.model, n, 2, 4, in.recompute, in.offload_activations) +
+          4 * (micro_batch_ints(n) + n));
+  if (const int64_t host = Glm4Model::planned_host_activation_bytes(in.model, n, 2, in.offload_activations);
+      host > 0) {
+    p.host_rows.push_back({"offloaded activations: the layers' inputs (bf16)", host});
+    p.host_total += host;
+  }
   if (lora)
     add(in.lora->dropout > 0 ? "LoRA activations: rank-r intermediates, dropout scratch"
                              : "LoRA activations: rank-r intermediates",
@@ -165,12 +172,16 @@ std::optional<MemoryPlanInput> cheapest_fitting_settings(const MemoryPlanInput& 
   const bool full = !in.lora.has_value();
   for (const int offload : {0, 1, 2}) {  // nothing, the optimizer, the optimizer and the parameters
     if (offload > 0 && !full) break;
-    for (const Recompute recompute : {Recompute::none, Recompute::selective, Recompute::full}) {
+    // Recomputation from none to full, then full with the layers' inputs in host memory.
+    for (const auto& [recompute, offload_activations] :
+         {std::pair{Recompute::none, false}, std::pair{Recompute::selective, false}, std::pair{Recompute::full, false},
+          std::pair{Recompute::full, true}}) {
       for (int stage = full ? 0 : in.zero_stage; stage <= (full ? 3 : in.zero_stage); ++stage) {
         if ((offload == 1 && stage == 0) || (offload == 2 && stage != 3)) continue;  // as the options require
         probe.offload_optimizer = offload >= 1;
         probe.offload_param = offload == 2;
         probe.recompute = recompute;
+        probe.offload_activations = offload_activations;
         probe.zero_stage = stage;
         // Offloaded parameters: the smallest share of them in host memory that fits, in steps of 5%.
         for (int twentieths = offload == 2 ? 1 : 20; twentieths <= 20; ++twentieths) {
@@ -187,7 +198,7 @@ namespace {
 std::string settings_text(const MemoryPlanInput& in) {
   const double ratio = in.zero_options.offload_param_ratio;
   return concat("--zero_stage ", in.zero_stage, " --recompute ", enum_name(in.recompute),
-                in.offload_optimizer ? " --offload_optimizer cpu" : "", in.offload_param ? " --offload_param cpu" : "",
+                in.offload_activations ? " --offload_activations true" : "", in.offload_optimizer ? " --offload_optimizer cpu" : "", in.offload_param ? " --offload_param cpu" : "",
                 in.offload_param && ratio < 1 ? concat(" --offload_param_ratio ", ratio) : "");
 }
 
@@ -218,12 +229,13 @@ std::string format_cheapest_settings(const MemoryPlanInput& in, double gpu_memor
   if (!cheapest) {
     std::snprintf(line, sizeof(line), "%.1f", gpu_memory_gib);
     return concat("nothing fits in ", line, " GiB per GPU at world size ", in.world_size,
-                  " even with --zero_stage 3 --recompute full",
+                  " even with --zero_stage 3 --recompute full --offload_activations true",
                   in.lora ? "" : " --offload_optimizer cpu --offload_param cpu",
                   ": more GPUs, a shorter max_length", in.lora ? "" : ", or --train_type lora", "\n");
   }
   const MemoryPlan best = plan_cuda_memory(*cheapest);
   const bool same = cheapest->zero_stage == in.zero_stage && cheapest->recompute == in.recompute &&
+                    cheapest->offload_activations == in.offload_activations &&
                     cheapest->offload_optimizer == in.offload_optimizer &&
                     cheapest->offload_param == in.offload_param &&
                     (!in.offload_param ||
@@ -245,10 +257,10 @@ std::string format_memory_plan(const MemoryPlanInput& in, const MemoryPlan& plan
   char line[256];
   std::snprintf(line, sizeof(line),
                 "memory plan per GPU: %lld parameters, %lld layers, world size %d, ZeRO-%d, %lld tokens per "
-                "micro-batch, recompute %s\n",
+                "micro-batch, recompute %s%s\n",
                 static_cast<long long>(in.model.parameter_count()), static_cast<long long>(in.model.num_hidden_layers),
                 in.world_size, in.zero_stage, static_cast<long long>(in.micro_batch_tokens),
-                enum_name(in.recompute).data());
+                enum_name(in.recompute).data(), in.offload_activations ? ", the layers' inputs offloaded" : "");
   out += line;
   if (in.context_parallel_size > 1) {
     std::snprintf(line, sizeof(line),

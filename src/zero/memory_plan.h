@@ -20,6 +20,7 @@ struct MemoryPlanInput {
   int zero_stage = 0;
   int64_t micro_batch_tokens = 4096;  // per_device_train_batch_size x max_length
   Recompute recompute = Recompute::none;
+  bool offload_activations = false;  // --offload_activations: the layers' inputs in pinned host memory
   ZeroOptions zero_options;  // bucket sizes and reduce dtype (a --reduce_bucket_size auto plans with 5e8)
   // --train_type lora: the base frozen (no gradients, no optimizer state; partitioned only at
   // stage 3), the adapters trained and replicated. nullopt: full training.
