@@ -7,7 +7,8 @@
 # target and runs `ctest -L gpu` instead of test_cuda_ops alone; GLM_AB_FIXTURES=NAME regenerates that
 # parity fixture with transformers (tools/make_parity_fixtures.py) into $OUT/fixtures.
 # GLM_AB_BENCH=REGEX also builds both trees' bench_kernels and runs the benchmarks it matches with
-# each, old first (a benchmark the old tree lacks prints nothing there).
+# each, old first (a benchmark the old tree lacks prints nothing there); GLM_AB_BENCH_OLD=0 runs the
+# new tree's alone. GLM_AB_GTEST_FILTER narrows test_cuda_ops (without GLM_AB_CTEST).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp/out}
@@ -17,7 +18,7 @@ root=$PWD
 rm -rf /tmp/old && mkdir -p /tmp/old && tar -xzf .old/old.tar.gz -C /tmp/old && cp -r .deb /tmp/old/
 old_session=$(ls /tmp/old/benchmarks/gpu_session.sh /tmp/old/benchmarks/calls/gpu_session.sh 2>/dev/null | head -1)
 t0=$(date +%s)
-old_targets="glm_hpc"; [ -n "${GLM_AB_BENCH:-}" ] && old_targets="glm_hpc bench_kernels"
+old_targets="glm_hpc"; [ -n "${GLM_AB_BENCH:-}" ] && [ "${GLM_AB_BENCH_OLD:-1}" = 1 ] && old_targets="glm_hpc bench_kernels"
 (cd /tmp/old && GLM_BUILD_JOBS=8 GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="$old_targets" OUT=/tmp/old_out bash "$old_session" \
   >"$OUT/old_build.txt" 2>&1; echo "old build rc=$?" >>"$OUT/old_build.txt") &
 old_pid=$!
@@ -37,7 +38,8 @@ if [ "${GLM_AB_CTEST:-0}" = 1 ]; then
   (cd build-gpu && timeout 400 ctest -L gpu -E test_nccl --timeout 300 >"$OUT/ctest_gpu.log" 2>&1; echo "ctest -L gpu rc=$?")
   grep -E "tests passed|Failed|\*\*\*|Not Run" "$OUT/ctest_gpu.log" | head -20
 else
-  timeout 240 build-gpu/tests/test_cuda_ops --gtest_brief=1 >"$OUT/test_cuda_ops.log" 2>&1
+  timeout 240 build-gpu/tests/test_cuda_ops --gtest_brief=1 --gtest_filter="${GLM_AB_GTEST_FILTER:-*}" \
+    >"$OUT/test_cuda_ops.log" 2>&1
   echo "test_cuda_ops rc=$?"; grep -E "PASSED|FAILED|SKIPPED \]" "$OUT/test_cuda_ops.log" | head -20
 fi
 if [ -n "${GLM_AB_FIXTURES:-}" ]; then wait "$fixtures_pid"; tail -3 "$OUT/fixtures.log"; fi
@@ -54,7 +56,8 @@ try:
 except Exception as e: print("tiny comparison failed:", e)
 PY
 if [ -n "${GLM_AB_BENCH:-}" ]; then
-  for side in old new; do
+  sides="old new"; [ "${GLM_AB_BENCH_OLD:-1}" = 1 ] || sides=new
+  for side in $sides; do
     bin=$([ $side = old ] && echo /tmp/old/build-gpu/benchmarks/bench_kernels || echo "$root/build-gpu/benchmarks/bench_kernels")
     timeout 240 "$bin" --benchmark_color=false --benchmark_filter="$GLM_AB_BENCH" >"$OUT/bench_$side.txt" 2>&1 || echo "bench_kernels $side rc=$?"
   done
@@ -88,5 +91,8 @@ for side in ("old", "new"):
         except Exception as e: print(d, "no result:", e)
 PY
 if [ -n "${GLM_AB_BENCH:-}" ]; then
-  for side in old new; do echo "== bench_kernels, $side =="; grep -E "^BM_" "$OUT/bench_$side.txt" | awk '{print $1, $2, $3}'; done
+  for side in old new; do
+    [ -f "$OUT/bench_$side.txt" ] || continue
+    echo "== bench_kernels, $side =="; grep -E "^BM_" "$OUT/bench_$side.txt" | awk '{print $1, $2, $3, $NF}'
+  done
 fi
