@@ -64,6 +64,21 @@ TEST(ChatTemplate, TargetsAreAssistantNewlineContentAndTerminator) {
   EXPECT_EQ(t.tokens[4], '<');
 }
 
+// Generation continues after <|assistant|>: a final assistant turn is the reference, not prompt;
+// an earlier one stays as history.
+TEST(ChatTemplate, GenerationPromptEndsWithTheAssistantToken) {
+  ByteTokenizer tok;
+  Conversation c;
+  c.messages = {{Role::system, "S"}, {Role::user, "Q"}, {Role::assistant, "A"}, {Role::user, "R"}, {Role::assistant, "C"}};
+  EXPECT_EQ(tok.decode(ChatTemplate(tok).generation_prompt(c)),
+            "[gMASK]<sop><|system|>\nS<|user|>\nQ<|assistant|>\nA<|user|>\nR<|assistant|>");
+  EXPECT_EQ(ChatTemplate::reference_answer(c), std::optional<std::string>("C"));
+  c.messages.pop_back();
+  EXPECT_EQ(tok.decode(ChatTemplate(tok).generation_prompt(c)),
+            "[gMASK]<sop><|system|>\nS<|user|>\nQ<|assistant|>\nA<|user|>\nR<|assistant|>");
+  EXPECT_EQ(ChatTemplate::reference_answer(c), std::nullopt);
+}
+
 TEST(ShardedLoader, GlobalBatchIsTheSameSetAtEveryWorldSize) {
   Dataset d;
   for (int i = 0; i < 37; ++i) {

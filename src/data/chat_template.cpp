@@ -54,4 +54,18 @@ TokenizedSample ChatTemplate::render(const Conversation& conversation, LossScale
   return s;
 }
 
+std::optional<std::string> ChatTemplate::reference_answer(const Conversation& conversation) {
+  if (conversation.messages.empty() || conversation.messages.back().role != Role::assistant) return std::nullopt;
+  return conversation.messages.back().content;
+}
+
+std::vector<int32_t> ChatTemplate::generation_prompt(const Conversation& conversation) const {
+  Conversation prompt = conversation;
+  if (reference_answer(prompt)) prompt.messages.pop_back();
+  for (Message& m : prompt.messages) m.loss = false;
+  std::vector<int32_t> tokens = render(prompt).tokens;
+  tokens.push_back(tokenizer_.special_id(SpecialToken::assistant));
+  return tokens;
+}
+
 }  // namespace glm

@@ -54,6 +54,12 @@ class ChatTemplate {
   // terminator <|user|> is appended. Targets: "\n" + content of every assistant turn and the one
   // token that follows it.
   TokenizedSample render(const Conversation& conversation, LossScale scale = LossScale::assistant) const;
+  // What generation continues (transformers' add_generation_prompt): the conversation without a
+  // final assistant turn, rendered as above, then <|assistant|>; the model writes "\n" + its reply
+  // and ends it with a role token (<|user|>, <|observation|>) or <|endoftext|>.
+  std::vector<int32_t> generation_prompt(const Conversation& conversation) const;
+  // That final assistant turn's text (a reference answer), or nullopt where the conversation has none.
+  static std::optional<std::string> reference_answer(const Conversation& conversation);
 
  private:
   const Tokenizer& tokenizer_;
