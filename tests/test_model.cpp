@@ -13,6 +13,7 @@
 #include "model/glm4_model.h"
 #include "mpi/local_communicator.h"
 #include "test_util.h"
+#include "train/generate.h"
 #include "train/trainer.h"
 #include "zero/zero_engine.h"
 
@@ -308,6 +309,64 @@ TEST(Glm4Model, OffloadedActivationsGiveIdenticalLossesAndGradients) {
     EXPECT_EQ(offloaded.host_bytes, (config.num_hidden_layers + 1 - 3) * residual_bytes);
     EXPECT_EQ(kept.bytes - offloaded.bytes, offloaded.host_bytes);
   }
+}
+
+// Generation by recomputing the sequence: each greedy token is the argmax of the model's last-row
+// logits over everything before it (checked against the full logits of the final sequence, which
+// also holds every earlier step's rows: causal attention); a stop token ends the reply without
+// joining it; max_new_tokens and the engine's length bound it; sampling is reproducible by seed and
+// sequence and differs across them.
+TEST(Generate, GreedyFollowsTheLogitsAndStopsWhereAsked) {
+  ModelConfig config = tiny_config();
+  config.vocab_size = 32;
+  ASSERT_TRUE(config.finalize_and_validate().is_ok());
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  auto engine = TrainingEngine::create({.model = config, .max_tokens = 40}, *backend, comm).take();
+  ASSERT_TRUE(engine->initialize_parameters(5).is_ok());
+  const std::vector<int32_t> prompt = {3, 9, 4, 1, 7};
+  GenerationOptions greedy;
+  greedy.sampling.temperature = 0;
+  greedy.max_new_tokens = 12;
+  greedy.max_tokens = 40;
+  auto reply = generate(*engine, prompt, greedy, 0);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().message();
+  const std::vector<int32_t> tokens = reply.value().tokens;
+  ASSERT_EQ(tokens.size(), 12u);
+  EXPECT_FALSE(reply.value().stopped);
+  HostMicroBatch whole;
+  whole.tokens = prompt;
+  whole.tokens.insert(whole.tokens.end(), tokens.begin(), tokens.end());
+  for (size_t t = 0; t < whole.tokens.size(); ++t) {
+    whole.targets.push_back(-1);
+    whole.positions.push_back(static_cast<int32_t>(t));
+    whole.doc_start.push_back(0);
+  }
+  std::vector<float> logits;
+  ASSERT_TRUE(engine->logits(whole, logits).is_ok());
+  const auto vocab = static_cast<size_t>(config.vocab_size);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto row = logits.begin() + static_cast<std::ptrdiff_t>((prompt.size() - 1 + i) * vocab);
+    EXPECT_EQ(tokens[i], std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row) << "step " << i;
+  }
+  GenerationOptions stopping = greedy;
+  stopping.stop_ids = {tokens[3]};
+  auto stopped = generate(*engine, prompt, stopping, 0).take();
+  EXPECT_TRUE(stopped.stopped);
+  const size_t first = static_cast<size_t>(std::find(tokens.begin(), tokens.end(), tokens[3]) - tokens.begin());
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(first)));
+  GenerationOptions bounded = greedy;
+  bounded.max_tokens = 9;
+  EXPECT_EQ(generate(*engine, prompt, bounded, 0).take().tokens.size(), 4u);
+  bounded.max_tokens = 5;
+  EXPECT_EQ(generate(*engine, prompt, bounded, 0).status().kind(), ErrorKind::user_input);
+  GenerationOptions sampled = greedy;
+  sampled.sampling.temperature = 1.5;
+  const auto a = generate(*engine, prompt, sampled, 1).take().tokens;
+  EXPECT_EQ(generate(*engine, prompt, sampled, 1).take().tokens, a);
+  EXPECT_NE(generate(*engine, prompt, sampled, 2).take().tokens, a);
+  sampled.sampling.seed += 1;
+  EXPECT_NE(generate(*engine, prompt, sampled, 1).take().tokens, a);
 }
 
 // Without clipping on one rank the optimizer updates each unit as backward finishes it (on the

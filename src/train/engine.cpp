@@ -690,7 +690,7 @@ Result<EvalResult> TrainingEngine::evaluate(const HostMicroBatch& hb) {
   return r;
 }
 
-Status TrainingEngine::logits(const HostMicroBatch& hb, std::vector<float>& out) {
+Status TrainingEngine::logits(const HostMicroBatch& hb, std::vector<float>& out, bool last_row_only) {
   if (split_.size > 1) return GLM_USER_ERROR("logits of a whole row need --context_parallel_size 1");
   GLM_RETURN_IF_ERROR(settle_optimizer());
   GLM_ASSIGN_OR_RETURN(MicroBatch b, upload(hb));
@@ -698,11 +698,13 @@ Status TrainingEngine::logits(const HostMicroBatch& hb, std::vector<float>& out)
   if (logits_.numel() < numel) {
     GLM_ASSIGN_OR_RETURN(logits_, backend_.allocate(numel, backend_.compute_dtype()));
   }
-  Tensor l = logits_.slice(0, numel);
-  GLM_RETURN_IF_ERROR(model_->forward_logits(b, *zero_, l));
-  out.resize(static_cast<size_t>(numel));
+  Tensor all = logits_.slice(0, numel);
+  GLM_RETURN_IF_ERROR(model_->forward_logits(b, *zero_, all));
+  const int64_t vocab = config().vocab_size;
+  const Tensor l = last_row_only ? all.slice(numel - vocab, vocab) : all;
+  out.resize(static_cast<size_t>(l.numel));
   if (l.dtype == DType::f32) return backend_.download(out.data(), l);
-  GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(numel, DType::f32));
+  GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(l.numel, DType::f32));
   GLM_RETURN_IF_ERROR(backend_.convert(staging.tensor(), l));
   return backend_.download(out.data(), staging.tensor());
 }

@@ -168,8 +168,9 @@ class TrainingEngine {
   // Ranks sharing each row (EngineConfig::context_parallel_size); the data-parallel rank and world
   // are comm's divided by it.
   int context_parallel_size() const { return split_.size; }
-  // Logits [n, vocab] of one batch (this rank only), converted to f32 on the host.
-  Status logits(const HostMicroBatch& batch, std::vector<float>& out);
+  // Logits [n, vocab] of one batch (this rank only), converted to f32 on the host; with
+  // last_row_only the last token's row alone (what generation samples from).
+  Status logits(const HostMicroBatch& batch, std::vector<float>& out, bool last_row_only = false);
 
  private:
   TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
