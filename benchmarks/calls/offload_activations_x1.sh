@@ -61,8 +61,8 @@ run() {
 }
 run seq_kept "$seq" 90 "${short_model[@]}" --max_grad_norm 0 --max_steps 15
 run seq_offloaded "$seq" 90 "${short_model[@]}" --max_grad_norm 0 --max_steps 15 --offload_activations true
-run lora64k_kept "$short" 120 "${model[@]}" --train_type lora --max_steps 2
 run lora64k_offloaded "$short" 120 "${model[@]}" --train_type lora --max_steps 2 --offload_activations true
+run lora64k_kept "$short" 120 "${model[@]}" --train_type lora --max_steps 2
 run lora256k_offloaded "$long" 330 "${model[@]}" --train_type lora --max_steps "$long_steps" --offload_activations true
 python3 - "$OUT" "$short" "$long" "$seq" <<'PY'
 import json, os, re, sys
