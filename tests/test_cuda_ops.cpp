@@ -1649,6 +1649,41 @@ TEST_P(CudaModelProfiles, StepAtHeadDim128MatchesCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Gpus, CudaModelProfiles, ::testing::ValuesIn(kProfiles),
                          [](const ::testing::TestParamInfo<DeviceProfile>& p) { return std::string(p.param.name); });
 
+// Five steps of a window from seed 9: the losses, the last step's gradients (f32) and the engine's
+// activation bytes on the device and in host memory.
+struct EngineOutcome {
+  std::vector<double> losses;
+  std::vector<float> grads;
+  int64_t bytes = 0, host_bytes = 0;
+};
+EngineOutcome five_steps(Backend& gpu, Communicator& comm, const EngineConfig& ec,
+                         const std::vector<HostMicroBatch>& window) {
+  auto e = TrainingEngine::create(ec, gpu, comm).take();
+  EXPECT_TRUE(e->initialize_parameters(9).is_ok());
+  EngineOutcome o;
+  for (int s = 0; s < 5; ++s) {
+    auto r = e->step(window, 2e-3);
+    EXPECT_TRUE(r.is_ok()) << r.status().message();
+    if (r.is_ok()) o.losses.push_back(r.value().loss);
+  }
+  Buffer staging = gpu.allocate(e->layout().total_numel(), DType::f32).take();
+  EXPECT_TRUE(gpu.convert(staging.tensor(), e->gradients()).is_ok());
+  o.grads.resize(static_cast<size_t>(e->layout().total_numel()));
+  EXPECT_TRUE(gpu.download(o.grads.data(), staging.tensor()).is_ok());
+  o.bytes = e->activation_bytes();
+  o.host_bytes = e->host_activation_bytes();
+  return o;
+}
+
+// The first loss the same to rounding, later ones and the gradients to bf16 tolerance.
+void expect_same_trajectory(const EngineOutcome& o, const EngineOutcome& ref, const std::string& what) {
+  ASSERT_EQ(o.losses.size(), ref.losses.size()) << what;
+  EXPECT_NEAR(o.losses[0], ref.losses[0], 1e-6 * ref.losses[0]) << what;
+  for (size_t s = 1; s < o.losses.size(); ++s)
+    EXPECT_NEAR(o.losses[s], ref.losses[s], kBf16TrajectoryTolerance * ref.losses[s]) << what;
+  EXPECT_LT(relative_error(o.grads, ref.grads), kBf16GradTolerance) << what;
+}
+
 // Recomputation on the GPU: the recomputed forward kernels are deterministic, so the first loss is
 // the same to rounding; attention and embedding backward accumulate with atomics (order varies run
 // to run), so gradients and later steps agree to bf16 tolerance, not bit for bit. Memory shrinks.
@@ -1657,38 +1692,14 @@ TEST(CudaModel, RecomputationIsExactOnGpu) {
   const ModelConfig c = small_model();
   auto gpu = make_cuda_backend(0).take();
   LocalCommunicator comm;
-  std::vector<HostMicroBatch> window = {random_batch(c, 3), random_batch(c, 4)};
-  struct Outcome {
-    std::vector<double> losses;
-    std::vector<float> grads;
-    int64_t bytes = 0;
-  };
+  const std::vector<HostMicroBatch> window = {random_batch(c, 3), random_batch(c, 4)};
   auto run = [&](Recompute policy) {
-    auto e =
-        TrainingEngine::create({.model = c, .max_tokens = 512, .adam = AdamWOptions{}, .recompute = policy}, *gpu, comm)
-            .take();
-    EXPECT_TRUE(e->initialize_parameters(9).is_ok());
-    Outcome o;
-    for (int s = 0; s < 5; ++s) {
-      auto r = e->step(window, 2e-3);
-      EXPECT_TRUE(r.is_ok()) << r.status().message();
-      if (r.is_ok()) o.losses.push_back(r.value().loss);
-    }
-    Buffer staging = gpu->allocate(e->layout().total_numel(), DType::f32).take();
-    EXPECT_TRUE(gpu->convert(staging.tensor(), e->gradients()).is_ok());
-    o.grads.resize(static_cast<size_t>(e->layout().total_numel()));
-    EXPECT_TRUE(gpu->download(o.grads.data(), staging.tensor()).is_ok());
-    o.bytes = e->activation_bytes();
-    return o;
+    return five_steps(*gpu, comm, {.model = c, .max_tokens = 512, .adam = AdamWOptions{}, .recompute = policy}, window);
   };
-  const Outcome none = run(Recompute::none);
+  const EngineOutcome none = run(Recompute::none);
   for (Recompute policy : {Recompute::selective, Recompute::full}) {
-    const Outcome o = run(policy);
-    ASSERT_EQ(o.losses.size(), none.losses.size());
-    EXPECT_NEAR(o.losses[0], none.losses[0], 1e-6 * none.losses[0]) << enum_name(policy);
-    for (size_t s = 1; s < o.losses.size(); ++s)
-      EXPECT_NEAR(o.losses[s], none.losses[s], kBf16TrajectoryTolerance * none.losses[s]) << enum_name(policy);
-    EXPECT_LT(relative_error(o.grads, none.grads), kBf16GradTolerance) << enum_name(policy);
+    const EngineOutcome o = run(policy);
+    expect_same_trajectory(o, none, std::string(enum_name(policy)));
     EXPECT_LT(o.bytes, none.bytes) << enum_name(policy);
   }
 }
@@ -1705,38 +1716,13 @@ TEST(CudaModel, OffloadedActivationsFollowTheResidentRun) {
   ASSERT_TRUE(c.finalize_and_validate().is_ok());
   auto gpu = make_cuda_backend(0).take();
   LocalCommunicator comm;
-  std::vector<HostMicroBatch> window = {random_batch(c, 5), random_batch(c, 6)};
-  struct Outcome {
-    std::vector<double> losses;
-    std::vector<float> grads;
-    int64_t bytes = 0, host_bytes = 0;
-  };
-  auto run = [&](Recompute policy, bool offload) {
-    EngineConfig ec{.model = c, .max_tokens = 512, .adam = AdamWOptions{}, .recompute = policy};
-    ec.offload_activations = offload;
-    auto e = TrainingEngine::create(ec, *gpu, comm).take();
-    EXPECT_TRUE(e->initialize_parameters(9).is_ok());
-    Outcome o;
-    for (int s = 0; s < 5; ++s) {
-      auto r = e->step(window, 2e-3);
-      EXPECT_TRUE(r.is_ok()) << r.status().message();
-      if (r.is_ok()) o.losses.push_back(r.value().loss);
-    }
-    Buffer staging = gpu->allocate(e->layout().total_numel(), DType::f32).take();
-    EXPECT_TRUE(gpu->convert(staging.tensor(), e->gradients()).is_ok());
-    o.grads.resize(static_cast<size_t>(e->layout().total_numel()));
-    EXPECT_TRUE(gpu->download(o.grads.data(), staging.tensor()).is_ok());
-    o.bytes = e->activation_bytes();
-    o.host_bytes = e->host_activation_bytes();
-    return o;
-  };
+  const std::vector<HostMicroBatch> window = {random_batch(c, 5), random_batch(c, 6)};
   for (Recompute policy : {Recompute::none, Recompute::full}) {
-    const Outcome kept = run(policy, false), offloaded = run(policy, true);
-    ASSERT_EQ(offloaded.losses.size(), kept.losses.size());
-    EXPECT_NEAR(offloaded.losses[0], kept.losses[0], 1e-6 * kept.losses[0]) << enum_name(policy);
-    for (size_t s = 1; s < kept.losses.size(); ++s)
-      EXPECT_NEAR(offloaded.losses[s], kept.losses[s], kBf16TrajectoryTolerance * kept.losses[s]) << enum_name(policy);
-    EXPECT_LT(relative_error(offloaded.grads, kept.grads), kBf16GradTolerance) << enum_name(policy);
+    EngineConfig ec{.model = c, .max_tokens = 512, .adam = AdamWOptions{}, .recompute = policy};
+    const EngineOutcome kept = five_steps(*gpu, comm, ec, window);
+    ec.offload_activations = true;
+    const EngineOutcome offloaded = five_steps(*gpu, comm, ec, window);
+    expect_same_trajectory(offloaded, kept, std::string(enum_name(policy)));
     EXPECT_EQ(offloaded.host_bytes, (c.num_hidden_layers + 1 - 3) * 512 * c.hidden_size * 2);
     EXPECT_EQ(kept.bytes - offloaded.bytes, offloaded.host_bytes);
   }
