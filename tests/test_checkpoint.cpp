@@ -45,8 +45,20 @@ const Dataset& data() {
   return d;
 }
 
+// This process's scratch directory, removed when the test program ends.
+fs::path scratch_root() { return fs::temp_directory_path() / ("glm_ckpt_tests_" + std::to_string(::getpid())); }
+class RemoveScratch : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(scratch_root(), ignored);
+  }
+};
+[[maybe_unused]] const ::testing::Environment* const kRemoveScratch =
+    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+
 fs::path fresh(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("glm_ckpt_tests_" + std::to_string(::getpid())) / name;
+  const fs::path dir = scratch_root() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

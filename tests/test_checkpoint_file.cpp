@@ -21,8 +21,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// This process's scratch directory, removed when the test program ends.
+fs::path scratch_root() { return fs::temp_directory_path() / ("glm_ckpt_file_tests_" + std::to_string(::getpid())); }
+class RemoveScratch : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(scratch_root(), ignored);
+  }
+};
+[[maybe_unused]] const ::testing::Environment* const kRemoveScratch =
+    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+
 fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("glm_ckpt_file_tests_" + std::to_string(::getpid()));
+  const fs::path dir = scratch_root();
   fs::create_directories(dir);
   return dir / name;
 }
