@@ -433,10 +433,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // registers, the online softmax runs there, and P (bf16, the accumulator layout is the A operand's)
 // multiplies V from shared memory into the output accumulators. Gathered: a context-parallel
 // share's queries against its gathered row (FlashRows).
-constexpr int kFwdRows = 128, kFwdKeys = 128;
+// Gathered: the key tiles' rows in kv (kv_row of their positions) are brought into a ring of four
+// tiles' indices a tile ahead of the K and V loads that use them, so that no load waits for one.
+constexpr int kFwdRows = 128, kFwdKeys = 128, kIndexRing = 4;
 template <bool Gathered>
 constexpr size_t forward_smem_bytes() {
-  return tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + 1024;
+  return tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + (Gathered ? kIndexRing * kFwdKeys * sizeof(int32_t) : 0) +
+         1024;
 }
 
 template <bool Gathered>
@@ -448,6 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* Qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* Kbuf = Qs + tile_bytes(kFwdRows);        // [2] x [kFwdKeys][kD]
   unsigned char* Vbuf = Kbuf + 2 * tile_bytes(kFwdKeys);  // [2] x [kFwdKeys][kD]
+  int32_t* kv_index = reinterpret_cast<int32_t*>(Vbuf + 2 * tile_bytes(kFwdKeys));  // [kIndexRing][kFwdKeys]
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int grp = lane >> 2, quad = lane & 3;
   const int row0 = wg * 64 + warp * 16 + grp;  // this thread's rows relative to q0: row0, row0 + 8
@@ -473,12 +477,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_end = query_position<Gathered>(rows, q0 + q_valid - 1) + 1;
   const int doc_max = doc_start[q0 + q_valid - 1];
   const int tiles = (k_end - k_first + kFwdKeys - 1) / kFwdKeys;
-  // K of tile t + 2 and V of tile t + 1 load while tile t is computed (two buffers each).
+  // K of tile t + 2 and V of tile t + 1 load while tile t is computed (two buffers each); when
+  // Gathered, the indices of tile t + 3 with them.
   auto load_tile = [&](unsigned char* buf, const bf16* base, int t) {
     if (t >= tiles) return;
     const int k0 = k_first + t * kFwdKeys;
-    async_key_tile<kFwdKeys, Gathered>(buf + (t & 1) * tile_bytes(kFwdKeys), rows, base, rows.kv_row + k0, k0,
-                                       min(kFwdKeys, k_end - k0));
+    async_key_tile<kFwdKeys, Gathered>(buf + (t & 1) * tile_bytes(kFwdKeys), rows, base,
+                                       kv_index + (t % kIndexRing) * kFwdKeys, k0, min(kFwdKeys, k_end - k0));
+  };
+  auto load_index = [&](int t) {
+    if constexpr (Gathered) {
+      if (t >= tiles) return;
+      const int k0 = k_first + t * kFwdKeys;
+      for (int r = threadIdx.x; r < kFwdKeys; r += kThreads) {
+        const bool in = k0 + r < k_end;
+        cp_async4(kv_index + (t % kIndexRing) * kFwdKeys + r, rows.kv_row + (in ? k0 + r : 0), in);
+      }
+    }
   };
   // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
   const uint32_t q_lo = smem_addr(Qs) >> 4, kbuf_lo = q_lo + lo16(tile_bytes(kFwdRows));
@@ -539,10 +554,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  if constexpr (Gathered) {  // the first two tiles' indices, before any load that needs them
+    load_index(0);
+    load_index(1);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+  }
   async_tile<kFwdRows>(Qs, rows.q + q0 * rows.q_stride + h * kD, rows.q_stride, q_valid);
   load_tile(Kbuf, k_base, 0);
   load_tile(Vbuf, v_base, 0);
   load_tile(Kbuf, k_base, 1);
+  load_index(2);
   cp_async_commit();
   tiles_arrived();
   float o[64], sc[64], corr[2];  // sc: no initial values, the first k step does not read them
@@ -563,9 +586,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
   auto next_tile = [&](int t) {
-    tiles_arrived();  // K(t + 1) and V(t) in shared memory; every wgmma of tile t - 1 has completed
+    // K(t + 1), V(t) and the indices of tile t + 2 in shared memory; every wgmma of tile t - 1 has
+    // completed, and every thread is done with the indices of tile t - 1, whose slot t + 3 takes.
+    tiles_arrived();
     load_tile(Kbuf, k_base, t + 2);
     load_tile(Vbuf, v_base, t + 1);
+    load_index(t + 3);
     cp_async_commit();
   };
   // Tile t: S of tile t + 1 is issued before O += P V of tile t, so that its softmax runs while
