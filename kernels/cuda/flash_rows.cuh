@@ -47,29 +47,22 @@ __device__ __forceinline__ int64_t key_row(const FlashRows& rows, int64_t p) {
   return p;
 }
 
-// First index i in [lo, hi) with a[i] >= value (a nondecreasing there), or hi, found by a whole warp
-// (every lane calls it with the same arguments, converged, and gets the result): 32 probes per
-// round, so a search over n entries waits for ceil(log32 n) + 1 dependent loads instead of log2 n.
-// At a block's start that latency is not hidden by the block's own work.
+// First index i in [lo, hi) with a[i] >= value (a nondecreasing there), or hi.
 __device__ __forceinline__ int64_t first_at_least(const int32_t* a, int64_t lo, int64_t hi, int64_t value) {
-  const int lane = threadIdx.x & 31;
-  while (hi - lo > 32) {
-    const int64_t step = (hi - lo + 31) / 32;
-    const int64_t probe = min(lo + (lane + 1) * step, hi) - 1;  // the last entry of lane's segment
-    const unsigned ge = __ballot_sync(0xffffffffu, a[probe] >= value);
-    if (ge == 0) return hi;
-    const int first = __ffs(static_cast<int>(ge)) - 1;  // the answer lies in this segment
-    hi = min(lo + (first + 1) * step, hi);
-    lo += first * step;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (a[mid] < value)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
-  const unsigned ge = __ballot_sync(0xffffffffu, lo + lane < hi && a[lo + lane] >= value);
-  return ge == 0 ? hi : lo + __ffs(static_cast<int>(ge)) - 1;
+  return lo;
 }
 
 // The queries [begin, end) that can see some key of row positions [k0, k_last]: those at or after
 // position k0 whose document starts by k_last (positions and document starts are nondecreasing;
 // positions are distinct, so the first at or after k_last is at most k_last - k0 after begin).
-// Empty where no query of the call sees them. Called by whole, converged warps.
+// Empty where no query of the call sees them.
 template <bool Gathered>
 __device__ __forceinline__ void queries_seeing(const FlashRows& rows, const int32_t* doc_start, int64_t k0,
                                                int64_t k_last, int64_t& begin, int64_t& end) {
