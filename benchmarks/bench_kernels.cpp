@@ -5,6 +5,8 @@
 // Google Benchmark's flags it takes the backend's kernel choices (BackendConfig) to compare variants:
 //   --attention_kernel auto|mma  --attention_backward_head_chunk N  --attention_dq_vector_atomics true|false
 //   --gemm_autotune off|large|all  --lm_head_scratch_mb N  --shared_memory_limit_kib N
+#include <unistd.h>
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -367,6 +369,7 @@ void BM_AdamWRows(benchmark::State& state) {
 // The ceilings must be known before the rest: run them first and keep their rates.
 class CeilingReporter : public benchmark::ConsoleReporter {
  public:
+  explicit CeilingReporter(OutputOptions options) : ConsoleReporter(options) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const auto& r : runs) {
       if (r.benchmark_name().rfind("BM_CeilingCopy", 0) == 0 && r.counters.count("GB/s"))
@@ -480,7 +483,9 @@ bool parse_backend_flags(int argc, char** argv) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (!parse_backend_flags(argc, argv)) return 2;
-  CeilingReporter reporter;
+  // Colours only on a terminal: a reporter of our own does not read --benchmark_color.
+  CeilingReporter reporter(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_Defaults
+                                                 : benchmark::ConsoleReporter::OO_Tabular);
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return 0;
