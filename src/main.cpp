@@ -7,11 +7,13 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <thread>
 
 #include "base/stop_signal.h"
 #include "cli/export.h"
+#include "cli/infer.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
 #include "cli/run_directory.h"
@@ -169,6 +171,25 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const s
   return glm::Status::ok();
 }
 
+// glm_hpc infer: every rank prepares (model, prompts, engine) and agrees; then generates its share,
+// agrees, and rank 0 writes the results. Without prompt files, a chat on the terminal.
+int run_infer(const glm::CliOptions& o, const glm::ProcessInfo& proc, glm::Backend& backend) {
+  auto job = glm::InferJob::prepare(o, proc, backend);
+  if (int code = settle(job.status())) return code;
+  glm::InferJob& infer = *job.value();
+  if (proc.rank == 0) {
+    std::printf("%s", infer.describe().c_str());
+    std::fflush(stdout);
+  }
+  if (infer.interactive()) return settle(infer.chat(std::cin, std::cout));
+  if (int code = settle(infer.generate_share())) return code;
+  auto summary = infer.gather_and_write(MPI_COMM_WORLD);
+  if (int code = settle(summary.status())) return code;
+  std::printf("%s", summary.value().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 // NCCL's proxy thread and glm_hpc's own threads need more than one CPU core per rank: a rank pinned
@@ -222,6 +243,7 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
   resolve_paths(options);
   auto backend = choose_backend(options, proc);
   if (int code = settle(backend.status())) return code;
+  if (options.command == "infer") return run_infer(options, proc, *backend.value());
   auto hf = resolve_model(options);
   if (int code = settle(hf.status())) return code;
   if (hf.value() && options.command != "prepare") {

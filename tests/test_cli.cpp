@@ -35,7 +35,8 @@ struct RunResult {
 // source tree) would be one directory for every test, which one run at a time may hold.
 std::string glm_command(const std::string& args, int ranks, const std::string& before) {
   const bool other_command = args.rfind("prepare", 0) == 0 || args.rfind("export", 0) == 0 ||
-                             args.rfind("eval", 0) == 0 || args.rfind("plan", 0) == 0;
+                             args.rfind("eval", 0) == 0 || args.rfind("plan", 0) == 0 ||
+                             args.rfind("infer", 0) == 0;
   const std::string output_dir = other_command || args.find("--output_dir") != std::string::npos
                                      ? std::string()
                                      : " --output_dir " + (scratch_root() / "default_output").string() +
@@ -1475,6 +1476,148 @@ TEST(CliExport, LoraCheckpointExportsAdaptersOrTheMergedModel) {
   EXPECT_EQ(eval.exit_code, 0) << eval.output;
   EXPECT_NE(eval.output.find("eval_loss: "), std::string::npos) << eval.output;
   expect_bad_input(kTinyModel + "--merge_lora true --max_steps 1", "--merge_lora is an option of 'glm_hpc export'");
+}
+
+}  // namespace
+}  // namespace glm::test
+
+// glm_hpc infer as a user runs it: a trained checkpoint answers a prompt file split over ranks
+// (one result file in input order, the same as on one rank), sampling is reproducible by seed, a
+// chat keeps its history, and bad prompt files and options get one message and exit code 2.
+namespace glm::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny model trained a few steps: its checkpoint directory.
+std::string trained_checkpoint(const std::string& name) {
+  const fs::path out = scratch_root() / name;
+  const RunResult r =
+      run_glm(kTiny + "--max_steps 8 --save_steps 8 --logging_steps 8 --output_dir " + out.string(), 1);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return (out / "checkpoint-8").string();
+}
+
+std::string prompt_file(const std::string& name) {
+  std::string text;
+  const char* users[] = {"Review: int n = v.size() - 1;", "What does ZeRO-3 shard?", "Say hi.",
+                         "Explain RMSNorm briefly.", "Is bf16 enough for Adam moments?"};
+  for (int i = 0; i < 5; ++i) {
+    nlohmann::json messages = {{{"role", "user"}, {"content", users[i]}}};
+    if (i % 2 == 0) messages.push_back({{"role", "assistant"}, {"content", "reference " + std::to_string(i)}});
+    text += nlohmann::json({{"messages", messages}}).dump() + "\n";
+  }
+  text += R"({"instruction": "Name a GPU.", "output": "H200"})" "\n";
+  text += R"({"input_ids": [3, 17, 250, 9]})" "\n";
+  return write_file(name, text);
+}
+
+std::vector<nlohmann::json> result_rows(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+// What must not depend on the number of ranks: everything but the timings.
+std::vector<nlohmann::json> without_timings(std::vector<nlohmann::json> rows) {
+  for (auto& r : rows) {
+    r.erase("time_to_first_token_s");
+    r.erase("latency_s");
+  }
+  return rows;
+}
+
+TEST(CliInfer, PromptsSplitOverRanksGiveOneFileInInputOrder) {
+  const std::string ckpt = trained_checkpoint("infer_batch");
+  const std::string prompts = prompt_file("infer_prompts.jsonl");
+  const std::string one = (scratch_root() / "infer_np1.jsonl").string(), two = (scratch_root() / "infer_np2.jsonl").string();
+  const RunResult r1 = run_glm("infer --ckpt_dir " + ckpt + " --val_dataset " + prompts +
+                               " --max_new_tokens 12 --result_path " + one, 1);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r1.output.find("glm_hpc: greedy"), std::string::npos) << r1.output;
+  EXPECT_NE(r1.output.find("glm_hpc: infer: 7 replies"), std::string::npos) << r1.output;
+  const RunResult r2 = run_glm("infer --ckpt_dir " + ckpt + " --val_dataset " + prompts +
+                               " --max_new_tokens 12 --result_path " + two, 2);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  EXPECT_EQ(count(r2.output, "glm_hpc: results in "), 1) << r2.output;
+  const std::vector<nlohmann::json> rows = result_rows(one);
+  ASSERT_EQ(rows.size(), 7u);
+  EXPECT_EQ(without_timings(result_rows(two)), without_timings(rows));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const nlohmann::json& row = rows[i];
+    EXPECT_EQ(row["index"], i);
+    EXPECT_EQ(row["source"], prompts + ":" + std::to_string(i + 1));
+    EXPECT_GE(row["response_tokens"].get<int>(), 0);
+    EXPECT_LE(row["response_tokens"].get<int>(), 12);
+    EXPECT_EQ(row["finish_reason"] == "length", row["response_tokens"] == 12) << row;
+    EXPECT_GE(row["latency_s"].get<double>(), row["time_to_first_token_s"].get<double>());
+  }
+  EXPECT_EQ(rows[0]["labels"], "reference 0");
+  EXPECT_TRUE(rows[1]["labels"].is_null());
+  EXPECT_EQ(rows[0]["messages"], nlohmann::json::parse(R"([{"role": "user", "content": "Review: int n = v.size() - 1;"}])"));
+  EXPECT_EQ(rows[5]["labels"], "H200") << "alpaca's output is the reference";
+  EXPECT_TRUE(rows[6].contains("response_ids")) << "pre-tokenized prompts get ids back";
+  EXPECT_EQ(rows[6]["prompt_tokens"], 4);
+  EXPECT_FALSE(rows[6].contains("messages"));
+}
+
+TEST(CliInfer, SamplingIsReproducibleBySeed) {
+  const std::string ckpt = trained_checkpoint("infer_sampling");
+  const std::string prompts = prompt_file("infer_sampling.jsonl");
+  auto responses = [&](int seed, int ranks) {
+    const std::string path = (scratch_root() / ("sampled_" + std::to_string(seed) + "_" + std::to_string(ranks))).string();
+    const RunResult r = run_glm("infer --ckpt_dir " + ckpt + " --val_dataset " + prompts +
+                                    " --max_new_tokens 16 --temperature 1.5 --top_k 0 --top_p 0.95 --seed " +
+                                    std::to_string(seed) + " --result_path " + path,
+                                ranks);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("temperature 1.5, top_p 0.95, top_k 0, seed " + std::to_string(seed)), std::string::npos)
+        << r.output;
+    std::vector<std::string> out;
+    for (const auto& row : result_rows(path)) out.push_back(row.value("response", row.dump()));
+    return out;
+  };
+  const std::vector<std::string> first = responses(5, 2);
+  ASSERT_EQ(first.size(), 7u);
+  EXPECT_EQ(responses(5, 1), first) << "the same seed on another number of ranks";
+  EXPECT_NE(responses(6, 2), first) << "another seed draws other tokens";
+}
+
+TEST(CliInfer, ChatKeepsTheConversationUntilCleared) {
+  const std::string ckpt = trained_checkpoint("infer_chat");
+  const std::string input = write_file("chat_input.txt", "Hello there\nAnd again\nclear\nNew topic\nexit\nnever read\n");
+  const RunResult r = run_glm("infer --ckpt_dir " + ckpt + " --system 'Be brief.' --max_new_tokens 6 < " + input, 1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "<<< "), 5) << "four lines read, then the prompt that 'exit' answers\n" << r.output;
+  EXPECT_EQ(count(r.output, "(a new conversation)"), 1) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: error"), 0) << r.output;
+}
+
+TEST(CliInfer, BadPromptsAndOptionsExitTwoWithOneMessage) {
+  const std::string ckpt = trained_checkpoint("infer_bad");
+  const std::string bad = write_file("bad_prompts.jsonl",
+                                     R"({"messages": [{"role": "user", "content": "fine"}]})" "\n"
+                                     "{broken\n"
+                                     R"({"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}]})" "\n"
+                                     R"({"input_ids": [1, 99999]})" "\n");
+  const RunResult r = run_glm("infer --ckpt_dir " + ckpt + " --val_dataset " + bad, 2);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: error:"), 1) << r.output;
+  EXPECT_NE(r.output.find("3 bad prompt(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad_prompts.jsonl:2: malformed JSON"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad_prompts.jsonl:3: nothing to answer"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad_prompts.jsonl:4: input_ids[1] = 99999 is not a token id"), std::string::npos)
+      << r.output;
+  expect_bad_input("infer", "--model_id_or_path (or --ckpt_dir DIR, or --adapters DIR) is required");
+  expect_bad_input("infer --ckpt_dir " + ckpt + " --temperature -1", "--temperature must be >= 0");
+  expect_bad_input("infer --ckpt_dir " + ckpt + " --top_k many", "--top_k must be an integer or model");
+  expect_bad_input("infer --ckpt_dir " + ckpt + " --result_path x.jsonl", "--result_path needs --val_dataset");
+  expect_bad_input(kTiny + "--max_new_tokens 5", "--max_new_tokens is an option of 'glm_hpc infer'");
+  expect_bad_input("infer --ckpt_dir " + ckpt, "an interactive chat runs on one process");
+  expect_bad_input("infer --ckpt_dir " + (scratch_root() / "nothing_here").string() + " --val_dataset " +
+                       prompt_file("fine.jsonl"),
+                   "nothing_here' is not a directory");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/export.h"
+#include "cli/model_source.h"
 #include "data/dataset.h"
 #include "io/hf_export.h"
 #include "io/hf_import.h"
@@ -508,6 +509,90 @@ TEST(LoraExport, WrongBasesAndBadRequestsAreRefused) {
   ASSERT_TRUE(info.value().lora.has_value());
   Status masters = read_checkpoint_masters(info.value(), [](int, std::span<const float>) { return Status::ok(); });
   EXPECT_NE(masters.message().find("is a LoRA checkpoint"), std::string::npos) << masters.message();
+}
+
+// glm_hpc infer's loader (cli/model_source.h): a LoRA checkpoint (as --ckpt_dir, or as --adapters on
+// its base) and its PEFT export (either layout, on the base) give the adapters' logits unmerged,
+// exactly; the merged export the same up to bf16.
+std::vector<float> source_logits(const ModelSpec& spec) {
+  auto source = ModelSource::open(spec);
+  EXPECT_TRUE(source.is_ok()) << source.status().message();
+  if (!source.is_ok()) return {};
+  EXPECT_TRUE(source.value().lora().has_value());
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  EngineConfig ec{.model = source.value().config(), .max_tokens = 64, .max_grad_norm = 0.0};
+  ec.lora = source.value().lora();
+  auto engine = TrainingEngine::create(ec, *backend, comm);
+  EXPECT_TRUE(engine.is_ok()) << engine.status().message();
+  if (!engine.is_ok()) return {};
+  const Status loaded = source.value().load(*engine.value());
+  EXPECT_TRUE(loaded.is_ok()) << loaded.message();
+  return engine_logits(*engine.value());
+}
+
+TEST(LoraExport, AdaptersAppliedUnmergedGiveTheAdaptedLogits) {
+  const Runs& r = runs();
+  if (world_rank() != 0) return;
+  const std::vector<float> adapted = engine_logits(*restored(r.hf_run(), r.base_hf().string())->engine);
+  const std::string base = r.base_hf().string();
+  EXPECT_EQ(source_logits({"", r.hf_run().string(), ""}), adapted) << "--ckpt_dir of a LoRA run";
+  EXPECT_EQ(source_logits({base, "", r.hf_run().string()}), adapted) << "--adapters on its base";
+  for (const HfLayout layout : {HfLayout::glm, HfLayout::chatglm}) {
+    const fs::path peft = r.root / (layout == HfLayout::glm ? "source_peft" : "source_peft_chatglm");
+    ASSERT_TRUE(run_export(export_options(r.hf_run(), peft, layout)).is_ok());
+    EXPECT_EQ(source_logits({base, "", peft.string()}), adapted) << "PEFT adapters, " << enum_name(layout);
+  }
+  const fs::path merged = r.root / "source_merged";
+  CliOptions o = export_options(r.hf_run(), merged);
+  o.merge_lora = true;
+  ASSERT_TRUE(run_export(o).is_ok());
+  auto merged_source = ModelSource::open({merged.string(), "", ""});
+  ASSERT_TRUE(merged_source.is_ok()) << merged_source.status().message();
+  EXPECT_FALSE(merged_source.value().lora().has_value());
+  EXPECT_LT(relative_error(imported_logits(merged), adapted), kBf16LogitsRelative);
+
+  // PEFT adapters glm_hpc cannot apply exactly are refused by name, not approximated.
+  const fs::path peft = r.root / "source_peft";
+  auto file = SafetensorsFile::open((peft / "adapter_model.safetensors").string());
+  ASSERT_TRUE(file.is_ok());
+  std::vector<std::vector<float>> values;
+  std::vector<StTensorView> views;
+  for (const StTensorInfo& t : file.value().tensors()) {
+    values.emplace_back(static_cast<size_t>(t.numel()));
+    ASSERT_TRUE(read_as_f32(file.value(), t, values.back()).is_ok());
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const StTensorInfo& t = file.value().tensors()[i];
+    if (t.name == "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight") values[i][3] += 0.5f;
+    views.push_back({t.name, StDType::F32, t.shape, values[i].data()});
+  }
+  const fs::path split_a = r.root / "peft_split_a";
+  fs::create_directories(split_a);
+  fs::copy_file(peft / "adapter_config.json", split_a / "adapter_config.json");
+  ASSERT_TRUE(write_safetensors((split_a / "adapter_model.safetensors").string(), views).is_ok());
+  auto source = ModelSource::open({base, "", split_a.string()});
+  ASSERT_TRUE(source.is_ok()) << source.status().message();
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  EngineConfig ec{.model = source.value().config(), .max_tokens = 64, .max_grad_norm = 0.0};
+  ec.lora = source.value().lora();
+  auto engine = TrainingEngine::create(ec, *backend, comm).take();
+  const Status refused = source.value().load(*engine);
+  EXPECT_EQ(refused.exit_code(), 2);
+  EXPECT_NE(refused.message().find("k_proj.lora_A.weight differs from the lora_A of the same layer's q_proj"),
+            std::string::npos)
+      << refused.message();
+  nlohmann::json cfg = read_json(peft / "adapter_config.json");
+  cfg["use_dora"] = true;
+  std::ofstream(split_a / "adapter_config.json") << cfg.dump();
+  auto dora = ModelSource::open({base, "", split_a.string()});
+  ASSERT_FALSE(dora.is_ok());
+  EXPECT_NE(dora.status().message().find("\"use_dora\" is true: not supported"), std::string::npos)
+      << dora.status().message();
+  auto no_base = ModelSource::open({"", "", peft.string()});
+  ASSERT_FALSE(no_base.is_ok());
+  EXPECT_NE(no_base.status().message().find("give their base model as --model_id_or_path"), std::string::npos);
 }
 
 // Last: the scratch directory goes once every rank is done with it.

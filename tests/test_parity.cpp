@@ -9,11 +9,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/model_source.h"
 #include "io/hf_import.h"
 #include "io/safetensors.h"
 #include "mpi/local_communicator.h"
 #include "test_util.h"
 #include "train/engine.h"
+#include "train/generate.h"
 
 namespace glm::test {
 namespace {
@@ -142,6 +144,43 @@ TEST(Parity, ThudmLayoutShardedCheckpoint) { check_fixture("chatglm_a", "glm_a")
 TEST(Parity, FourKvGroupsLongSequence) { check_fixture("glm_b", "glm_b"); }
 // The pad token among the inputs: its embedding row gets no gradient, as transformers' padding_idx.
 TEST(Parity, PadTokenRowNeverTrains) { check_fixture("glm_pad", "glm_pad"); }
+
+// transformers' generate(do_sample=False) continues three prompts (1, 9 and 57 tokens) by 32 tokens
+// (tools/make_generate_fixtures.py, fp32 on the CPU); glm_hpc's greedy generation from the model as
+// `infer` opens it must choose the same tokens, in both layouts. Its step margins (the chosen logit
+// over the runner-up, at least 2e-4 here) are far above fp32 differences (~1e-6), so any
+// difference is a defect, not a tie broken the other way.
+void check_greedy(const std::string& model_dir, const std::string& golden_dir) {
+  std::ifstream in(kData + golden_dir + "/generate.json");
+  ASSERT_TRUE(in) << "missing " << golden_dir << "/generate.json";
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto source = ModelSource::open({kData + model_dir, "", ""});
+  ASSERT_TRUE(source.is_ok()) << source.status().message();
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  const EngineConfig ec{.model = source.value().config(), .max_tokens = 128, .max_grad_norm = 0.0};
+  auto engine = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  ASSERT_TRUE(source.value().load(*engine.value()).is_ok());
+  GenerationOptions options;
+  options.sampling.temperature = 0;
+  options.max_new_tokens = golden["max_new_tokens"].get<int64_t>();
+  options.max_tokens = ec.max_tokens;
+  ASSERT_EQ(golden["prompts"].size(), 3u);
+  for (size_t i = 0; i < golden["prompts"].size(); ++i) {
+    const std::vector<int32_t> prompt = golden["prompts"][i].get<std::vector<int32_t>>();
+    auto g = generate(*engine.value(), prompt, options, i);
+    ASSERT_TRUE(g.is_ok()) << g.status().message();
+    EXPECT_EQ(g.value().tokens, golden["greedy"][i].get<std::vector<int32_t>>()) << "prompt " << i;
+    EXPECT_FALSE(g.value().stopped);
+  }
+}
+
+TEST(Parity, GreedyGenerationFollowsTransformers) {
+  check_greedy("glm_a", "glm_a");
+  check_greedy("chatglm_a", "glm_a");
+  check_greedy("glm_b", "glm_b");
+}
 
 TEST(Parity, ConfigsOfBothLayoutsAgree) {
   auto a = read_hf_config(kData + "glm_a");

@@ -21,7 +21,6 @@
 //     A gradients equals its gradient, stored as
 //     base_model.model.model.layers.N.self_attn.q_proj+k_proj+v_proj.lora_A.weight.
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -30,15 +29,11 @@
 #include <string>
 #include <vector>
 
-#include "cli/export.h"
-#include "io/hf_export.h"
-#include "io/hf_import.h"
+#include "cli/model_source.h"
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "mpi/local_communicator.h"
-#include "train/checkpoint.h"
 #include "train/engine.h"
-#include "train/lora_base.h"
 
 namespace {
 
@@ -84,20 +79,12 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   const bool bf16 = bf16_arg == "true";
   GLM_ASSIGN_OR_RETURN(const auto rows, read_rows(arg("input_ids")));
 
-  glm::ModelConfig config;
-  std::optional<glm::CheckpointInfo> info;
-  std::optional<glm::HfModel> hf;
-  if (!ckpt.empty()) {
-    GLM_ASSIGN_OR_RETURN(const std::string dir, glm::resolve_export_checkpoint(ckpt));
-    GLM_ASSIGN_OR_RETURN(info, glm::read_checkpoint_info(dir));
-    config = info->config;
-  } else {
-    GLM_ASSIGN_OR_RETURN(hf, glm::read_hf_config(model_dir));
-    config = hf->config;
-  }
-  const bool lora = info && info->lora;
+  GLM_ASSIGN_OR_RETURN(const glm::ModelSource source,
+                       glm::ModelSource::open({ckpt.empty() ? model_dir : arg("model_id_or_path"), ckpt, ""}));
+  const glm::ModelConfig& config = source.config();
+  const bool lora = source.lora().has_value();
   if (lora && args.count("bf16_weights"))
-    return GLM_USER_ERROR("--bf16_weights: '", info->dir,
+    return GLM_USER_ERROR("--bf16_weights: '", ckpt,
                           "' is a LoRA checkpoint, whose base is used as it was trained and whose adapters stay fp32 "
                           "(as the PEFT export holds them)");
   if (!lora && args.count("model_id_or_path"))
@@ -120,48 +107,14 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   glm::EngineConfig engine_config{.model = config, .max_tokens = batch.size(), .max_grad_norm = 0.0};
   if (lora) {
     engine_config.adam = glm::AdamWOptions{};
-    engine_config.lora = info->lora->config;
-    // The gradients of the function PEFT evaluates in eval mode: no dropout, whatever the run trained with.
-    engine_config.lora->dropout = 0;
+    // The gradients of the function PEFT evaluates in eval mode: no dropout (ModelSource's adapters have none).
+    engine_config.lora = source.lora();
   }
   GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(engine_config, *backend, comm));
-  const glm::ParamLayout& layout = engine->layout();
-  const glm::ParamLayout unpadded(config, 1);
-  std::vector<float> values;
-  // One unit of the unpadded layout into the engine, optionally rounded to bf16 as the export stores it.
-  const auto set_unit = [&](int unit, std::span<const float> v, bool round) -> glm::Status {
-    const glm::ParamUnit& u = unpadded.units()[static_cast<size_t>(unit)];
-    for (int entry : u.entries) {
-      const glm::ParamEntry& e = unpadded.entry(entry);
-      values.assign(v.begin() + (e.offset - u.offset), v.begin() + (e.offset - u.offset) + e.numel);
-      if (round) {
-        for (float& x : values) {
-          const uint32_t bits = static_cast<uint32_t>(glm::float_to_bf16_bits(x)) << 16;
-          std::memcpy(&x, &bits, 4);
-        }
-      }
-      GLM_RETURN_IF_ERROR(engine->set_parameter(entry, values));
-    }
-    return glm::Status::ok();
-  };
-  std::string weights = "weights as stored";
-  if (lora) {
-    GLM_ASSIGN_OR_RETURN(glm::LoraBaseSource base, glm::lora_base_source(*info, arg("model_id_or_path")));
-    GLM_RETURN_IF_ERROR(glm::verify_lora_base(*info, base));
-    GLM_RETURN_IF_ERROR(glm::read_lora_base(
-        *info, base, [&](int unit, std::span<float> v) { return set_unit(unit, v, /*round=*/false); }));
-    GLM_ASSIGN_OR_RETURN(const std::vector<float> adapters, glm::read_checkpoint_adapters(*info));
-    GLM_RETURN_IF_ERROR(engine->set_lora_adapters(adapters));
-    weights = glm::concat("base: ", base.describe(), base.bf16 ? " rounded to bf16" : "", ", fp32 LoRA adapters");
-  } else if (info) {
-    GLM_RETURN_IF_ERROR(glm::read_checkpoint_masters(
-        *info, [&](int unit, std::span<const float> v) { return set_unit(unit, v, bf16); }));
-    if (bf16) weights = "bf16-rounded weights";
-  } else {
-    GLM_RETURN_IF_ERROR(glm::load_hf_weights(
-        *hf, layout, [&](int entry, std::span<const float> v) { return engine->set_parameter(entry, v); }));
-  }
-  GLM_RETURN_IF_ERROR(engine->parameters_updated());
+  // A full checkpoint's masters rounded to bf16 as the export stores them, unless asked otherwise.
+  GLM_RETURN_IF_ERROR(source.load(*engine, !ckpt.empty() && !lora && bf16));
+  const std::string weights =
+      source.describe() + (!ckpt.empty() && !lora ? (bf16 ? ", bf16-rounded weights" : ", weights as stored") : "");
   std::vector<float> logits;
   GLM_RETURN_IF_ERROR(engine->logits(batch, logits));
   const std::vector<int64_t> shape = {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows.front().size()),
@@ -171,7 +124,7 @@ glm::Status run(const std::map<std::string, std::string>& args) {
   GLM_RETURN_IF_ERROR(glm::write_safetensors(arg("out"), {{"logits", glm::StDType::F32, shape, logits.data()}}));
   std::printf("glm_dump_logits: logits [%lld, %lld, %lld] of %s (%s) to %s\n", static_cast<long long>(shape[0]),
               static_cast<long long>(shape[1]), static_cast<long long>(shape[2]),
-              info ? info->dir.c_str() : model_dir.c_str(), weights.c_str(), arg("out").c_str());
+              ckpt.empty() ? model_dir.c_str() : ckpt.c_str(), weights.c_str(), arg("out").c_str());
   if (!args.count("grads_out")) return glm::Status::ok();
 
   // One step at learning rate 0: the loss and the all-reduced adapter gradients before clipping.

@@ -15,6 +15,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
@@ -236,6 +237,31 @@ class OptionTable {
       if (rule.word != nullptr && *target == rule.word_value) return nlohmann::json(rule.word);
       return nlohmann::json(*target);
     };
+  }
+
+  // A number that may be left unset ("model": the model's generation_config.json decides).
+  template <typename T>
+  void add_model_default(po::options_description& group, const char* name, std::optional<T>* target,
+                         const char* help) {
+    Typed& t = add_typed(group, name, "model", help);
+    t.assign = [target](const std::string& text) {
+      if (text == "model") {
+        target->reset();
+        return std::string();
+      }
+      try {
+        size_t used = 0;
+        const T v = std::is_integral_v<T> ? static_cast<T>(std::stoll(text, &used)) : static_cast<T>(std::stod(text, &used));
+        if (used == text.size() && std::isfinite(static_cast<double>(v))) {
+          *target = v;
+          return std::string();
+        }
+      } catch (const std::exception&) {
+      }
+      return concat("must be ", std::is_integral_v<T> ? "an integer" : "a finite number",
+                    " or model (the model's generation_config.json), got '", text, "'");
+    };
+    t.value = [target] { return *target ? nlohmann::json(**target) : nlohmann::json("model"); };
   }
 
   void build() {
@@ -507,6 +533,28 @@ class OptionTable {
         "adapter_model.safetensors); true merges them into their base (checked against the checkpoint's "
         "fingerprint; --model_id_or_path if it moved) and writes the whole model like a full checkpoint");
 
+    po::options_description infer("Inference (glm_hpc infer; ms-swift's and transformers' generation names)");
+    add(infer, "adapters", &o_.adapters,
+        "LoRA adapters applied without merging: a glm_hpc LoRA checkpoint (or its run's --output_dir), or a PEFT "
+        "adapter directory (adapter_config.json + adapter_model.safetensors) on the base --model_id_or_path");
+    add(infer, "max_new_tokens", &o_.max_new_tokens,
+        "most tokens generated per reply (not given: generation_config.json's max_new_tokens, else 512)");
+    add_model_default(infer, "temperature", &o_.temperature,
+                      "sampling temperature; 0: greedy. model: generation_config.json's (greedy unless its "
+                      "do_sample is true; without the file greedy)");
+    add_model_default(infer, "top_p", &o_.top_p,
+                      "nucleus sampling: keep the smallest set of likeliest tokens holding this probability (model: "
+                      "generation_config.json's, else 1)");
+    add_model_default(infer, "top_k", &o_.top_k,
+                      "sample among the k likeliest tokens; 0: no limit (model: generation_config.json's, else 50 "
+                      "as transformers)");
+    add_model_default(infer, "repetition_penalty", &o_.repetition_penalty,
+                      "> 1 discourages tokens already in the sequence (model: generation_config.json's, else 1)");
+    add(infer, "result_path", &o_.result_path,
+        "with --val_dataset: the jsonl of results (default: infer_result/<time>.jsonl in the --ckpt_dir checkpoint, "
+        "else in the working directory)");
+    add(infer, "stream", &o_.stream, "the chat shows each reply as it is generated (false: when it is complete)");
+
     po::options_description kernels("Performance (the same results, other speed or memory)");
     add(kernels, "optimizer_in_backward", &t.optimizer_in_backward,
         "true: without clipping on one rank at ZeRO stage 0, update each layer as soon as backward finished its "
@@ -538,7 +586,16 @@ class OptionTable {
     add(kernels, "profile_trace", &o_.backend.profile_trace,
         "CUDA with --profile: also write the profiled ops' first minute as a Chrome trace to this file");
 
-    all_.add(general).add(model).add(data).add(train).add(tuner).add(kernels).add(plan).add(prepare).add(hf_export);
+    all_.add(general)
+        .add(model)
+        .add(data)
+        .add(train)
+        .add(tuner)
+        .add(kernels)
+        .add(plan)
+        .add(prepare)
+        .add(hf_export)
+        .add(infer);
   }
 
   CliOptions& o_;
@@ -699,6 +756,7 @@ Status validate_input_paths(const CliOptions& o, const Sources& src) {
   if (t.resume_from_checkpoint != "latest")
     GLM_RETURN_IF_ERROR(expect("resume_from_checkpoint", t.resume_from_checkpoint, InputKind::directory));
   GLM_RETURN_IF_ERROR(expect("ckpt_dir", o.ckpt_dir, InputKind::directory));
+  GLM_RETURN_IF_ERROR(expect("adapters", o.adapters, InputKind::directory));
   return expect("tokenizer_dir", o.tokenizer_dir, InputKind::directory);
 }
 
@@ -721,8 +779,35 @@ Status validate_step_size(const CliOptions& o, const Sources& src) {
                         " GiB of host memory (16 bytes a token), more than this host's ", host / gib, " GiB");
 }
 
+// glm_hpc infer's own options belong to it alone; their values are checked here, before any model is read.
+Status validate_infer(const CliOptions& o, const Sources& src) {
+  constexpr const char* kInferOnly[] = {"adapters", "result_path", "max_new_tokens", "temperature", "top_p",
+                                        "top_k",    "repetition_penalty", "stream"};
+  if (o.command != "infer") {
+    for (const char* name : kInferOnly)
+      if (given(src, name)) return GLM_USER_ERROR(src.where(name), " is an option of 'glm_hpc infer'");
+    return Status::ok();
+  }
+  if (given(src, "output_dir"))
+    return GLM_USER_ERROR(src.where("output_dir"), ": 'glm_hpc infer' writes its results to --result_path FILE; "
+                          "drop --output_dir");
+  GLM_RETURN_IF_ERROR(check(!o.model_id_or_path.empty() || !o.ckpt_dir.empty() || !o.adapters.empty(), src,
+                            "model_id_or_path",
+                            "(or --ckpt_dir DIR, or --adapters DIR) is required by 'glm_hpc infer': the model to run"));
+  GLM_RETURN_IF_ERROR(check(o.result_path.empty() || !o.val_datasets.empty(), src, "result_path",
+                            "needs --val_dataset FILE (the prompts whose results it holds)"));
+  GLM_RETURN_IF_ERROR(check(o.max_new_tokens >= 1, src, "max_new_tokens", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(!o.temperature || *o.temperature >= 0, src, "temperature", "must be >= 0 (0: greedy)"));
+  GLM_RETURN_IF_ERROR(check(!o.top_p || (*o.top_p > 0 && *o.top_p <= 1), src, "top_p", "must be in (0, 1]"));
+  GLM_RETURN_IF_ERROR(check(!o.top_k || *o.top_k >= 0, src, "top_k", "must be >= 0 (0: no limit)"));
+  GLM_RETURN_IF_ERROR(check(!o.repetition_penalty || *o.repetition_penalty > 0, src, "repetition_penalty",
+                            "must be > 0 (1: none)"));
+  return Status::ok();
+}
+
 Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) {
   TrainConfig& t = o.train;
+  GLM_RETURN_IF_ERROR(validate_infer(o, src));
   GLM_RETURN_IF_ERROR(check(t.per_device_train_batch_size >= 1, src, "per_device_train_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(t.gradient_accumulation_steps >= 1, src, "gradient_accumulation_steps", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(t.max_steps == -1 || t.max_steps > 0, src, "max_steps", "must be -1 or positive"));
@@ -844,7 +929,9 @@ std::string help_text() {
     << "       glm_hpc prepare --dataset FILE... [--max_length N --packing true ...] [--print_example N]\n"
     << "                       [--output_dir DIR]\n"
     << "       glm_hpc export --ckpt_dir DIR --save_dir OUT [--export_format hf|chatglm] [--max_shard_size 5GB]\n"
-    << "                      [--tokenizer_dir DIR] [--overwrite true] [--merge_lora true]\n\n"
+    << "                      [--tokenizer_dir DIR] [--overwrite true] [--merge_lora true]\n"
+    << "       [mpirun -np N] glm_hpc infer (--model_id_or_path DIR [--adapters DIR] | --ckpt_dir DIR)\n"
+    << "                      [--val_dataset FILE... [--result_path FILE]] [--temperature T --top_p P ...]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
     << "embedded tiny GLM-4 on data/sample/conversations.jsonl, tokenized with the project's\n"
     << "data/sample/tokenizer.model (tools/train_tokenizer.cpp). 'eval' prints eval_loss and eval_ppl\n"
@@ -858,7 +945,11 @@ std::string help_text() {
     << "(+ model.safetensors.index.json) and the tokenizer files; transformers loads the default layout\n"
     << "with GlmForCausalLM.from_pretrained, and glm_hpc with --model_id_or_path. Of a LoRA checkpoint it\n"
     << "writes the adapters as PEFT saves them (peft.PeftModel.from_pretrained on the base loads them), or\n"
-    << "with --merge_lora true the base with the adapters merged in, as a full checkpoint's export.\n\n"
+    << "with --merge_lora true the base with the adapters merged in, as a full checkpoint's export.\n"
+    << "'infer' generates replies: from a Hugging Face model (with LoRA adapters applied unmerged) or a\n"
+    << "checkpoint; with --val_dataset the prompts of the files (their last assistant turn, if any, the\n"
+    << "reference) are split over the ranks and one jsonl of results is written, else a chat on the\n"
+    << "terminal. Sampling defaults come from the model's generation_config.json.\n\n"
     << table.all();
   return s.str();
 }
@@ -938,8 +1029,8 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
     o.command = args.front();
     args.erase(args.begin());
     if (o.command != "train" && o.command != "eval" && o.command != "plan" && o.command != "prepare" &&
-        o.command != "export")
-      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan, prepare, export)");
+        o.command != "export" && o.command != "infer")
+      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan, prepare, export, infer)");
   }
   po::variables_map vm;
   Sources src;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -84,6 +85,13 @@ struct CliOptions {
   bool overwrite = false;                     // replace a non-empty save_dir
   bool merge_lora = false;                    // a LoRA checkpoint: base + adapters merged, not PEFT's adapter files
   std::string target_modules = "all-linear";  // --target_modules, parsed into train.lora.targets
+  // glm_hpc infer (src/cli/infer.h); unset sampling values come from the model's generation_config.json.
+  std::string adapters;       // LoRA adapters applied unmerged: our LoRA checkpoint or a PEFT directory
+  std::string result_path;    // batch mode's jsonl; empty: infer_result/<time>.jsonl
+  int64_t max_new_tokens = 512;
+  std::optional<double> temperature, top_p, repetition_penalty;
+  std::optional<int64_t> top_k;
+  bool stream = true;  // the chat shows replies as they are generated
   int64_t lm_head_scratch_mb =
       BackendConfig{}.lm_head_scratch_bytes >> 20;  // --lm_head_scratch_mb, into backend.lm_head_scratch_bytes
   BackendConfig backend;

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 namespace glm {
-Status parse_conversation(const nlohmann::json& j, Conversation& out) {
+Status parse_conversation(const nlohmann::json& j, Conversation& out, ConversationUse use) {
   if (!j.is_object()) return GLM_USER_ERROR("expected a JSON object");
   auto it = j.find("messages");
   if (it == j.end()) return GLM_USER_ERROR("missing field \"messages\"");
@@ -40,7 +40,15 @@ Status parse_conversation(const nlohmann::json& j, Conversation& out) {
     has_assistant |= msg.role == Role::assistant;
     out.messages.push_back(std::move(msg));
   }
-  if (!has_assistant) return GLM_USER_ERROR("no assistant message: the sample has nothing to train on");
+  if (use == ConversationUse::training && !has_assistant)
+    return GLM_USER_ERROR("no assistant message: the sample has nothing to train on");
+  if (use == ConversationUse::prompt) {
+    size_t n = out.messages.size();
+    if (out.messages.back().role == Role::assistant) --n;  // the reference answer
+    if (n == 0 || (out.messages[n - 1].role != Role::user && out.messages[n - 1].role != Role::observation))
+      return GLM_USER_ERROR("nothing to answer: a prompt ends with a user (or tool) message, optionally followed by ",
+                            "the reference assistant answer");
+  }
   return Status::ok();
 }
 
@@ -57,7 +65,7 @@ Result<std::string> string_field(const nlohmann::json& j, const char* key, bool 
 }
 
 // ShareGPT turns become messages, then the messages rules apply.
-Status parse_sharegpt(const nlohmann::json& j, Conversation& out) {
+Status parse_sharegpt(const nlohmann::json& j, Conversation& out, ConversationUse use) {
   const auto& turns = j["conversations"];
   if (!turns.is_array() || turns.empty()) return GLM_USER_ERROR("\"conversations\" must be a non-empty array");
   nlohmann::json messages = nlohmann::json::array();
@@ -83,14 +91,14 @@ Status parse_sharegpt(const nlohmann::json& j, Conversation& out) {
                             "\" (expected human, gpt, system, observation or function_call)");
     messages.push_back({{"role", role}, {"content", t["value"]}});
   }
-  return parse_conversation(nlohmann::json{{"messages", messages}}, out);
+  return parse_conversation(nlohmann::json{{"messages", messages}}, out, use);
 }
 
 // Alpaca: history pairs, then instruction (+ "\n" + input) as the user turn and output as the answer.
-Status parse_alpaca(const nlohmann::json& j, Conversation& out) {
+Status parse_alpaca(const nlohmann::json& j, Conversation& out, ConversationUse use) {
   GLM_ASSIGN_OR_RETURN(std::string instruction, string_field(j, "instruction", true));
   GLM_ASSIGN_OR_RETURN(std::string input, string_field(j, "input", false));
-  GLM_ASSIGN_OR_RETURN(std::string output, string_field(j, "output", true));
+  GLM_ASSIGN_OR_RETURN(std::string output, string_field(j, "output", use == ConversationUse::training));
   GLM_ASSIGN_OR_RETURN(std::string system, string_field(j, "system", false));
   nlohmann::json messages = nlohmann::json::array();
   if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
@@ -105,17 +113,17 @@ Status parse_alpaca(const nlohmann::json& j, Conversation& out) {
     }
   }
   messages.push_back({{"role", "user"}, {"content", input.empty() ? instruction : instruction + "\n" + input}});
-  messages.push_back({{"role", "assistant"}, {"content", output}});
-  return parse_conversation(nlohmann::json{{"messages", messages}}, out);
+  if (!output.empty() || use == ConversationUse::training) messages.push_back({{"role", "assistant"}, {"content", output}});
+  return parse_conversation(nlohmann::json{{"messages", messages}}, out, use);
 }
 
 }  // namespace
 
-Status parse_any_conversation(const nlohmann::json& j, Conversation& out) {
+Status parse_any_conversation(const nlohmann::json& j, Conversation& out, ConversationUse use) {
   if (!j.is_object()) return GLM_USER_ERROR("expected a JSON object");
-  if (j.contains("messages")) return parse_conversation(j, out);
-  if (j.contains("conversations")) return parse_sharegpt(j, out);
-  if (j.contains("instruction")) return parse_alpaca(j, out);
+  if (j.contains("messages")) return parse_conversation(j, out, use);
+  if (j.contains("conversations")) return parse_sharegpt(j, out, use);
+  if (j.contains("instruction")) return parse_alpaca(j, out, use);
   return GLM_USER_ERROR("unknown sample format: expected \"messages\", \"conversations\" (sharegpt), ",
                         "\"instruction\"/\"output\" (alpaca) or \"input_ids\" (pre-tokenized)");
 }

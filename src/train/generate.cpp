@@ -31,12 +31,15 @@ Result<Generation> generate(TrainingEngine& engine, std::span<const int32_t> pro
     scratch.resize(logits.size());
     const int32_t next = sample_token(logits, batch.tokens, options.sampling, sequence, static_cast<uint64_t>(step),
                                       scratch);
+    if (step == 0)
+      g.first_token_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next) != options.stop_ids.end()) {
       g.stopped = true;
       break;
     }
     g.tokens.push_back(next);
     batch.tokens.push_back(next);
+    if (options.on_token) options.on_token(next);
   }
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return g;

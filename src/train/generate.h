@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -22,12 +23,15 @@ struct GenerationOptions {
   std::vector<int32_t> stop_ids;
   // Prompt and reply together fit this many tokens (the engine's max_tokens).
   int64_t max_tokens = 0;
+  // Called with each token of the reply as soon as it is chosen (streaming); may be empty.
+  std::function<void(int32_t)> on_token;
 };
 
 struct Generation {
   std::vector<int32_t> tokens;  // the reply, without the stop token
   bool stopped = false;         // ended by a stop token; else by max_new_tokens or max_tokens
   double seconds = 0;
+  double first_token_seconds = 0;  // until the first token was chosen (the prefill), 0 when none was
 };
 
 // The reply to `prompt`; `sequence` keys its random draws (sampler.h), so the same prompt under the

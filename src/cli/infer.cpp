@@ -1,0 +1,285 @@
+// glm_hpc infer (see infer.h).
+#include "cli/infer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <numeric>
+
+#include "base/json_text.h"
+#include "base/stop_signal.h"
+#include "cli/export.h"
+#include "data/chat_template.h"
+#include "io/durable_file.h"
+#include "io/peft_adapter.h"
+
+namespace glm {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool given(const CliOptions& o, const char* name) {
+  return o.effective.contains(name) && o.effective[name].value("source", "default") != "default";
+}
+
+// The command line, then generation_config.json, then transformers' defaults (greedy unless the
+// model's config samples; top_k 50 when sampling).
+SamplingOptions resolve_sampling(const CliOptions& o, const GenerationDefaults& d) {
+  SamplingOptions s;
+  s.temperature = o.temperature ? *o.temperature : (d.do_sample.value_or(false) ? d.temperature.value_or(1.0) : 0.0);
+  s.top_p = o.top_p ? *o.top_p : d.top_p.value_or(1.0);
+  s.top_k = o.top_k ? *o.top_k : d.top_k.value_or(50);
+  s.repetition_penalty = o.repetition_penalty ? *o.repetition_penalty : d.repetition_penalty.value_or(1.0);
+  s.seed = o.train.seed;
+  return s;
+}
+
+// generation_config.json's eos ids, else the tokenizer's end and role tokens (GLM4_SPEC.md 6.1),
+// else GLM-4's own ids where the vocabulary holds them.
+std::vector<int32_t> stop_ids(const GenerationDefaults& d, const Tokenizer* tokenizer, int64_t vocab_size) {
+  if (!d.eos_token_ids.empty()) return d.eos_token_ids;
+  if (tokenizer != nullptr)
+    return {tokenizer->special_id(SpecialToken::endoftext), tokenizer->special_id(SpecialToken::user),
+            tokenizer->special_id(SpecialToken::observation)};
+  constexpr int32_t kEndOfText = 151329, kUser = 151336, kObservation = 151338;
+  if (vocab_size > kObservation) return {kEndOfText, kUser, kObservation};
+  return {};
+}
+
+std::string now_text(const char* format) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The bytes of `text` that form whole UTF-8 characters: a reply streamed token by token may end
+// inside one, which the next token completes.
+size_t complete_utf8_prefix(const std::string& text) {
+  size_t end = text.size(), back = 0;
+  while (back < 4 && back < end && (static_cast<unsigned char>(text[end - 1 - back]) & 0xC0) == 0x80) ++back;
+  if (back == end) return end;
+  const unsigned char lead = static_cast<unsigned char>(text[end - 1 - back]);
+  const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  return need > back + 1 ? end - 1 - back : end;
+}
+
+// A reply as the result file and the chat show it: GLM-4 starts its turn with a newline after
+// <|assistant|> (GLM4_SPEC.md 6.1), which is the template's, not the answer's.
+std::string reply_text(const Tokenizer& tokenizer, std::span<const int32_t> tokens) {
+  std::string text = tokenizer.decode(tokens);
+  if (!text.empty() && text.front() == '\n') text.erase(0, 1);
+  return text;
+}
+
+}  // namespace
+
+InferJob::~InferJob() = default;
+
+Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, const ProcessInfo& proc,
+                                                    Backend& backend) {
+  std::unique_ptr<InferJob> job(new InferJob(options, proc));
+  const CliOptions& o = job->options_;
+  if (job->interactive() && proc.world_size > 1)
+    return GLM_USER_ERROR("an interactive chat runs on one process: give --val_dataset FILE to spread prompts over ",
+                          proc.world_size, " ranks");
+  GLM_ASSIGN_OR_RETURN(ModelSource model, ModelSource::open({o.model_id_or_path, o.ckpt_dir, o.adapters}));
+  job->model_ = std::move(model);
+  const ModelSource& m = *job->model_;
+  GLM_ASSIGN_OR_RETURN(job->tokenizer_, m.tokenizer(o.tokenizer));
+  if (job->interactive() && job->tokenizer_ == nullptr)
+    return GLM_USER_ERROR(m.describe(), " has no tokenizer.model: an interactive chat needs one (give --tokenizer)");
+  GLM_ASSIGN_OR_RETURN(const GenerationDefaults defaults, m.generation_defaults());
+  GenerationOptions& g = job->generation_;
+  g.sampling = resolve_sampling(o, defaults);
+  GLM_RETURN_IF_ERROR(g.sampling.validate());
+  g.max_new_tokens = given(o, "max_new_tokens") || !defaults.max_new_tokens ? o.max_new_tokens : *defaults.max_new_tokens;
+  g.stop_ids = stop_ids(defaults, job->tokenizer_.get(), m.config().vocab_size);
+  job->sampling_source_ = defaults.source.empty() ? "options and transformers' defaults"
+                                                  : concat("options, then ", defaults.source);
+  const int64_t window = given(o, "max_length") ? o.train.max_length : m.config().max_position_embeddings;
+  int64_t max_tokens = std::min<int64_t>(window, 8192);
+  if (!job->interactive()) {
+    GLM_ASSIGN_OR_RETURN(job->prompts_, read_infer_prompts(o.val_datasets, job->tokenizer_.get(),
+                                                           m.config().vocab_size, o.train.system));
+    size_t longest = 0;
+    std::string too_long;
+    int64_t too_long_count = 0;
+    for (const InferPrompt& p : job->prompts_) {
+      longest = std::max(longest, p.ids.size());
+      if (static_cast<int64_t>(p.ids.size()) >= window && too_long_count++ < 5)
+        too_long += concat("\n  ", p.source, ": ", p.ids.size(), " tokens");
+    }
+    if (too_long_count > 0)
+      return GLM_USER_ERROR(too_long_count, " prompt(s) leave no room for a reply within ", window, " tokens (",
+                            given(o, "max_length") ? "--max_length" : "the model's max_position_embeddings", "):",
+                            too_long);
+    max_tokens = std::min<int64_t>(window, static_cast<int64_t>(longest) + g.max_new_tokens);
+  }
+  g.max_tokens = max_tokens;
+  EngineConfig config{.model = m.config(), .max_tokens = max_tokens, .max_grad_norm = 0.0};
+  config.lora = m.lora();
+  GLM_ASSIGN_OR_RETURN(job->engine_, TrainingEngine::create(config, backend, job->comm_));
+  GLM_RETURN_IF_ERROR(m.load(*job->engine_));
+  return job;
+}
+
+std::string InferJob::describe() const {
+  const SamplingOptions& s = generation_.sampling;
+  std::string sampling =
+      s.temperature == 0 ? std::string("greedy")
+                         : concat("temperature ", s.temperature, ", top_p ", s.top_p, ", top_k ", s.top_k, ", seed ",
+                                  s.seed);
+  if (s.repetition_penalty != 1.0) sampling += concat(", repetition_penalty ", s.repetition_penalty);
+  std::string stops;
+  for (const int32_t id : generation_.stop_ids) stops += concat(stops.empty() ? "" : ", ", id);
+  std::string text = concat("glm_hpc: infer with ", model_->describe(), "\nglm_hpc: ", sampling, " (from ",
+                            sampling_source_, "); up to ", generation_.max_new_tokens, " new tokens, ",
+                            generation_.max_tokens, " in all; stop ids [", stops, "]\n");
+  if (!interactive())
+    text += concat("glm_hpc: ", prompts_.size(), " prompts over ", proc_.world_size, " rank(s)\n");
+  return text;
+}
+
+std::string InferJob::result_line(size_t index, const Generation& g) const {
+  const InferPrompt& p = prompts_[index];
+  nlohmann::ordered_json j;
+  j["index"] = index;
+  j["source"] = p.source;
+  if (!p.pretokenized) j["messages"] = p.messages;
+  if (tokenizer_ != nullptr) j["response"] = reply_text(*tokenizer_, g.tokens);
+  if (p.pretokenized) j["response_ids"] = g.tokens;
+  j["labels"] = p.reference ? nlohmann::ordered_json(*p.reference) : nlohmann::ordered_json();
+  j["prompt_tokens"] = p.ids.size();
+  j["response_tokens"] = g.tokens.size();
+  j["finish_reason"] = g.stopped ? "stop" : "length";
+  j["time_to_first_token_s"] = g.first_token_seconds;
+  j["latency_s"] = g.seconds;
+  return json_text(j);
+}
+
+Status InferJob::generate_share() {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t ranks = static_cast<size_t>(proc_.world_size);
+  for (size_t i = static_cast<size_t>(proc_.rank); i < prompts_.size(); i += ranks) {
+    if (stop_signal() != 0) return stopped_status(concat("while generating (", lines_.size(), " replies done)"));
+    GLM_ASSIGN_OR_RETURN(const Generation g, generate(*engine_, prompts_[i].ids, generation_, i));
+    lines_.emplace_back(i, result_line(i, g));
+  }
+  generate_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::ok();
+}
+
+Result<std::string> InferJob::result_path() const {
+  if (!options_.result_path.empty()) return options_.result_path;
+  const std::string name = concat("infer_result/", now_text("%Y%m%d-%H%M%S"), ".jsonl");
+  const std::string beside = !options_.ckpt_dir.empty() ? options_.ckpt_dir : options_.adapters;
+  if (beside.empty() || fs::exists(fs::path(beside) / kPeftConfigFile)) return name;
+  GLM_ASSIGN_OR_RETURN(const std::string checkpoint, resolve_export_checkpoint(beside));
+  return (fs::path(checkpoint) / name).string();
+}
+
+Result<std::string> InferJob::gather_and_write(MPI_Comm comm) {
+  std::string mine;
+  for (const auto& [index, line] : lines_) mine += concat(index, " ", line, "\n");
+  const double seconds = generate_seconds_;
+  int size = static_cast<int>(mine.size());
+  std::vector<int> sizes(static_cast<size_t>(proc_.world_size));
+  std::vector<double> times(static_cast<size_t>(proc_.world_size));
+  if (MPI_Gather(&size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm) != MPI_SUCCESS ||
+      MPI_Gather(&seconds, 1, MPI_DOUBLE, times.data(), 1, MPI_DOUBLE, 0, comm) != MPI_SUCCESS)
+    return GLM_INTERNAL_ERROR("MPI_Gather of the results failed");
+  std::vector<int> displs(sizes.size(), 0);
+  std::partial_sum(sizes.begin(), sizes.end() - 1, displs.begin() + 1);
+  std::string all(proc_.rank == 0 ? static_cast<size_t>(displs.back() + sizes.back()) : 0, '\0');
+  if (MPI_Gatherv(mine.data(), size, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR, 0, comm) !=
+      MPI_SUCCESS)
+    return GLM_INTERNAL_ERROR("MPI_Gatherv of the results failed");
+  if (proc_.rank != 0) return std::string();
+  std::vector<std::string> ordered(prompts_.size());
+  std::vector<double> first, latency;
+  int64_t generated = 0;
+  for (size_t at = 0; at < all.size();) {
+    const size_t space = all.find(' ', at), end = all.find('\n', at);
+    const size_t index = std::stoull(all.substr(at, space - at));
+    ordered.at(index) = all.substr(space + 1, end - space - 1);
+    const nlohmann::json j = nlohmann::json::parse(ordered[index]);
+    first.push_back(j["time_to_first_token_s"].get<double>());
+    latency.push_back(j["latency_s"].get<double>());
+    generated += j["response_tokens"].get<int64_t>();
+    at = end + 1;
+  }
+  std::string text;
+  for (const std::string& line : ordered) text += line + "\n";
+  GLM_ASSIGN_OR_RETURN(const std::string path, result_path());
+  std::error_code ec;
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec) return GLM_USER_ERROR("cannot create the directory of --result_path '", path, "': ", ec.message());
+  GLM_RETURN_IF_ERROR(write_file_durably(path, text));
+  const double wall = *std::max_element(times.begin(), times.end());
+  return concat("glm_hpc: infer: ", prompts_.size(), " replies, ", generated, " tokens in ", wall, " s (",
+                wall > 0 ? static_cast<double>(generated) / wall : 0.0, " tokens/s over ", proc_.world_size,
+                " rank(s)); time to first token median ", median(first), " s, latency median ", median(latency),
+                " s\nglm_hpc: results in ", path, "\n");
+}
+
+Status InferJob::chat(std::istream& in, std::ostream& out) {
+  const ChatTemplate chat(*tokenizer_);
+  Conversation conversation;
+  auto reset = [&] {
+    conversation.messages.clear();
+    if (!options_.train.system.empty()) conversation.messages.emplace_back(Role::system, options_.train.system);
+  };
+  reset();
+  out << "glm_hpc: chat; 'exit' or end of input ends it, 'clear' starts a new conversation\n";
+  uint64_t turn = 0;
+  for (std::string line;;) {
+    out << "<<< " << std::flush;
+    if (!std::getline(in, line)) break;
+    if (line == "exit" || line == "quit") break;
+    if (line == "clear") {
+      reset();
+      out << "(a new conversation)\n";
+      continue;
+    }
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    conversation.messages.emplace_back(Role::user, line);
+    const std::vector<int32_t> prompt = chat.generation_prompt(conversation);
+    if (static_cast<int64_t>(prompt.size()) >= generation_.max_tokens) {
+      conversation.messages.pop_back();
+      out << "(the conversation has reached " << generation_.max_tokens
+          << " tokens (--max_length): 'clear' starts a new one)\n";
+      continue;
+    }
+    std::vector<int32_t> reply;
+    size_t shown = 0;
+    GenerationOptions streamed = generation_;
+    streamed.on_token = [&](int32_t token) {
+      if (!options_.stream) return;
+      reply.push_back(token);
+      const std::string text = reply_text(*tokenizer_, reply);
+      const size_t ready = complete_utf8_prefix(text);
+      if (ready > shown) out << text.substr(shown, ready - shown) << std::flush;
+      shown = std::max(shown, ready);
+    };
+    GLM_ASSIGN_OR_RETURN(const Generation g, generate(*engine_, prompt, streamed, turn++));
+    const std::string text = reply_text(*tokenizer_, g.tokens);
+    out << (shown < text.size() ? text.substr(shown) : "") << "\n" << std::flush;
+    conversation.messages.emplace_back(Role::assistant, text);
+  }
+  out << "\n";
+  return Status::ok();
+}
+
+}  // namespace glm

@@ -1,0 +1,66 @@
+// glm_hpc infer (ms-swift's `swift infer`): generation from a model opened by cli/model_source.h.
+// Batch mode (--val_dataset FILE...): the prompts are split over the ranks, each rank generating
+// with its own copy of the model, and rank 0 writes one jsonl file in input order
+// (--result_path, else infer_result/<time>.jsonl beside the checkpoint or in the working
+// directory): each prompt's messages, response, reference (labels), token counts, finish reason
+// and timings. Without --val_dataset: an interactive chat on one process, replies streamed.
+//
+// The phases are separate so that every rank can agree on each one's outcome before the next
+// (main.cpp settles them): prepare, generate this rank's share, gather and write.
+#pragma once
+
+#include <mpi.h>
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/model_source.h"
+#include "cli/options.h"
+#include "data/infer_prompts.h"
+#include "model/backend.h"
+#include "mpi/local_communicator.h"
+#include "mpi/runtime.h"
+#include "train/generate.h"
+
+namespace glm {
+
+class InferJob {
+ public:
+  // Opens the model and tokenizer, reads the prompts (all of them, on every rank: the same
+  // messages everywhere), creates this rank's engine and loads the weights.
+  static Result<std::unique_ptr<InferJob>> prepare(const CliOptions& options, const ProcessInfo& proc,
+                                                   Backend& backend);
+  ~InferJob();
+
+  bool interactive() const { return options_.val_datasets.empty(); }
+  // What rank 0 prints before generating: the model, the sampling, the prompts and their split.
+  std::string describe() const;
+  // Batch mode: this rank's prompts (every world_size-th from its rank).
+  Status generate_share();
+  // Batch mode, collective: the results to rank 0, which writes the file and returns the summary.
+  Result<std::string> gather_and_write(MPI_Comm comm);
+  // Interactive: lines from `in` are user turns of one conversation until "exit", "quit" or the
+  // end of input; "clear" starts a new conversation. Replies are written to `out` as they grow.
+  Status chat(std::istream& in, std::ostream& out);
+
+ private:
+  InferJob(const CliOptions& options, const ProcessInfo& proc) : options_(options), proc_(proc) {}
+  Result<std::string> result_path() const;
+  std::string result_line(size_t index, const Generation& g) const;
+
+  CliOptions options_;
+  ProcessInfo proc_;
+  std::optional<ModelSource> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  GenerationOptions generation_;
+  std::string sampling_source_;  // where the sampling settings came from, for describe()
+  std::vector<InferPrompt> prompts_;
+  LocalCommunicator comm_;  // each rank runs a whole model of its own
+  std::unique_ptr<TrainingEngine> engine_;
+  std::vector<std::pair<size_t, std::string>> lines_;  // this rank's results: prompt index, jsonl line
+  double generate_seconds_ = 0;
+};
+
+}  // namespace glm

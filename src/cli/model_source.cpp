@@ -1,0 +1,346 @@
+// Opening a model to run (see model_source.h).
+#include "cli/model_source.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "base/bf16.h"
+#include "base/input_path.h"
+#include "cli/export.h"
+#include "io/peft_adapter.h"
+#include "io/safetensors.h"
+
+namespace glm {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// An option of the run that saved a checkpoint (args.json), or "" when it is not recorded.
+std::string recorded_option(const CheckpointInfo& info, const char* name) {
+  if (!info.args.is_object() || !info.args.contains("options")) return "";
+  const nlohmann::json& options = info.args["options"];
+  if (!options.contains(name)) return "";
+  const nlohmann::json& v = options[name].contains("value") ? options[name]["value"] : options[name];
+  return v.is_string() ? v.get<std::string>() : "";
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool is_dir(const std::string& path) {
+  std::error_code ec;
+  return !path.empty() && fs::is_directory(path, ec);
+}
+
+Result<nlohmann::json> read_json_file(const fs::path& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path.string(), InputKind::file));
+  std::ifstream in(path);
+  if (!in) return GLM_USER_ERROR("cannot open '", path.string(), "'");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return GLM_USER_ERROR("'", path.string(), "' is not a JSON object");
+  return j;
+}
+
+// Our LoRA checkpoint (meta.json says train_type lora), or a run's output directory holding them.
+Result<CheckpointInfo> read_lora_checkpoint(const std::string& dir, const char* option) {
+  GLM_ASSIGN_OR_RETURN(const std::string resolved, resolve_export_checkpoint(dir));
+  GLM_ASSIGN_OR_RETURN(CheckpointInfo info, read_checkpoint_info(resolved));
+  if (!info.lora)
+    return GLM_USER_ERROR(option, " '", dir, "' is a full-training checkpoint, not LoRA adapters (give it as ",
+                          "--ckpt_dir)");
+  return info;
+}
+
+}  // namespace
+
+Result<ModelSource> ModelSource::open(const ModelSpec& spec) {
+  ModelSource m;
+  if (spec.model_dir.empty() && spec.ckpt_dir.empty() && spec.adapters.empty())
+    return GLM_USER_ERROR("no model: give --model_id_or_path DIR (a Hugging Face model), --ckpt_dir DIR (a "
+                          "glm_hpc checkpoint or output directory) or --adapters DIR");
+  if (!spec.ckpt_dir.empty() && !spec.adapters.empty())
+    return GLM_USER_ERROR("--ckpt_dir and --adapters both name the weights to run: give one (--adapters goes with "
+                          "the base's --model_id_or_path)");
+  std::optional<CheckpointInfo> info;
+  if (!spec.ckpt_dir.empty()) {
+    GLM_ASSIGN_OR_RETURN(const std::string dir, resolve_export_checkpoint(spec.ckpt_dir));
+    GLM_ASSIGN_OR_RETURN(info, read_checkpoint_info(dir));
+    m.recorded_tokenizer_ = info->tokenizer;
+    if (!info->lora) {
+      if (!spec.model_dir.empty())
+        return GLM_USER_ERROR("--model_id_or_path '", spec.model_dir, "' and --ckpt_dir '", spec.ckpt_dir,
+                              "' (a full checkpoint) both name the weights to run: give one");
+      m.config_ = info->config;
+      m.description_ = concat("checkpoint ", info->dir, " (step ", info->step, ")");
+      const std::string run_model = recorded_option(*info, "model_id_or_path");
+      if (is_dir(run_model)) m.files_dir_ = run_model;
+      m.checkpoint_ = std::move(info);
+      return m;
+    }
+  } else if (!spec.adapters.empty() && !fs::exists(fs::path(spec.adapters) / kPeftConfigFile)) {
+    GLM_ASSIGN_OR_RETURN(info, read_lora_checkpoint(spec.adapters, "--adapters"));
+    m.recorded_tokenizer_ = info->tokenizer;
+  }
+  if (info) {  // our LoRA checkpoint: its base (moved: --model_id_or_path), then its adapters
+    GLM_ASSIGN_OR_RETURN(LoraBaseSource base, lora_base_source(*info, spec.model_dir));
+    m.config_ = info->config;
+    m.lora_ = info->lora->config;
+    m.lora_->dropout = 0;
+    m.files_dir_ = base.model_dir;
+    if (!base.model_dir.empty()) {
+      GLM_ASSIGN_OR_RETURN(HfModel hf, read_hf_config(base.model_dir));
+      m.hf_ = std::move(hf);
+    }
+    m.description_ = concat(base.describe(), " + LoRA adapters of ", info->dir, " (step ", info->step,
+                            ", rank ", m.lora_->rank, "), unmerged");
+    m.lora_base_ = std::move(base);
+    m.lora_checkpoint_ = std::move(info);
+    return m;
+  }
+  if (spec.model_dir.empty())
+    return GLM_USER_ERROR("--adapters '", spec.adapters, "' holds PEFT adapters: give their base model as "
+                          "--model_id_or_path DIR");
+  GLM_ASSIGN_OR_RETURN(HfModel hf, read_hf_config(spec.model_dir));
+  m.config_ = hf.config;
+  m.files_dir_ = hf.dir;
+  m.description_ = concat("the Hugging Face model ", hf.dir);
+  GLM_RETURN_IF_ERROR(verify_hf_weights(hf, ParamLayout(hf.config, 1)).with_context("--model_id_or_path"));
+  m.hf_ = std::move(hf);
+  if (!spec.adapters.empty()) {
+    GLM_ASSIGN_OR_RETURN(const LoraConfig lora, read_peft_config(spec.adapters));
+    m.lora_ = lora;
+    m.peft_dir_ = spec.adapters;
+    m.description_ += concat(" + PEFT LoRA adapters of ", spec.adapters, " (rank ", lora.rank, "), unmerged");
+  }
+  return m;
+}
+
+Status ModelSource::load(TrainingEngine& engine, bool round_to_bf16) const {
+  const ParamLayout unpadded(config_, 1);
+  std::vector<float> values;
+  // One unit of the unpadded layout (as the checkpoint readers deliver it) into the engine.
+  const auto set_unit = [&](int unit, std::span<const float> v, bool round) -> Status {
+    const ParamUnit& u = unpadded.units()[static_cast<size_t>(unit)];
+    for (int entry : u.entries) {
+      const ParamEntry& e = unpadded.entry(entry);
+      values.assign(v.begin() + (e.offset - u.offset), v.begin() + (e.offset - u.offset) + e.numel);
+      if (round) {
+        for (float& x : values) {
+          const uint32_t bits = static_cast<uint32_t>(float_to_bf16_bits(x)) << 16;
+          std::memcpy(&x, &bits, 4);
+        }
+      }
+      GLM_RETURN_IF_ERROR(engine.set_parameter(entry, values));
+    }
+    return Status::ok();
+  };
+  if (checkpoint_) {
+    GLM_RETURN_IF_ERROR(read_checkpoint_masters(
+        *checkpoint_, [&](int unit, std::span<const float> v) { return set_unit(unit, v, round_to_bf16); }));
+  } else if (lora_checkpoint_) {
+    LoraBaseSource base = *lora_base_;
+    GLM_RETURN_IF_ERROR(verify_lora_base(*lora_checkpoint_, base));
+    GLM_RETURN_IF_ERROR(read_lora_base(*lora_checkpoint_, base,
+                                       [&](int unit, std::span<float> v) { return set_unit(unit, v, false); }));
+    GLM_ASSIGN_OR_RETURN(const std::vector<float> adapters, read_checkpoint_adapters(*lora_checkpoint_));
+    GLM_RETURN_IF_ERROR(engine.set_lora_adapters(adapters));
+  } else {
+    GLM_RETURN_IF_ERROR(load_hf_weights(
+        *hf_, engine.layout(), [&](int entry, std::span<const float> v) { return engine.set_parameter(entry, v); }));
+    if (!peft_dir_.empty()) {
+      GLM_ASSIGN_OR_RETURN(const PeftAdapter adapter, read_peft_adapter(peft_dir_, config_));
+      GLM_RETURN_IF_ERROR(engine.set_lora_adapters(adapter.values));
+    }
+  }
+  return engine.parameters_updated();
+}
+
+Result<std::unique_ptr<Tokenizer>> ModelSource::tokenizer(const std::string& option) const {
+  std::string path = option;
+  if (path == "auto") {
+    std::error_code ec;
+    if (!files_dir_.empty() && fs::exists(fs::path(files_dir_) / "tokenizer.model", ec)) {
+      path = files_dir_;
+    } else if (!recorded_tokenizer_.empty()) {
+      path = recorded_tokenizer_;
+      if (path != "bytes" && !fs::exists(path, ec) && fs::exists(fs::path(GLM_SOURCE_DIR) / path, ec))
+        path = (fs::path(GLM_SOURCE_DIR) / path).string();
+    } else {
+      return std::unique_ptr<Tokenizer>();
+    }
+  }
+  if (path == "bytes") return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
+  auto loaded = load_tokenizer(path);
+  if (!loaded.is_ok()) return loaded.status().with_context(concat("tokenizer ", path));
+  if (loaded.value()->vocab_size() > config_.vocab_size)
+    return GLM_USER_ERROR("the tokenizer ", path, " has ", loaded.value()->vocab_size(), " ids but the model's ",
+                          "vocab_size is ", config_.vocab_size, ": it is not this model's tokenizer (give --tokenizer)");
+  return loaded.take();
+}
+
+Result<GenerationDefaults> ModelSource::generation_defaults() const {
+  GenerationDefaults d;
+  std::error_code ec;
+  const fs::path path = fs::path(files_dir_) / "generation_config.json";
+  if (files_dir_.empty() || !fs::exists(path, ec)) return d;
+  GLM_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
+  d.source = path.string();
+  auto bad = [&](const char* field) {
+    return GLM_USER_ERROR(path.string(), ": \"", field, "\" is ", j[field].dump(), ", not what transformers reads");
+  };
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const nlohmann::json& e = j["eos_token_id"];
+    for (const nlohmann::json& id : e.is_array() ? e : nlohmann::json::array({e})) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config_.vocab_size)
+        return bad("eos_token_id");
+      d.eos_token_ids.push_back(id.get<int32_t>());
+    }
+  }
+  for (const char* field : {"temperature", "top_p", "repetition_penalty"}) {
+    if (!j.contains(field) || j[field].is_null()) continue;
+    if (!j[field].is_number()) return bad(field);
+    const double v = j[field].get<double>();
+    (std::strcmp(field, "temperature") == 0 ? d.temperature
+     : std::strcmp(field, "top_p") == 0     ? d.top_p
+                                            : d.repetition_penalty) = v;
+  }
+  for (const char* field : {"top_k", "max_new_tokens"}) {
+    if (!j.contains(field) || j[field].is_null()) continue;
+    if (!j[field].is_number_integer()) return bad(field);
+    (std::strcmp(field, "top_k") == 0 ? d.top_k : d.max_new_tokens) = j[field].get<int64_t>();
+  }
+  if (j.contains("do_sample") && !j["do_sample"].is_null()) {
+    if (!j["do_sample"].is_boolean()) return bad("do_sample");
+    d.do_sample = j["do_sample"].get<bool>();
+  }
+  return d;
+}
+
+Result<LoraConfig> read_peft_config(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kPeftConfigFile;
+  GLM_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
+  const std::string where = path.string();
+  auto refuse = [&](const char* field, const char* why) {
+    return GLM_USER_ERROR(where, ": \"", field, "\" is ", j[field].dump(), ": ", why);
+  };
+  if (j.value("peft_type", "") != "LORA") return GLM_USER_ERROR(where, ": peft_type is not LORA");
+  for (const char* field : {"rank_pattern", "alpha_pattern"})
+    if (j.contains(field) && !j[field].is_null() && !j[field].empty())
+      return refuse(field, "per-module ranks or alphas are not supported");
+  for (const char* field : {"use_dora", "fan_in_fan_out"})
+    if (j.contains(field) && j[field].is_boolean() && j[field].get<bool>()) return refuse(field, "not supported");
+  for (const char* field : {"modules_to_save", "layers_to_transform", "layer_replication"})
+    if (j.contains(field) && !j[field].is_null()) return refuse(field, "not supported (whole layers of LoRA only)");
+  if (j.contains("bias") && j["bias"] != "none") return refuse("bias", "adapter biases are not supported");
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1)
+    return GLM_USER_ERROR(where, ": \"r\" must be a positive integer");
+  LoraConfig lora;
+  lora.rank = j["r"].get<int64_t>();
+  lora.alpha = j.contains("lora_alpha") && j["lora_alpha"].is_number() ? j["lora_alpha"].get<double>() : 8.0;
+  // rsLoRA scales by alpha / sqrt(r): the same scale as alpha * sqrt(r) / r.
+  if (j.value("use_rslora", false)) lora.alpha *= std::sqrt(static_cast<double>(lora.rank));
+  lora.dropout = 0;
+  // Targets by module name, either layout; "all-linear" is every one.
+  const nlohmann::json& t = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+  std::vector<std::string> modules;
+  if (t.is_string()) {
+    if (t.get<std::string>() != "all-linear") return refuse("target_modules", "a regular expression is not supported");
+  } else if (t.is_array()) {
+    for (const auto& name : t) modules.push_back(name.is_string() ? name.get<std::string>() : "");
+  } else {
+    return GLM_USER_ERROR(where, ": \"target_modules\" is missing");
+  }
+  if (!modules.empty()) {
+    const std::map<std::string, LoraTarget> names = {
+        {"q_proj", LoraTarget::query_key_value},    {"k_proj", LoraTarget::query_key_value},
+        {"v_proj", LoraTarget::query_key_value},    {"query_key_value", LoraTarget::query_key_value},
+        {"o_proj", LoraTarget::dense},              {"dense", LoraTarget::dense},
+        {"gate_up_proj", LoraTarget::dense_h_to_4h}, {"dense_h_to_4h", LoraTarget::dense_h_to_4h},
+        {"down_proj", LoraTarget::dense_4h_to_h},   {"dense_4h_to_h", LoraTarget::dense_4h_to_h}};
+    std::set<LoraTarget> targets;
+    std::set<std::string> qkv;
+    for (const std::string& name : modules) {
+      const auto it = names.find(name);
+      if (it == names.end())
+        return GLM_USER_ERROR(where, ": target module '", name, "' is not a linear of GLM-4's layers");
+      targets.insert(it->second);
+      if (name == "q_proj" || name == "k_proj" || name == "v_proj") qkv.insert(name);
+    }
+    if (!qkv.empty() && qkv.size() != 3)
+      return GLM_USER_ERROR(where, ": target_modules adapt some of q_proj, k_proj, v_proj but not all three; ",
+                            "glm_hpc adapts the fused query_key_value linear as one");
+    lora.targets.assign(targets.begin(), targets.end());
+  }
+  GLM_RETURN_IF_ERROR(lora.validate().with_context(where));
+  return lora;
+}
+
+Result<PeftAdapter> read_peft_adapter(const std::string& dir, const ModelConfig& config) {
+  PeftAdapter out;
+  GLM_ASSIGN_OR_RETURN(out.lora, read_peft_config(dir));
+  const fs::path weights = fs::path(dir) / kPeftWeightsFile;
+  std::error_code ec;
+  if (!fs::exists(weights, ec))
+    return GLM_USER_ERROR("--adapters '", dir, "' has no ", kPeftWeightsFile,
+                          " (adapters saved as pickled adapter_model.bin are not read: save with safe_serialization)");
+  GLM_ASSIGN_OR_RETURN(const SafetensorsFile file, SafetensorsFile::open(weights.string()));
+  // PEFT keeps the adapter's name out of saved keys; some tools leave ".default" in: accept both.
+  auto find = [&](const std::string& name) -> const StTensorInfo* {
+    if (const StTensorInfo* t = file.find(name)) return t;
+    const size_t dot = name.rfind(".weight");
+    return file.find(name.substr(0, dot) + ".default.weight");
+  };
+  bool chatglm = false;
+  for (const StTensorInfo& t : file.tensors()) chatglm = chatglm || t.name.find("transformer.encoder.") != std::string::npos;
+  out.layout = chatglm ? HfLayout::chatglm : HfLayout::glm;
+  const LoraLayout layout(config, out.lora);
+  const std::vector<PeftTensor> tensors = peft_tensors(layout, config, out.layout);
+  out.values.assign(static_cast<size_t>(layout.total_numel()), 0.0f);
+  std::vector<float> host;
+  std::vector<char> a_done(layout.entries().size(), 0);
+  std::set<std::string> used;
+  for (const PeftTensor& t : tensors) {
+    const StTensorInfo* info = find(t.name);
+    if (info == nullptr) return GLM_USER_ERROR(weights.string(), " misses ", t.name);
+    used.insert(info->name);
+    if (info->shape != t.shape)
+      return GLM_USER_ERROR(weights.string(), ": ", t.name, " has shape ", shape_text(info->shape), ", expected ",
+                            shape_text(t.shape), " for this base model and r ", out.lora.rank);
+    host.resize(static_cast<size_t>(t.shape[0] * t.shape[1]));
+    GLM_RETURN_IF_ERROR(read_as_f32(file, *info, host));
+    const LoraEntry& e = layout.entries()[static_cast<size_t>(t.entry)];
+    const int64_t r = layout.rank();
+    if (!t.is_b) {
+      float* a = out.values.data() + e.a_offset;
+      if (a_done[static_cast<size_t>(t.entry)] && !std::equal(host.begin(), host.end(), a))
+        return GLM_USER_ERROR(weights.string(), ": ", t.name, " differs from the lora_A of the same layer's ",
+                              "q_proj: glm_hpc adapts the fused query_key_value with one A (as THUDM's layout and ",
+                              "glm_hpc's exports do); adapters trained with three different A's are not supported");
+      std::copy(host.begin(), host.end(), a);
+      a_done[static_cast<size_t>(t.entry)] = 1;
+      continue;
+    }
+    float* bt = out.values.data() + e.b_offset;  // Bt [r, out]: PEFT's B [rows, r] transposed into its columns
+    for (int64_t o = 0; o < t.shape[0]; ++o)
+      for (int64_t k = 0; k < r; ++k)
+        bt[k * e.out_features + t.first_row + o] = host[static_cast<size_t>(o * r + k)];
+  }
+  for (const StTensorInfo& t : file.tensors())
+    if (!used.count(t.name))
+      return GLM_USER_ERROR(weights.string(), " holds ", t.name, ", which adapts no linear that adapter_config.json's ",
+                            "target_modules name in GLM-4's layers");
+  for (const float v : out.values)
+    if (!std::isfinite(v)) return GLM_USER_ERROR(weights.string(), " holds a NaN or an infinity");
+  return out;
+}
+
+}  // namespace glm
