@@ -5,14 +5,17 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "model/glm4_model.h"
 #include "mpi/local_communicator.h"
 #include "test_util.h"
+#include "train/cached_generator.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 #include "zero/zero_engine.h"
@@ -367,6 +370,152 @@ TEST(Generate, GreedyFollowsTheLogitsAndStopsWhereAsked) {
   EXPECT_NE(generate(*engine, prompt, sampled, 2).take().tokens, a);
   sampled.sampling.seed += 1;
   EXPECT_NE(generate(*engine, prompt, sampled, 1).take().tokens, a);
+}
+
+// The logits of one sequence's tokens as recomputing the whole prefix gives them, one row per token.
+std::vector<float> recomputed_logits(TrainingEngine& engine, const std::vector<int32_t>& tokens) {
+  HostMicroBatch whole;
+  whole.tokens = tokens;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    whole.targets.push_back(-1);
+    whole.positions.push_back(static_cast<int32_t>(t));
+    whole.doc_start.push_back(0);
+  }
+  std::vector<float> logits;
+  EXPECT_TRUE(engine.logits(whole, logits).is_ok());
+  return logits;
+}
+
+// The KV cache against recomputation: two sequences fed through one cache in interleaved
+// forwards (a prefill in two chunks beside the other's single tokens), their rows scattered over
+// the cache out of order; every fed token's logits equal recomputing its whole prefix.
+TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
+  ModelConfig config = tiny_config();
+  config.vocab_size = 32;
+  ASSERT_TRUE(config.finalize_and_validate().is_ok());
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  auto engine = TrainingEngine::create({.model = config, .max_tokens = 40}, *backend, comm).take();
+  ASSERT_TRUE(engine->initialize_parameters(11).is_ok());
+  auto cache = engine->create_kv_cache(48, 16);
+  ASSERT_TRUE(cache.is_ok()) << cache.status().message();
+  std::mt19937 rng(3);
+  std::vector<int32_t> free_rows(48);
+  std::iota(free_rows.begin(), free_rows.end(), 0);
+  std::shuffle(free_rows.begin(), free_rows.end(), rng);
+  struct Seq {
+    std::vector<int32_t> tokens, rows;
+  };
+  Seq a, b;
+  for (int i = 0; i < 13; ++i) a.tokens.push_back(static_cast<int32_t>(rng() % 32));
+  for (int i = 0; i < 11; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % 32));
+  // Forward k feeds a_feed[k] tokens of a and b_feed[k] of b (a first in the row).
+  const int a_feed[] = {7, 6, 0, 0, 0}, b_feed[] = {1, 1, 3, 5, 1};
+  size_t a_fed = 0, b_fed = 0;
+  const size_t vocab = 32;
+  double worst = 0;
+  for (int k = 0; k < 5; ++k) {
+    HostDecodeBatch batch;
+    std::vector<std::pair<Seq*, size_t>> wanted;  // (sequence, its token) per logit row
+    int32_t row_start = 0;
+    for (auto [s, fed, take] : {std::tuple{&a, &a_fed, a_feed[k]}, std::tuple{&b, &b_fed, b_feed[k]}}) {
+      if (take == 0) continue;
+      batch.kv_rows.insert(batch.kv_rows.end(), s->rows.begin(), s->rows.end());
+      for (int j = 0; j < take; ++j) {
+        const int32_t row = free_rows.back();
+        free_rows.pop_back();
+        const auto p = static_cast<int32_t>(*fed);
+        s->rows.push_back(row);
+        batch.kv_rows.push_back(row);
+        batch.tokens.push_back(s->tokens[*fed]);
+        batch.positions.push_back(p);
+        batch.row_position.push_back(row_start + p);
+        batch.doc_start.push_back(row_start);
+        batch.cache_rows.push_back(row);
+        batch.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size() - 1));
+        wanted.emplace_back(s, (*fed)++);
+      }
+      row_start += static_cast<int32_t>(s->rows.size());
+    }
+    std::vector<float> logits;
+    const Status st = engine->cached_logits(batch, *cache.value(), logits);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    ASSERT_EQ(logits.size(), wanted.size() * vocab);
+    for (size_t r = 0; r < wanted.size(); ++r) {
+      const auto [s, t] = wanted[r];
+      const std::vector<float> expect = recomputed_logits(
+          *engine, std::vector<int32_t>(s->tokens.begin(), s->tokens.begin() + static_cast<std::ptrdiff_t>(t + 1)));
+      const std::span<const float> ours(logits.data() + r * vocab, vocab), theirs(expect.data() + t * vocab, vocab);
+      worst = std::max(worst, relative_error(ours, theirs));
+    }
+  }
+  EXPECT_EQ(a_fed, a.tokens.size());
+  EXPECT_EQ(b_fed, b.tokens.size());
+  EXPECT_LT(worst, 1e-5) << "fp32, the same arithmetic in another order";
+}
+
+// Continuous batching gives every request the reply the reference generator gives it alone:
+// greedy and sampled, a stop id, max_tokens, a prompt longer than one forward (chunked prefill),
+// more requests than the batch and a cache too small for all at once (admission waits for rows).
+TEST(Generate, ContinuousBatchingGivesEachRequestItsOwnReply) {
+  ModelConfig config = tiny_config();
+  config.vocab_size = 32;
+  ASSERT_TRUE(config.finalize_and_validate().is_ok());
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  auto engine = TrainingEngine::create({.model = config, .max_tokens = 24}, *backend, comm).take();
+  ASSERT_TRUE(engine->initialize_parameters(5).is_ok());
+  std::mt19937 rng(9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const int length : {5, 1, 30, 9, 17, 3, 12}) {
+    prompts.emplace_back();
+    for (int i = 0; i < length; ++i) prompts.back().push_back(static_cast<int32_t>(rng() % 32));
+  }
+  // The reference needs the prefix in one forward: an engine as long as the longest sequence.
+  auto reference_engine = TrainingEngine::create({.model = config, .max_tokens = 40}, *backend, comm).take();
+  ASSERT_TRUE(reference_engine->initialize_parameters(5).is_ok());
+  GenerationOptions probe;
+  probe.sampling.temperature = 0;
+  probe.max_new_tokens = 10;
+  const std::vector<int32_t> probed = generate(*reference_engine, prompts[3], probe, 0).take().tokens;
+  ASSERT_EQ(probed.size(), 10u);
+  for (const double temperature : {0.0, 1.3}) {
+    SCOPED_TRACE(temperature);
+    GenerationOptions o;
+    o.sampling.temperature = temperature;
+    o.sampling.seed = 77;
+    o.max_new_tokens = 10;
+    o.max_tokens = 36;     // the 30-token prompt gets 6 new tokens at most
+    o.stop_ids = {probed[4]};  // ends request 3's greedy reply after at most 4 tokens
+    std::vector<GenerationRequest> requests;
+    for (size_t i = 0; i < prompts.size(); ++i) requests.push_back({prompts[i], 100 + i});
+    auto generator = CachedGenerator::create(*engine, o, /*cache_tokens=*/48, /*max_batch=*/3);
+    ASSERT_TRUE(generator.is_ok()) << generator.status().message();
+    std::vector<std::optional<Generation>> replies(prompts.size());
+    const Status s = generator.value()->run(requests, [&](size_t i, Generation g) { replies[i] = std::move(g); });
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    bool some_stopped = false, some_sampled_differ = false;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(replies[i].has_value()) << i;
+      const Generation expected = generate(*reference_engine, prompts[i], o, 100 + i).take();
+      EXPECT_EQ(replies[i]->tokens, expected.tokens) << "request " << i;
+      EXPECT_EQ(replies[i]->stopped, expected.stopped) << "request " << i;
+      some_stopped |= expected.stopped;
+      some_sampled_differ |= i > 0 && expected.tokens != replies[i - 1]->tokens;
+    }
+    EXPECT_EQ(replies[2]->tokens.size() + prompts[2].size() <= 36, true);
+    EXPECT_TRUE(some_stopped || temperature > 0) << "the stop id must end some greedy reply, or it is untested";
+    EXPECT_TRUE(some_sampled_differ);
+    EXPECT_GT(generator.value()->forwards(), 10);
+  }
+  // A request that cannot fit the cache is refused before anything runs.
+  GenerationOptions o;
+  o.max_new_tokens = 40;
+  auto small = CachedGenerator::create(*engine, o, 16, 2).take();
+  const std::vector<GenerationRequest> too_big = {{prompts[0], 0}};
+  const Status refused = small->run(too_big, [](size_t, Generation) {});
+  EXPECT_EQ(refused.kind(), ErrorKind::user_input);
+  EXPECT_NE(refused.message().find("need 45 KV cache rows; the cache has 16"), std::string::npos) << refused.message();
 }
 
 // Without clipping on one rank the optimizer updates each unit as backward finishes it (on the

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "model/context_attention.h"
+#include "model/kv_cache.h"
 
 namespace glm {
 
@@ -322,8 +323,9 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
                                      view(w, e.qkv_bias), n, h, config_.qkv_width()));
   GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
-  GLM_RETURN_IF_ERROR(context_ != nullptr ? context_->forward(attn, a.lse, qkv, b)
-                                           : backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
+  GLM_RETURN_IF_ERROR(kv_cache_ != nullptr  ? kv_cache_->attend(l, attn, a.lse, qkv, b)
+                      : context_ != nullptr ? context_->forward(attn, a.lse, qkv, b)
+                                            : backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
   GLM_RETURN_IF_ERROR(residual_linear(l, LoraTarget::dense, mid, attn, view(w, e.dense), x, n, config_.q_width(), h));
   GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
@@ -465,18 +467,22 @@ Status Glm4Model::forward_layers(const MicroBatch& b, ParameterProvider& params,
   return Status::ok();
 }
 
-Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params, Tensor logits) {
+Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params, Tensor logits, Tensor wanted) {
   lora_dropout_active_ = false;  // evaluation
   GLM_RETURN_IF_ERROR(forward_layers(b, params, /*keep=*/false));
-  const int64_t n = b.n, h = config_.hidden_size;
+  const int64_t n = b.n, h = config_.hidden_size, m = wanted.empty() ? n : wanted.numel;
   const int head = layout_.head_unit();
   GLM_ASSIGN_OR_RETURN(Tensor hw, params.acquire_params(head));
-  Tensor normed = rows(final_norm_, n, h);
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(),
-                                               residual(config_.num_hidden_layers, n), view(hw, layout_.final_norm()),
-                                               n, h, config_.rms_norm_eps));
+  Tensor last = residual(config_.num_hidden_layers, n);
+  if (!wanted.empty()) {  // the wanted rows first, then the norm and lm_head over them alone
+    GLM_RETURN_IF_ERROR(backend_.gather_rows(head_rows(0, m), last, wanted, m, h));
+    last = head_rows(0, m);
+  }
+  Tensor normed = rows(final_norm_, m, h);
+  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(normed, final_rstd_.tensor(), last, view(hw, layout_.final_norm()), m,
+                                               h, config_.rms_norm_eps));
   GLM_RETURN_IF_ERROR(
-      backend_.linear_forward(logits, normed, view(hw, layout_.output()), Tensor{}, n, h, config_.vocab_size));
+      backend_.linear_forward(logits, normed, view(hw, layout_.output()), Tensor{}, m, h, config_.vocab_size));
   GLM_RETURN_IF_ERROR(params.release_params(head));
   return release_persistent(params);
 }

@@ -17,6 +17,7 @@
 namespace glm {
 
 class ContextAttention;
+class KvCache;
 
 // One micro-batch of n tokens in backend memory: documents packed back to back.
 struct MicroBatch {
@@ -31,6 +32,9 @@ struct MicroBatch {
   int64_t row_tokens = 0;
   Tensor row_position;  // i32 [n]
   Tensor kv_rows;       // i32 [row_tokens]
+  // With a KV cache attached (model/kv_cache.h): each token's row in the cache, where its k | v go;
+  // row_position, doc_start and kv_rows then place it in its sequence.
+  Tensor cache_rows;  // i32 [n]
   // The batch's index (index_micro_batch(), uploaded beside it; n_labelled < 0: none). With it the
   // lm_head and cross-entropy run over the labelled rows only; a device backend's embedding
   // backward needs token_order and token_runs.
@@ -135,6 +139,9 @@ class Glm4Model {
   // Context parallelism: attention of every micro-batch (a share of a row) goes through `context`,
   // which must outlive the model; null (the default) attends within the micro-batch.
   void attach_context(ContextAttention* context) { context_ = context; }
+  // Generation: attention of every forward goes through `cache` (model/kv_cache.h) while attached;
+  // null detaches it. Forward only.
+  void attach_kv_cache(KvCache* cache) { kv_cache_ = cache; }
   int64_t lora_activation_bytes() const { return lora_activation_bytes_; }  // 0 without LoRA
 
   // Forward, then backward with dloss/dlogit scaled by grad_scale; gradients accumulate into the
@@ -147,8 +154,9 @@ class Glm4Model {
   // also 1 per token whose logits' argmax is its target (token accuracy), else 0.
   Status forward(const MicroBatch& batch, ParameterProvider& params, Tensor correct = Tensor{});
   Tensor losses() const { return losses_.tensor(); }
-  // Forward to the logits [n, vocab] in compute dtype (evaluation against other implementations).
-  Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits);
+  // Forward to the logits [n, vocab] in compute dtype (evaluation against other implementations);
+  // with `rows` (i32 [m]) only those rows' logits, [m, vocab] (what generation samples from).
+  Status forward_logits(const MicroBatch& batch, ParameterProvider& params, Tensor logits, Tensor rows = Tensor{});
   // Where layer l's MLP half (post-attention norm and both MLP weights) starts in its unit when that
   // half is the unit's tail (no tensor of it moved to the persistent unit): backward then hands it
   // over with grads_ready_from() before the attention half's backward; -1 otherwise.
@@ -202,6 +210,7 @@ class Glm4Model {
   bool offload_activations_;
   int64_t activation_bytes_ = 0;
   AttentionShape shape_;
+  KvCache* kv_cache_ = nullptr;
 
   // Views of max_tokens rows; under recomputation several layers share the same storage.
   struct LayerActivations {

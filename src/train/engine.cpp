@@ -701,12 +701,61 @@ Status TrainingEngine::logits(const HostMicroBatch& hb, std::vector<float>& out,
   Tensor all = logits_.slice(0, numel);
   GLM_RETURN_IF_ERROR(model_->forward_logits(b, *zero_, all));
   const int64_t vocab = config().vocab_size;
-  const Tensor l = last_row_only ? all.slice(numel - vocab, vocab) : all;
-  out.resize(static_cast<size_t>(l.numel));
-  if (l.dtype == DType::f32) return backend_.download(out.data(), l);
-  GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(l.numel, DType::f32));
-  GLM_RETURN_IF_ERROR(backend_.convert(staging.tensor(), l));
+  return download_f32(last_row_only ? all.slice(numel - vocab, vocab) : all, out);
+}
+
+Status TrainingEngine::download_f32(Tensor values, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(values.numel));
+  if (values.dtype == DType::f32) return backend_.download(out.data(), values);
+  GLM_ASSIGN_OR_RETURN(Buffer staging, backend_.allocate(values.numel, DType::f32));
+  GLM_RETURN_IF_ERROR(backend_.convert(staging.tensor(), values));
   return backend_.download(out.data(), staging.tensor());
+}
+
+Result<std::unique_ptr<KvCache>> TrainingEngine::create_kv_cache(int64_t capacity, int64_t max_new) {
+  if (split_.size > 1) return GLM_USER_ERROR("generation needs --context_parallel_size 1");
+  return KvCache::create(backend_, config(), capacity, std::min(max_new, model_->max_tokens()));
+}
+
+Status TrainingEngine::cached_logits(const HostDecodeBatch& hb, KvCache& cache, std::vector<float>& out) {
+  GLM_RETURN_IF_ERROR(settle_optimizer());
+  const int64_t n = hb.size(), m = static_cast<int64_t>(hb.logit_rows.size());
+  const int64_t row_tokens = static_cast<int64_t>(hb.kv_rows.size());
+  if (n < 1 || m < 1 || n > cache.max_new())
+    return GLM_INTERNAL_ERROR("decode batch of ", n, " tokens (at most ", cache.max_new(), ") and ", m, " logit rows");
+  // One upload: tokens, positions, row positions, document starts, cache rows, wanted rows, kv rows.
+  std::vector<int32_t> ints;
+  ints.reserve(static_cast<size_t>(5 * n + m + row_tokens));
+  for (const auto* v : {&hb.tokens, &hb.positions, &hb.row_position, &hb.doc_start, &hb.cache_rows, &hb.logit_rows,
+                        &hb.kv_rows}) {
+    if (v != &hb.logit_rows && v != &hb.kv_rows && static_cast<int64_t>(v->size()) != n)
+      return GLM_INTERNAL_ERROR("decode batch arrays of unequal length");
+    ints.insert(ints.end(), v->begin(), v->end());
+  }
+  const int64_t total = static_cast<int64_t>(ints.size());
+  if (decode_ints_.numel() < total) {
+    GLM_ASSIGN_OR_RETURN(decode_ints_, backend_.allocate(std::max<int64_t>(total, 2 * decode_ints_.numel()), DType::i32));
+  }
+  Tensor all = decode_ints_.tensor();
+  GLM_RETURN_IF_ERROR(backend_.upload(all.slice(0, total), ints.data()));
+  MicroBatch b;
+  b.n = n;
+  b.tokens = all.slice(0, n);
+  b.positions = all.slice(n, n);
+  b.row_position = all.slice(2 * n, n);
+  b.doc_start = all.slice(3 * n, n);
+  b.cache_rows = all.slice(4 * n, n);
+  b.row_tokens = row_tokens;
+  b.kv_rows = all.slice(5 * n + m, row_tokens);
+  const int64_t numel = m * config().vocab_size;
+  if (logits_.numel() < numel) {
+    GLM_ASSIGN_OR_RETURN(logits_, backend_.allocate(numel, backend_.compute_dtype()));
+  }
+  model_->attach_kv_cache(&cache);
+  const Status s = model_->forward_logits(b, *zero_, logits_.slice(0, numel), all.slice(5 * n, m));
+  model_->attach_kv_cache(nullptr);
+  GLM_RETURN_IF_ERROR(s);
+  return download_f32(logits_.slice(0, numel), out);
 }
 
 }  // namespace glm

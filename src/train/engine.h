@@ -13,6 +13,7 @@
 #include "data/sharded_loader.h"
 #include "model/context_attention.h"
 #include "model/glm4_model.h"
+#include "model/kv_cache.h"
 #include "model/lora.h"
 #include "mpi/communicator.h"
 #include "train/adamw.h"
@@ -171,6 +172,12 @@ class TrainingEngine {
   // Logits [n, vocab] of one batch (this rank only), converted to f32 on the host; with
   // last_row_only the last token's row alone (what generation samples from).
   Status logits(const HostMicroBatch& batch, std::vector<float>& out, bool last_row_only = false);
+  // Generation with a KV cache (model/kv_cache.h, train/cached_generator.h): a cache of `capacity`
+  // tokens for forwards of up to max_new new tokens (at most the engine's max_tokens).
+  Result<std::unique_ptr<KvCache>> create_kv_cache(int64_t capacity, int64_t max_new);
+  // The batch's new tokens through `cache` (this rank only): the logits of batch.logit_rows,
+  // [rows, vocab] in f32 on the host.
+  Status cached_logits(const HostDecodeBatch& batch, KvCache& cache, std::vector<float>& out);
 
  private:
   TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
@@ -197,6 +204,8 @@ class TrainingEngine {
   Buffer batch_ints_;             // a micro-batch's i32 arrays and index (upload())
   std::vector<int32_t> staging_;  // their host copy
   Buffer correct_, logits_;
+  Buffer decode_ints_;  // a decode batch's i32 arrays (cached_logits())
+  Status download_f32(Tensor values, std::vector<float>& out);
   Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
   // One step's update, shared by the hook that updates units in backward and the update after it.
   struct StepUpdate {

@@ -1,0 +1,53 @@
+// KV cache of generation (see kv_cache.h).
+#include "model/kv_cache.h"
+
+#include "model/glm4_model.h"
+
+namespace glm {
+
+Result<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const ModelConfig& config, int64_t capacity,
+                                                 int64_t max_new) {
+  if (capacity < 1 || max_new < 1 || max_new > capacity)
+    return GLM_INTERNAL_ERROR("KV cache of ", capacity, " rows for forwards of ", max_new, " new tokens");
+  AttentionShape shape;
+  shape.heads = config.num_attention_heads;
+  shape.kv_heads = config.num_key_value_heads;
+  shape.head_dim = config.head_dim;
+  std::unique_ptr<KvCache> cache(new KvCache(backend, shape));
+  cache->capacity_ = capacity;
+  cache->max_new_ = max_new;
+  const AllocationPurpose purpose(backend, "the KV cache of generation");
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    GLM_ASSIGN_OR_RETURN(Buffer b, backend.allocate(capacity * cache->width(), backend.compute_dtype()));
+    cache->layers_.push_back(std::move(b));
+  }
+  GLM_ASSIGN_OR_RETURN(cache->staging_, backend.allocate(max_new * cache->width(), backend.compute_dtype()));
+  return cache;
+}
+
+int64_t KvCache::bytes_per_token(const ModelConfig& config, int64_t element_size) {
+  return config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * element_size;
+}
+
+int64_t KvCache::bytes() const {
+  int64_t total = static_cast<int64_t>(staging_.tensor().bytes());
+  for (const Buffer& b : layers_) total += static_cast<int64_t>(b.tensor().bytes());
+  return total;
+}
+
+Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b) {
+  if (b.n > max_new_ || b.cache_rows.numel != b.n || b.kv_rows.numel != b.row_tokens)
+    return GLM_INTERNAL_ERROR("KV cache forward of ", b.n, " tokens (at most ", max_new_, ") with ",
+                              b.cache_rows.numel, " cache rows and ", b.kv_rows.numel, " row entries for ",
+                              b.row_tokens);
+  const int64_t w = width(), q_width = shape_.heads * shape_.head_dim;
+  Tensor cache = layers_[static_cast<size_t>(layer)].tensor();
+  Tensor staged = staging_.tensor().slice(0, b.n * w);
+  GLM_RETURN_IF_ERROR(backend_.copy_columns(staged, w, qkv.slice(q_width, qkv.numel - q_width), shape_.qkv_width(),
+                                            b.n, w));
+  GLM_RETURN_IF_ERROR(backend_.scatter_rows(cache, staged, b.cache_rows, b.n, w));
+  return backend_.attention_forward_gathered(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n,
+                                             shape_);
+}
+
+}  // namespace glm
