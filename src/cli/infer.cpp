@@ -109,30 +109,49 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
   job->sampling_source_ = defaults.source.empty() ? "options and transformers' defaults"
                                                   : concat("options, then ", defaults.source);
   const int64_t window = given(o, "max_length") ? o.train.max_length : m.config().max_position_embeddings;
-  int64_t max_tokens = std::min<int64_t>(window, 8192);
-  if (!job->interactive()) {
-    GLM_ASSIGN_OR_RETURN(job->prompts_, read_infer_prompts(o.val_datasets, job->tokenizer_.get(),
-                                                           m.config().vocab_size, o.train.system));
-    size_t longest = 0;
-    std::string too_long;
-    int64_t too_long_count = 0;
-    for (const InferPrompt& p : job->prompts_) {
-      longest = std::max(longest, p.ids.size());
-      if (static_cast<int64_t>(p.ids.size()) >= window && too_long_count++ < 5)
-        too_long += concat("\n  ", p.source, ": ", p.ids.size(), " tokens");
-    }
-    if (too_long_count > 0)
-      return GLM_USER_ERROR(too_long_count, " prompt(s) leave no room for a reply within ", window, " tokens (",
-                            given(o, "max_length") ? "--max_length" : "the model's max_position_embeddings", "):",
-                            too_long);
-    max_tokens = std::min<int64_t>(window, static_cast<int64_t>(longest) + g.max_new_tokens);
+  if (job->interactive()) {  // a conversation of up to --max_length tokens (8192 unless given)
+    g.max_tokens = given(o, "max_length") ? window : std::min<int64_t>(window, 8192);
+    GLM_RETURN_IF_ERROR(job->create_generator(backend, std::min<int64_t>(g.max_tokens, 8192), g.max_tokens, 1));
+    return job;
   }
-  g.max_tokens = max_tokens;
-  EngineConfig config{.model = m.config(), .max_tokens = max_tokens, .max_grad_norm = 0.0};
-  config.lora = m.lora();
-  GLM_ASSIGN_OR_RETURN(job->engine_, TrainingEngine::create(config, backend, job->comm_));
-  GLM_RETURN_IF_ERROR(m.load(*job->engine_));
+  GLM_ASSIGN_OR_RETURN(job->prompts_, read_infer_prompts(o.val_datasets, job->tokenizer_.get(), m.config().vocab_size,
+                                                         o.train.system));
+  int64_t longest = 0, too_long_count = 0;
+  std::string too_long;
+  for (const InferPrompt& p : job->prompts_) {
+    longest = std::max(longest, static_cast<int64_t>(p.ids.size()));
+    if (static_cast<int64_t>(p.ids.size()) >= window && too_long_count++ < 5)
+      too_long += concat("\n  ", p.source, ": ", p.ids.size(), " tokens");
+  }
+  if (too_long_count > 0)
+    return GLM_USER_ERROR(too_long_count, " prompt(s) leave no room for a reply within ", window, " tokens (",
+                          given(o, "max_length") ? "--max_length" : "the model's max_position_embeddings", "):",
+                          too_long);
+  g.max_tokens = window;
+  const int64_t mine = (static_cast<int64_t>(job->prompts_.size()) - proc.rank + proc.world_size - 1) / proc.world_size;
+  const int64_t batch = std::max<int64_t>(1, std::min(o.max_batch_size, mine));
+  const int64_t chunk = std::max(batch, std::min<int64_t>(window, 8192));
+  GLM_RETURN_IF_ERROR(job->create_generator(backend, chunk, std::min(window, longest + g.max_new_tokens), batch));
   return job;
+}
+
+Status InferJob::create_generator(Backend& backend, int64_t chunk, int64_t per_sequence, int64_t batch) {
+  const ModelSource& m = *model_;
+  // Forward only, one layer's activations at a time (full recomputation keeps no layer's).
+  EngineConfig config{.model = m.config(), .max_tokens = chunk, .max_grad_norm = 0.0, .recompute = Recompute::full};
+  config.lora = m.lora();
+  GLM_ASSIGN_OR_RETURN(engine_, TrainingEngine::create(config, backend, comm_));
+  GLM_RETURN_IF_ERROR(m.load(*engine_));
+  // The cache: every sequence of the batch at its longest, within 90% of what the device has left.
+  int64_t tokens = per_sequence * batch;
+  const int64_t free = backend.device_memory_free();
+  const int64_t per_token = KvCache::bytes_per_token(m.config(), static_cast<int64_t>(dtype_size(backend.compute_dtype())));
+  if (free >= 0) tokens = std::min(tokens, static_cast<int64_t>(0.9 * static_cast<double>(free)) / per_token);
+  if (tokens < per_sequence)
+    return GLM_USER_ERROR("the GPU has memory left for a KV cache of ", tokens, " tokens, and one sequence may need ",
+                          per_sequence, ": lower --max_new_tokens or --max_length");
+  GLM_ASSIGN_OR_RETURN(generator_, CachedGenerator::create(*engine_, generation_, tokens, batch));
+  return Status::ok();
 }
 
 std::string InferJob::describe() const {
@@ -147,8 +166,11 @@ std::string InferJob::describe() const {
   std::string text = concat("glm_hpc: infer with ", model_->describe(), "\nglm_hpc: ", sampling, " (from ",
                             sampling_source_, "); up to ", generation_.max_new_tokens, " new tokens, ",
                             generation_.max_tokens, " in all; stop ids [", stops, "]\n");
+  text += concat("glm_hpc: KV cache of ", generator_->cache_tokens(), " tokens (",
+                 static_cast<double>(generator_->cache_bytes()) / 1048576.0, " MiB)\n");
   if (!interactive())
-    text += concat("glm_hpc: ", prompts_.size(), " prompts over ", proc_.world_size, " rank(s)\n");
+    text += concat("glm_hpc: ", prompts_.size(), " prompts over ", proc_.world_size, " rank(s), up to ",
+                   options_.max_batch_size, " at once per rank\n");
   return text;
 }
 
@@ -172,11 +194,16 @@ std::string InferJob::result_line(size_t index, const Generation& g) const {
 Status InferJob::generate_share() {
   const auto start = std::chrono::steady_clock::now();
   const size_t ranks = static_cast<size_t>(proc_.world_size);
+  std::vector<GenerationRequest> requests;
+  std::vector<size_t> index;
   for (size_t i = static_cast<size_t>(proc_.rank); i < prompts_.size(); i += ranks) {
-    if (stop_signal() != 0) return stopped_status(concat("while generating (", lines_.size(), " replies done)"));
-    GLM_ASSIGN_OR_RETURN(const Generation g, generate(*engine_, prompts_[i].ids, generation_, i));
-    lines_.emplace_back(i, result_line(i, g));
+    requests.push_back({prompts_[i].ids, i});
+    index.push_back(i);
   }
+  if (!requests.empty())
+    GLM_RETURN_IF_ERROR(generator_->run(requests, [&](size_t r, Generation g) {
+      lines_.emplace_back(index[r], result_line(index[r], g));
+    }));
   generate_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return Status::ok();
 }
@@ -264,8 +291,7 @@ Status InferJob::chat(std::istream& in, std::ostream& out) {
     }
     std::vector<int32_t> reply;
     size_t shown = 0;
-    GenerationOptions streamed = generation_;
-    streamed.on_token = [&](int32_t token) {
+    auto stream = [&](size_t, int32_t token) {
       if (!options_.stream) return;
       reply.push_back(token);
       const std::string text = reply_text(*tokenizer_, reply);
@@ -273,7 +299,9 @@ Status InferJob::chat(std::istream& in, std::ostream& out) {
       if (ready > shown) out << text.substr(shown, ready - shown) << std::flush;
       shown = std::max(shown, ready);
     };
-    GLM_ASSIGN_OR_RETURN(const Generation g, generate(*engine_, prompt, streamed, turn++));
+    Generation g;
+    const GenerationRequest request{prompt, turn++};
+    GLM_RETURN_IF_ERROR(generator_->run({&request, 1}, [&](size_t, Generation done) { g = std::move(done); }, stream));
     const std::string text = reply_text(*tokenizer_, g.tokens);
     out << (shown < text.size() ? text.substr(shown) : "") << "\n" << std::flush;
     conversation.messages.emplace_back(Role::assistant, text);

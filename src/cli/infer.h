@@ -22,6 +22,7 @@
 #include "model/backend.h"
 #include "mpi/local_communicator.h"
 #include "mpi/runtime.h"
+#include "train/cached_generator.h"
 #include "train/generate.h"
 
 namespace glm {
@@ -37,7 +38,7 @@ class InferJob {
   bool interactive() const { return options_.val_datasets.empty(); }
   // What rank 0 prints before generating: the model, the sampling, the prompts and their split.
   std::string describe() const;
-  // Batch mode: this rank's prompts (every world_size-th from its rank).
+  // Batch mode: this rank's prompts (every world_size-th from its rank), --max_batch_size at once.
   Status generate_share();
   // Batch mode, collective: the results to rank 0, which writes the file and returns the summary.
   Result<std::string> gather_and_write(MPI_Comm comm);
@@ -48,6 +49,9 @@ class InferJob {
  private:
   InferJob(const CliOptions& options, const ProcessInfo& proc) : options_(options), proc_(proc) {}
   Result<std::string> result_path() const;
+  // The engine (forwards of up to `chunk` new tokens) and the generator over a KV cache for
+  // `batch` sequences of up to `per_sequence` tokens, as large as the device's free memory allows.
+  Status create_generator(Backend& backend, int64_t chunk, int64_t per_sequence, int64_t batch);
   std::string result_line(size_t index, const Generation& g) const;
 
   CliOptions options_;
@@ -59,6 +63,7 @@ class InferJob {
   std::vector<InferPrompt> prompts_;
   LocalCommunicator comm_;  // each rank runs a whole model of its own
   std::unique_ptr<TrainingEngine> engine_;
+  std::unique_ptr<CachedGenerator> generator_;
   std::vector<std::pair<size_t, std::string>> lines_;  // this rank's results: prompt index, jsonl line
   double generate_seconds_ = 0;
 };

@@ -539,6 +539,9 @@ class OptionTable {
         "adapter directory (adapter_config.json + adapter_model.safetensors) on the base --model_id_or_path");
     add(infer, "max_new_tokens", &o_.max_new_tokens,
         "most tokens generated per reply (not given: generation_config.json's max_new_tokens, else 512)");
+    add(infer, "max_batch_size", &o_.max_batch_size,
+        "prompts each rank generates at once (continuous batching: a finished reply's place goes to the next "
+        "prompt)");
     add_model_default(infer, "temperature", &o_.temperature,
                       "sampling temperature; 0: greedy. model: generation_config.json's (greedy unless its "
                       "do_sample is true; without the file greedy)");
@@ -781,8 +784,8 @@ Status validate_step_size(const CliOptions& o, const Sources& src) {
 
 // glm_hpc infer's own options belong to it alone; their values are checked here, before any model is read.
 Status validate_infer(const CliOptions& o, const Sources& src) {
-  constexpr const char* kInferOnly[] = {"adapters", "result_path", "max_new_tokens", "temperature", "top_p",
-                                        "top_k",    "repetition_penalty", "stream"};
+  constexpr const char* kInferOnly[] = {"adapters", "result_path",        "max_new_tokens", "max_batch_size",
+                                        "temperature", "top_p", "top_k", "repetition_penalty", "stream"};
   if (o.command != "infer") {
     for (const char* name : kInferOnly)
       if (given(src, name)) return GLM_USER_ERROR(src.where(name), " is an option of 'glm_hpc infer'");
@@ -797,6 +800,7 @@ Status validate_infer(const CliOptions& o, const Sources& src) {
   GLM_RETURN_IF_ERROR(check(o.result_path.empty() || !o.val_datasets.empty(), src, "result_path",
                             "needs --val_dataset FILE (the prompts whose results it holds)"));
   GLM_RETURN_IF_ERROR(check(o.max_new_tokens >= 1, src, "max_new_tokens", "must be >= 1"));
+  GLM_RETURN_IF_ERROR(check(o.max_batch_size >= 1, src, "max_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(!o.temperature || *o.temperature >= 0, src, "temperature", "must be >= 0 (0: greedy)"));
   GLM_RETURN_IF_ERROR(check(!o.top_p || (*o.top_p > 0 && *o.top_p <= 1), src, "top_p", "must be in (0, 1]"));
   GLM_RETURN_IF_ERROR(check(!o.top_k || *o.top_k >= 0, src, "top_k", "must be >= 0 (0: no limit)"));

@@ -89,6 +89,7 @@ struct CliOptions {
   std::string adapters;       // LoRA adapters applied unmerged: our LoRA checkpoint or a PEFT directory
   std::string result_path;    // batch mode's jsonl; empty: infer_result/<time>.jsonl
   int64_t max_new_tokens = 512;
+  int64_t max_batch_size = 32;  // sequences a rank generates together
   std::optional<double> temperature, top_p, repetition_penalty;
   std::optional<int64_t> top_k;
   bool stream = true;  // the chat shows replies as they are generated

@@ -123,6 +123,8 @@ class Backend {
   // Device memory in use by this process's device (everything is allocated up front, so after
   // the first step this is the peak); -1 where the backend cannot tell (host memory).
   virtual int64_t device_memory_used() const { return -1; }
+  // Device memory this process could still allocate; -1 where the backend cannot tell.
+  virtual int64_t device_memory_free() const { return -1; }
   // The main stream, where every op outside on_side() is enqueued (cudaStream_t), for ordering
   // collectives; null on the host.
   virtual void* native_stream() { return nullptr; }

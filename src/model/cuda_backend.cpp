@@ -236,6 +236,11 @@ class CudaBackend final : public Backend {
     if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return -1;
     return static_cast<int64_t>(total - free_bytes);
   }
+  int64_t device_memory_free() const override {
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return -1;
+    return static_cast<int64_t>(free_bytes);
+  }
 
   Result<Buffer> allocate(int64_t numel, DType dtype) override {
     if (numel < 0) return GLM_INTERNAL_ERROR("negative allocation of ", numel, " elements");

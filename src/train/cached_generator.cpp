@@ -46,6 +46,7 @@ Result<std::unique_ptr<CachedGenerator>> CachedGenerator::create(TrainingEngine&
 }
 
 int64_t CachedGenerator::cache_tokens() const { return cache_->capacity(); }
+int64_t CachedGenerator::cache_bytes() const { return cache_->bytes(); }
 
 bool CachedGenerator::build_batch() {
   HostDecodeBatch& b = batch_;
@@ -84,7 +85,8 @@ bool CachedGenerator::build_batch() {
   return !b.tokens.empty();
 }
 
-std::vector<size_t> CachedGenerator::advance(const std::vector<float>& logits) {
+std::vector<size_t> CachedGenerator::advance(const std::vector<float>& logits,
+                                             const std::function<void(size_t, int32_t)>& on_token) {
   const size_t vocab = static_cast<size_t>(engine_.config().vocab_size);
   scratch_.resize(vocab);
   std::vector<size_t> finished;
@@ -101,7 +103,7 @@ std::vector<size_t> CachedGenerator::advance(const std::vector<float>& logits) {
     }
     s.tokens.push_back(next);
     s.reply.tokens.push_back(next);
-    if (options_.on_token) options_.on_token(next);
+    if (on_token) on_token(s.request, next);
     const bool longest = static_cast<int64_t>(s.reply.tokens.size()) >= options_.max_new_tokens;
     if (longest || (options_.max_tokens > 0 && static_cast<int64_t>(s.tokens.size()) >= options_.max_tokens))
       finished.push_back(logit_owner_[k]);
@@ -110,7 +112,8 @@ std::vector<size_t> CachedGenerator::advance(const std::vector<float>& logits) {
 }
 
 Status CachedGenerator::run(std::span<const GenerationRequest> requests,
-                            const std::function<void(size_t, Generation)>& done) {
+                            const std::function<void(size_t, Generation)>& done,
+                            const std::function<void(size_t, int32_t)>& on_token) {
   const int64_t capacity = cache_->capacity();
   // The rows a request may take: its prompt and its longest reply, within max_tokens.
   auto needed = [&](const GenerationRequest& r) {
@@ -149,7 +152,7 @@ Status CachedGenerator::run(std::span<const GenerationRequest> requests,
     if (!build_batch()) return GLM_INTERNAL_ERROR("generation stalled: no sequence has a token to feed");
     GLM_RETURN_IF_ERROR(engine_.cached_logits(batch_, *cache_, logits));
     ++forwards_;
-    const std::vector<size_t> finished = advance(logits);
+    const std::vector<size_t> finished = advance(logits, on_token);
     for (auto it = finished.rbegin(); it != finished.rend(); ++it) {  // descending: earlier indices stay valid
       Sequence& s = active_[*it];
       free_rows_.insert(free_rows_.end(), s.rows.rbegin(), s.rows.rend());

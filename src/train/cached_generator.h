@@ -31,13 +31,15 @@ class CachedGenerator {
                                                          int64_t cache_tokens, int64_t max_batch);
   ~CachedGenerator();
 
-  // Generates every request's reply; done(i, reply) as request i finishes (in any order), with
-  // options.on_token (if any) called as each token is chosen (tokens of different requests
-  // interleave). A request that cannot fit the cache or options.max_tokens is a user error
-  // before anything is generated.
-  Status run(std::span<const GenerationRequest> requests, const std::function<void(size_t, Generation)>& done);
+  // Generates every request's reply; done(i, reply) as request i finishes (in any order), and
+  // on_token(i, token), when given, as each token of request i's reply is chosen (streaming;
+  // options.on_token is the reference generator's and is not called). A request that cannot fit
+  // the cache or options.max_tokens is a user error before anything is generated.
+  Status run(std::span<const GenerationRequest> requests, const std::function<void(size_t, Generation)>& done,
+             const std::function<void(size_t, int32_t)>& on_token = {});
 
   int64_t cache_tokens() const;
+  int64_t cache_bytes() const;  // backend memory of the KV cache
   int64_t forwards() const { return forwards_; }  // engine forwards so far
 
  private:
@@ -46,7 +48,7 @@ class CachedGenerator {
   // Adds the next forward's tokens of every active sequence to batch_; false when none has any.
   bool build_batch();
   // Samples each sequence that produced logits; returns the indices of those that finished.
-  std::vector<size_t> advance(const std::vector<float>& logits);
+  std::vector<size_t> advance(const std::vector<float>& logits, const std::function<void(size_t, int32_t)>& on_token);
 
   TrainingEngine& engine_;
   GenerationOptions options_;
