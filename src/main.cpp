@@ -14,6 +14,7 @@
 #include "base/stop_signal.h"
 #include "cli/export.h"
 #include "cli/infer.h"
+#include "cli/model_source.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
 #include "cli/run_directory.h"
@@ -77,11 +78,8 @@ glm::Result<std::unique_ptr<glm::Backend>> choose_backend(const glm::CliOptions&
   return glm::make_cuda_backend(proc.local_rank, o.backend);
 }
 
-// The model comes from --model_id_or_path's config.json when given; args.json says so.
-glm::Result<std::optional<glm::HfModel>> resolve_model(glm::CliOptions& o) {
-  if (o.model_id_or_path.empty()) return std::optional<glm::HfModel>();
-  GLM_ASSIGN_OR_RETURN(glm::HfModel hf, glm::read_hf_config(o.model_id_or_path));
-  const glm::ModelConfig& c = hf.config;
+// The model's configuration becomes the run's; args.json says where it came from.
+glm::Status record_model(glm::CliOptions& o, const glm::ModelConfig& c, const char* source) {
   o.train.model = c;
   const std::pair<const char*, nlohmann::json> values[] = {{"vocab_size", c.vocab_size},
                                                            {"hidden_size", c.hidden_size},
@@ -95,46 +93,56 @@ glm::Result<std::optional<glm::HfModel>> resolve_model(glm::CliOptions& o) {
                                                            {"partial_rotary_factor", c.partial_rotary_factor},
                                                            {"rms_norm_eps", c.rms_norm_eps},
                                                            {"pad_token_id", c.pad_token_id}};
-  for (const auto& [name, value] : values) o.effective[name] = {{"value", value}, {"source", "model_id_or_path"}};
+  for (const auto& [name, value] : values) o.effective[name] = {{"value", value}, {"source", source}};
   if (o.command == "train" && o.train.max_length > c.max_position_embeddings)
     return GLM_USER_ERROR("--max_length ", o.train.max_length, " exceeds the model's max_position_embeddings ",
                           c.max_position_embeddings);
-  return std::optional<glm::HfModel>(std::move(hf));
+  return glm::Status::ok();
 }
 
-// --tokenizer: bytes, a rank file or a directory holding one, or auto: the tokenizer.model of
-// --model_id_or_path; a model directory with only Hugging Face tokenizer files gets none
-// (pre-tokenized data only); one without tokenizer files (ours, the test fixtures) the byte
-// tokenizer when its vocabulary holds it; without a model, the embedded tiny configuration's
+// plan: the model of --model_id_or_path's config.json, when given (no weights are read).
+glm::Status resolve_model_config(glm::CliOptions& o) {
+  if (o.model_id_or_path.empty()) return glm::Status::ok();
+  GLM_ASSIGN_OR_RETURN(glm::HfModel hf, glm::read_hf_config(o.model_id_or_path));
+  return record_model(o, hf.config, "model_id_or_path");
+}
+
+// train, eval and prepare: the model to start from (cli/model_source.h, the one place that opens
+// models): --model_id_or_path, or for eval also a checkpoint or adapters; none for a model trained
+// from random initialisation.
+glm::Result<std::optional<glm::ModelSource>> open_model(glm::CliOptions& o) {
+  const bool eval = o.command == "eval";
+  if (o.model_id_or_path.empty() && (!eval || (o.ckpt_dir.empty() && o.adapters.empty())))
+    return std::optional<glm::ModelSource>();
+  GLM_ASSIGN_OR_RETURN(glm::ModelSource m, glm::ModelSource::open({o.model_id_or_path, eval ? o.ckpt_dir : "",
+                                                                   eval ? o.adapters : ""}));
+  GLM_RETURN_IF_ERROR(record_model(o, m.config(), o.model_id_or_path.empty() ? "ckpt_dir" : "model_id_or_path"));
+  return std::optional<glm::ModelSource>(std::move(m));
+}
+
+// --tokenizer: bytes, a rank file or a directory holding one, or auto: the model's
+// (ModelSource::tokenizer); without a model, the embedded tiny configuration's
 // data/sample/tokenizer.model, found from any working directory. Null means none.
-glm::Result<std::unique_ptr<glm::Tokenizer>> choose_tokenizer(glm::CliOptions& o,
-                                                              const std::optional<glm::HfModel>& hf) {
+glm::Result<std::unique_ptr<glm::Tokenizer>> choose_tokenizer(glm::CliOptions& o, const glm::ModelSource* model) {
   namespace fs = std::filesystem;
-  std::string path = o.tokenizer;
+  std::unique_ptr<glm::Tokenizer> tokenizer;
   std::string source = o.effective["tokenizer"]["source"];
-  if (path == "auto") {
-    if (hf) {
-      source = "model_id_or_path";
-      std::error_code ec;
-      if (fs::exists(fs::path(hf->dir) / "tokenizer.model", ec)) {
-        path = hf->dir;
-      } else {
-        for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-          if (fs::exists(fs::path(hf->dir) / f, ec)) return std::unique_ptr<glm::Tokenizer>();
-        path = hf->config.vocab_size >= glm::ByteTokenizer().vocab_size() ? "bytes" : "";
-      }
-    } else {
+  if (model != nullptr) {
+    GLM_ASSIGN_OR_RETURN(tokenizer, model->tokenizer(o.tokenizer));
+    if (o.tokenizer == "auto") source = o.model_id_or_path.empty() ? "ckpt_dir" : "model_id_or_path";
+  } else {
+    std::string path = o.tokenizer;
+    if (path == "auto") {
       path = "data/sample/tokenizer.model";
       if (!fs::exists(path)) path = std::string(GLM_SOURCE_DIR) + "/" + path;
     }
-  }
-  std::unique_ptr<glm::Tokenizer> tokenizer;
-  if (path == "bytes") {
-    tokenizer = std::make_unique<glm::ByteTokenizer>();
-  } else if (!path.empty()) {
-    auto loaded = glm::load_tokenizer(path);
-    if (!loaded.is_ok()) return loaded.status().with_context(glm::concat("--tokenizer ", path));
-    tokenizer = loaded.take();
+    if (path == "bytes") {
+      tokenizer = std::make_unique<glm::ByteTokenizer>();
+    } else {
+      auto loaded = glm::load_tokenizer(path);
+      if (!loaded.is_ok()) return loaded.status().with_context(glm::concat("--tokenizer ", path));
+      tokenizer = loaded.take();
+    }
   }
   if (tokenizer != nullptr)
     o.effective["tokenizer"] = {
@@ -142,27 +150,24 @@ glm::Result<std::unique_ptr<glm::Tokenizer>> choose_tokenizer(glm::CliOptions& o
   return tokenizer;
 }
 
-glm::WeightLoader weight_loader(const std::optional<glm::HfModel>& hf) {
-  if (!hf) return {};
-  return [model = *hf](glm::TrainingEngine& engine) -> glm::Status {
-    GLM_RETURN_IF_ERROR(glm::load_hf_weights(
-        model, engine.layout(), [&](int entry, std::span<const float> v) { return engine.set_parameter(entry, v); }));
-    return engine.parameters_updated();
-  };
+glm::WeightLoader weight_loader(const std::optional<glm::ModelSource>& model) {
+  if (!model) return {};
+  return [model = *model](glm::TrainingEngine& engine) -> glm::Status { return model.load(engine); };
 }
 
 // Mean loss over every target token of the dataset, samples spread over the ranks.
-glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const std::optional<glm::HfModel>& hf,
+glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const glm::ModelSource& model,
                      glm::Communicator& comm, glm::Communicator* data_comm, glm::Backend& backend) {
   const int64_t per_device = o.per_device_eval_batch_size;
-  const glm::EngineConfig config{
+  glm::EngineConfig config{
       .model = o.train.model, .max_tokens = per_device * data.report.max_tokens, .max_grad_norm = 0.0};
+  config.lora = model.lora();
   GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(config, backend, comm, data_comm));
-  GLM_RETURN_IF_ERROR(weight_loader(hf)(*engine));
+  GLM_RETURN_IF_ERROR(model.load(*engine));
   const int64_t n = data.size();
   GLM_ASSIGN_OR_RETURN(glm::EvalResult total, glm::evaluate_dataset(*engine, data, per_device, comm));
   if (comm.rank() == 0) {
-    std::printf("glm_hpc: eval of %s on %lld samples, %lld target tokens\n", o.model_id_or_path.c_str(),
+    std::printf("glm_hpc: eval of %s on %lld samples, %lld target tokens\n", model.describe().c_str(),
                 static_cast<long long>(n), static_cast<long long>(total.targets));
     std::printf("eval_loss: %.8f\neval_ppl: %.8f\neval_token_acc: %.8f\n", total.mean_loss(), total.perplexity(),
                 total.token_accuracy());
@@ -244,13 +249,14 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
   auto backend = choose_backend(options, proc);
   if (int code = settle(backend.status())) return code;
   if (options.command == "infer") return run_infer(options, proc, *backend.value());
-  auto hf = resolve_model(options);
-  if (int code = settle(hf.status())) return code;
-  if (hf.value() && options.command != "prepare") {
-    if (int code = settle(glm::verify_hf_weights(*hf.value(), glm::ParamLayout(options.train.model)))) return code;
+  auto opened = open_model(options);
+  if (int code = settle(opened.status())) return code;
+  const std::optional<glm::ModelSource>& model_source = opened.value();
+  if (model_source && options.command != "prepare") {
+    if (int code = settle(model_source->verify())) return code;
   }
 
-  auto chosen_tokenizer = choose_tokenizer(options, hf.value());
+  auto chosen_tokenizer = choose_tokenizer(options, model_source ? &*model_source : nullptr);
   if (int code = settle(chosen_tokenizer.status())) return code;
   const glm::Tokenizer* tokenizer = chosen_tokenizer.value().get();
   if (tokenizer != nullptr) {  // recorded in checkpoints; resuming with another tokenizer is refused
@@ -260,10 +266,10 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
   const glm::ModelConfig& model = options.train.model;
   glm::Status vocab_ok = tokenizer == nullptr || model.vocab_size >= tokenizer->vocab_size()
                              ? glm::Status::ok()
-                             : GLM_USER_ERROR(hf.value() ? "the model's vocab_size (" : "vocab_size (",
+                             : GLM_USER_ERROR(model_source ? "the model's vocab_size (" : "vocab_size (",
                                               model.vocab_size, ") is smaller than the tokenizer's ",
                                               tokenizer->vocab_size(), " ids (", tokenizer->source(), "): ",
-                                              hf.value() ? "give --tokenizer the tokenizer this model was trained with"
+                                              model_source ? "give --tokenizer the tokenizer this model was trained with"
                                                          : "raise --vocab_size, or choose another --tokenizer");
   if (int code = settle(vocab_ok)) return code;
   if (proc.rank == 0) {
@@ -272,9 +278,9 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
                   static_cast<long long>(model.vocab_size));
     else
       std::printf(
-          "glm_hpc: no tokenizer (%s holds no tokenizer.model; give --tokenizer): only pre-tokenized "
+          "glm_hpc: no tokenizer (%s has no tokenizer.model; give --tokenizer): only pre-tokenized "
           "samples can be read\n",
-          options.model_id_or_path.c_str());
+          model_source ? model_source->describe().c_str() : "the model");
     std::fflush(stdout);
   }
   // Evaluation scores every sample unless --max_length was given explicitly.
@@ -353,13 +359,13 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
   }
   if (eval) {
     // A failure here may leave peers inside a collective: the fatal path aborts them all.
-    glm::Status s = run_eval(options, dataset.value(), hf.value(), comm, nccl.get(), *backend.value());
+    glm::Status s = run_eval(options, dataset.value(), *model_source, comm, nccl.get(), *backend.value());
     if (s.kind() == glm::ErrorKind::stopped) return settle(s);  // every rank stopped at the same batch
     if (!s.is_ok()) glm::fatal_status(s);
     return 0;
   }
   if (options.train.offload_threads == 0) options.train.offload_threads = automatic_offload_threads(proc);
-  auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(hf.value()),
+  auto result = glm::train(options.train, dataset.value(), comm, *backend.value(), weight_loader(model_source),
                            validation ? &*validation : nullptr, nccl.get());
   if (!result.is_ok()) {
     // Bad input found by every rank alike (a checkpoint that does not fit, for one) is said once,
@@ -394,8 +400,7 @@ static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
   }
   if (options.command == "plan") {
     // Arithmetic only: no GPU, no data. The model comes from --config/options or config.json.
-    auto hf_model = resolve_model(options);
-    if (int code = settle(hf_model.status())) return code;
+    if (int code = settle(resolve_model_config(options))) return code;
     if (proc.rank == 0) {
       glm::MemoryPlanInput in;
       in.model = options.train.model;

@@ -130,7 +130,9 @@ TEST(CliBadInput, EverySampleTooLong) { expect_bad_input("--max_length 16", "lon
 // Without a GPU (CI) no CUDA device is visible; with one, two ranks need NCCL: exit 2 either way.
 TEST(CliBadInput, CudaDeviceUnavailable) { expect_bad_input("--device cuda", "CUDA"); }
 
-TEST(CliBadInput, EvalNeedsAModel) { expect_bad_input("eval", "--model_id_or_path is required"); }
+TEST(CliBadInput, EvalNeedsAModel) {
+  expect_bad_input("eval", "--model_id_or_path (or --ckpt_dir DIR, or --adapters DIR) is required by 'glm_hpc eval'");
+}
 TEST(CliBadInput, ModelShapeConflictsWithCheckpoint) {
   expect_bad_input(std::string("--model_id_or_path ") + GLM_TEST_WORKDIR + "/tests/data/glm_a --num_hidden_layers 4",
                    "--num_hidden_layers conflicts with --model_id_or_path");
@@ -1592,6 +1594,26 @@ TEST(CliInfer, ChatKeepsTheConversationUntilCleared) {
   EXPECT_EQ(count(r.output, "<<< "), 5) << "four lines read, then the prompt that 'exit' answers\n" << r.output;
   EXPECT_EQ(count(r.output, "(a new conversation)"), 1) << r.output;
   EXPECT_EQ(count(r.output, "glm_hpc: error"), 0) << r.output;
+}
+
+// eval opens models as infer does: a checkpoint scores as its export does (up to the export's bf16).
+TEST(CliInfer, EvalScoresACheckpointAsItsExport) {
+  const std::string ckpt = trained_checkpoint("eval_ckpt");
+  const std::string data = std::string(GLM_TEST_WORKDIR) + "/data/sample/conversations.jsonl";
+  const RunResult direct = run_glm("eval --ckpt_dir " + ckpt + " --dataset " + data, 2);
+  ASSERT_EQ(direct.exit_code, 0) << direct.output;
+  EXPECT_NE(direct.output.find("glm_hpc: eval of checkpoint " + ckpt), std::string::npos) << direct.output;
+  const std::string exported = (scratch_root() / "eval_exported").string();
+  const RunResult e = run_glm("export --ckpt_dir " + ckpt + " --save_dir " + exported, 1);
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const RunResult via_export = run_glm("eval --model_id_or_path " + exported + " --dataset " + data, 2);
+  ASSERT_EQ(via_export.exit_code, 0) << via_export.output;
+  auto loss = [](const std::string& out) {
+    const size_t at = out.find("eval_loss: ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 11));
+  };
+  ASSERT_GT(loss(direct.output), 0) << direct.output;
+  EXPECT_NEAR(loss(direct.output), loss(via_export.output), 1e-2 * loss(direct.output));
 }
 
 TEST(CliInfer, BadPromptsAndOptionsExitTwoWithOneMessage) {

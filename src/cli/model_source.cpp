@@ -113,7 +113,6 @@ Result<ModelSource> ModelSource::open(const ModelSpec& spec) {
   m.config_ = hf.config;
   m.files_dir_ = hf.dir;
   m.description_ = concat("the Hugging Face model ", hf.dir);
-  GLM_RETURN_IF_ERROR(verify_hf_weights(hf, ParamLayout(hf.config, 1)).with_context("--model_id_or_path"));
   m.hf_ = std::move(hf);
   if (!spec.adapters.empty()) {
     GLM_ASSIGN_OR_RETURN(const LoraConfig lora, read_peft_config(spec.adapters));
@@ -122,6 +121,11 @@ Result<ModelSource> ModelSource::open(const ModelSpec& spec) {
     m.description_ += concat(" + PEFT LoRA adapters of ", spec.adapters, " (rank ", lora.rank, "), unmerged");
   }
   return m;
+}
+
+Status ModelSource::verify() const {
+  if (!hf_ || lora_checkpoint_) return Status::ok();  // a LoRA checkpoint's base is checked by its fingerprint
+  return verify_hf_weights(*hf_, ParamLayout(config_, 1));
 }
 
 Status ModelSource::load(TrainingEngine& engine, bool round_to_bf16) const {
@@ -168,12 +172,17 @@ Result<std::unique_ptr<Tokenizer>> ModelSource::tokenizer(const std::string& opt
   std::string path = option;
   if (path == "auto") {
     std::error_code ec;
-    if (!files_dir_.empty() && fs::exists(fs::path(files_dir_) / "tokenizer.model", ec)) {
+    const fs::path dir(files_dir_);
+    const bool hf_files = !files_dir_.empty() && (fs::exists(dir / "tokenizer.json", ec) ||
+                                                  fs::exists(dir / "tokenizer_config.json", ec));
+    if (!files_dir_.empty() && fs::exists(dir / "tokenizer.model", ec)) {
       path = files_dir_;
     } else if (!recorded_tokenizer_.empty()) {
       path = recorded_tokenizer_;
       if (path != "bytes" && !fs::exists(path, ec) && fs::exists(fs::path(GLM_SOURCE_DIR) / path, ec))
         path = (fs::path(GLM_SOURCE_DIR) / path).string();
+    } else if (!hf_files && !files_dir_.empty() && config_.vocab_size >= ByteTokenizer().vocab_size()) {
+      path = "bytes";
     } else {
       return std::unique_ptr<Tokenizer>();
     }

@@ -42,6 +42,9 @@ class ModelSource {
  public:
   // Reads the configurations and checks that the pieces fit together (no weights are read yet).
   static Result<ModelSource> open(const ModelSpec& spec);
+  // The checks load() makes of a Hugging Face directory's tensors (names, shapes, dtypes, unused
+  // ones) without reading their data, so that every rank can agree on bad input first.
+  Status verify() const;
 
   const ModelConfig& config() const { return config_; }
   // The adapters applied unmerged: create the engine with this configuration (dropout 0).
@@ -63,7 +66,10 @@ class ModelSource {
   Status load(TrainingEngine& engine, bool round_to_bf16 = false) const;
 
   // The model's tokenizer: `option` (--tokenizer: a rank file, a directory or "bytes") when not
-  // "auto", else the tokenizer.model of files_dir(), else the recorded one. Null when there is none.
+  // "auto", else the tokenizer.model of files_dir(), else the one a checkpoint recorded; a model
+  // directory with only Hugging Face tokenizer files gets none (pre-tokenized data only), one with
+  // no tokenizer files at all (ours, the test fixtures) the byte tokenizer when its vocabulary
+  // holds it. Null when there is none.
   Result<std::unique_ptr<Tokenizer>> tokenizer(const std::string& option) const;
 
   // generation_config.json of files_dir() (nothing set when there is none).

@@ -788,7 +788,8 @@ Status validate_infer(const CliOptions& o, const Sources& src) {
                                         "temperature", "top_p", "top_k", "repetition_penalty", "stream"};
   if (o.command != "infer") {
     for (const char* name : kInferOnly)
-      if (given(src, name)) return GLM_USER_ERROR(src.where(name), " is an option of 'glm_hpc infer'");
+      if (given(src, name) && (o.command != "eval" || std::string_view(name) != "adapters"))
+        return GLM_USER_ERROR(src.where(name), " is an option of 'glm_hpc infer'");
     return Status::ok();
   }
   if (given(src, "output_dir"))
@@ -881,8 +882,10 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(o.val_datasets.empty() || o.split_dataset_ratio == 0, src, "split_dataset_ratio",
                             "and --val_dataset exclude each other"));
   GLM_RETURN_IF_ERROR(check(o.gpu_memory_gib > 0, src, "gpu_memory_gib", "must be positive"));
-  GLM_RETURN_IF_ERROR(check(o.command != "eval" || !o.model_id_or_path.empty(), src, "model_id_or_path",
-                            "is required by 'glm_hpc eval'"));
+  GLM_RETURN_IF_ERROR(check(o.command != "eval" || !o.model_id_or_path.empty() || !o.ckpt_dir.empty() ||
+                                !o.adapters.empty(),
+                            src, "model_id_or_path",
+                            "(or --ckpt_dir DIR, or --adapters DIR) is required by 'glm_hpc eval': the model to score"));
   GLM_RETURN_IF_ERROR(check(o.command == "export" || !o.merge_lora, src, "merge_lora",
                             "is an option of 'glm_hpc export' (of a LoRA checkpoint)"));
   if (o.command == "export") {
