@@ -177,20 +177,41 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const g
 }
 
 // glm_hpc infer: every rank prepares (model, prompts, engine) and agrees; then generates its share,
-// agrees, and rank 0 writes the results. Without prompt files, a chat on the terminal.
+// agrees, and rank 0 gathers the results. With --compare_with the second model answers the same
+// prompts after the first is gone from memory. Without prompt files, a chat on the terminal.
 int run_infer(const glm::CliOptions& o, const glm::ProcessInfo& proc, glm::Backend& backend) {
-  auto job = glm::InferJob::prepare(o, proc, backend);
-  if (int code = settle(job.status())) return code;
-  glm::InferJob& infer = *job.value();
-  if (proc.rank == 0) {
-    std::printf("%s", infer.describe().c_str());
-    std::fflush(stdout);
+  glm::InferResults results[2];
+  std::string written;
+  glm::CliOptions sides[2] = {o, o};
+  if (!o.compare_with.empty()) {
+    auto compared = glm::comparison_options(o);  // the same result path for both (its time is now)
+    if (int code = settle(compared.status())) return code;
+    sides[1] = compared.take();
+    sides[0].result_path = sides[1].result_path;
   }
-  if (infer.interactive()) return settle(infer.chat(std::cin, std::cout));
-  if (int code = settle(infer.generate_share())) return code;
-  auto summary = infer.gather_and_write(MPI_COMM_WORLD);
-  if (int code = settle(summary.status())) return code;
-  std::printf("%s", summary.value().c_str());
+  for (int side = 0; side < (o.compare_with.empty() ? 1 : 2); ++side) {
+    auto job = glm::InferJob::prepare(sides[side], proc, backend);
+    if (int code = settle(job.status())) return code;
+    glm::InferJob& infer = *job.value();
+    if (proc.rank == 0) {
+      std::printf("%s", infer.describe().c_str());
+      std::fflush(stdout);
+    }
+    if (infer.interactive()) return settle(infer.chat(std::cin, std::cout));
+    if (int code = settle(infer.generate_share())) return code;
+    auto gathered = infer.gather(MPI_COMM_WORLD);
+    if (int code = settle(gathered.status())) return code;
+    results[side] = gathered.take();
+    std::printf("%s", results[side].summary.c_str());
+    std::fflush(stdout);
+    if (side == 0 && !o.compare_with.empty()) continue;
+    auto wrote = proc.rank != 0      ? glm::Result<std::string>(std::string())
+                 : side == 0 ? infer.write(results[0].lines)
+                             : infer.write_comparison(results[0], results[1]);
+    if (int code = settle(wrote.status())) return code;
+    written = wrote.value();
+  }
+  std::printf("%s", written.c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -1596,6 +1596,51 @@ TEST(CliInfer, ChatKeepsTheConversationUntilCleared) {
   EXPECT_EQ(count(r.output, "glm_hpc: error"), 0) << r.output;
 }
 
+// --compare_with: two checkpoints of one run answer the same prompts; the blinded file, de-blinded
+// with the key, gives each model's own replies, and A is not always the first model.
+TEST(CliInfer, ComparisonIsBlindedAndTheKeyRestoresEachModel) {
+  const fs::path out = scratch_root() / "compare_run";
+  const RunResult trained =
+      run_glm(kTiny + "--max_steps 8 --save_steps 4 --logging_steps 8 --output_dir " + out.string(), 1);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  std::string prompts;
+  for (int i = 0; i < 12; ++i)
+    prompts += nlohmann::json({{"messages", {{{"role", "user"}, {"content", "Question " + std::to_string(i)}}}}}).dump() +
+               "\n";
+  const std::string file = write_file("compare_prompts.jsonl", prompts);
+  const std::string result = (scratch_root() / "compare" / "side_by_side.jsonl").string();
+  const RunResult r = run_glm("infer --ckpt_dir " + (out / "checkpoint-8").string() + " --compare_with " +
+                                  (out / "checkpoint-4").string() + " --val_dataset " + file +
+                                  " --max_new_tokens 6 --temperature 1 --seed 3 --result_path " + result,
+                              2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "glm_hpc: infer: 12 replies"), 2) << r.output;
+  const fs::path stem = fs::path(result).replace_extension("");
+  const std::vector<nlohmann::json> blinded = result_rows(result), first = result_rows(stem.string() + ".model.jsonl"),
+                                    second = result_rows(stem.string() + ".compare_with.jsonl");
+  ASSERT_EQ(blinded.size(), 12u);
+  ASSERT_EQ(first.size(), 12u);
+  ASSERT_EQ(second.size(), 12u);
+  std::ifstream key_in(stem.string() + ".key.json");
+  const nlohmann::json key = nlohmann::json::parse(key_in);
+  EXPECT_NE(key["model"].get<std::string>().find("checkpoint-8"), std::string::npos) << key;
+  EXPECT_NE(key["compare_with"].get<std::string>().find("checkpoint-4"), std::string::npos) << key;
+  int a_is_model = 0;
+  for (size_t i = 0; i < 12; ++i) {
+    const bool a_first = key["a_is"][i] == "model";
+    a_is_model += a_first;
+    EXPECT_EQ(blinded[i]["response_a"], (a_first ? first : second)[i]["response"]) << i;
+    EXPECT_EQ(blinded[i]["response_b"], (a_first ? second : first)[i]["response"]) << i;
+    EXPECT_FALSE(blinded[i].contains("model")) << "the blinded file names no model";
+  }
+  EXPECT_GT(a_is_model, 0);
+  EXPECT_LT(a_is_model, 12);
+  std::ifstream md(stem.string() + ".md");
+  std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(count(table, "\n"), 14) << table;
+  EXPECT_NE(table.find("| 11 | Question 11 |"), std::string::npos) << table;
+}
+
 // eval opens models as infer does: a checkpoint scores as its export does (up to the export's bf16).
 TEST(CliInfer, EvalScoresACheckpointAsItsExport) {
   const std::string ckpt = trained_checkpoint("eval_ckpt");

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
 #include <string>
 
 #include "data/context_split.h"
@@ -2031,6 +2033,64 @@ TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
   EXPECT_LT(plain_gap, 4 * kBf16GradTolerance) << "bf16 LoRA gradients far from the CPU's";
   EXPECT_NEAR(gpu_full.loss, on_gpu.loss, 1e-6 * on_gpu.loss) << "recomputation";
   EXPECT_LT(relative_error(gpu_full.grads, on_gpu.grads), kBf16GradTolerance) << "recomputation";
+}
+
+// Generation's KV cache on the GPU (the gathered attention kernels over paged rows, decode-shaped
+// batches: single tokens of several sequences beside prefill chunks): every forward's logits
+// against the CPU backend's and against recomputing the prefix on the GPU, to bf16 tolerance; at
+// GLM-4's head size 128 (Hopper's wgmma kernels here) and at 32.
+TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
+  REQUIRE_GPU();
+  for (const int64_t head_dim : {128, 32}) {
+    SCOPED_TRACE(head_dim);
+    ModelConfig c = small_model();
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = head_dim;
+    c.hidden_size = 4 * head_dim;
+    ASSERT_TRUE(c.finalize_and_validate().is_ok());
+    std::mt19937 rng(5);
+    std::vector<std::vector<int32_t>> sequences(3);
+    for (const auto& [s, length] : {std::pair{0, 150}, std::pair{1, 37}, std::pair{2, 70}})
+      for (int i = 0; i < length; ++i) sequences[static_cast<size_t>(s)].push_back(static_cast<int32_t>(rng() % c.vocab_size));
+    std::vector<std::vector<int>> feed = {{130, 1, 0}, {1, 1, 60}, {1, 1, 1}};
+    for (int k = 0; k < 18; ++k) feed.push_back({1, 1, k < 9 ? 1 : 0});
+    std::vector<int32_t> rows(400);
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    const DecodeScript script = decode_script(sequences, feed, rows);
+    auto cpu = make_cpu_backend(DType::f32);
+    auto gpu = make_cuda_backend(0).take();
+    LocalCommunicator comm;
+    auto run = [&](Backend& backend, std::vector<std::vector<float>>& out) -> std::unique_ptr<TrainingEngine> {
+      auto engine = TrainingEngine::create({.model = c, .max_tokens = 256}, backend, comm).take();
+      EXPECT_TRUE(engine->initialize_parameters(21).is_ok());
+      auto cache = engine->create_kv_cache(400, 256).take();
+      for (const HostDecodeBatch& b : script.batches) {
+        const Status st = engine->cached_logits(b, *cache, out.emplace_back());
+        EXPECT_TRUE(st.is_ok()) << st.message();
+      }
+      return engine;
+    };
+    std::vector<std::vector<float>> on_cpu, on_gpu;
+    run(*cpu, on_cpu);
+    auto gpu_engine = run(*gpu, on_gpu);
+    const size_t vocab = static_cast<size_t>(c.vocab_size);
+    double worst_cpu = 0, worst_recomputed = 0;
+    for (size_t k = 0; k < script.batches.size(); ++k) {
+      ASSERT_EQ(on_gpu[k].size(), on_cpu[k].size());
+      worst_cpu = std::max(worst_cpu, relative_error(on_gpu[k], on_cpu[k]));
+      const auto [s, t] = script.wanted[k].back();
+      const std::vector<float> whole = recomputed_logits(
+          *gpu_engine, std::vector<int32_t>(sequences[s].begin(), sequences[s].begin() + static_cast<std::ptrdiff_t>(t + 1)));
+      const std::span<const float> last(on_gpu[k].data() + on_gpu[k].size() - vocab, vocab);
+      worst_recomputed = std::max(worst_recomputed, relative_error(last, std::span<const float>(whole).subspan(t * vocab, vocab)));
+    }
+    EXPECT_LT(worst_cpu, 2e-2);
+    EXPECT_LT(worst_recomputed, 2e-2);
+    std::printf("KV cache on CUDA, head_dim %lld: %zu forwards, logits vs CPU %.2e, vs recomputing the prefix %.2e\n",
+                static_cast<long long>(head_dim), script.batches.size(), worst_cpu, worst_recomputed);
+  }
 }
 
 TEST(CudaModel, TransformersParityInBf16) {

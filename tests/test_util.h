@@ -9,11 +9,13 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/sharded_loader.h"
 #include "model/config.h"
 #include "model/glm4_model.h"
+#include "model/kv_cache.h"
 #include "train/engine.h"
 
 namespace glm::test {
@@ -183,6 +185,61 @@ inline StepTrace trace_steps(TrainingEngine& e, std::span<const HostMicroBatch> 
   }
   t.params = e.parameters().take();
   return t;
+}
+
+
+// Forwards of several sequences through one KV cache (model/kv_cache.h), as continuous batching
+// makes them: forward k feeds feed[k][s] tokens of sequence s (sequences in order in the row), each
+// token to the next of `rows` (a shuffled list makes the cache paged). wanted[k][i]: the (sequence,
+// token index) of forward k's logit row i; every fed token's logits are wanted.
+struct DecodeScript {
+  std::vector<HostDecodeBatch> batches;
+  std::vector<std::vector<std::pair<size_t, size_t>>> wanted;
+};
+inline DecodeScript decode_script(const std::vector<std::vector<int32_t>>& sequences,
+                                  const std::vector<std::vector<int>>& feed, std::vector<int32_t> rows) {
+  DecodeScript script;
+  std::vector<std::vector<int32_t>> cached(sequences.size());
+  std::vector<size_t> fed(sequences.size(), 0);
+  for (const auto& takes : feed) {
+    HostDecodeBatch& b = script.batches.emplace_back();
+    auto& wanted = script.wanted.emplace_back();
+    int32_t row_start = 0;
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      if (takes[s] == 0) continue;
+      b.kv_rows.insert(b.kv_rows.end(), cached[s].begin(), cached[s].end());
+      for (int j = 0; j < takes[s]; ++j) {
+        const int32_t row = rows.back();
+        rows.pop_back();
+        const auto p = static_cast<int32_t>(fed[s]);
+        cached[s].push_back(row);
+        b.kv_rows.push_back(row);
+        b.tokens.push_back(sequences[s][fed[s]]);
+        b.positions.push_back(p);
+        b.row_position.push_back(row_start + p);
+        b.doc_start.push_back(row_start);
+        b.cache_rows.push_back(row);
+        b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+        wanted.emplace_back(s, fed[s]++);
+      }
+      row_start += static_cast<int32_t>(cached[s].size());
+    }
+  }
+  return script;
+}
+
+// The logits of one sequence's tokens as recomputing the whole prefix gives them, one row per token.
+inline std::vector<float> recomputed_logits(TrainingEngine& engine, const std::vector<int32_t>& tokens) {
+  HostMicroBatch whole;
+  whole.tokens = tokens;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    whole.targets.push_back(-1);
+    whole.positions.push_back(static_cast<int32_t>(t));
+    whole.doc_start.push_back(0);
+  }
+  std::vector<float> logits;
+  EXPECT_TRUE(engine.logits(whole, logits).is_ok());
+  return logits;
 }
 
 }  // namespace glm::test

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <numeric>
+#include <random>
 
 #include "base/json_text.h"
 #include "base/stop_signal.h"
@@ -81,6 +82,13 @@ std::string reply_text(const Tokenizer& tokenizer, std::span<const int32_t> toke
   std::string text = tokenizer.decode(tokens);
   if (!text.empty() && text.front() == '\n') text.erase(0, 1);
   return text;
+}
+
+Status write_result_file(const std::string& path, const std::string& text) {
+  std::error_code ec;
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec) return GLM_USER_ERROR("cannot create the directory of --result_path '", path, "': ", ec.message());
+  return write_file_durably(path, text);
 }
 
 }  // namespace
@@ -208,16 +216,37 @@ Status InferJob::generate_share() {
   return Status::ok();
 }
 
-Result<std::string> InferJob::result_path() const {
-  if (!options_.result_path.empty()) return options_.result_path;
+Result<std::string> result_path_of(const CliOptions& o) {
+  if (!o.result_path.empty()) return o.result_path;
   const std::string name = concat("infer_result/", now_text("%Y%m%d-%H%M%S"), ".jsonl");
-  const std::string beside = !options_.ckpt_dir.empty() ? options_.ckpt_dir : options_.adapters;
+  const std::string beside = !o.ckpt_dir.empty() ? o.ckpt_dir : o.adapters;
   if (beside.empty() || fs::exists(fs::path(beside) / kPeftConfigFile)) return name;
   GLM_ASSIGN_OR_RETURN(const std::string checkpoint, resolve_export_checkpoint(beside));
   return (fs::path(checkpoint) / name).string();
 }
 
-Result<std::string> InferJob::gather_and_write(MPI_Comm comm) {
+Result<CliOptions> comparison_options(const CliOptions& o) {
+  CliOptions b = o;
+  GLM_ASSIGN_OR_RETURN(b.result_path, result_path_of(o));
+  b.model_id_or_path.clear();
+  b.ckpt_dir.clear();
+  b.adapters.clear();
+  std::error_code ec;
+  const fs::path p(o.compare_with);
+  if (fs::exists(p / kPeftConfigFile, ec))
+    return GLM_USER_ERROR("--compare_with '", o.compare_with, "' holds LoRA adapters: compare with a model directory, ",
+                          "a checkpoint, or the adapters merged (glm_hpc export --merge_lora true)");
+  bool checkpoint = fs::exists(p / "meta.json", ec) || fs::exists(p / "latest", ec);
+  for (const auto& e : fs::directory_iterator(p, ec))
+    checkpoint = checkpoint || e.path().filename().string().rfind("checkpoint-", 0) == 0;
+  (checkpoint ? b.ckpt_dir : b.model_id_or_path) = o.compare_with;
+  b.compare_with.clear();
+  return b;
+}
+
+Result<std::string> InferJob::result_path() const { return result_path_of(options_); }
+
+Result<InferResults> InferJob::gather(MPI_Comm comm) {
   std::string mine;
   for (const auto& [index, line] : lines_) mine += concat(index, " ", line, "\n");
   const double seconds = generate_seconds_;
@@ -233,32 +262,87 @@ Result<std::string> InferJob::gather_and_write(MPI_Comm comm) {
   if (MPI_Gatherv(mine.data(), size, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR, 0, comm) !=
       MPI_SUCCESS)
     return GLM_INTERNAL_ERROR("MPI_Gatherv of the results failed");
-  if (proc_.rank != 0) return std::string();
-  std::vector<std::string> ordered(prompts_.size());
+  InferResults r;
+  if (proc_.rank != 0) return r;
+  r.lines.resize(prompts_.size());
   std::vector<double> first, latency;
   int64_t generated = 0;
   for (size_t at = 0; at < all.size();) {
     const size_t space = all.find(' ', at), end = all.find('\n', at);
     const size_t index = std::stoull(all.substr(at, space - at));
-    ordered.at(index) = all.substr(space + 1, end - space - 1);
-    const nlohmann::json j = nlohmann::json::parse(ordered[index]);
+    r.lines.at(index) = all.substr(space + 1, end - space - 1);
+    const nlohmann::json j = nlohmann::json::parse(r.lines[index]);
     first.push_back(j["time_to_first_token_s"].get<double>());
     latency.push_back(j["latency_s"].get<double>());
     generated += j["response_tokens"].get<int64_t>();
     at = end + 1;
   }
-  std::string text;
-  for (const std::string& line : ordered) text += line + "\n";
-  GLM_ASSIGN_OR_RETURN(const std::string path, result_path());
-  std::error_code ec;
-  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path(), ec);
-  if (ec) return GLM_USER_ERROR("cannot create the directory of --result_path '", path, "': ", ec.message());
-  GLM_RETURN_IF_ERROR(write_file_durably(path, text));
   const double wall = *std::max_element(times.begin(), times.end());
-  return concat("glm_hpc: infer: ", prompts_.size(), " replies, ", generated, " tokens in ", wall, " s (",
-                wall > 0 ? static_cast<double>(generated) / wall : 0.0, " tokens/s over ", proc_.world_size,
-                " rank(s)); time to first token median ", median(first), " s, latency median ", median(latency),
-                " s\nglm_hpc: results in ", path, "\n");
+  r.summary = concat("glm_hpc: infer: ", prompts_.size(), " replies, ", generated, " tokens in ", wall, " s (",
+                     wall > 0 ? static_cast<double>(generated) / wall : 0.0, " tokens/s over ", proc_.world_size,
+                     " rank(s)); time to first token median ", median(first), " s, latency median ",
+                     median(latency), " s\n");
+  r.model = model_->describe();
+  return r;
+}
+
+Result<std::string> InferJob::write(const std::vector<std::string>& lines) const {
+  GLM_ASSIGN_OR_RETURN(const std::string path, result_path());
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  GLM_RETURN_IF_ERROR(write_result_file(path, text));
+  return concat("glm_hpc: results in ", path, "\n");
+}
+
+Result<std::string> InferJob::write_comparison(const InferResults& a, const InferResults& b) const {
+  GLM_ASSIGN_OR_RETURN(const std::string path, result_path());
+  const fs::path stem = fs::path(path).replace_extension("");
+  if (a.lines.size() != b.lines.size())
+    return GLM_INTERNAL_ERROR("the compared models answered ", a.lines.size(), " and ", b.lines.size(), " prompts");
+  // Which model is "A" on each line: a seeded coin per prompt, kept in the key file alone.
+  std::mt19937_64 coin(options_.train.seed);
+  std::string blinded, table = "| # | prompt | A | B | better (A, B or =) |\n|---|---|---|---|---|\n";
+  nlohmann::ordered_json key = {{"model", a.model}, {"compare_with", b.model}, {"a_is", nlohmann::ordered_json::array()}};
+  auto cell = [](std::string text) {
+    std::string out;
+    for (const char c : text) out += c == '|' ? std::string("\\|") : c == '\n' ? std::string("<br>") : std::string(1, c);
+    return out;
+  };
+  for (size_t i = 0; i < a.lines.size(); ++i) {
+    const nlohmann::ordered_json ja = nlohmann::ordered_json::parse(a.lines[i]);
+    const nlohmann::ordered_json jb = nlohmann::ordered_json::parse(b.lines[i]);
+    const bool swap = (coin() & 1) != 0;
+    const nlohmann::ordered_json& first = swap ? jb : ja;
+    const nlohmann::ordered_json& second = swap ? ja : jb;
+    const auto reply = [](const nlohmann::ordered_json& j) {
+      return j.contains("response") ? j["response"] : j["response_ids"];
+    };
+    nlohmann::ordered_json line = {{"index", i}, {"source", ja["source"]}};
+    if (ja.contains("messages")) line["messages"] = ja["messages"];
+    line["labels"] = ja["labels"];
+    line["response_a"] = reply(first);
+    line["response_b"] = reply(second);
+    blinded += json_text(line) + "\n";
+    key["a_is"].push_back(swap ? "compare_with" : "model");
+    const std::string prompt = ja.contains("messages") && !ja["messages"].empty()
+                                   ? ja["messages"].back().value("content", "")
+                                   : ja["source"].get<std::string>();
+    const auto text = [](const nlohmann::ordered_json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); };
+    table += concat("| ", i, " | ", cell(prompt), " | ", cell(text(line["response_a"])), " | ",
+                    cell(text(line["response_b"])), " |  |\n");
+  }
+  std::string model_lines, compare_lines;
+  for (const std::string& l : a.lines) model_lines += l + "\n";
+  for (const std::string& l : b.lines) compare_lines += l + "\n";
+  const std::string key_path = stem.string() + ".key.json", md = stem.string() + ".md";
+  GLM_RETURN_IF_ERROR(write_result_file(path, blinded));
+  GLM_RETURN_IF_ERROR(write_result_file(md, table));
+  GLM_RETURN_IF_ERROR(write_result_file(key_path, json_text(key, 2) + "\n"));
+  GLM_RETURN_IF_ERROR(write_result_file(stem.string() + ".model.jsonl", model_lines));
+  GLM_RETURN_IF_ERROR(write_result_file(stem.string() + ".compare_with.jsonl", compare_lines));
+  return concat("glm_hpc: blinded side by side in ", path, " and ", md, " (A and B shuffled per prompt); the key in ",
+                key_path, "; each model's results in ", stem.string(), ".model.jsonl and ", stem.string(),
+                ".compare_with.jsonl\n");
 }
 
 Status InferJob::chat(std::istream& in, std::ostream& out) {

@@ -27,6 +27,18 @@
 
 namespace glm {
 
+// Batch mode's results on rank 0: one jsonl line per prompt in input order, the run's summary and
+// the model that answered.
+struct InferResults {
+  std::vector<std::string> lines;
+  std::string summary, model;
+};
+
+// The options of --compare_with's model: the same prompts, sampling and result file, that model.
+Result<CliOptions> comparison_options(const CliOptions& options);
+// --result_path, else infer_result/<time>.jsonl in the --ckpt_dir checkpoint or the working directory.
+Result<std::string> result_path_of(const CliOptions& options);
+
 class InferJob {
  public:
   // Opens the model and tokenizer, reads the prompts (all of them, on every rank: the same
@@ -40,8 +52,14 @@ class InferJob {
   std::string describe() const;
   // Batch mode: this rank's prompts (every world_size-th from its rank), --max_batch_size at once.
   Status generate_share();
-  // Batch mode, collective: the results to rank 0, which writes the file and returns the summary.
-  Result<std::string> gather_and_write(MPI_Comm comm);
+  // Batch mode, collective: the results to rank 0 (empty elsewhere).
+  Result<InferResults> gather(MPI_Comm comm);
+  // Rank 0: the result file (--result_path, else infer_result/<time>.jsonl); says where.
+  Result<std::string> write(const std::vector<std::string>& lines) const;
+  // Rank 0, --compare_with: the blinded side-by-side file (each line's response_a and response_b
+  // in a seeded random order), its Markdown table for scoring, the key apart (<stem>.key.json) and
+  // each model's own results (<stem>.model.jsonl, <stem>.compare_with.jsonl).
+  Result<std::string> write_comparison(const InferResults& model, const InferResults& compared) const;
   // Interactive: lines from `in` are user turns of one conversation until "exit", "quit" or the
   // end of input; "clear" starts a new conversation. Replies are written to `out` as they grow.
   Status chat(std::istream& in, std::ostream& out);

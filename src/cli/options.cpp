@@ -556,6 +556,10 @@ class OptionTable {
     add(infer, "result_path", &o_.result_path,
         "with --val_dataset: the jsonl of results (default: infer_result/<time>.jsonl in the --ckpt_dir checkpoint, "
         "else in the working directory)");
+    add(infer, "compare_with", &o_.compare_with,
+        "with --val_dataset: a second model (a model directory or a checkpoint) answers the same prompts; "
+        "--result_path then holds both replies per prompt as response_a and response_b in a seeded random order "
+        "(blinded), beside a Markdown table to score, the key (.key.json) and each model's own results");
     add(infer, "stream", &o_.stream, "the chat shows each reply as it is generated (false: when it is complete)");
 
     po::options_description kernels("Performance (the same results, other speed or memory)");
@@ -760,6 +764,7 @@ Status validate_input_paths(const CliOptions& o, const Sources& src) {
     GLM_RETURN_IF_ERROR(expect("resume_from_checkpoint", t.resume_from_checkpoint, InputKind::directory));
   GLM_RETURN_IF_ERROR(expect("ckpt_dir", o.ckpt_dir, InputKind::directory));
   GLM_RETURN_IF_ERROR(expect("adapters", o.adapters, InputKind::directory));
+  GLM_RETURN_IF_ERROR(expect("compare_with", o.compare_with, InputKind::directory));
   return expect("tokenizer_dir", o.tokenizer_dir, InputKind::directory);
 }
 
@@ -784,8 +789,9 @@ Status validate_step_size(const CliOptions& o, const Sources& src) {
 
 // glm_hpc infer's own options belong to it alone; their values are checked here, before any model is read.
 Status validate_infer(const CliOptions& o, const Sources& src) {
-  constexpr const char* kInferOnly[] = {"adapters", "result_path",        "max_new_tokens", "max_batch_size",
-                                        "temperature", "top_p", "top_k", "repetition_penalty", "stream"};
+  constexpr const char* kInferOnly[] = {"adapters",    "result_path", "compare_with", "max_new_tokens",
+                                        "max_batch_size", "temperature", "top_p", "top_k", "repetition_penalty",
+                                        "stream"};
   if (o.command != "infer") {
     for (const char* name : kInferOnly)
       if (given(src, name) && (o.command != "eval" || std::string_view(name) != "adapters"))
@@ -800,6 +806,8 @@ Status validate_infer(const CliOptions& o, const Sources& src) {
                             "(or --ckpt_dir DIR, or --adapters DIR) is required by 'glm_hpc infer': the model to run"));
   GLM_RETURN_IF_ERROR(check(o.result_path.empty() || !o.val_datasets.empty(), src, "result_path",
                             "needs --val_dataset FILE (the prompts whose results it holds)"));
+  GLM_RETURN_IF_ERROR(check(o.compare_with.empty() || !o.val_datasets.empty(), src, "compare_with",
+                            "needs --val_dataset FILE (the prompts both models answer)"));
   GLM_RETURN_IF_ERROR(check(o.max_new_tokens >= 1, src, "max_new_tokens", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(o.max_batch_size >= 1, src, "max_batch_size", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(!o.temperature || *o.temperature >= 0, src, "temperature", "must be >= 0 (0: greedy)"));

@@ -88,6 +88,7 @@ struct CliOptions {
   // glm_hpc infer (src/cli/infer.h); unset sampling values come from the model's generation_config.json.
   std::string adapters;       // LoRA adapters applied unmerged: our LoRA checkpoint or a PEFT directory
   std::string result_path;    // batch mode's jsonl; empty: infer_result/<time>.jsonl
+  std::string compare_with;   // a second model answering the same prompts, for blinded scoring
   int64_t max_new_tokens = 512;
   int64_t max_batch_size = 32;  // sequences a rank generates together
   std::optional<double> temperature, top_p, repetition_penalty;
