@@ -313,15 +313,21 @@ TEST(Glm4Model, OffloadedActivationsGiveIdenticalLossesAndGradients) {
   }
 }
 
+// The generation tests' model: the tiny configuration with 32 token ids, on the CPU backend.
+ModelConfig generation_config() {
+  ModelConfig config = tiny_config();
+  config.vocab_size = 32;
+  EXPECT_TRUE(config.finalize_and_validate().is_ok());
+  return config;
+}
+
 // Generation by recomputing the sequence: each greedy token is the argmax of the model's last-row
 // logits over everything before it (checked against the full logits of the final sequence, which
 // also holds every earlier step's rows: causal attention); a stop token ends the reply without
 // joining it; max_new_tokens and the engine's length bound it; sampling is reproducible by seed and
 // sequence and differs across them.
 TEST(Generate, GreedyFollowsTheLogitsAndStopsWhereAsked) {
-  ModelConfig config = tiny_config();
-  config.vocab_size = 32;
-  ASSERT_TRUE(config.finalize_and_validate().is_ok());
+  const ModelConfig config = generation_config();
   auto backend = make_cpu_backend(DType::f32);
   LocalCommunicator comm;
   auto engine = TrainingEngine::create({.model = config, .max_tokens = 40}, *backend, comm).take();
@@ -375,9 +381,7 @@ TEST(Generate, GreedyFollowsTheLogitsAndStopsWhereAsked) {
 // forwards (a prefill in two chunks beside the other's single tokens), their rows scattered over
 // the cache out of order; every fed token's logits equal recomputing its whole prefix.
 TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
-  ModelConfig config = tiny_config();
-  config.vocab_size = 32;
-  ASSERT_TRUE(config.finalize_and_validate().is_ok());
+  const ModelConfig config = generation_config();
   auto backend = make_cpu_backend(DType::f32);
   LocalCommunicator comm;
   auto engine = TrainingEngine::create({.model = config, .max_tokens = 40}, *backend, comm).take();
@@ -417,9 +421,7 @@ TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
 // greedy and sampled, a stop id, max_tokens, a prompt longer than one forward (chunked prefill),
 // more requests than the batch and a cache too small for all at once (admission waits for rows).
 TEST(Generate, ContinuousBatchingGivesEachRequestItsOwnReply) {
-  ModelConfig config = tiny_config();
-  config.vocab_size = 32;
-  ASSERT_TRUE(config.finalize_and_validate().is_ok());
+  const ModelConfig config = generation_config();
   auto backend = make_cpu_backend(DType::f32);
   LocalCommunicator comm;
   auto engine = TrainingEngine::create({.model = config, .max_tokens = 24}, *backend, comm).take();
