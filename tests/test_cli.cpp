@@ -1264,7 +1264,8 @@ TEST(CliTokenizer, MissingOrCorruptTokenizerIsOneClearError) {
   const std::string ranks((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string corrupt = write_file("corrupt.model", ranks + "bm9wZQ== x\n");
   expect_bad_input("prepare --tokenizer " + corrupt, "corrupt.model:1501: rank 'x' is not an integer");
-  expect_bad_input("--tokenizer " + cli_scratch("no_tokenizer").string(), "holds no tokenizer.model");
+  expect_bad_input("--tokenizer " + cli_scratch("no_tokenizer").string(),
+                   "holds neither tokenizer.model nor tokenizer.json");
 }
 
 TEST(CliTokenizer, VocabularySmallerThanTheTokenizerIsAClearError) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -140,12 +141,14 @@ TEST(TiktokenTokenizer, LoadsFileOrModelDirectoryWithClearErrors) {
 
   auto empty_dir = TiktokenTokenizer::load(dir.string());
   ASSERT_FALSE(empty_dir.is_ok());
-  EXPECT_NE(empty_dir.status().message().find("holds no tokenizer.model"), std::string::npos);
+  EXPECT_NE(empty_dir.status().message().find("holds neither tokenizer.model nor tokenizer.json"), std::string::npos);
 
   write_file(dir / "tokenizer.json", "{}");
   auto hf_only = TiktokenTokenizer::load(dir.string());
   ASSERT_FALSE(hf_only.is_ok());
-  EXPECT_NE(hf_only.status().message().find("tokenizer.json but no tokenizer.model"), std::string::npos);
+  EXPECT_NE(hf_only.status().message().find("tokenizer.json: \"model\" is not a BPE model"), std::string::npos)
+      << hf_only.status().message();
+  fs::remove(dir / "tokenizer.json");
 
   write_file(dir / "tokenizer.model", rank_file({"ab"}) + "bad line\n");
   auto bad = load_tokenizer(dir.string());
@@ -467,6 +470,79 @@ TEST_F(TiktokenPeer, SameIdsForTheJoinedCorpus) {
 
 TEST_F(TiktokenPeer, DecodeReturnsTheExactBytes) {
   for (const std::string& text : *corpus_) EXPECT_EQ(tokenizer_->decode(tokenizer_->encode(text)), text);
+}
+
+// --- Hugging Face tokenizer.json --------------------------------------------------------------------
+
+const fs::path kJsonDir = fs::path(GLM_SOURCE_DIR) / "tests" / "data" / "tokenizer_json";
+const fs::path kSampleRanks = fs::path(GLM_SOURCE_DIR) / "data" / "sample" / "tokenizer.model";
+
+// tokenizer.json of the sample rank file as HF `tokenizers` 0.23 built and encoded it
+// (tools/make_tokenizer_json.py, on the GPU machine): our reading of it gives tokenizers' ids for
+// every text of the peer corpus, the rank file's ids, the same decoded text and content hash (the
+// same ranks: caches and shards of either file are interchangeable).
+TEST(TokenizerJson, GivesTheIdsOfHfTokenizersAndOfTheRankFile) {
+  auto from_json = TiktokenTokenizer::load((kJsonDir / "tokenizer.json").string());
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
+  auto from_ranks = TiktokenTokenizer::load(kSampleRanks.string());
+  ASSERT_TRUE(from_ranks.is_ok()) << from_ranks.status().message();
+  EXPECT_EQ(from_json.value().vocab_size(), from_ranks.value().vocab_size());
+  EXPECT_EQ(from_json.value().content_hash(), from_ranks.value().content_hash());
+  std::ifstream in(kJsonDir / "tokenizer_json_ids.json");
+  const nlohmann::json peer = nlohmann::json::parse(in);
+  ASSERT_EQ(peer["texts"].size(), peer["ids"].size());
+  size_t ids = 0, with_specials = 0;
+  for (size_t i = 0; i < peer["texts"].size(); ++i) {
+    const std::string text = peer["texts"][i].get<std::string>();
+    const std::vector<int32_t> expected = peer["ids"][i].get<std::vector<int32_t>>();
+    EXPECT_EQ(from_json.value().encode(text), from_ranks.value().encode(text)) << "text " << i << ": " << text;
+    EXPECT_EQ(from_json.value().decode(expected), text) << "text " << i;
+    // tokenizers matches special-token spellings inside text as the specials; encode() keeps text as
+    // text (the chat template inserts specials by id), so such texts are compared between our loaders only.
+    bool special = false;
+    for (int t = 0; t < static_cast<int>(SpecialToken::count); ++t)
+      special |= text.find(special_token_text(static_cast<SpecialToken>(t))) != std::string::npos;
+    if (special) {
+      ++with_specials;
+      continue;
+    }
+    EXPECT_EQ(from_json.value().encode(text), expected) << "text " << i << ": " << text;
+    ids += expected.size();
+  }
+  EXPECT_GT(ids, 3000u);
+  EXPECT_LE(with_specials, 3u);
+  // A model directory with tokenizer.json alone loads it.
+  const fs::path dir = scratch("json_only");
+  fs::copy_file(kJsonDir / "tokenizer.json", dir / "tokenizer.json");
+  auto loaded = load_tokenizer(dir.string());
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(loaded.value()->encode("Hello, world!"), from_ranks.value().encode("Hello, world!"));
+  EXPECT_EQ(loaded.value()->special_id(SpecialToken::user), from_ranks.value().special_id(SpecialToken::user));
+  fs::remove_all(dir);
+}
+
+// What tiktoken's merging cannot reproduce, or is not GLM-4's layout, is refused by name.
+TEST(TokenizerJson, OtherTokenizersAreRefusedByName) {
+  std::ifstream in(kJsonDir / "tokenizer.json");
+  const nlohmann::json good = nlohmann::json::parse(in);
+  const fs::path dir = scratch("json_refused");
+  auto refused = [&](const std::function<void(nlohmann::json&)>& change, const std::string& needle) {
+    nlohmann::json j = good;
+    change(j);
+    const fs::path path = dir / "tokenizer.json";
+    std::ofstream(path) << j.dump();
+    auto t = TiktokenTokenizer::load(path.string());
+    ASSERT_FALSE(t.is_ok()) << needle;
+    EXPECT_EQ(t.status().exit_code(), 2);
+    EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().message();
+  };
+  refused([](nlohmann::json& j) { std::swap(j["model"]["merges"][3], j["model"]["merges"][40]); }, "out of rank order");
+  refused([](nlohmann::json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+"; },
+          "not GLM-4's");
+  refused([](nlohmann::json& j) { j["added_tokens"][7]["id"] = 1; }, "special token <|user|> is id 1");
+  refused([](nlohmann::json& j) { j["model"]["type"] = "WordPiece"; }, "is not a BPE model");
+  refused([](nlohmann::json& j) { j["model"]["vocab"]["\u4e2d"] = 5; }, "has id 5");
+  fs::remove_all(dir);
 }
 
 }  // namespace

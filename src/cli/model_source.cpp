@@ -175,8 +175,8 @@ Result<std::unique_ptr<Tokenizer>> ModelSource::tokenizer(const std::string& opt
     const fs::path dir(files_dir_);
     const bool hf_files = !files_dir_.empty() && (fs::exists(dir / "tokenizer.json", ec) ||
                                                   fs::exists(dir / "tokenizer_config.json", ec));
-    if (!files_dir_.empty() && fs::exists(dir / "tokenizer.model", ec)) {
-      path = files_dir_;
+    if (!files_dir_.empty() && (fs::exists(dir / "tokenizer.model", ec) || fs::exists(dir / "tokenizer.json", ec))) {
+      path = files_dir_;  // tokenizer.model, else Hugging Face's tokenizer.json: the same ids
     } else if (!recorded_tokenizer_.empty()) {
       path = recorded_tokenizer_;
       if (path != "bytes" && !fs::exists(path, ec) && fs::exists(fs::path(GLM_SOURCE_DIR) / path, ec))

@@ -66,8 +66,8 @@ class ModelSource {
   Status load(TrainingEngine& engine, bool round_to_bf16 = false) const;
 
   // The model's tokenizer: `option` (--tokenizer: a rank file, a directory or "bytes") when not
-  // "auto", else the tokenizer.model of files_dir(), else the one a checkpoint recorded; a model
-  // directory with only Hugging Face tokenizer files gets none (pre-tokenized data only), one with
+  // "auto", else the tokenizer.model (or tokenizer.json) of files_dir(), else the one a checkpoint
+  // recorded; a model directory with other Hugging Face tokenizer files only gets none, one with
   // no tokenizer files at all (ours, the test fixtures) the byte tokenizer when its vocabulary
   // holds it. Null when there is none.
   Result<std::unique_ptr<Tokenizer>> tokenizer(const std::string& option) const;

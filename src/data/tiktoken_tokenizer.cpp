@@ -6,7 +6,9 @@
 
 #include <filesystem>
 
+#include "data/bpe_trainer.h"
 #include "data/content_hash.h"
+#include "data/tokenizer_json.h"
 #include "mpi/fatal.h"
 
 namespace glm {
@@ -96,14 +98,16 @@ Result<TiktokenTokenizer> TiktokenTokenizer::load(const std::string& path) {
   std::string file = path;
   if (fs::is_directory(path, ec)) {
     file = (fs::path(path) / "tokenizer.model").string();
-    if (!fs::exists(file, ec)) {
-      if (fs::exists(fs::path(path) / "tokenizer.json", ec))
-        return GLM_USER_ERROR(path, " holds tokenizer.json but no tokenizer.model: only the tiktoken rank file ",
-                              "(the THUDM layout) is supported so far");
-      return GLM_USER_ERROR(path, " holds no tokenizer.model");
-    }
+    if (!fs::exists(file, ec)) file = (fs::path(path) / "tokenizer.json").string();
+    if (!fs::exists(file, ec)) return GLM_USER_ERROR(path, " holds neither tokenizer.model nor tokenizer.json");
   }
-  GLM_ASSIGN_OR_RETURN(BpeRanks ranks, BpeRanks::load(file));
+  BpeRanks ranks;
+  if (fs::path(file).extension() == ".json") {  // Hugging Face's tokenizer.json: the same ranks
+    GLM_ASSIGN_OR_RETURN(const std::vector<std::string> tokens, read_tokenizer_json_ranks(file));
+    GLM_ASSIGN_OR_RETURN(ranks, BpeRanks::parse(format_rank_file(tokens), file));
+  } else {
+    GLM_ASSIGN_OR_RETURN(ranks, BpeRanks::load(file));
+  }
   GLM_ASSIGN_OR_RETURN(TiktokenTokenizer tokenizer, create(std::move(ranks)));
   // Absolute: shard manifests and args.json name it for runs from other directories.
   tokenizer.source_ = fs::absolute(file, ec).lexically_normal().string();
