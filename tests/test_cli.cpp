@@ -1642,6 +1642,32 @@ TEST(CliInfer, ComparisonIsBlindedAndTheKeyRestoresEachModel) {
   EXPECT_NE(table.find("| 11 | Question 11 |"), std::string::npos) << table;
 }
 
+// A Hugging Face model directory's generation_config.json sets the sampling unless options do, and
+// its eos_token_id (here [], as transformers reads it: no end token) the stop ids.
+TEST(CliInfer, GenerationConfigSetsTheDefaults) {
+  const fs::path model = scratch_root() / "glm_a_sampling";
+  fs::remove_all(model);
+  fs::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a", model);
+  std::ofstream(model / "generation_config.json")
+      << R"({"do_sample": true, "temperature": 0.7, "top_p": 0.9, "eos_token_id": [], "max_new_tokens": 9})";
+  const std::string prompts = write_file("gc_prompts.jsonl", R"({"messages": [{"role": "user", "content": "hi"}]})" "\n");
+  const std::string result = (scratch_root() / "gc_result.jsonl").string();
+  const RunResult r = run_glm("infer --model_id_or_path " + model.string() + " --val_dataset " + prompts +
+                                  " --result_path " + result, 1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("temperature 0.7, top_p 0.9, top_k 50, seed 42 (from options, then " +
+                          (model / "generation_config.json").string() + "); up to 9 new tokens"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("stop ids []"), std::string::npos) << r.output;
+  EXPECT_EQ(result_rows(result).at(0)["response_tokens"], 9) << "no end token: max_new_tokens ends it";
+  const RunResult greedy = run_glm("infer --model_id_or_path " + model.string() + " --val_dataset " + prompts +
+                                       " --temperature 0 --max_new_tokens 3 --result_path " + result, 1);
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.output;
+  EXPECT_NE(greedy.output.find("glm_hpc: greedy (from options, then"), std::string::npos) << greedy.output;
+  EXPECT_NE(greedy.output.find("up to 3 new tokens"), std::string::npos) << greedy.output;
+}
+
 // eval opens models as infer does: a checkpoint scores as its export does (up to the export's bf16).
 TEST(CliInfer, EvalScoresACheckpointAsItsExport) {
   const std::string ckpt = trained_checkpoint("eval_ckpt");

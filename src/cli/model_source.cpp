@@ -206,12 +206,13 @@ Result<GenerationDefaults> ModelSource::generation_defaults() const {
   auto bad = [&](const char* field) {
     return GLM_USER_ERROR(path.string(), ": \"", field, "\" is ", j[field].dump(), ", not what transformers reads");
   };
-  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
-    const nlohmann::json& e = j["eos_token_id"];
+  if (j.contains("eos_token_id")) {
+    const nlohmann::json& e = j["eos_token_id"].is_null() ? nlohmann::json::array() : j["eos_token_id"];
+    d.eos_token_ids.emplace();
     for (const nlohmann::json& id : e.is_array() ? e : nlohmann::json::array({e})) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config_.vocab_size)
         return bad("eos_token_id");
-      d.eos_token_ids.push_back(id.get<int32_t>());
+      d.eos_token_ids->push_back(id.get<int32_t>());
     }
   }
   for (const char* field : {"temperature", "top_p", "repetition_penalty"}) {

@@ -31,7 +31,9 @@ struct ModelSpec {
 // What generation_config.json says (transformers' GenerationConfig fields glm_hpc uses); absent
 // fields stay unset.
 struct GenerationDefaults {
-  std::vector<int32_t> eos_token_ids;
+  // eos_token_id: unset when the file has no such field; set but empty when it is null or [] (as in
+  // transformers, generation then ends only at max_new_tokens).
+  std::optional<std::vector<int32_t>> eos_token_ids;
   std::optional<bool> do_sample;
   std::optional<double> temperature, top_p, repetition_penalty;
   std::optional<int64_t> top_k, max_new_tokens;
