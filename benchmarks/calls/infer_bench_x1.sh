@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# One call on one H200 for issue 32's speed checks: GLM-4-9B-Chat shapes (random bf16 weights written
+# as a Hugging Face directory by transformers, no end token: every reply is max_new_tokens long),
+# glm_hpc infer against transformers' generate (bf16, SDPA, static cache and torch.compile) on the
+# same GPU in the same call:
+#   - batch 1 and batch 32 decode: tokens/s, against the HBM roofline (the weights read per token
+#     over the copy bandwidth bench_kernels measures here; target 80% at batch 1, 2x transformers);
+#   - prefill of a 32k-token prompt: seconds to the first token (target 1.3x transformers).
+# A short table comes last. Builds glm_hpc and bench_kernels into build-gpu unless
+# GLM_IB_NO_BUILD=1; GLM_IB_PEER=0 leaves transformers out; GLM_IB_TOKENS (default 256) new tokens.
+#
+# GLM_IB_DRY_RUN=1: the same steps on the CPU backend with build-cpu and a tiny model directory made
+# by glm_hpc itself (train, export; no torch), short prompts and 16 new tokens: the check, where the
+# code is built, that the script and every option it passes work.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.."
+source benchmarks/calls/steps.sh
+dry=${GLM_IB_DRY_RUN:-0}
+W=/tmp/infer_bench
+rm -rf "$W" && mkdir -p "$W"
+tokens=${GLM_IB_TOKENS:-256}
+if [ "$dry" = 1 ]; then
+  B=build-cpu device=cpu tokens=16 long=300 prompt=40 peer=0
+  step make_model 120 bash -c "$B/glm_hpc --max_steps 2 --save_steps 2 --output_dir $W/run >/dev/null &&
+    $B/glm_hpc export --ckpt_dir $W/run --save_dir $W/model"
+  echo '{"eos_token_id": []}' >"$W/model/generation_config.json"
+else
+  B=build-gpu device=cuda long=32768 prompt=512 peer=${GLM_IB_PEER:-1}
+  [ "${GLM_IB_NO_BUILD:-0}" = 1 ] ||
+    GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc bench_kernels" bash benchmarks/calls/gpu_session.sh || exit 1
+  step make_model 240 python3 - "$W/model" <<'PY'
+import sys, json, torch
+from transformers import GlmConfig, GlmForCausalLM
+cfg = GlmConfig(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
+                num_attention_heads=32, num_key_value_heads=2, head_dim=128, partial_rotary_factor=0.5,
+                rope_theta=5e6, rms_norm_eps=1.5625e-07, max_position_embeddings=131072, attention_bias=True,
+                tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = GlmForCausalLM(cfg).to(torch.bfloat16)
+model.save_pretrained(sys.argv[1])
+json.dump({"eos_token_id": [], "do_sample": False}, open(sys.argv[1] + "/generation_config.json", "w"))
+PY
+  step copy_ceiling 120 $B/benchmarks/bench_kernels --benchmark_filter='BM_CeilingCopy' --benchmark_format=json \
+    --benchmark_out="$OUT/copy.json"
+fi
+python3 - "$W" "$prompt" "$long" <<'PY'
+import json, random, sys
+w, n, long_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+random.seed(1)
+for name, count, length in (("one", 1, n), ("batch", 32, n), ("long", 1, long_)):
+    with open(f"{w}/{name}.jsonl", "w") as f:
+        for _ in range(count):
+            f.write(json.dumps({"input_ids": [random.randrange(1000, 150000 if n > 100 else 1400) for _ in range(length)]}) + "\n")
+PY
+infer() {  # infer NAME FILE BATCH NEW_TOKENS
+  step "glm_$1" 240 mpirun -np 1 --bind-to none $B/glm_hpc infer --device $device --model_id_or_path "$W/model" \
+    --val_dataset "$W/$2.jsonl" --max_batch_size "$3" --max_new_tokens "$4" --temperature 0 \
+    --result_path "$W/result_$1.jsonl"
+}
+infer batch1 one 1 "$tokens"
+infer batch32 batch 32 "$tokens"
+infer prefill long 1 1
+if [ "$peer" = 1 ]; then
+  step peer 420 python3 - "$W" "$tokens" <<'PY'
+import json, sys, time, torch
+from transformers import GlmForCausalLM
+w, tokens = sys.argv[1], int(sys.argv[2])
+model = GlmForCausalLM.from_pretrained(f"{w}/model", torch_dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+def rows(name):
+    return [json.loads(l)["input_ids"] for l in open(f"{w}/{name}.jsonl")]
+def run(ids, new):
+    x = torch.tensor(ids, device="cuda")
+    kw = dict(do_sample=False, max_new_tokens=new, min_new_tokens=new, cache_implementation="static",
+              pad_token_id=0, eos_token_id=None)
+    model.generate(x, **kw)  # compile and warm up at this shape
+    torch.cuda.synchronize(); t = time.time()
+    out = model.generate(x, **kw)
+    torch.cuda.synchronize()
+    return time.time() - t, out.shape[1] - x.shape[1]
+result = {}
+for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens), ("prefill", "long", 1)):
+    try:
+        secs, made = run(rows(file), new)
+        result[name] = {"seconds": secs, "tokens": made * len(rows(file))}
+    except Exception as e:  # noqa: BLE001 - report and go on (out of memory at 32k, a compile failure)
+        result[name] = {"error": repr(e)[:300]}
+    print(name, result[name], flush=True)
+json.dump(result, open(f"{w}/peer.json", "w"))
+PY
+fi
+python3 - "$W" "$OUT" "$tokens" "$dry" <<'PY'
+import json, re, sys
+w, out, tokens, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+def glm(name):
+    try:
+        text = open(f"{out}/glm_{name}.log").read()
+        m = re.search(r"infer: (\d+) replies, (\d+) tokens in ([0-9.e+-]+) s .*time to first token median ([0-9.e+-]+) s", text)
+        return {"tokens": int(m.group(2)), "seconds": float(m.group(3)), "ttft": float(m.group(4))}
+    except (OSError, AttributeError):
+        return None
+try:
+    peer = json.load(open(f"{w}/peer.json"))
+except OSError:
+    peer = {}
+copy = None
+try:
+    runs = json.load(open(f"{out}/copy.json"))["benchmarks"]
+    copy = max(b.get("GB/s", 0) for b in runs)
+except (OSError, KeyError, ValueError):
+    pass
+weights = 8.78e9 * 2  # GLM-4-9B's parameters without the embedding table (one row a token), bf16
+print(f"== glm_hpc infer, GLM-4-9B-Chat shapes, random weights, greedy, {tokens} new tokens ==")
+print("%-9s %14s %14s %10s" % ("run", "glm_hpc tok/s", "peer tok/s", "ratio"))
+for name in ("batch1", "batch32"):
+    g, p = glm(name), peer.get(name, {})
+    gt = g["tokens"] / g["seconds"] if g else 0
+    pt = p["tokens"] / p["seconds"] if "seconds" in p else 0
+    print("%-9s %14.1f %14.1f %10s" % (name, gt, pt, "%.2f" % (gt / pt) if pt else "-"))
+    if name == "batch1" and copy and gt:
+        roof = copy * 1e9 / weights
+        print(f"          HBM roofline {roof:.1f} tok/s ({copy:.0f} GB/s copy, {weights / 1e9:.1f} GB a token): {gt / roof:.2f} of it")
+g, p = glm("prefill"), peer.get("prefill", {})
+if g:
+    print("prefill   glm_hpc %.3f s to the first token%s" % (g["ttft"], "; peer %.3f s (%.2fx)" % (p["seconds"], p["seconds"] / g["ttft"]) if "seconds" in p else ""))
+PY
+echo "== steps =="
+printf '%s\n' "${step_rows[@]}"
+exit 0
