@@ -115,10 +115,13 @@ Result<ModelSource> ModelSource::open(const ModelSpec& spec) {
   m.description_ = concat("the Hugging Face model ", hf.dir);
   m.hf_ = std::move(hf);
   if (!spec.adapters.empty()) {
-    GLM_ASSIGN_OR_RETURN(const LoraConfig lora, read_peft_config(spec.adapters));
-    m.lora_ = lora;
-    m.peft_dir_ = spec.adapters;
-    m.description_ += concat(" + PEFT LoRA adapters of ", spec.adapters, " (rank ", lora.rank, "), unmerged");
+    GLM_ASSIGN_OR_RETURN(PeftAdapter adapter, read_peft_adapter(spec.adapters, m.config_));
+    m.lora_ = adapter.lora;
+    m.peft_values_ = std::move(adapter.values);
+    m.description_ += concat(" + PEFT LoRA adapters of ", spec.adapters, " (rank ", adapter.rank, "), unmerged");
+    if (adapter.lora.rank != adapter.rank)
+      m.description_ += concat(" (q_proj, k_proj and v_proj have their own lora_A: applied as rank ",
+                               adapter.lora.rank, " on the fused query_key_value, exactly)");
   }
   return m;
 }
@@ -160,10 +163,7 @@ Status ModelSource::load(TrainingEngine& engine, bool round_to_bf16) const {
   } else {
     GLM_RETURN_IF_ERROR(load_hf_weights(
         *hf_, engine.layout(), [&](int entry, std::span<const float> v) { return engine.set_parameter(entry, v); }));
-    if (!peft_dir_.empty()) {
-      GLM_ASSIGN_OR_RETURN(const PeftAdapter adapter, read_peft_adapter(peft_dir_, config_));
-      GLM_RETURN_IF_ERROR(engine.set_lora_adapters(adapter.values));
-    }
+    if (!peft_values_.empty()) GLM_RETURN_IF_ERROR(engine.set_lora_adapters(peft_values_));
   }
   return engine.parameters_updated();
 }
@@ -297,6 +297,7 @@ Result<LoraConfig> read_peft_config(const std::string& dir) {
 Result<PeftAdapter> read_peft_adapter(const std::string& dir, const ModelConfig& config) {
   PeftAdapter out;
   GLM_ASSIGN_OR_RETURN(out.lora, read_peft_config(dir));
+  out.rank = out.lora.rank;
   const fs::path weights = fs::path(dir) / kPeftWeightsFile;
   std::error_code ec;
   if (!fs::exists(weights, ec))
@@ -314,42 +315,64 @@ Result<PeftAdapter> read_peft_adapter(const std::string& dir, const ModelConfig&
   out.layout = chatglm ? HfLayout::chatglm : HfLayout::glm;
   const LoraLayout layout(config, out.lora);
   const std::vector<PeftTensor> tensors = peft_tensors(layout, config, out.layout);
-  out.values.assign(static_cast<size_t>(layout.total_numel()), 0.0f);
-  std::vector<float> host;
-  std::vector<char> a_done(layout.entries().size(), 0);
+  // Every tensor's values, checked against its expected shape.
+  std::vector<std::vector<float>> values(tensors.size());
   std::set<std::string> used;
-  for (const PeftTensor& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const PeftTensor& t = tensors[i];
     const StTensorInfo* info = find(t.name);
     if (info == nullptr) return GLM_USER_ERROR(weights.string(), " misses ", t.name);
-    used.insert(info->name);
     if (info->shape != t.shape)
       return GLM_USER_ERROR(weights.string(), ": ", t.name, " has shape ", shape_text(info->shape), ", expected ",
                             shape_text(t.shape), " for this base model and r ", out.lora.rank);
-    host.resize(static_cast<size_t>(t.shape[0] * t.shape[1]));
-    GLM_RETURN_IF_ERROR(read_as_f32(file, *info, host));
-    const LoraEntry& e = layout.entries()[static_cast<size_t>(t.entry)];
-    const int64_t r = layout.rank();
-    if (!t.is_b) {
-      float* a = out.values.data() + e.a_offset;
-      if (a_done[static_cast<size_t>(t.entry)] && !std::equal(host.begin(), host.end(), a))
-        return GLM_USER_ERROR(weights.string(), ": ", t.name, " differs from the lora_A of the same layer's ",
-                              "q_proj: glm_hpc adapts the fused query_key_value with one A (as THUDM's layout and ",
-                              "glm_hpc's exports do); adapters trained with three different A's are not supported");
-      std::copy(host.begin(), host.end(), a);
-      a_done[static_cast<size_t>(t.entry)] = 1;
-      continue;
-    }
-    float* bt = out.values.data() + e.b_offset;  // Bt [r, out]: PEFT's B [rows, r] transposed into its columns
-    for (int64_t o = 0; o < t.shape[0]; ++o)
-      for (int64_t k = 0; k < r; ++k)
-        bt[k * e.out_features + t.first_row + o] = host[static_cast<size_t>(o * r + k)];
+    used.insert(info->name);
+    values[i].resize(static_cast<size_t>(t.shape[0] * t.shape[1]));
+    GLM_RETURN_IF_ERROR(read_as_f32(file, *info, values[i]));
+    for (const float v : values[i])
+      if (!std::isfinite(v)) return GLM_USER_ERROR(weights.string(), ": ", t.name, " holds a NaN or an infinity");
   }
   for (const StTensorInfo& t : file.tensors())
     if (!used.count(t.name))
       return GLM_USER_ERROR(weights.string(), " holds ", t.name, ", which adapts no linear that adapter_config.json's ",
                             "target_modules name in GLM-4's layers");
-  for (const float v : out.values)
-    if (!std::isfinite(v)) return GLM_USER_ERROR(weights.string(), " holds a NaN or an infinity");
+  // transformers' layout adapts q_proj, k_proj and v_proj separately: where their A's differ, the
+  // fused query_key_value takes all three as one adapter of rank 3r (A stacked, each B in its row
+  // block and rank block), and every other adapter is padded to 3r with zeros; alpha 3 x alpha keeps
+  // the scale alpha / r. The same function, exactly.
+  bool shared_a = true;
+  std::vector<int> a_of(layout.entries().size(), -1);  // the first A tensor of each entry
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].is_b) continue;
+    int& first = a_of[static_cast<size_t>(tensors[i].entry)];
+    if (first < 0)
+      first = static_cast<int>(i);
+    else
+      shared_a = shared_a && values[i] == values[static_cast<size_t>(first)];
+  }
+  const int64_t r = out.rank, parts = shared_a ? 1 : 3;
+  if (!shared_a) {
+    out.lora.rank = 3 * r;
+    out.lora.alpha *= 3;
+  }
+  const LoraLayout target(config, out.lora);
+  out.values.assign(static_cast<size_t>(target.total_numel()), 0.0f);
+  std::vector<int> part_of(layout.entries().size(), 0);  // the next A (or B) block of each entry
+  std::vector<int> b_part(layout.entries().size(), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const PeftTensor& t = tensors[i];
+    const LoraEntry& e = target.entries()[static_cast<size_t>(t.entry)];
+    const bool fused_qkv = e.target == LoraTarget::query_key_value && out.layout == HfLayout::glm;
+    const int64_t block = parts == 3 && fused_qkv ? (t.is_b ? b_part : part_of)[static_cast<size_t>(t.entry)]++ : 0;
+    if (!t.is_b) {
+      if (parts == 1 && block > 0) continue;  // the shared A, once
+      std::copy(values[i].begin(), values[i].end(), out.values.begin() + e.a_offset + block * r * e.in_features);
+      continue;
+    }
+    float* bt = out.values.data() + e.b_offset;  // Bt [rank, out]: PEFT's B [rows, r] into its rank block's rows
+    for (int64_t o = 0; o < t.shape[0]; ++o)
+      for (int64_t k = 0; k < r; ++k)
+        bt[(block * r + k) * e.out_features + t.first_row + o] = values[i][static_cast<size_t>(o * r + k)];
+  }
   return out;
 }
 

@@ -84,15 +84,17 @@ class ModelSource {
   std::optional<CheckpointInfo> lora_checkpoint_;
   std::optional<LoraBaseSource> lora_base_;
   std::optional<LoraConfig> lora_;
-  std::string peft_dir_;  // adapters from a PEFT directory
+  std::vector<float> peft_values_;  // adapters read from a PEFT directory
   std::string description_, files_dir_, recorded_tokenizer_;
 };
 
 // A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) for `config`: its
 // LoRA configuration and the adapters laid out as LoraLayout(config, lora) lays them out. Either
-// layout's module names (transformers' q_proj/k_proj/v_proj..., THUDM's query_key_value...).
+// layout's module names (transformers' q_proj/k_proj/v_proj..., THUDM's query_key_value...); in
+// transformers' layout q, k and v with different A's become one fused adapter of rank 3r (exact).
 struct PeftAdapter {
-  LoraConfig lora;
+  LoraConfig lora;   // what the engine applies: rank 3r where q, k and v have their own A's
+  int64_t rank = 0;  // adapter_config.json's r
   std::vector<float> values;
   HfLayout layout = HfLayout::glm;
   std::string base_model;  // base_model_name_or_path; empty when null
