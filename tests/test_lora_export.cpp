@@ -602,12 +602,13 @@ TEST(LoraExport, AdaptersAppliedUnmergedGiveTheAdaptedLogits) {
                                                               : le.four_h_to_h;
     std::vector<float>& w = merged_weights[static_cast<size_t>(entry)];
     const std::vector<float>&bv = values[b.name], &av = values[a.name];
-    for (int64_t o = 0; o < b.shape[0]; ++o)
+    for (int64_t out_row = 0; out_row < b.shape[0]; ++out_row)
       for (int64_t in = 0; in < e.in_features; ++in) {
         double sum = 0;
         for (int64_t k = 0; k < 4; ++k)
-          sum += static_cast<double>(bv[static_cast<size_t>(o * 4 + k)]) * av[static_cast<size_t>(k * e.in_features + in)];
-        w[static_cast<size_t>((b.first_row + o) * e.in_features + in)] += static_cast<float>(scale * sum);
+          sum += static_cast<double>(bv[static_cast<size_t>(out_row * 4 + k)]) *
+                 av[static_cast<size_t>(k * e.in_features + in)];
+        w[static_cast<size_t>((b.first_row + out_row) * e.in_features + in)] += static_cast<float>(scale * sum);
       }
   }
   auto backend = make_cpu_backend(DType::f32);
