@@ -31,7 +31,7 @@ else
     GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc test_cuda_ops" bash benchmarks/calls/gpu_session.sh || exit 1
   fi
   step cuda_tests 240 build-gpu/tests/test_cuda_ops --gtest_brief=1 \
-    --gtest_filter='CudaModel.CachedDecoding*:*GatheredAttention*:CudaModel.TransformersParity*'
+    --gtest_filter='Ops.DecodeAttention*:CudaModel.CachedDecoding*:*GatheredAttention*:CudaModel.TransformersParity*'
 fi
 W=/tmp/infer_call
 rm -rf "$W" && mkdir -p "$W"
@@ -64,5 +64,5 @@ PY
 echo "== steps =="
 printf '%s\n' "${step_rows[@]}"
 [ -f "$OUT/fixtures.log" ] && tail -3 "$OUT/fixtures.log"
-[ -f "$OUT/cuda_tests.log" ] && grep -E "KV cache on CUDA|PASSED|FAILED|Failure" "$OUT/cuda_tests.log" | head -12
+[ -f "$OUT/cuda_tests.log" ] && grep -E "DecodeAttention|KV cache on CUDA|PASSED|FAILED|Failure" "$OUT/cuda_tests.log" | head -12
 exit 0

@@ -229,6 +229,14 @@ class Backend {
                                             Tensor row_position, Tensor doc_start, int64_t n, AttentionShape shape) {
     return no_context_parallelism();
   }
+  // Generation's decode step (model/kv_cache.h): attention_forward_gathered's contract where every
+  // query is the newest token of its own sequence (doc_start strictly increasing). A backend may
+  // run a kernel made for that shape (CUDA: kernels/cuda/decode_attention.cuh); by default the
+  // gathered kernels.
+  virtual Status attention_decode(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows, Tensor row_position,
+                                  Tensor doc_start, int64_t n, AttentionShape shape) {
+    return attention_forward_gathered(out, lse, qkv, kv, kv_rows, row_position, doc_start, n, shape);
+  }
   virtual Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                                              Tensor kv, Tensor kv_rows, Tensor row_position, Tensor doc_start,
                                              int64_t n, AttentionShape shape) {

@@ -16,6 +16,7 @@
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cross_entropy.cuh"
+#include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/dropout.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
@@ -536,6 +537,18 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::flash_attention_forward_gathered(
         b(out), lse.as<float>(), b(qkv), b(kv), kv_rows.as<int32_t>(), row_position.as<int32_t>(),
         doc_start.as<int32_t>(), n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim, stream_, flash_));
+    return Status::ok();
+  }
+  Status attention_decode(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows, Tensor row_position,
+                          Tensor doc_start, int64_t n, AttentionShape s) override {
+    if (!cuda::decode_attention_supported(s.heads, s.kv_heads, s.head_dim))
+      return attention_forward_gathered(out, lse, qkv, kv, kv_rows, row_position, doc_start, n, s);
+    GLM_PROFILE_OP("attention_decode");
+    const int64_t scratch = cuda::decode_attention_scratch(n, kv_rows.numel, s.heads, s.head_dim);
+    GLM_ASSIGN_OR_RETURN(void* partial, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
+    GLM_CUDA_RETURN(cuda::decode_attention(b(out), lse.as<float>(), static_cast<float*>(partial), b(qkv), b(kv),
+                                           kv_rows.as<int32_t>(), row_position.as<int32_t>(), doc_start.as<int32_t>(),
+                                           n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim, stream_));
     return Status::ok();
   }
   Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,

@@ -35,6 +35,7 @@ struct MicroBatch {
   // With a KV cache attached (model/kv_cache.h): each token's row in the cache, where its k | v go;
   // row_position, doc_start and kv_rows then place it in its sequence.
   Tensor cache_rows;  // i32 [n]
+  bool decode = false;  // with cache_rows: every token is the newest of its own sequence (a decode step)
   // The batch's index (index_micro_batch(), uploaded beside it; n_labelled < 0: none). With it the
   // lm_head and cross-entropy run over the labelled rows only; a device backend's embedding
   // backward needs token_order and token_runs.

@@ -46,6 +46,8 @@ Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const 
   GLM_RETURN_IF_ERROR(backend_.copy_columns(staged, w, qkv.slice(q_width, qkv.numel - q_width), shape_.qkv_width(),
                                             b.n, w));
   GLM_RETURN_IF_ERROR(backend_.scatter_rows(cache, staged, b.cache_rows, b.n, w));
+  if (b.decode)
+    return backend_.attention_decode(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n, shape_);
   return backend_.attention_forward_gathered(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n,
                                              shape_);
 }

@@ -747,6 +747,8 @@ Status TrainingEngine::cached_logits(const HostDecodeBatch& hb, KvCache& cache, 
   b.cache_rows = all.slice(4 * n, n);
   b.row_tokens = row_tokens;
   b.kv_rows = all.slice(5 * n + m, row_tokens);
+  b.decode = std::adjacent_find(hb.doc_start.begin(), hb.doc_start.end(),
+                                [](int32_t a, int32_t c) { return c <= a; }) == hb.doc_start.end();
   const int64_t numel = m * config().vocab_size;
   if (logits_.numel() < numel) {
     GLM_ASSIGN_OR_RETURN(logits_, backend_.allocate(numel, backend_.compute_dtype()));

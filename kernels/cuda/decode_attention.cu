@@ -1,0 +1,186 @@
+// Decode attention over a paged KV cache (see decode_attention.cuh).
+#include "kernels/cuda/decode_attention.cuh"
+
+#include <cmath>
+
+namespace glm::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileKeys = 32;  // one key per lane in the softmax step
+constexpr int kMaxSplits = 64;
+constexpr int kMinSplitKeys = 256;
+constexpr int kMaxGroup = 32;
+constexpr int kMaxHeadDim = 256;
+
+// Shared memory of one block: the group's queries (fp32), a tile of keys (fp32, rows padded by one
+// so that lanes reading different keys at one dimension hit different banks), the tile's values
+// (fp32) and scores, and each head's running max, sum and rescaling factor.
+size_t shared_bytes(int group, int d) {
+  return sizeof(float) * (static_cast<size_t>(group) * d + static_cast<size_t>(kTileKeys) * (d + 1) +
+                          static_cast<size_t>(kTileKeys) * d + static_cast<size_t>(group) * kTileKeys + 3 * group);
+}
+
+// Block (split, g, i): query i's heads of KV group g against the split's share of its keys.
+// partial: [n, splits, heads, d + 2] = the unnormalised output, then the max and the exp-sum.
+__global__ void __launch_bounds__(kThreads) decode_partial_kernel(float* partial, const bf16* qkv, const bf16* kv,
+                                                                  const int32_t* kv_row, const int32_t* position,
+                                                                  const int32_t* doc_start, int heads, int kv_heads,
+                                                                  int d, int splits, float scale) {
+  extern __shared__ float smem[];
+  const int split = blockIdx.x, g = blockIdx.y;
+  const int64_t i = blockIdx.z;
+  const int group = heads / kv_heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* q_s = smem;                               // [group][d]
+  float* k_s = q_s + group * d;                    // [kTileKeys][d + 1]
+  float* v_s = k_s + kTileKeys * (d + 1);          // [kTileKeys][d]
+  float* p_s = v_s + kTileKeys * d;                // [group][kTileKeys]
+  float* m_s = p_s + group * kTileKeys;            // [group]
+  float* l_s = m_s + group;                        // [group]
+  float* c_s = l_s + group;                        // [group]: this tile's rescaling of the running sums
+  // The query's keys over the splits it needs (kMinSplitKeys or more each); the rest stay empty.
+  const int64_t first = doc_start[i], last = position[i], length = last - first + 1;
+  const int64_t active = min(static_cast<int64_t>(splits), (length + kMinSplitKeys - 1) / kMinSplitKeys);
+  const int64_t per_split = (length + active - 1) / active;
+  const int64_t begin = min(last + 1, first + split * per_split), end = min(last + 1, begin + per_split);
+  const int64_t qkv_width = static_cast<int64_t>(heads + 2 * kv_heads) * d, kv_width = 2LL * kv_heads * d;
+  for (int e = tid; e < group * d; e += kThreads)
+    q_s[e] = __bfloat162float(qkv[i * qkv_width + static_cast<int64_t>(g) * group * d + e]) * scale;
+  for (int h = tid; h < group; h += kThreads) {
+    m_s[h] = -INFINITY;
+    l_s[h] = 0.0f;
+  }
+  // Each thread's output elements: (head, dimension) pairs tid, tid + kThreads, ...
+  constexpr int kMaxOwned = kMaxGroup * kMaxHeadDim / kThreads;
+  float acc[kMaxOwned];
+  const int owned = (group * d + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int k = 0; k < kMaxOwned; ++k) acc[k] = 0.0f;
+  __syncthreads();
+  for (int64_t k0 = begin; k0 < end; k0 += kTileKeys) {
+    const int keys = static_cast<int>(min(static_cast<int64_t>(kTileKeys), end - k0));
+    // Keys and values of the tile: 8 bf16 (16 bytes) a load.
+    const int vectors = d / 8;
+    for (int e = tid; e < keys * vectors; e += kThreads) {
+      const int t = e / vectors, c = (e % vectors) * 8;
+      const bf16* row = kv + static_cast<int64_t>(kv_row[k0 + t]) * kv_width + static_cast<int64_t>(g) * d + c;
+      const uint4 kbits = *reinterpret_cast<const uint4*>(row);
+      const uint4 vbits = *reinterpret_cast<const uint4*>(row + static_cast<int64_t>(kv_heads) * d);
+      const bf16* kh = reinterpret_cast<const bf16*>(&kbits);
+      const bf16* vh = reinterpret_cast<const bf16*>(&vbits);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        k_s[t * (d + 1) + c + u] = __bfloat162float(kh[u]);
+        v_s[t * d + c + u] = __bfloat162float(vh[u]);
+      }
+    }
+    __syncthreads();
+    // Scores of every (head, key) pair; keys past the tile's end are masked.
+    for (int e = tid; e < group * kTileKeys; e += kThreads) {
+      const int h = e / kTileKeys, t = e % kTileKeys;
+      float s = -INFINITY;
+      if (t < keys) {
+        s = 0.0f;
+        for (int c = 0; c < d; ++c) s = fmaf(q_s[h * d + c], k_s[t * (d + 1) + c], s);
+      }
+      p_s[h * kTileKeys + t] = s;
+    }
+    __syncthreads();
+    // Online softmax per head: a warp per head, a lane per key.
+    for (int h = warp; h < group; h += kThreads / 32) {
+      const float s = p_s[h * kTileKeys + lane];
+      const float m_old = m_s[h], m_new = fmaxf(m_old, warp_max(s));
+      const float p = s == -INFINITY ? 0.0f : __expf(s - m_new);
+      p_s[h * kTileKeys + lane] = p;
+      const float sum = warp_sum(p);
+      if (lane == 0) {
+        const float c = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+        c_s[h] = c;
+        l_s[h] = l_s[h] * c + sum;
+        m_s[h] = m_new;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kMaxOwned; ++k) {
+      const int e = tid + k * kThreads;
+      if (k >= owned || e >= group * d) break;
+      const int h = e / d, c = e % d;
+      float a = acc[k] * c_s[h];
+      for (int t = 0; t < keys; ++t) a = fmaf(p_s[h * kTileKeys + t], v_s[t * d + c], a);
+      acc[k] = a;
+    }
+    __syncthreads();
+  }
+  float* out = partial + ((i * splits + split) * heads + static_cast<int64_t>(g) * group) * (d + 2);
+#pragma unroll
+  for (int k = 0; k < kMaxOwned; ++k) {
+    const int e = tid + k * kThreads;
+    if (k >= owned || e >= group * d) break;
+    out[(e / d) * (d + 2) + e % d] = acc[k];
+  }
+  for (int h = tid; h < group; h += kThreads) {
+    out[h * (d + 2) + d] = m_s[h];
+    out[h * (d + 2) + d + 1] = l_s[h];
+  }
+}
+
+// Block (i, head): the splits of query i's head merged: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+__global__ void decode_merge_kernel(bf16* out, float* lse, const float* partial, int heads, int d, int splits) {
+  const int64_t i = blockIdx.x;
+  const int h = blockIdx.y;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, partial[((i * splits + s) * heads + h) * (d + 2) + d]);
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float* p = partial + ((i * splits + s) * heads + h) * (d + 2);
+    if (p[d] != -INFINITY) l += __expf(p[d] - m) * p[d + 1];
+  }
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float o = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* p = partial + ((i * splits + s) * heads + h) * (d + 2);
+      if (p[d] != -INFINITY) o += __expf(p[d] - m) * p[c];
+    }
+    out[(i * heads + h) * d + c] = __float2bfloat16(o / l);
+  }
+  if (threadIdx.x == 0) lse[i * heads + h] = m + logf(l);
+}
+
+}  // namespace
+
+bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup && head_dim % 8 == 0 &&
+         head_dim <= kMaxHeadDim;
+}
+
+int decode_attention_splits(int64_t n_kv) {
+  const int64_t splits = (n_kv + kMinSplitKeys - 1) / kMinSplitKeys;
+  return static_cast<int>(splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits);
+}
+
+cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv,
+                             const int32_t* kv_row, const int32_t* position, const int32_t* doc_start, int64_t n,
+                             int64_t n_kv, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (!decode_attention_supported(heads, kv_heads, head_dim) || n > 65535) return cudaErrorInvalidValue;
+  const int splits = decode_attention_splits(n_kv), d = static_cast<int>(head_dim);
+  const int group = static_cast<int>(heads / kv_heads);
+  const size_t smem = shared_bytes(group, d);
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(decode_partial_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads), static_cast<unsigned>(n));
+  decode_partial_kernel<<<grid, kThreads, smem, stream>>>(scratch, qkv, kv, kv_row, position, doc_start,
+                                                          static_cast<int>(heads), static_cast<int>(kv_heads), d,
+                                                          splits, 1.0f / std::sqrt(static_cast<float>(head_dim)));
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) return launched;
+  decode_merge_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), d < 128 ? 64 : 128, 0,
+                        stream>>>(out, lse, scratch, static_cast<int>(heads), d, splits);
+  return cudaGetLastError();
+}
+
+}  // namespace glm::cuda

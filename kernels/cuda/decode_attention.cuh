@@ -1,0 +1,29 @@
+// Generation's attention over a KV cache (model/kv_cache.h) for decode steps, where each query is
+// the newest token of its own sequence: query i, at row position position[i], attends to the row
+// positions [doc_start[i], position[i]], whose k | v rows in kv ([rows, 2 * kv_heads * head_dim])
+// are kv_row[p]. The contract of flash_attention_forward_gathered (and of the CPU reference,
+// kernels/cpu/cpu_ops.h attention_forward_gathered); that kernel tiles 64-128 queries of one row,
+// which a decode step does not have. Here one block per (query, KV head, key split) reads each key
+// and value row once for every query head of its group (GQA: 16 heads per KV head in
+// GLM-4-9B-Chat), keeps an online softmax per head in fp32, and writes the split's partial output;
+// a second kernel merges the splits (flash-decoding), so one long sequence still fills the GPU.
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace glm::cuda {
+
+// What the kernel takes: head_dim a multiple of 8 up to 256 and at most 32 query heads per KV head.
+bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
+// Key splits per query for a batch whose sequences hold at most n_kv rows together, and the fp32
+// scratch the partial results need.
+int decode_attention_splits(int64_t n_kv);
+inline int64_t decode_attention_scratch(int64_t n, int64_t n_kv, int64_t heads, int64_t head_dim) {
+  return n * decode_attention_splits(n_kv) * heads * (head_dim + 2);
+}
+// out [n, heads * head_dim] bf16, lse [n, heads] (natural log of the scaled scores' exp-sum).
+cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv,
+                             const int32_t* kv_row, const int32_t* position, const int32_t* doc_start, int64_t n,
+                             int64_t n_kv, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+
+}  // namespace glm::cuda
