@@ -47,15 +47,8 @@ const Dataset& data() {
 
 // This process's scratch directory, removed when the test program ends.
 fs::path scratch_root() { return fs::temp_directory_path() / ("glm_ckpt_tests_" + std::to_string(::getpid())); }
-class RemoveScratch : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(scratch_root(), ignored);
-  }
-};
 [[maybe_unused]] const ::testing::Environment* const kRemoveScratch =
-    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+    ::testing::AddGlobalTestEnvironment(new RemoveDirectoryAtEnd(scratch_root()));
 
 fs::path fresh(const std::string& name) {
   const fs::path dir = scratch_root() / name;

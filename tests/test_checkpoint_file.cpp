@@ -15,6 +15,7 @@
 #include "io/checkpoint_file.h"
 #include "io/checkpoint_file_hdf5.h"
 #include "io/crc32c.h"
+#include "test_util.h"
 
 namespace glm::test {
 namespace {
@@ -23,15 +24,8 @@ namespace fs = std::filesystem;
 
 // This process's scratch directory, removed when the test program ends.
 fs::path scratch_root() { return fs::temp_directory_path() / ("glm_ckpt_file_tests_" + std::to_string(::getpid())); }
-class RemoveScratch : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(scratch_root(), ignored);
-  }
-};
 [[maybe_unused]] const ::testing::Environment* const kRemoveScratch =
-    ::testing::AddGlobalTestEnvironment(new RemoveScratch);
+    ::testing::AddGlobalTestEnvironment(new RemoveDirectoryAtEnd(scratch_root()));
 
 fs::path scratch(const std::string& name) {
   const fs::path dir = scratch_root();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <span>
 #include <string>
@@ -187,6 +188,20 @@ inline StepTrace trace_steps(TrainingEngine& e, std::span<const HostMicroBatch> 
   return t;
 }
 
+
+// Removes a test program's scratch directory when the program ends; register it at namespace
+// scope (before RUN_ALL_TESTS): ::testing::AddGlobalTestEnvironment(new RemoveDirectoryAtEnd(dir)).
+class RemoveDirectoryAtEnd : public ::testing::Environment {
+ public:
+  explicit RemoveDirectoryAtEnd(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 // Forwards of several sequences through one KV cache (model/kv_cache.h), as continuous batching
 // makes them: forward k feeds feed[k][s] tokens of sequence s (sequences in order in the row), each
