@@ -32,9 +32,9 @@ class CachedGenerator {
   ~CachedGenerator();
 
   // Generates every request's reply; done(i, reply) as request i finishes (in any order), and
-  // on_token(i, token), when given, as each token of request i's reply is chosen (streaming;
-  // options.on_token is the reference generator's and is not called). A request that cannot fit
-  // the cache or options.max_tokens is a user error before anything is generated.
+  // on_token(i, token), when given, as each token of request i's reply is chosen (streaming). A
+  // request that cannot fit the cache or options.max_tokens is a user error before anything is
+  // generated.
   Status run(std::span<const GenerationRequest> requests, const std::function<void(size_t, Generation)>& done,
              const std::function<void(size_t, int32_t)>& on_token = {});
 

@@ -39,7 +39,6 @@ Result<Generation> generate(TrainingEngine& engine, std::span<const int32_t> pro
     }
     g.tokens.push_back(next);
     batch.tokens.push_back(next);
-    if (options.on_token) options.on_token(next);
   }
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return g;

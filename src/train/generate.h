@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <vector>
 
@@ -23,8 +22,6 @@ struct GenerationOptions {
   std::vector<int32_t> stop_ids;
   // Prompt and reply together fit this many tokens (the engine's max_tokens).
   int64_t max_tokens = 0;
-  // Called with each token of the reply as soon as it is chosen (streaming); may be empty.
-  std::function<void(int32_t)> on_token;
 };
 
 struct Generation {
