@@ -6,8 +6,15 @@
 #   - batch 1 and batch 32 decode: tokens/s, against the HBM roofline (the weights read per token
 #     over the copy bandwidth bench_kernels measures here; target 80% at batch 1, 2x transformers);
 #   - prefill of a 32k-token prompt: seconds to the first token (target 1.3x transformers).
-# A short table comes last. Builds glm_hpc and bench_kernels into build-gpu unless
-# GLM_IB_NO_BUILD=1; GLM_IB_PEER=0 leaves transformers out; GLM_IB_TOKENS (default 256) new tokens.
+# Then 100 chat prompts of data/sample end to end (batch mode, time to first token and tokens/s; the
+# bundled tokenizer, whose ids fit the 9B vocabulary) and a batch-1 run under --profile (device time
+# per op and the GPU's idle time). A short table comes last.
+#   GLM_IB_NO_BUILD=1   use build-gpu as it is
+#   GLM_IB_PEER=0       leave transformers out
+#   GLM_IB_TOKENS       new tokens a reply (default 256)
+#   GLM_IB_KEEP=1       keep the work folder (build-gpu/infer_bench: the model, the logs of earlier
+#                       calls) and reuse its model, so a later call on a warm machine can run the
+#                       steps one call had no time for; STEP_ONLY names those steps (steps.sh)
 #
 # GLM_IB_DRY_RUN=1: the same steps on the CPU backend with build-cpu and a tiny model directory made
 # by glm_hpc itself (train, export; no torch), short prompts and 16 new tokens: the check, where the
@@ -20,18 +27,26 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
 source benchmarks/calls/steps.sh
 dry=${GLM_IB_DRY_RUN:-0}
-W=/tmp/infer_bench
-rm -rf "$W" && mkdir -p "$W"
+export STEP_DEADLINE=${STEP_DEADLINE:-$(($(date +%s) + 575))}
 tokens=${GLM_IB_TOKENS:-256}
 if [ "$dry" = 1 ]; then
   B=build-cpu device=cpu tokens=16 long=300 prompt=40 peer=0
-  step make_model 120 bash -c "$B/glm_hpc --max_steps 2 --save_steps 2 --output_dir $W/run >/dev/null &&
-    $B/glm_hpc export --ckpt_dir $W/run --save_dir $W/model"
-  echo '{"eos_token_id": []}' >"$W/model/generation_config.json"
 else
   B=build-gpu device=cuda long=32768 prompt=512 peer=${GLM_IB_PEER:-1}
   [ "${GLM_IB_NO_BUILD:-0}" = 1 ] ||
     GLM_ONLY_BUILD=1 GLM_BUILD_TARGETS="glm_hpc bench_kernels" bash benchmarks/calls/gpu_session.sh || exit 1
+fi
+W=$B/infer_bench
+[ "${GLM_IB_KEEP:-0}" = 1 ] || rm -rf "$W"
+mkdir -p "$W"
+keep() { cp "$OUT/$1.log" "$W/" 2>/dev/null; }  # the table reads a step's log from $W, whichever call ran it
+if [ -f "$W/model/config.json" ]; then
+  :
+elif [ "$dry" = 1 ]; then
+  step make_model 120 bash -c "$B/glm_hpc --max_steps 2 --save_steps 2 --output_dir $W/run >/dev/null &&
+    $B/glm_hpc export --ckpt_dir $W/run --save_dir $W/model"
+  echo '{"eos_token_id": []}' >"$W/model/generation_config.json"
+else
   step make_model 240 python3 - "$W/model" <<'PY'
 import sys, json, torch
 from transformers import GlmConfig, GlmForCausalLM
@@ -45,9 +60,10 @@ with torch.device("cuda"):
 model.save_pretrained(sys.argv[1])
 json.dump({"eos_token_id": [], "do_sample": False}, open(sys.argv[1] + "/generation_config.json", "w"))
 PY
-  step copy_ceiling 120 $B/benchmarks/bench_kernels --benchmark_filter='BM_CeilingCopy' --benchmark_format=json \
-    --benchmark_out="$OUT/copy.json"
+  cp data/sample/tokenizer.model "$W/model/"
 fi
+[ "$dry" = 1 ] || step copy_ceiling 120 $B/benchmarks/bench_kernels --benchmark_filter='BM_CeilingCopy' \
+  --benchmark_format=json --benchmark_out="$W/copy.json"
 python3 - "$W" "$prompt" "$long" <<'PY'
 import json, random, sys
 w, n, long_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -57,14 +73,19 @@ for name, count, length in (("one", 1, n), ("batch", 32, n), ("long", 1, long_))
         for _ in range(count):
             f.write(json.dumps({"input_ids": [random.randrange(1000, 150000 if n > 100 else 1400) for _ in range(length)]}) + "\n")
 PY
-infer() {  # infer NAME FILE BATCH NEW_TOKENS
-  step "glm_$1" 240 mpirun -np 1 --bind-to none $B/glm_hpc infer --device $device --model_id_or_path "$W/model" \
-    --val_dataset "$W/$2.jsonl" --max_batch_size "$3" --max_new_tokens "$4" --temperature 0 \
-    --result_path "$W/result_$1.jsonl"
+head -100 data/sample/conversations.jsonl >"$W/chat.jsonl"
+infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
+  local name=$1 file=$2 batch=$3 new=$4; shift 4
+  step "glm_$name" 240 mpirun -np 1 --bind-to none $B/glm_hpc infer --device $device --model_id_or_path "$W/model" \
+    --val_dataset "$W/$file.jsonl" --max_batch_size "$batch" --max_new_tokens "$new" --temperature 0 \
+    --result_path "$W/result_$name.jsonl" "$@"
+  keep "glm_$name"
 }
 infer batch1 one 1 "$tokens"
 infer batch32 batch 32 "$tokens"
 infer prefill long 1 1
+infer chat100 chat 32 "$tokens"
+[ "$dry" = 1 ] || infer profile one 1 64 --profile true
 if [ "$peer" = 1 ]; then
   step peer 420 python3 - "$W" "$tokens" <<'PY'
 import json, sys, time, torch
@@ -93,13 +114,14 @@ for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens),
     print(name, result[name], flush=True)
 json.dump(result, open(f"{w}/peer.json", "w"))
 PY
+  keep peer
 fi
 python3 - "$W" "$OUT" "$tokens" "$dry" <<'PY'
 import json, re, sys
 w, out, tokens, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 def glm(name):
     try:
-        text = open(f"{out}/glm_{name}.log").read()
+        text = open(f"{w}/glm_{name}.log").read()
         m = re.search(r"infer: (\d+) replies, (\d+) tokens in ([0-9.e+-]+) s .*time to first token median ([0-9.e+-]+) s", text)
         return {"tokens": int(m.group(2)), "seconds": float(m.group(3)), "ttft": float(m.group(4))}
     except (OSError, AttributeError):
@@ -110,7 +132,7 @@ except OSError:
     peer = {}
 copy = None
 try:
-    runs = json.load(open(f"{out}/copy.json"))["benchmarks"]
+    runs = json.load(open(f"{w}/copy.json"))["benchmarks"]
     copy = max(b.get("GB/s", 0) for b in runs)
 except (OSError, KeyError, ValueError):
     pass
@@ -128,7 +150,11 @@ for name in ("batch1", "batch32"):
 g, p = glm("prefill"), peer.get("prefill", {})
 if g:
     print("prefill   glm_hpc %.3f s to the first token%s" % (g["ttft"], "; peer %.3f s (%.2fx)" % (p["seconds"], p["seconds"] / g["ttft"]) if "seconds" in p else ""))
+g = glm("chat100")
+if g:
+    print("chat100   %d tokens in %.2f s: %.1f tok/s, time to first token median %.3f s" % (g["tokens"], g["seconds"], g["tokens"] / g["seconds"], g["ttft"]))
 PY
+[ -f "$W/glm_profile.log" ] && { echo "== batch-1 decode under --profile =="; grep -v '^\[' "$W/glm_profile.log" | tail -40; }
 echo "== steps =="
 printf '%s\n' "${step_rows[@]}"
 exit 0
