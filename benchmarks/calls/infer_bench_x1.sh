@@ -47,7 +47,8 @@ elif [ "$dry" = 1 ]; then
     $B/glm_hpc export --ckpt_dir $W/run --save_dir $W/model"
   echo '{"eos_token_id": []}' >"$W/model/generation_config.json"
 else
-  step make_model 240 python3 - "$W/model" <<'PY'
+  # A step runs in the background, where stdin is /dev/null: the program goes to a file first.
+  cat >"$W/make_model.py" <<'PY'
 import sys, json, torch
 from transformers import GlmConfig, GlmForCausalLM
 cfg = GlmConfig(vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
@@ -60,6 +61,7 @@ with torch.device("cuda"):
 model.save_pretrained(sys.argv[1])
 json.dump({"eos_token_id": [], "do_sample": False}, open(sys.argv[1] + "/generation_config.json", "w"))
 PY
+  step make_model 240 python3 "$W/make_model.py" "$W/model"
   cp data/sample/tokenizer.model "$W/model/"
 fi
 [ "$dry" = 1 ] || step copy_ceiling 120 $B/benchmarks/bench_kernels --benchmark_filter='BM_CeilingCopy' \
@@ -87,7 +89,7 @@ infer prefill long 1 1
 infer chat100 chat 32 "$tokens"
 [ "$dry" = 1 ] || infer profile one 1 64 --profile true
 if [ "$peer" = 1 ]; then
-  step peer 420 python3 - "$W" "$tokens" <<'PY'
+  cat >"$W/peer.py" <<'PY'
 import json, sys, time, torch
 from transformers import GlmForCausalLM
 w, tokens = sys.argv[1], int(sys.argv[2])
@@ -114,6 +116,7 @@ for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens),
     print(name, result[name], flush=True)
 json.dump(result, open(f"{w}/peer.json", "w"))
 PY
+  step peer 420 python3 "$W/peer.py" "$W" "$tokens"
   keep peer
 fi
 python3 - "$W" "$OUT" "$tokens" "$dry" <<'PY'
