@@ -407,6 +407,51 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearBias,
                          ::testing::Values(std::make_tuple(23, 96, 72), std::make_tuple(1000, 32, 131),
                                            std::make_tuple(4099, 16, 70), std::make_tuple(300, 64, 4608)));
 
+// A decode step's few rows (kernels/cuda/gemv.cuh; 9 rows go to cuBLASLt): with and without
+// bias, fp32 logits, an addend apart and out itself, at odd feature counts (in_features a multiple
+// of 8: 17 and 513 vectors) and one output feature.
+class FewRows : public Ops, public ::testing::WithParamInterface<std::tuple<int64_t, int64_t, int64_t>> {};
+TEST_P(FewRows, LinearForwardMatchesCpu) {
+  const auto [n, in_f, out_f] = GetParam();
+  auto x = dual(random_bf16(n * in_f, 41));
+  auto w = dual(random_bf16(out_f * in_f, 42, 0.2));
+  auto bias = dual(random_bf16(out_f, 43));
+  auto y = output(n * out_f);
+  ASSERT_TRUE(cpu_->linear_forward(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), Tensor{}, n, in_f, out_f).is_ok());
+  ASSERT_TRUE(gpu_->linear_forward(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), Tensor{}, n, in_f, out_f).is_ok());
+  expect_close(y, "few-row linear");
+  ASSERT_TRUE(
+      cpu_->linear_forward(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), bias.cpu.tensor(), n, in_f, out_f).is_ok());
+  ASSERT_TRUE(
+      gpu_->linear_forward(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), bias.gpu.tensor(), n, in_f, out_f).is_ok());
+  expect_close(y, "few-row linear with bias");
+  auto logits = output(n * out_f, DType::f32);
+  ASSERT_TRUE(
+      cpu_->linear_forward(logits.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), Tensor{}, n, in_f, out_f).is_ok());
+  ASSERT_TRUE(
+      gpu_->linear_forward(logits.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), Tensor{}, n, in_f, out_f).is_ok());
+  expect_close(logits, "few-row linear, fp32 out", 1e-5);
+  auto addend = dual(random_bf16(n * out_f, 44));
+  ASSERT_TRUE(cpu_->linear_forward_add(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), bias.cpu.tensor(),
+                                       addend.cpu.tensor(), n, in_f, out_f)
+                  .is_ok());
+  ASSERT_TRUE(gpu_->linear_forward_add(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), bias.gpu.tensor(),
+                                       addend.gpu.tensor(), n, in_f, out_f)
+                  .is_ok());
+  expect_close(y, "few-row linear + bias + addend");
+  ASSERT_TRUE(cpu_->linear_forward_add(y.cpu.tensor(), x.cpu.tensor(), w.cpu.tensor(), Tensor{}, y.cpu.tensor(), n,
+                                       in_f, out_f)
+                  .is_ok());
+  ASSERT_TRUE(gpu_->linear_forward_add(y.gpu.tensor(), x.gpu.tensor(), w.gpu.tensor(), Tensor{}, y.gpu.tensor(), n,
+                                       in_f, out_f)
+                  .is_ok());
+  expect_close(y, "few-row linear added to out");
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, FewRows,
+                         ::testing::Values(std::make_tuple(1, 136, 37), std::make_tuple(3, 4104, 1),
+                                           std::make_tuple(8, 136, 4099), std::make_tuple(1, 4096, 4608),
+                                           std::make_tuple(5, 8, 333), std::make_tuple(9, 136, 37)));
+
 class Linear : public Ops {
  protected:
   // The linear ops against the CPU on odd sizes: forward with bias and with an addend (a separate

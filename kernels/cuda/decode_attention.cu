@@ -8,16 +8,18 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kTileKeys = 32;  // one key per lane in the softmax step
-constexpr int kMaxSplits = 64;
-constexpr int kMinSplitKeys = 256;
+constexpr int kMaxSplits = 128;
+constexpr int kMinSplitKeys = 32;  // one tile: a decode step's few queries still fill the GPU
 constexpr int kMaxGroup = 32;
 constexpr int kMaxHeadDim = 256;
 
-// Shared memory of one block: the group's queries (fp32), a tile of keys (fp32, rows padded by one
-// so that lanes reading different keys at one dimension hit different banks), the tile's values
+constexpr int kKeyPad = 4;  // floats after each key row: lanes reading float4s of 8 keys hit distinct banks
+
+// Shared memory of one block: the group's queries (fp32), a tile of keys (fp32, rows padded so that
+// lanes reading the same four dimensions of different keys hit different banks), the tile's values
 // (fp32) and scores, and each head's running max, sum and rescaling factor.
 size_t shared_bytes(int group, int d) {
-  return sizeof(float) * (static_cast<size_t>(group) * d + static_cast<size_t>(kTileKeys) * (d + 1) +
+  return sizeof(float) * (static_cast<size_t>(group) * d + static_cast<size_t>(kTileKeys) * (d + kKeyPad) +
                           static_cast<size_t>(kTileKeys) * d + static_cast<size_t>(group) * kTileKeys + 3 * group);
 }
 
@@ -32,8 +34,8 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(float* partial
   const int64_t i = blockIdx.z;
   const int group = heads / kv_heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float* q_s = smem;                               // [group][d]
-  float* k_s = q_s + group * d;                    // [kTileKeys][d + 1]
-  float* v_s = k_s + kTileKeys * (d + 1);          // [kTileKeys][d]
+  float* k_s = q_s + group * d;                    // [kTileKeys][d + kKeyPad]
+  float* v_s = k_s + kTileKeys * (d + kKeyPad);    // [kTileKeys][d]
   float* p_s = v_s + kTileKeys * d;                // [group][kTileKeys]
   float* m_s = p_s + group * kTileKeys;            // [group]
   float* l_s = m_s + group;                        // [group]
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(float* partial
       const bf16* vh = reinterpret_cast<const bf16*>(&vbits);
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        k_s[t * (d + 1) + c + u] = __bfloat162float(kh[u]);
+        k_s[t * (d + kKeyPad) + c + u] = __bfloat162float(kh[u]);
         v_s[t * d + c + u] = __bfloat162float(vh[u]);
       }
     }
@@ -80,8 +82,15 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(float* partial
       const int h = e / kTileKeys, t = e % kTileKeys;
       float s = -INFINITY;
       if (t < keys) {
-        s = 0.0f;
-        for (int c = 0; c < d; ++c) s = fmaf(q_s[h * d + c], k_s[t * (d + 1) + c], s);
+        const float4* q4 = reinterpret_cast<const float4*>(q_s + h * d);
+        const float4* k4 = reinterpret_cast<const float4*>(k_s + t * (d + kKeyPad));
+        float s0 = 0.0f, s1 = 0.0f;
+        for (int c = 0; c < d / 4; ++c) {
+          const float4 a = q4[c], k = k4[c];
+          s0 = fmaf(a.x, k.x, fmaf(a.y, k.y, s0));
+          s1 = fmaf(a.z, k.z, fmaf(a.w, k.w, s1));
+        }
+        s = s0 + s1;
       }
       p_s[h * kTileKeys + t] = s;
     }

@@ -17,6 +17,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cross_entropy.cuh"
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/dropout.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
@@ -427,17 +428,26 @@ class CudaBackend final : public Backend {
   Status linear_forward(Tensor out, Tensor in, Tensor weight, Tensor bias, int64_t n, int64_t in_features,
                         int64_t out_features) override {
     GLM_PROFILE_OP(bias.empty() ? "linear_forward" : "linear_forward_bias");
-    GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, out.dtype == DType::f32, b(in), b(weight),
-                                           bias.empty() ? nullptr : b(bias), n, in_features, out_features, stream_));
-    return Status::ok();
+    return linear(out.data, out.dtype == DType::f32, b(in), b(weight), bias.empty() ? nullptr : b(bias), nullptr, n,
+                  in_features, out_features);
   }
   Status linear_forward_add(Tensor out, Tensor in, Tensor weight, Tensor bias, Tensor addend, int64_t n,
                             int64_t in_features, int64_t out_features) override {
     GLM_PROFILE_OP("linear_forward_add");
     if (addend.numel != n * out_features || addend.dtype != out.dtype || out.dtype != DType::bf16)
       return GLM_INTERNAL_ERROR("linear_forward_add: addend of ", addend.numel, " elements for ", n * out_features);
-    GLM_CUBLAS_RETURN(gemm_.linear_forward(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), n,
-                                           in_features, out_features, stream_, addend.data));
+    return linear(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), addend.data, n, in_features,
+                  out_features);
+  }
+  // A decode step's few rows read the weights once through the GEMV kernel; more rows go to cuBLASLt.
+  Status linear(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
+                int64_t n, int64_t in_features, int64_t out_features) {
+    if (cuda::gemv_fits(n, in_features, in, weight)) {
+      GLM_CUDA_RETURN(cuda::gemv(out, out_f32, in, weight, bias, addend, n, in_features, out_features, stream_));
+    } else {
+      GLM_CUBLAS_RETURN(gemm_.linear_forward(out, out_f32, in, weight, bias, n, in_features, out_features, stream_,
+                                             addend));
+    }
     return Status::ok();
   }
   Status linear_backward(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in, Tensor weight, int64_t n,
