@@ -452,6 +452,32 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FewRows,
                                            std::make_tuple(8, 136, 4099), std::make_tuple(1, 4096, 4608),
                                            std::make_tuple(5, 8, 333), std::make_tuple(9, 136, 37)));
 
+// Device greedy decoding: each row's first maximum, on odd widths up to a vocabulary and a half,
+// with the maximum planted twice in most rows (the lower column wins, as std::max_element's) and a
+// row of -inf (its first column).
+TEST_F(Ops, ArgmaxRowsMatchesCpu) {
+  for (const int64_t cols : {int64_t{1}, int64_t{37}, int64_t{1029}, int64_t{227331}}) {
+    SCOPED_TRACE(cols);
+    const int64_t rows = 5;
+    std::vector<float> values = random_bf16(static_cast<size_t>(rows * cols), 51 + cols);
+    for (int64_t r = 0; r + 1 < rows && cols > 2; ++r) {
+      const int64_t a = (r * 7919) % cols, b = (a + 1 + r * 1031) % cols;
+      values[static_cast<size_t>(r * cols + a)] = 9.0f;
+      values[static_cast<size_t>(r * cols + b)] = 9.0f;
+    }
+    for (int64_t c = 0; c < cols; ++c) values[static_cast<size_t>((rows - 1) * cols + c)] = -INFINITY;
+    auto v = dual(values, DType::f32);
+    auto ids = ints(std::vector<int32_t>(static_cast<size_t>(rows), -1));
+    ASSERT_TRUE(cpu_->argmax_rows(ids.cpu.tensor(), v.cpu.tensor(), rows, cols).is_ok());
+    ASSERT_TRUE(gpu_->argmax_rows(ids.gpu.tensor(), v.gpu.tensor(), rows, cols).is_ok());
+    std::vector<int32_t> got(static_cast<size_t>(rows));
+    ASSERT_TRUE(gpu_->download(got.data(), ids.gpu.tensor()).is_ok());
+    const int32_t* want = ids.cpu.tensor().as<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got[static_cast<size_t>(r)], want[r]) << "row " << r;
+    EXPECT_EQ(want[rows - 1], 0);
+  }
+}
+
 class Linear : public Ops {
  protected:
   // The linear ops against the CPU on odd sizes: forward with bias and with an addend (a separate

@@ -12,6 +12,7 @@
 #   GLM_IB_NO_BUILD=1   use build-gpu as it is
 #   GLM_IB_PEER=0       leave transformers out
 #   GLM_IB_TOKENS       new tokens a reply (default 256)
+#   GLM_IB_PROFILE_BATCH=32  profile batch 32 instead of batch 1
 #   GLM_IB_KEEP=1       keep the work folder (build-gpu/infer_bench: the model, the logs of earlier
 #                       calls) and reuse its model, so a later call on a warm machine can run the
 #                       steps one call had no time for; STEP_ONLY names those steps (steps.sh)
@@ -87,7 +88,10 @@ infer batch1 one 1 "$tokens"
 infer batch32 batch 32 "$tokens"
 infer prefill long 1 1
 infer chat100 chat 32 "$tokens"
-[ "$dry" = 1 ] || infer profile one 1 64 --profile true
+# GLM_IB_PROFILE_BATCH=32: the profiled run decodes the 32 prompts instead of one.
+if [ "${GLM_IB_PROFILE_BATCH:-1}" = 32 ]; then profiled="batch 32"; else profiled="one 1"; fi
+# shellcheck disable=SC2086
+[ "$dry" = 1 ] || infer profile $profiled 64 --profile true
 if [ "$peer" = 1 ]; then
   cat >"$W/peer.py" <<'PY'
 import json, sys, time, torch

@@ -136,6 +136,23 @@ __global__ void cross_entropy_kernel(float* losses, int32_t* correct, bf16* dlog
   }
 }
 
+// One block per row: each thread's first maximum, then the block's (the lowest index of the maximum).
+__global__ void argmax_rows_kernel(int32_t* ids, const float* values, int64_t cols) {
+  const float* row = values + static_cast<int64_t>(blockIdx.x) * cols;
+  float best = -INFINITY;
+  int first = INT_MAX;
+  for (int64_t v = threadIdx.x; v < cols; v += blockDim.x) {
+    const float x = row[v];
+    if (x > best || first == INT_MAX) {  // a row of -inf (or NaN) still names its first column
+      best = x;
+      first = static_cast<int>(v);
+    }
+  }
+  const float mx = block_max(best);
+  first = block_min_int(best == mx ? first : INT_MAX);
+  if (threadIdx.x == 0) ids[blockIdx.x] = first == INT_MAX ? 0 : first;
+}
+
 }  // namespace
 
 cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const bf16* logits, const int32_t* targets,
@@ -149,6 +166,13 @@ cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const 
   else
     cross_entropy_kernel<false><<<static_cast<unsigned int>(rows), 512, 0, stream>>>(losses, correct, dlogits, logits,
                                                                                      targets, vocab, grad_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t argmax_rows(int32_t* ids, const float* values, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > 0x7fffffff || cols < 1 || cols > INT_MAX) return cudaErrorInvalidValue;
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(ids, values, cols);
   return cudaGetLastError();
 }
 

@@ -15,4 +15,7 @@ namespace glm::cuda {
 cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const bf16* logits, const int32_t* targets,
                           int64_t rows, int64_t vocab, float grad_scale, cudaStream_t stream);
 
+// Greedy decoding: ids[r] = the first column holding the maximum of values' row r ([rows, cols] fp32).
+cudaError_t argmax_rows(int32_t* ids, const float* values, int64_t rows, int64_t cols, cudaStream_t stream);
+
 }  // namespace glm::cuda

@@ -66,6 +66,14 @@ inline int64_t lm_head_chunk_rows(int64_t n, int64_t vocab, int64_t budget_bytes
   return chunks > 0 ? (n + chunks - 1) / chunks : rows;
 }
 
+inline Status check_argmax_rows(Tensor ids, Tensor values, int64_t rows, int64_t cols) {
+  if (ids.dtype != DType::i32 || values.dtype != DType::f32 || rows < 0 || cols < 1 || ids.numel < rows ||
+      values.numel < rows * cols)
+    return GLM_INTERNAL_ERROR("argmax_rows: ", ids.numel, " ids and ", values.numel, " values for ", rows, " rows of ",
+                              cols);
+  return Status::ok();
+}
+
 // Shapes of a gather_rows (gather) or scatter_rows: dst and src of one dtype, count i32 rows, and
 // the compact side (dst of a gather, src of a scatter) of count x width elements.
 inline Status check_rows_op(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width,
@@ -182,6 +190,9 @@ class Backend {
   // dst[rows[i]] = src[i] (other rows of dst untouched), for i < count; rows is i32, each index
   // below the wide side's row count (the CPU backend checks that; a device backend cannot cheaply).
   virtual Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
+  // Greedy decoding on the device: ids[r] (i32) = the column of row r's largest value in values
+  // ([rows, cols], f32), the first such column on ties (std::max_element's), for r < rows.
+  virtual Status argmax_rows(Tensor ids, Tensor values, int64_t rows, int64_t cols) = 0;
   virtual Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
   // dst[rows[i]] = 0 for i < count (rows of width elements, any dtype; indices as scatter_rows').
   virtual Status zero_rows(Tensor dst, Tensor rows, int64_t count, int64_t width) = 0;

@@ -90,6 +90,14 @@ class CpuBackend final : public Backend {
   Status gather_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
     return move_rows("gather_rows", dst, src, rows, count, width, true);
   }
+  Status argmax_rows(Tensor ids, Tensor values, int64_t rows, int64_t cols) override {
+    GLM_RETURN_IF_ERROR(check_argmax_rows(ids, values, rows, cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = values.as<float>() + r * cols;
+      ids.as<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + cols) - row);
+    }
+    return Status::ok();
+  }
   Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
     return move_rows("scatter_rows", dst, src, rows, count, width, false);
   }

@@ -396,6 +396,12 @@ class CudaBackend final : public Backend {
     GLM_PROFILE_OP("gather_rows");
     return move_rows("gather_rows", dst, src, rows, count, width, true);
   }
+  Status argmax_rows(Tensor ids, Tensor values, int64_t rows, int64_t cols) override {
+    GLM_PROFILE_OP("argmax_rows");
+    GLM_RETURN_IF_ERROR(check_argmax_rows(ids, values, rows, cols));
+    GLM_CUDA_RETURN(cuda::argmax_rows(ids.as<int32_t>(), values.as<float>(), rows, cols, stream_));
+    return Status::ok();
+  }
   Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
     GLM_PROFILE_OP("scatter_rows");
     return move_rows("scatter_rows", dst, src, rows, count, width, false);

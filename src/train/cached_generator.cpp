@@ -85,7 +85,7 @@ bool CachedGenerator::build_batch() {
   return !b.tokens.empty();
 }
 
-std::vector<size_t> CachedGenerator::advance(const std::vector<float>& logits,
+std::vector<size_t> CachedGenerator::advance(const std::vector<float>& logits, const std::vector<int32_t>& argmax,
                                              const std::function<void(size_t, int32_t)>& on_token) {
   const size_t vocab = static_cast<size_t>(engine_.config().vocab_size);
   scratch_.resize(vocab);
@@ -93,8 +93,9 @@ std::vector<size_t> CachedGenerator::advance(const std::vector<float>& logits,
   for (size_t k = 0; k < logit_owner_.size(); ++k) {
     Sequence& s = active_[logit_owner_[k]];
     const size_t step = s.tokens.size() - s.prompt;
-    const int32_t next = sample_token(std::span<const float>(logits).subspan(k * vocab, vocab), s.tokens,
-                                      options_.sampling, s.key, step, scratch_);
+    const int32_t next = !argmax.empty() ? argmax[k]
+                                         : sample_token(std::span<const float>(logits).subspan(k * vocab, vocab),
+                                                        s.tokens, options_.sampling, s.key, step, scratch_);
     if (step == 0) s.reply.first_token_seconds = seconds_since(s.start);
     if (std::find(options_.stop_ids.begin(), options_.stop_ids.end(), next) != options_.stop_ids.end()) {
       s.reply.stopped = true;
@@ -135,6 +136,9 @@ Status CachedGenerator::run(std::span<const GenerationRequest> requests,
   reserved_ = 0;
   active_.clear();
   std::vector<float> logits;
+  std::vector<int32_t> argmax;
+  // Greedy without a repetition penalty needs no logits on the host: the device picks the tokens.
+  const bool device_greedy = options_.sampling.temperature == 0 && options_.sampling.repetition_penalty == 1.0;
   for (size_t next = 0; next < requests.size() || !active_.empty();) {
     while (static_cast<int64_t>(active_.size()) < max_batch_ && next < requests.size() &&
            reserved_ + needed(requests[next]) <= capacity) {
@@ -150,9 +154,13 @@ Status CachedGenerator::run(std::span<const GenerationRequest> requests,
       ++next;
     }
     if (!build_batch()) return GLM_INTERNAL_ERROR("generation stalled: no sequence has a token to feed");
-    GLM_RETURN_IF_ERROR(engine_.cached_logits(batch_, *cache_, logits));
+    if (device_greedy) {
+      GLM_RETURN_IF_ERROR(engine_.cached_argmax(batch_, *cache_, argmax));
+    } else {
+      GLM_RETURN_IF_ERROR(engine_.cached_logits(batch_, *cache_, logits));
+    }
     ++forwards_;
-    const std::vector<size_t> finished = advance(logits, on_token);
+    const std::vector<size_t> finished = advance(logits, argmax, on_token);
     for (auto it = finished.rbegin(); it != finished.rend(); ++it) {  // descending: earlier indices stay valid
       Sequence& s = active_[*it];
       free_rows_.insert(free_rows_.end(), s.rows.rbegin(), s.rows.rend());

@@ -47,8 +47,10 @@ class CachedGenerator {
   CachedGenerator(TrainingEngine& engine, GenerationOptions options);
   // Adds the next forward's tokens of every active sequence to batch_; false when none has any.
   bool build_batch();
-  // Samples each sequence that produced logits; returns the indices of those that finished.
-  std::vector<size_t> advance(const std::vector<float>& logits, const std::function<void(size_t, int32_t)>& on_token);
+  // Samples each sequence that produced logits (or takes the device's greedy choice, argmax, when
+  // given); returns the indices of those that finished.
+  std::vector<size_t> advance(const std::vector<float>& logits, const std::vector<int32_t>& argmax,
+                              const std::function<void(size_t, int32_t)>& on_token);
 
   TrainingEngine& engine_;
   GenerationOptions options_;

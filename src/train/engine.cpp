@@ -718,6 +718,21 @@ Result<std::unique_ptr<KvCache>> TrainingEngine::create_kv_cache(int64_t capacit
 }
 
 Status TrainingEngine::cached_logits(const HostDecodeBatch& hb, KvCache& cache, std::vector<float>& out) {
+  GLM_ASSIGN_OR_RETURN(const Tensor logits, cached_forward(hb, cache));
+  return download_f32(logits, out);
+}
+
+Status TrainingEngine::cached_argmax(const HostDecodeBatch& hb, KvCache& cache, std::vector<int32_t>& ids) {
+  GLM_ASSIGN_OR_RETURN(const Tensor logits, cached_forward(hb, cache));
+  const int64_t rows = static_cast<int64_t>(hb.logit_rows.size());
+  // The ids go where the batch's tokens were uploaded (read by the forward, which is enqueued before).
+  Tensor out = decode_ints_.tensor().slice(0, rows);
+  GLM_RETURN_IF_ERROR(backend_.argmax_rows(out, logits, rows, config().vocab_size));
+  ids.resize(static_cast<size_t>(rows));
+  return backend_.download(ids.data(), out);
+}
+
+Result<Tensor> TrainingEngine::cached_forward(const HostDecodeBatch& hb, KvCache& cache) {
   GLM_RETURN_IF_ERROR(settle_optimizer());
   const int64_t n = hb.size(), m = static_cast<int64_t>(hb.logit_rows.size());
   const int64_t row_tokens = static_cast<int64_t>(hb.kv_rows.size());
@@ -749,15 +764,18 @@ Status TrainingEngine::cached_logits(const HostDecodeBatch& hb, KvCache& cache, 
   b.kv_rows = all.slice(5 * n + m, row_tokens);
   b.decode = std::adjacent_find(hb.doc_start.begin(), hb.doc_start.end(),
                                 [](int32_t a, int32_t c) { return c <= a; }) == hb.doc_start.end();
+  // fp32 logits straight from the head's GEMM: nothing to convert, no staging to allocate a step.
   const int64_t numel = m * config().vocab_size;
-  if (logits_.numel() < numel) {
-    GLM_ASSIGN_OR_RETURN(logits_, backend_.allocate(numel, backend_.compute_dtype()));
+  if (decode_logits_.numel() < numel) {
+    decode_logits_ = Buffer();
+    GLM_ASSIGN_OR_RETURN(decode_logits_, backend_.allocate(numel, DType::f32));
   }
+  const Tensor logits = decode_logits_.slice(0, numel);
   model_->attach_kv_cache(&cache);
-  const Status s = model_->forward_logits(b, *zero_, logits_.slice(0, numel), all.slice(5 * n, m));
+  const Status s = model_->forward_logits(b, *zero_, logits, all.slice(5 * n, m));
   model_->attach_kv_cache(nullptr);
   GLM_RETURN_IF_ERROR(s);
-  return download_f32(logits_.slice(0, numel), out);
+  return logits;
 }
 
 }  // namespace glm

@@ -178,6 +178,9 @@ class TrainingEngine {
   // The batch's new tokens through `cache` (this rank only): the logits of batch.logit_rows,
   // [rows, vocab] in f32 on the host.
   Status cached_logits(const HostDecodeBatch& batch, KvCache& cache, std::vector<float>& out);
+  // The same forward, then greedy decoding on the device: each logit row's argmax (the first on
+  // ties, as on the host), so only the ids come back.
+  Status cached_argmax(const HostDecodeBatch& batch, KvCache& cache, std::vector<int32_t>& ids);
 
  private:
   TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
@@ -204,7 +207,10 @@ class TrainingEngine {
   Buffer batch_ints_;             // a micro-batch's i32 arrays and index (upload())
   std::vector<int32_t> staging_;  // their host copy
   Buffer correct_, logits_;
-  Buffer decode_ints_;  // a decode batch's i32 arrays (cached_logits())
+  Buffer decode_ints_;    // a decode batch's i32 arrays (cached_logits())
+  Buffer decode_logits_;  // their f32 logits, kept between steps
+  // The cached forward of cached_logits() and cached_argmax(): the logits, [logit rows, vocab] f32.
+  Result<Tensor> cached_forward(const HostDecodeBatch& batch, KvCache& cache);
   Status download_f32(Tensor values, std::vector<float>& out);
   Buffer grad_sq_sum_;  // one f64: the gradient norm summed inside AdamW when nothing is clipped
   // One step's update, shared by the hook that updates units in backward and the update after it.
