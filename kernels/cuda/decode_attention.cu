@@ -46,6 +46,11 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(float* partial
   const int64_t per_split = (length + active - 1) / active;
   const int64_t begin = min(last + 1, first + split * per_split), end = min(last + 1, begin + per_split);
   const int64_t qkv_width = static_cast<int64_t>(heads + 2 * kv_heads) * d, kv_width = 2LL * kv_heads * d;
+  if (begin >= end) {  // an empty split: its max alone (-inf) tells the merge to skip it
+    float* out = partial + ((i * splits + split) * heads + static_cast<int64_t>(g) * group) * (d + 2);
+    for (int h = tid; h < group; h += kThreads) out[h * (d + 2) + d] = -INFINITY;
+    return;
+  }
   for (int e = tid; e < group * d; e += kThreads)
     q_s[e] = __bfloat162float(qkv[i * qkv_width + static_cast<int64_t>(g) * group * d + e]) * scale;
   for (int h = tid; h < group; h += kThreads) {
@@ -163,8 +168,9 @@ bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_di
          head_dim <= kMaxHeadDim;
 }
 
-int decode_attention_splits(int64_t n_kv) {
-  const int64_t splits = (n_kv + kMinSplitKeys - 1) / kMinSplitKeys;
+int decode_attention_splits(int64_t n, int64_t n_kv) {
+  const int64_t mean = n > 0 ? (n_kv + n - 1) / n : n_kv;
+  const int64_t splits = (mean + kMinSplitKeys - 1) / kMinSplitKeys;
   return static_cast<int>(splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits);
 }
 
@@ -173,7 +179,7 @@ cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* 
                              int64_t n_kv, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!decode_attention_supported(heads, kv_heads, head_dim) || n > 65535) return cudaErrorInvalidValue;
-  const int splits = decode_attention_splits(n_kv), d = static_cast<int>(head_dim);
+  const int splits = decode_attention_splits(n, n_kv), d = static_cast<int>(head_dim);
   const int group = static_cast<int>(heads / kv_heads);
   const size_t smem = shared_bytes(group, d);
   if (smem > 48 * 1024) {
