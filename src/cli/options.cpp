@@ -396,6 +396,18 @@ class OptionTable {
     add(train, "adam_beta2", &t.adam_beta2, "AdamW beta2");
     add(train, "adam_epsilon", &t.adam_epsilon, "AdamW epsilon");
     add(train, "max_grad_norm", &t.max_grad_norm, "global gradient-norm clipping; <= 0 disables");
+    add(train, "skip_nonfinite_steps", &t.bad_steps.nonfinite,
+        "a step whose loss or gradient norm is not finite is skipped on every rank (nothing of it applied, logged with "
+        "its batch) instead of ending the run; needs the norm before the update: with --max_grad_norm <= 0 and no "
+        "spike check the norm comes with the update, and such a step still ends the run");
+    add(train, "skip_loss_zscore", &t.bad_steps.loss_zscore,
+        "> 0: skip a step whose loss is this many standard deviations above the mean of the last 128 applied steps "
+        "(from the 16th on; llm.c's -sl); 0: off");
+    add(train, "skip_grad_norm_zscore", &t.bad_steps.grad_norm_zscore,
+        "> 0: the same for the gradient norm (llm.c's -sg); 0: off. A spike check computes the norm before the update "
+        "even without clipping (no update inside backward)");
+    add(train, "max_skipped_steps", &t.bad_steps.max_consecutive,
+        "this many skipped steps in a row end the run (exit code 2) with its last checkpoint as it was; 0: no limit");
     add(train, "eval_steps", &t.eval_steps,
         "evaluate the validation set (--val_dataset or --split_dataset_ratio) every N steps and at the end; "
         "default with validation data: --save_steps (ms-swift's)");
@@ -835,6 +847,11 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
   GLM_RETURN_IF_ERROR(check(t.adam_beta2 >= 0 && t.adam_beta2 < 1, src, "adam_beta2", "must be in [0, 1)"));
   GLM_RETURN_IF_ERROR(check(t.adam_epsilon > 0, src, "adam_epsilon", "must be positive"));
   GLM_RETURN_IF_ERROR(check(t.logging_steps >= 0, src, "logging_steps", "must be >= 0"));
+  GLM_RETURN_IF_ERROR(check(std::isfinite(t.bad_steps.loss_zscore) && t.bad_steps.loss_zscore >= 0, src,
+                            "skip_loss_zscore", "must be >= 0 (0: off)"));
+  GLM_RETURN_IF_ERROR(check(std::isfinite(t.bad_steps.grad_norm_zscore) && t.bad_steps.grad_norm_zscore >= 0, src,
+                            "skip_grad_norm_zscore", "must be >= 0 (0: off)"));
+  GLM_RETURN_IF_ERROR(check(t.bad_steps.max_consecutive >= 0, src, "max_skipped_steps", "must be >= 0 (0: no limit)"));
   GLM_RETURN_IF_ERROR(check(t.save_steps >= 1, src, "save_steps", "must be >= 1"));
   GLM_RETURN_IF_ERROR(check(!t.resume_only_model || !t.resume_from_checkpoint.empty(), src, "resume_only_model",
                             "needs --resume_from_checkpoint (the checkpoint whose weights to load)"));

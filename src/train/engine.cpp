@@ -26,6 +26,9 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
   std::unique_ptr<TrainingEngine> e(new TrainingEngine(backend, comm));
   e->max_grad_norm_ = ec.max_grad_norm;
   e->optimizer_in_backward_ = ec.optimizer_in_backward;
+  e->norm_before_update_ = ec.norm_before_update;
+  e->gradient_fault_ = ec.gradient_fault;
+  e->gradient_faults_left_ = ec.gradient_fault.at > 0 ? ec.gradient_fault.times : 0;
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
@@ -478,10 +481,12 @@ Status non_finite(const StepResult& r, int64_t step, const char* when) {
   return GLM_ERROR(ErrorKind::internal, "non-finite loss (", r.loss, ") or gradient norm (", r.grad_norm,
                    ") at optimizer step ", step, when, "; lower --learning_rate or check the data");
 }
-constexpr const char* kAfterUpdate = " (after its update: nothing of it is saved)";
+constexpr const char* kAfterUpdate =
+    " (after its update: nothing of it is saved; without clipping the norm comes with the update, so "
+    "--skip_nonfinite_steps cannot skip the step: --max_grad_norm > 0 or a spike check computes it first)";
 }  // namespace
 
-Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, double lr) {
+Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, double lr, const StepFilter& filter) {
   // Under context parallelism every rank of a group got the same rows and keeps its share of each.
   std::vector<HostMicroBatch> shares;
   if (split_.size > 1)
@@ -519,9 +524,14 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, do
   }
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
-  GLM_RETURN_IF_ERROR(check_and_clip(zero_step, r, this_step));
-  GLM_RETURN_IF_ERROR(update_.delayed ? apply_delayed_update(zero_step) : apply_update(zero_step));
-  if (!update_.norm_pass) GLM_RETURN_IF_ERROR(fused_grad_norm(zero_step, r, this_step));
+  GLM_RETURN_IF_ERROR(inject_gradient_fault(this_step));
+  GLM_RETURN_IF_ERROR(check_and_clip(zero_step, r, this_step, filter));
+  if (!r.skipped.empty()) {
+    GLM_RETURN_IF_ERROR(skip_update(zero_step));
+  } else {
+    GLM_RETURN_IF_ERROR(update_.delayed ? apply_delayed_update(zero_step) : apply_update(zero_step));
+  }
+  if (!update_.norm_pass && r.skipped.empty()) GLM_RETURN_IF_ERROR(fused_grad_norm(zero_step, r, this_step));
   GLM_ASSIGN_OR_RETURN(const StepStats stats, zero_step.finish());
   r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
   r.exposed_comm_seconds = lora_seconds + stats.exposed_comm_seconds();
@@ -553,7 +563,7 @@ void TrainingEngine::begin_update(double lr) {
   update_.clip = 1.0;
   update_.clipping = max_grad_norm_ > 0;
   update_.delayed = delays_step(steps_taken() + 1);
-  update_.norm_pass = update_.clipping || update_.delayed;
+  update_.norm_pass = update_.clipping || update_.delayed || norm_before_update_;
   update_.in_backward =
       !update_.norm_pass && optimizer_in_backward_ && !lora_layout_ && zero_->grads_final_in_backward();
   update_.fused_sq = update_.norm_pass ? Tensor{} : grad_sq_sum_.tensor();
@@ -599,7 +609,8 @@ Result<double> TrainingEngine::run_micro_batches(std::span<const HostMicroBatch>
 
 // The in-backward updates finished; with clipping the norm and the clip factor, else the loss
 // checked (the norm is summed by the update).
-Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_t this_step) {
+Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_t this_step,
+                                     const StepFilter& filter) {
   if (update_.in_backward) {
     GLM_RETURN_IF_ERROR(backend_.join_side());
     for (size_t u = 0; u < update_.updated.size(); ++u)
@@ -607,6 +618,12 @@ Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_
   }
   if (!update_.norm_pass) {
     if (std::isfinite(r.loss)) return Status::ok();
+    // The loss is global and known before an update after backward: such a step can be skipped.
+    if (!update_.in_backward && filter) {
+      r.grad_norm = std::nan("");
+      r.skipped = filter(r.loss, r.grad_norm);
+      if (!r.skipped.empty()) return Status::ok();
+    }
     return non_finite(r, this_step, update_.in_backward ? kAfterUpdate : "");
   }
   GLM_ASSIGN_OR_RETURN(double sq, zero_step.grad_norm_squared());
@@ -615,10 +632,51 @@ Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_
     sq += lora_sq;
   }
   r.grad_norm = std::sqrt(sq);
+  if (filter) {
+    // Every rank skips if any does (at ZeRO stage 0 each rank's norm is its own replica's).
+    r.skipped = filter(r.loss, r.grad_norm);
+    const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+    int32_t skip[2] = {!r.skipped.empty() && !finite, !r.skipped.empty() && finite};  // non-finite, spike
+    GLM_RETURN_IF_ERROR(comm_.all_reduce(skip, skip, 2, CommType::i32, ReduceOp::max));
+    if ((skip[0] != 0 || skip[1] != 0) && r.skipped.empty())
+      r.skipped = concat(skip[0] != 0 ? "a non-finite" : "a spiking", " gradient norm on another rank (this rank's, ",
+                         r.grad_norm, ", passed: the ranks' replicas of the gradient differ)");
+    if (skip[0] != 0 || skip[1] != 0) return Status::ok();
+  }
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return non_finite(r, this_step, "");
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
   if (update_.clipping) update_.clip = std::min(1.0, max_grad_norm_ / (r.grad_norm + 1e-6));
   return Status::ok();
+}
+
+// A skipped step: nothing of its gradient is applied (a delayed update of the step before still
+// lands), and every unit's collectives run as after an update, over the unchanged parameters.
+Status TrainingEngine::skip_update(ZeroStep& zero_step) {
+  if (update_.delayed) GLM_RETURN_IF_ERROR(finish_delayed());
+  GLM_RETURN_IF_ERROR(zero_step.update_units([&](int u) -> Status {
+    return update_.delayed ? optimizers_[static_cast<size_t>(u)].land_delayed() : Status::ok();
+  }));
+  return zero_step.finish_update();
+}
+
+Status TrainingEngine::inject_gradient_fault(int64_t this_step) {
+  if (gradient_faults_left_ <= 0 || this_step < gradient_fault_.at || comm_.rank() != gradient_fault_.rank)
+    return Status::ok();
+  --gradient_faults_left_;
+  // Not the deferred embedding table: its rows outside the step's tokens are never zeroed.
+  const int unit = deferred_unit_ == 0 ? 1 : 0;
+  Tensor g = lora_layout_ ? lora_grads_.tensor() : zero_->owned_grads(unit);
+  if (g.numel < 1) return GLM_INTERNAL_ERROR("gradient fault: rank ", comm_.rank(), " owns no gradient of unit ", unit);
+  g = g.slice(0, 1);
+  const double nan = std::nan("");
+  const float nan_f = std::nanf("");
+  const uint16_t nan_bf16 = 0x7fc0;
+  const void* value = g.dtype == DType::f64 ? static_cast<const void*>(&nan)
+                      : g.dtype == DType::f32 ? static_cast<const void*>(&nan_f)
+                                              : static_cast<const void*>(&nan_bf16);
+  if (g.dtype != DType::f64 && g.dtype != DType::f32 && g.dtype != DType::bf16)
+    return GLM_INTERNAL_ERROR("gradient fault: gradients of dtype ", dtype_name(g.dtype));
+  return backend_.upload(g, value);
 }
 
 // Each unit's parameter all-gather (stages 1-2) starts as soon as its update is enqueued.

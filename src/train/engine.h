@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "data/context_split.h"
@@ -17,6 +19,7 @@
 #include "model/lora.h"
 #include "mpi/communicator.h"
 #include "train/adamw.h"
+#include "train/bad_steps.h"
 #include "zero/zero_engine.h"
 
 namespace glm {
@@ -29,7 +32,17 @@ struct StepResult {
   double step_seconds = 0;           // this rank's wall time of the step
   double exposed_comm_seconds = 0;   // of which waiting on collectives (not hidden behind compute)
   bool updated_in_backward = false;  // the optimizer ran beside backward (see TrainingEngine::step)
+  // Why the step's update was skipped (StepFilter): nothing of it was applied, the optimizer's
+  // state and step count are as before it. Empty: updated.
+  std::string skipped;
 };
+
+// Asked once the step's global loss and gradient norm are known and before anything is updated
+// (see TrainingEngine::step): a reason to skip the update, or empty to apply it. It must answer
+// alike on every rank for the same values (the engine then agrees on the answer over the ranks).
+using StepFilter = std::function<std::string(double loss, double grad_norm)>;
+
+
 
 struct EvalResult {
   double loss_sum = 0;  // global sum of target-token losses
@@ -72,6 +85,10 @@ struct EngineConfig {
   // --offload_optimizer cpu (ZeRO stages 1-3): the base model's optimizer state on the host
   // (train/optimizer_offload.h). LoRA's adapters keep theirs on the device.
   OffloadConfig offload{};
+  // The gradient norm before the update even without clipping (a pass of its own over the
+  // gradients; no update inside backward): what a StepFilter that looks at the norm needs.
+  bool norm_before_update = false;
+  GradientFault gradient_fault{};
 };
 
 class TrainingEngine {
@@ -162,7 +179,12 @@ class TrainingEngine {
   // (--optimizer_in_backward false, EngineConfig::optimizer_in_backward) updates after backward instead: the same
   // arithmetic per element (bit for bit on the CPU; on CUDA the GEMMs beside it are planned for fewer SMs, and the
   // norm's atomic sums and attention's run in another order).
-  Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr);
+  //
+  // filter (optional) sees the loss and norm before the update where they are known then: with
+  // clipping, with EngineConfig::norm_before_update, or with the delayed offloaded update. A reason
+  // it returns (on any rank) skips the update on every rank. Where the norm comes with the update,
+  // a non-finite loss or norm still fails the step as above.
+  Result<StepResult> step(std::span<const HostMicroBatch> micro_batches, double lr, const StepFilter& filter = {});
   void set_optimizer_in_backward(bool on) { optimizer_in_backward_ = on; }
   // Loss of this rank's batch summed over all ranks (every rank must call it).
   Result<EvalResult> evaluate(const HostMicroBatch& batch);
@@ -195,8 +217,10 @@ class TrainingEngine {
   void begin_update(double lr);
   Status zero_step_gradients(std::span<const HostMicroBatch> micro, bool table_rows_only);
   Result<double> run_micro_batches(std::span<const HostMicroBatch> micro, ZeroStep& zero_step, double grad_scale);
-  Status check_and_clip(ZeroStep& zero_step, StepResult& r, int64_t this_step);
+  Status check_and_clip(ZeroStep& zero_step, StepResult& r, int64_t this_step, const StepFilter& filter);
   Status apply_update(ZeroStep& zero_step);
+  Status skip_update(ZeroStep& zero_step);
+  Status inject_gradient_fault(int64_t this_step);  // EngineConfig::gradient_fault
   Status fused_grad_norm(ZeroStep& zero_step, StepResult& r, int64_t this_step);
   Status update_unit(int unit, int64_t from);
 
@@ -251,6 +275,9 @@ class TrainingEngine {
   int64_t steps_taken() const;
   bool has_optimizer_ = false;
   double max_grad_norm_ = 0;
+  bool norm_before_update_ = false;
+  GradientFault gradient_fault_{};
+  int gradient_faults_left_ = 0;
   int deferred_unit_ = -1;  // the unit whose optimizer defers rows (the embedding's), or -1
   Buffer step_rows_;        // i32: a step's distinct tokens (upload_token_rows)
   // Rows of the table's gradient that may be nonzero, the first ones of step_rows_ (the last step's

@@ -69,17 +69,11 @@ Status MetricsLogger::log_eval(int64_t step, int64_t max_steps, double eval_loss
                 static_cast<long long>(step), static_cast<long long>(max_steps), eval_loss, ppl, token_accuracy,
                 static_cast<long long>(eval_tokens));
   print(line);
-  if (jsonl_.is_open()) {
-    jsonl_ << json_text(nlohmann::json{{"step", step},
-                                       {"eval_loss", eval_loss},
-                                       {"eval_ppl", ppl},
-                                       {"eval_token_acc", token_accuracy},
-                                       {"eval_tokens", eval_tokens}})
-           << '\n';
-    jsonl_.flush();
-    if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
-  }
-  return Status::ok();
+  return write_record(nlohmann::json{{"step", step},
+                                     {"eval_loss", eval_loss},
+                                     {"eval_ppl", ppl},
+                                     {"eval_token_acc", token_accuracy},
+                                     {"eval_tokens", eval_tokens}});
 }
 
 Status MetricsLogger::log_save(int64_t step, const std::string& dir, int64_t bytes, double seconds) {
@@ -88,17 +82,11 @@ Status MetricsLogger::log_save(int64_t step, const std::string& dir, int64_t byt
   char detail[128];
   std::snprintf(detail, sizeof(detail), " (%.3f GB in %.2f s, %.2f GB/s)", gb, seconds, rate);
   print("glm_hpc: saved " + dir + detail);
-  if (jsonl_.is_open()) {
-    jsonl_ << json_text(nlohmann::json{{"step", step},
-                                       {"checkpoint", dir},
-                                       {"save_bytes", bytes},
-                                       {"save_seconds", seconds},
-                                       {"save_gb_per_s", rate}})
-           << '\n';
-    jsonl_.flush();
-    if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
-  }
-  return Status::ok();
+  return write_record(nlohmann::json{{"step", step},
+                                     {"checkpoint", dir},
+                                     {"save_bytes", bytes},
+                                     {"save_seconds", seconds},
+                                     {"save_gb_per_s", rate}});
 }
 
 Status MetricsLogger::log(const StepMetrics& m) {
@@ -131,10 +119,27 @@ Status MetricsLogger::log(const StepMetrics& m) {
                         {"step_seconds", m.step_seconds},
                         {"exposed_comm_seconds", m.exposed_comm_seconds}};
     if (m.device_memory_bytes >= 0) j["device_memory_gib"] = static_cast<double>(m.device_memory_bytes) / (1 << 30);
-    jsonl_ << json_text(j) << '\n';
-    jsonl_.flush();
-    if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
+    return write_record(j);
   }
+  return Status::ok();
+}
+
+Status MetricsLogger::log_skip(int64_t step, int64_t max_steps, const std::string& reason, int64_t first_sample,
+                               int64_t end_sample, int64_t consecutive) {
+  if (!enabled_) return Status::ok();
+  print(concat("glm_hpc: step ", step, "/", max_steps, " skipped: ", reason, "; its batch: samples ", first_sample,
+               " to ", end_sample - 1, " of the shuffled stream; nothing applied (", consecutive, " in a row)"));
+  return write_record(nlohmann::json{{"step", step},
+                                     {"skipped", reason},
+                                     {"samples", {first_sample, end_sample}},
+                                     {"consecutive_skips", consecutive}});
+}
+
+Status MetricsLogger::write_record(const nlohmann::json& record) {
+  if (!jsonl_.is_open()) return Status::ok();
+  jsonl_ << json_text(record) << '\n';
+  jsonl_.flush();
+  if (!jsonl_) return GLM_FILE_ERROR("cannot write", path_, errno);
   return Status::ok();
 }
 

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "base/status.h"
 
 namespace glm {
@@ -39,9 +41,14 @@ class MetricsLogger {
   // A checkpoint saved after `step`: "glm_hpc: saved DIR (bytes, seconds, GB/s)" and a jsonl record
   // (save_bytes, save_seconds, save_gb_per_s; GB = 1e9 bytes, as dd counts).
   Status log_save(int64_t step, const std::string& dir, int64_t bytes, double seconds);
+  // A step whose update was skipped (train/bad_steps.h): the reason, its batch (the loader's
+  // samples [first_sample, end_sample)) and how many in a row; a console line and a jsonl record.
+  Status log_skip(int64_t step, int64_t max_steps, const std::string& reason, int64_t first_sample, int64_t end_sample,
+                  int64_t consecutive);
   void print(const std::string& line) const;
 
  private:
+  Status write_record(const nlohmann::json& record);
   bool enabled_ = false;
   std::ofstream jsonl_;
   std::string path_;

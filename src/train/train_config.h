@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/recompute.h"
+#include "train/bad_steps.h"
 #include "train/lr_schedule.h"
 #include "zero/zero_options.h"
 
@@ -65,6 +66,8 @@ struct TrainConfig {
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;  // <= 0 disables clipping
+  BadStepOptions bad_steps{};   // --skip_nonfinite_steps, --skip_*_zscore, --max_skipped_steps
+  GradientFault gradient_fault{};  // a test hook: no option sets it
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;
   LrSchedulerType lr_scheduler_type = LrSchedulerType::cosine;

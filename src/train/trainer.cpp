@@ -250,6 +250,9 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                                         std::max(config.offload_threads, 1)};
   engine_config.offload.delayed_update = config.offload_delayed_update;
   engine_config.offload.delayed_update_after = config.offload_delayed_update_after;
+  BadStepGuard guard(config.bad_steps);
+  engine_config.norm_before_update = guard.spikes();
+  engine_config.gradient_fault = config.gradient_fault;
   GLM_ASSIGN_OR_RETURN(auto engine, TrainingEngine::create(engine_config, backend, comm, data_comm));
   if (load_weights) {
     GLM_RETURN_IF_ERROR(load_weights(*engine));
@@ -298,6 +301,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   std::vector<HostMicroBatch> micro(static_cast<size_t>(config.gradient_accumulation_steps));
   int64_t start_step = 0;
   std::optional<EvalRecord> best;  // the lowest eval loss so far, carried through resumes
+  std::string last_saved;          // the newest checkpoint of this run (or the one it resumed from)
   if (!config.resume_from_checkpoint.empty()) {
     GLM_ASSIGN_OR_RETURN(const std::string dir, resolve_checkpoint(config.resume_from_checkpoint, config.output_dir));
     const ResumeExpectation expect{config.tokenizer, config.tokenizer_hash, config.resume_only_model, config.base_model,
@@ -309,6 +313,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     } else {
       start_step = saved.step;
       best = saved.best;
+      last_saved = dir;
       if (start_step >= total_steps)
         return GLM_USER_ERROR("checkpoint '", dir, "' is at step ", start_step, ", not before this run's last step ",
                               total_steps);
@@ -340,17 +345,30 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     GLM_RETURN_IF_ERROR(logger.log_save(done, saved.dir, saved.bytes, saved.seconds));
     return saved.dir;
   };
+  StepFilter filter;
+  if (guard.active()) filter = [&guard](double loss, double grad_norm) { return guard.check(loss, grad_norm); };
   for (int64_t step = start_step; step < total_steps; ++step) {
     for (int64_t m = 0; m < config.gradient_accumulation_steps; ++m)
       micro[static_cast<size_t>(m)] = loader.micro_batch(step, m);
     const double lr = schedule.at(step);
-    GLM_ASSIGN_OR_RETURN(StepResult r, engine->step(micro, lr));
+    GLM_ASSIGN_OR_RETURN(StepResult r, engine->step(micro, lr, filter));
     // --profile tables cover the steady steps: the first one loads kernels and plans GEMMs.
     if (step == start_step) engine->backend().reset_profile();
     summary.losses.push_back(r.loss);
     summary.grad_norms.push_back(r.grad_norm);
     summary.steps = step + 1;
     interval_tokens += r.tokens;
+    guard.record(r.loss, r.grad_norm, !r.skipped.empty());
+    if (!r.skipped.empty()) {
+      summary.skipped_steps.push_back(step + 1);
+      GLM_RETURN_IF_ERROR(logger.log_skip(step + 1, total_steps, r.skipped, loader.consumed_samples(step),
+                                          loader.consumed_samples(step + 1), guard.consecutive_skips()));
+      if (guard.over_limit())
+        return GLM_USER_ERROR(guard.consecutive_skips(), " steps in a row skipped (the last, step ", step + 1,
+                              ": ", r.skipped, "); stopped with the last checkpoint as it was (",
+                              last_saved.empty() ? std::string("none saved") : last_saved,
+                              "); lower --learning_rate, check the data, or raise --max_skipped_steps");
+    }
 
     const bool last = step + 1 == total_steps;
     if (config.logging_steps > 0 && ((step + 1) % config.logging_steps == 0 || last)) {
@@ -403,6 +421,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     if (save_now) {
       GLM_ASSIGN_OR_RETURN(const std::string dir, checkpoint(step + 1, eval_now, config.save_only_model && !stopping));
       saved = "saved " + dir;
+      last_saved = dir;
     }
     if (stopping) {
       logger.print(concat("glm_hpc: preempted: ", signal_name(summary.preempted_by),

@@ -21,6 +21,7 @@ struct TrainSummary {
   double parameter_checksum = 0;                        // sum of squares of the final parameters (equal on every rank)
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, mean validation loss)
   std::vector<std::pair<int64_t, int64_t>> eval_correct;  // (step, target tokens whose argmax is the label)
+  std::vector<int64_t> skipped_steps;  // steps whose update was skipped (train/bad_steps.h)
   int preempted_by = 0;  // the signal that stopped the run after `steps` steps (0: it ran to the end)
 };
 
