@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/host_adamw.h"
 #include "model/backend_config.h"
+#include "model/gpu_peak.h"
 #include "base/tensor.h"
 #include "base/status.h"
 
@@ -131,6 +132,8 @@ class Backend {
   // Device memory in use by this process's device (everything is allocated up front, so after
   // the first step this is the peak); -1 where the backend cannot tell (host memory).
   virtual int64_t device_memory_used() const { return -1; }
+  // The device's dense bf16 peak, MFU's denominator (model/gpu_peak.h); flops 0 where none applies.
+  virtual PeakFlops bf16_peak() const { return {}; }
   // Device memory this process could still allocate; -1 where the backend cannot tell.
   virtual int64_t device_memory_free() const { return -1; }
   // The main stream, where every op outside on_side() is enqueued (cudaStream_t), for ordering

@@ -171,6 +171,9 @@ class CudaBackend final : public Backend {
     device_name_ = prop.name;
     major_ = prop.major;
     minor_ = prop.minor;
+    int clock_khz = 0;
+    GLM_CUDA_RETURN(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_));
+    peak_ = gpu_bf16_peak(device_name_, major_, minor_, prop.multiProcessorCount, clock_khz);
     if (major_ < 8)
       return GLM_USER_ERROR("the ", device_name_, " has compute capability ", major_, ".", minor_,
                             ": glm_hpc's bf16 tensor-core kernels need 8.0 or newer (Ampere, Ada, Hopper)");
@@ -191,6 +194,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  PeakFlops bf16_peak() const override { return peak_; }
   std::string description() const override {
     std::string text = "cuda (" + device_name_ + ", sm_" + std::to_string(major_) + std::to_string(minor_) + ", " +
                        std::to_string(shared_limit_ / 1024) + " KiB of shared memory per block";
@@ -768,6 +772,7 @@ class CudaBackend final : public Backend {
   BackendConfig config_;
   cuda::FlashOptions flash_;
   std::string device_name_;
+  PeakFlops peak_;
   int major_ = 0, minor_ = 0, shared_optin_ = 0;  // compute capability, opt-in shared memory per block
   int shared_limit_ = 0;                          // what the kernels may use: --shared_memory_limit_kib
   bool wgmma_128_ = false;                        // Hopper's flash kernels (head_dim 128) built and usable here

@@ -100,10 +100,18 @@ Status MetricsLogger::log(const StepMetrics& m) {
                 m.tokens_per_second, m.step_seconds > 0 ? 100.0 * m.exposed_comm_seconds / m.step_seconds : 0.0,
                 format_duration(m.elapsed_seconds).c_str(), format_duration(m.eta_seconds).c_str());
   std::string text = line;
+  char more[64];
+  if (m.mfu >= 0) {
+    std::snprintf(more, sizeof(more), " | mfu %.1f%%", 100.0 * m.mfu);
+    text += more;
+  }
   if (m.device_memory_bytes >= 0) {
-    char mem[48];
-    std::snprintf(mem, sizeof(mem), " | mem %.1f GiB", static_cast<double>(m.device_memory_bytes) / (1 << 30));
-    text += mem;
+    std::snprintf(more, sizeof(more), " | mem %.1f GiB", static_cast<double>(m.device_memory_bytes) / (1 << 30));
+    text += more;
+  }
+  if (m.host_memory_bytes >= 0) {
+    std::snprintf(more, sizeof(more), " | host %.1f GiB", static_cast<double>(m.host_memory_bytes) / (1 << 30));
+    text += more;
   }
   print(text);
   if (jsonl_.is_open()) {
@@ -119,6 +127,9 @@ Status MetricsLogger::log(const StepMetrics& m) {
                         {"step_seconds", m.step_seconds},
                         {"exposed_comm_seconds", m.exposed_comm_seconds}};
     if (m.device_memory_bytes >= 0) j["device_memory_gib"] = static_cast<double>(m.device_memory_bytes) / (1 << 30);
+    if (m.host_memory_bytes >= 0) j["host_memory_gib"] = static_cast<double>(m.host_memory_bytes) / (1 << 30);
+    j["model_tflops_per_gpu"] = m.model_tflops;
+    if (m.mfu >= 0) j["mfu"] = m.mfu;
     return write_record(j);
   }
   return Status::ok();

@@ -24,6 +24,9 @@ struct StepMetrics {
   double step_seconds = 0;          // rank 0's wall time of this step
   double exposed_comm_seconds = 0;  // of which waiting on collectives
   int64_t device_memory_bytes = -1;  // rank 0's device memory in use; -1 on CPU
+  int64_t host_memory_bytes = -1;    // rank 0's resident host memory; -1 where unknown
+  double model_tflops = 0;           // model FLOPs a second per GPU (train/model_flops.h) over the interval
+  double mfu = -1;                   // of the GPU's dense bf16 peak (Backend::bf16_peak); -1: no peak known
 };
 
 class MetricsLogger {

@@ -2,6 +2,8 @@
 // around TrainingEngine's steps.
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include "train/engine.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_logger.h"
+#include "train/model_flops.h"
 #include "train/preemption.h"
 #include "zero/bucket_autotune.h"
 
@@ -112,6 +115,17 @@ std::string numa_text(const Backend& backend) {
   const int node = backend.host_numa_node();
   if (node < 0 || numa_node_count() < 2) return "";
   return concat(", NUMA node ", node, ", the GPU's");
+}
+
+// This process's resident host memory (Linux /proc/self/statm); -1 where unreadable.
+int64_t resident_host_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  long long size = 0, resident = 0;
+  const int read = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return read == 2 && page > 0 ? static_cast<int64_t>(resident) * page : -1;
 }
 
 // "0-3,5": the ranks, consecutive ones as ranges.
@@ -298,6 +312,9 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   TrainSummary summary;
   auto interval_start = clock::now();
   int64_t interval_tokens = 0;
+  double interval_flops = 0;  // this rank's rows' model FLOPs since the last log line
+  const PeakFlops peak = backend.bf16_peak();
+  if (peak.flops > 0) logger.print("glm_hpc: MFU is model FLOPs over " + peak.source + " per GPU");
   std::vector<HostMicroBatch> micro(static_cast<size_t>(config.gradient_accumulation_steps));
   int64_t start_step = 0;
   std::optional<EvalRecord> best;  // the lowest eval loss so far, carried through resumes
@@ -358,6 +375,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
     summary.grad_norms.push_back(r.grad_norm);
     summary.steps = step + 1;
     interval_tokens += r.tokens;
+    interval_flops += step_model_flops(config.model, micro, lora);
     guard.record(r.loss, r.grad_norm, !r.skipped.empty());
     if (!r.skipped.empty()) {
       summary.skipped_steps.push_back(step + 1);
@@ -386,6 +404,14 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       m.exposed_comm_seconds = r.exposed_comm_seconds;
       m.device_memory_bytes = backend.device_memory_used();
       m.tokens_per_second = interval > 0 ? static_cast<double>(interval_tokens) / interval : 0.0;
+      m.host_memory_bytes = resident_host_bytes();
+      // Every rank logs at the same steps: the FLOPs of all ranks' rows (a context-parallel group's
+      // ranks hold the same rows) over the interval and the GPUs.
+      double flops = interval_flops;
+      GLM_RETURN_IF_ERROR(comm.all_reduce(&flops, &flops, 1, CommType::f64, ReduceOp::sum));
+      m.model_tflops = interval > 0 ? flops / cp / (interval * world) / 1e12 : 0.0;
+      if (peak.flops > 0) m.mfu = m.model_tflops * 1e12 / peak.flops;
+      interval_flops = 0;
       m.elapsed_seconds = elapsed;
       m.eta_seconds = elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1);
       GLM_RETURN_IF_ERROR(logger.log(m));
