@@ -10,6 +10,8 @@ packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev
   libhdf5-dev libboost-program-options-dev nlohmann-json3-dev libpcre2-dev
+  # TensorBoard event files: the schema is compiled by protoc at build time (src/io/tensorboard.h).
+  libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 test_packages=(

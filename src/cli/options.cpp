@@ -27,6 +27,7 @@
 #include "data/sharded_loader.h"
 #include "io/durable_file.h"
 #include "io/hf_export.h"
+#include "io/tensorboard.h"
 
 namespace po = boost::program_options;
 
@@ -433,8 +434,9 @@ class OptionTable {
         "every row's tokens and attention gathers the row's keys and values; must divide the world size");
     add(train, "sequence_parallel_size", &o_.sequence_parallel_size, "ms-swift's name for --context_parallel_size");
     add(train, "report_to", &o_.report_to,
-        "transformers' experiment trackers: none (and all, with none installed); glm_hpc writes logging.jsonl and "
-        "the step line; a tracker's name is refused");
+        "where the metrics go besides logging.jsonl and the step line (transformers' option): tensorboard (event files "
+        "in <output_dir>/runs; the default where glm_hpc was built with protobuf), all (the same), none; another "
+        "tracker's name is refused");
     add(train, "deepspeed", &o_.deepspeed,
         "a DeepSpeed JSON config (or zero1, zero2, zero3) mapped onto these options: each key is applied, "
         "accepted without effect (the reason is printed once) or refused by name; options given explicitly must "
@@ -670,11 +672,21 @@ Status validate_familiar_names(CliOptions& o, const Sources& src) {
     o.model_id_or_path = o.model;
   }
   std::stringstream trackers(o.report_to);
-  for (std::string tracker; std::getline(trackers, tracker, ',');)
-    if (tracker != "none" && tracker != "all")
+  o.train.report_tensorboard = false;
+  for (std::string tracker; std::getline(trackers, tracker, ',');) {
+    if (tracker == "none") continue;
+    if (tracker != "all" && tracker != "tensorboard")
       return GLM_USER_ERROR(src.where("report_to"), " ", tracker,
-                            ": glm_hpc reports to <output_dir>/logging.jsonl and the console only; give --report_to "
-                            "none (TensorBoard event files are planned)");
+                            ": glm_hpc reports to TensorBoard event files, <output_dir>/logging.jsonl and the console; "
+                            "give --report_to tensorboard, all or none");
+    if (!tensorboard_available()) {
+      if (!given(src, "report_to")) continue;  // the default where TensorBoard is not built in: nothing more
+      return GLM_USER_ERROR(src.where("report_to"), " ", tracker,
+                            ": this glm_hpc was built without protobuf (install libprotobuf-dev and protobuf-compiler "
+                            "and build again); --report_to none writes logging.jsonl alone");
+    }
+    o.train.report_tensorboard = true;
+  }
   // ms-swift's learning rates by training type when fine-tuning a pretrained model; the built-in
   // tiny model trained from scratch keeps its own default.
   if (!given(src, "learning_rate") && !src.deepspeed_keys.count("learning_rate") && !o.model_id_or_path.empty())

@@ -72,7 +72,7 @@ struct CliOptions {
   bool fp16 = false;                        // --fp16: true is refused (no fp16 path)
   std::string deepspeed;                    // --deepspeed FILE|zero1|zero2|zero3 (cli/deepspeed_config.h)
   bool overwrite_output_dir = false;        // train: replace an earlier run's log and checkpoints there
-  std::string report_to = "none";           // --report_to: none (or all); trackers are refused by name
+  std::string report_to = "tensorboard";    // --report_to: tensorboard, all or none; other trackers are refused
   std::string deepspeed_account;            // what each of its keys did, printed once by rank 0
   TorchDtype torch_dtype = TorchDtype::auto_select;
   EvalStrategy eval_strategy = EvalStrategy::steps;

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "base/json_text.h"
 #include "io/durable_file.h"
+#include "io/tensorboard.h"
 
 namespace glm {
 
@@ -22,14 +24,31 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-Result<MetricsLogger> MetricsLogger::open(const std::string& output_dir, bool enabled) {
+Result<MetricsLogger> MetricsLogger::open(const std::string& output_dir, bool enabled, bool tensorboard) {
   MetricsLogger logger;
   logger.enabled_ = enabled;
-  if (enabled && !output_dir.empty()) logger.path_ = output_dir + "/logging.jsonl";
+  if (enabled && !output_dir.empty()) {
+    logger.path_ = output_dir + "/logging.jsonl";
+    logger.args_path_ = output_dir + "/args.json";
+    if (tensorboard) logger.tensorboard_dir_ = output_dir + "/runs";
+  }
   return logger;
 }
 
 Status MetricsLogger::begin(int64_t resumed_step) {
+  GLM_RETURN_IF_ERROR(begin_jsonl(resumed_step));
+  if (tensorboard_dir_.empty() || tensorboard_) return Status::ok();
+  GLM_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::open(tensorboard_dir_, resumed_step));
+  if (resumed_step > 0) return Status::ok();
+  // The run's options, as args.json holds them, on the text dashboard.
+  std::ifstream args(args_path_);
+  if (!args) return Status::ok();
+  const std::string text((std::istreambuf_iterator<char>(args)), std::istreambuf_iterator<char>());
+  GLM_RETURN_IF_ERROR(tensorboard_->text("args", 0, "```json\n" + text + "\n```"));
+  return tensorboard_->flush();
+}
+
+Status MetricsLogger::begin_jsonl(int64_t resumed_step) {
   if (path_.empty() || jsonl_.is_open()) return Status::ok();
   if (resumed_step > 0) {
     // Keep what was logged up to the checkpoint (a record torn by a kill is dropped), through a
@@ -146,7 +165,24 @@ Status MetricsLogger::log_skip(int64_t step, int64_t max_steps, const std::strin
                                      {"consecutive_skips", consecutive}});
 }
 
+std::string tensorboard_tag(const std::string& key) {
+  constexpr std::string_view kEval = "eval_";
+  if (key.starts_with(kEval)) return "eval/" + key.substr(kEval.size());
+  return "train/" + key;
+}
+
 Status MetricsLogger::write_record(const nlohmann::json& record) {
+  if (tensorboard_ && record.contains("step")) {
+    // Every number of the record but its step, as a scalar at that step (NaN stays NaN).
+    const int64_t step = record["step"].get<int64_t>();
+    for (const auto& [key, value] : record.items()) {
+      if (key == "step" || key == "max_steps") continue;
+      if (value.is_number()) GLM_RETURN_IF_ERROR(tensorboard_->scalar(tensorboard_tag(key), step, value.get<double>()));
+      if (value.is_null() && (key == "loss" || key == "grad_norm"))  // json has no NaN: nlohmann writes null
+        GLM_RETURN_IF_ERROR(tensorboard_->scalar(tensorboard_tag(key), step, std::nan("")));
+    }
+    GLM_RETURN_IF_ERROR(tensorboard_->flush());
+  }
   if (!jsonl_.is_open()) return Status::ok();
   jsonl_ << json_text(record) << '\n';
   jsonl_.flush();

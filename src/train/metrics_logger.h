@@ -3,11 +3,13 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "io/tensorboard.h"
 
 namespace glm {
 
@@ -32,7 +34,9 @@ struct StepMetrics {
 class MetricsLogger {
  public:
   // Inactive (prints and writes nothing) unless enabled; output_dir empty = console only.
-  static Result<MetricsLogger> open(const std::string& output_dir, bool enabled);
+  // tensorboard: every record's numbers also go to TensorBoard event files in output_dir/runs
+  // (io/tensorboard.h; the tag train/<key>, or eval/<key> for eval_<key>), and args.json as text.
+  static Result<MetricsLogger> open(const std::string& output_dir, bool enabled, bool tensorboard = false);
   // Opens logging.jsonl before the first record: a fresh run (resumed_step 0) starts it empty; a run
   // resumed after step N keeps the earlier records of steps <= N (those past N are redone) and
   // appends, as Hugging Face's Trainer keeps its log history through a resume.
@@ -52,10 +56,16 @@ class MetricsLogger {
 
  private:
   Status write_record(const nlohmann::json& record);
+  Status begin_jsonl(int64_t resumed_step);
   bool enabled_ = false;
   std::ofstream jsonl_;
   std::string path_;
+  std::string args_path_, tensorboard_dir_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
+
+// The TensorBoard tag of a logging.jsonl key: eval/<rest> for eval_<rest>, else train/<key>.
+std::string tensorboard_tag(const std::string& key);
 
 std::string format_duration(double seconds);
 

@@ -68,6 +68,7 @@ struct TrainConfig {
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   BadStepOptions bad_steps{};   // --skip_nonfinite_steps, --skip_*_zscore, --max_skipped_steps
   GradientFault gradient_fault{};  // a test hook: no option sets it
+  bool report_tensorboard = false;  // --report_to tensorboard: event files in output_dir/runs (rank 0)
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;
   LrSchedulerType lr_scheduler_type = LrSchedulerType::cosine;

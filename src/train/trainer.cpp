@@ -278,7 +278,7 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
                       resolve_warmup_steps(config.warmup_steps, config.warmup_ratio, total_steps), total_steps};
 
   const bool lead = rank == 0 && config.log_to_console;
-  GLM_ASSIGN_OR_RETURN(MetricsLogger logger, MetricsLogger::open(rank == 0 ? config.output_dir : "", lead));
+  GLM_ASSIGN_OR_RETURN(MetricsLogger logger, MetricsLogger::open(rank == 0 ? config.output_dir : "", lead, config.report_tensorboard));
   ShardedLoader loader(dataset, config.seed, data_rank, data_world, config.per_device_train_batch_size,
                        config.gradient_accumulation_steps, packing ? &*packing : nullptr);
   const auto& rep = dataset.report;
