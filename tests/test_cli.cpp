@@ -554,7 +554,7 @@ TEST(CliBadInput, IgnoredCombinationsAndFamiliarNames) {
   expect_bad_input("eval --model_id_or_path " + std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a --output_dir x",
                    "'glm_hpc eval' writes no files");
   expect_bad_input("--fp16 true", "--fp16: glm_hpc has no fp16 path");
-  expect_bad_input("--report_to none,wandb", "--report_to wandb: glm_hpc reports to <output_dir>/logging.jsonl");
+  expect_bad_input("--report_to none,wandb", "--report_to wandb: glm_hpc reports to TensorBoard event files");
   expect_bad_input("--torch_dtype float16", "--torch_dtype: glm_hpc has no fp16 path");
   expect_bad_input("--torch_dtype float32", "--torch_dtype float32: GPUs compute in bf16");
   expect_bad_input("--bf16 false", "--bf16 false: the CUDA backend computes in bf16");
