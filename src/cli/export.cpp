@@ -137,27 +137,21 @@ Result<TokenizerSource> choose_tokenizer_source(const CliOptions& o, const Check
   return src;
 }
 
-// GLM-4's ids (GLM4_SPEC.md 5.3) from the tokenizer, else GLM-4's own when the vocabulary holds them.
+// pad_token_id and eos_token_id: GLM-4's end tokens (data/tokenizer.h glm4_end_ids).
 Result<HfTokenIds> token_ids(const TokenizerSource& src, const ModelConfig& c, std::vector<std::string>& notes) {
   HfTokenIds ids;
-  if (src.tokenizer != nullptr) {
-    if (src.tokenizer->vocab_size() > c.vocab_size)
-      return GLM_USER_ERROR("the tokenizer (", src.origin, ") has ", src.tokenizer->vocab_size(),
-                            " ids but the checkpoint's model has vocab_size ", c.vocab_size,
-                            ": it is not this model's tokenizer (give --tokenizer_dir)");
-    const auto id = [&](SpecialToken t) { return static_cast<int64_t>(src.tokenizer->special_id(t)); };
-    ids.pad = id(SpecialToken::endoftext);
-    ids.eos = {id(SpecialToken::endoftext), id(SpecialToken::user), id(SpecialToken::observation)};
-    return ids;
-  }
-  constexpr int64_t kEndOfText = 151329, kUser = 151336, kObservation = 151338;
-  if (c.vocab_size > kObservation) {
-    ids.pad = kEndOfText;
-    ids.eos = {kEndOfText, kUser, kObservation};
-  } else {
+  if (src.tokenizer != nullptr && src.tokenizer->vocab_size() > c.vocab_size)
+    return GLM_USER_ERROR("the tokenizer (", src.origin, ") has ", src.tokenizer->vocab_size(),
+                          " ids but the checkpoint's model has vocab_size ", c.vocab_size,
+                          ": it is not this model's tokenizer (give --tokenizer_dir)");
+  const std::vector<int32_t> ends = glm4_end_ids(src.tokenizer.get(), c.vocab_size);
+  if (ends.empty()) {
     notes.push_back(concat("no tokenizer.model to take token ids from and vocab_size ", c.vocab_size,
                            " is smaller than GLM-4's: pad_token_id and eos_token_id are left null"));
+    return ids;
   }
+  ids.pad = ends.front();
+  ids.eos.assign(ends.begin(), ends.end());
   return ids;
 }
 

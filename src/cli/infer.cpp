@@ -38,16 +38,10 @@ SamplingOptions resolve_sampling(const CliOptions& o, const GenerationDefaults& 
   return s;
 }
 
-// generation_config.json's eos ids (none when it sets null or []), else the tokenizer's end and role
-// tokens (GLM4_SPEC.md 6.1), else GLM-4's own ids where the vocabulary holds them.
+// generation_config.json's eos ids (none when it sets null or []), else GLM-4's end tokens.
 std::vector<int32_t> stop_ids(const GenerationDefaults& d, const Tokenizer* tokenizer, int64_t vocab_size) {
   if (d.eos_token_ids) return *d.eos_token_ids;
-  if (tokenizer != nullptr)
-    return {tokenizer->special_id(SpecialToken::endoftext), tokenizer->special_id(SpecialToken::user),
-            tokenizer->special_id(SpecialToken::observation)};
-  constexpr int32_t kEndOfText = 151329, kUser = 151336, kObservation = 151338;
-  if (vocab_size > kObservation) return {kEndOfText, kUser, kObservation};
-  return {};
+  return glm4_end_ids(tokenizer, vocab_size);
 }
 
 std::string now_text(const char* format) {

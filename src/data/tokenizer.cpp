@@ -31,6 +31,15 @@ std::optional<SpecialToken> special_token_from_text(std::string_view text) {
   return std::nullopt;
 }
 
+std::vector<int32_t> glm4_end_ids(const Tokenizer* tokenizer, int64_t vocab_size) {
+  if (tokenizer != nullptr)
+    return {tokenizer->special_id(SpecialToken::endoftext), tokenizer->special_id(SpecialToken::user),
+            tokenizer->special_id(SpecialToken::observation)};
+  constexpr int32_t kEndOfText = 151329, kUser = 151336, kObservation = 151338;
+  if (vocab_size > kObservation) return {kEndOfText, kUser, kObservation};
+  return {};
+}
+
 Result<int32_t> Tokenizer::encode_special(std::string_view text) const {
   const std::optional<SpecialToken> t = special_token_from_text(text);
   if (!t) return GLM_USER_ERROR("'", text, "' is not a GLM-4 special token");

@@ -54,6 +54,11 @@ class Tokenizer {
   Result<int32_t> encode_special(std::string_view text) const;
 };
 
+// The tokens that end a GLM-4 reply, <|endoftext|>, <|user|> and <|observation|> (GLM4_SPEC.md 5.3
+// and 6.1; the first is also the padding): the tokenizer's ids, else without one GLM-4's own where a
+// vocabulary of vocab_size holds them, else none.
+std::vector<int32_t> glm4_end_ids(const Tokenizer* tokenizer, int64_t vocab_size);
+
 // Bytes are ids 0..255; the special tokens follow at 256.. (vocab 270).
 class ByteTokenizer final : public Tokenizer {
  public:
