@@ -22,6 +22,7 @@
 #include "data/dataset_cache.h"
 #include "data/tokenizer.h"
 #include "io/hf_import.h"
+#include "io/run_plots.h"
 #include "model/backend.h"
 #include "mpi/fatal.h"
 #include "mpi/mpi_communicator.h"
@@ -216,6 +217,29 @@ int run_infer(const glm::CliOptions& o, const glm::ProcessInfo& proc, glm::Backe
   return 0;
 }
 
+// The charts of runs' logging.jsonl (io/run_plots.h) into images_dir: the report line, or why not.
+glm::Result<std::string> draw_plots(const glm::CliOptions& o, const std::vector<std::string>& runs,
+                                    const std::string& images_dir) {
+  glm::PlotOptions plot;
+  plot.runs = runs;
+  plot.images_dir = images_dir;
+  plot.smoothing = o.plot_smoothing;
+  plot.use_gnuplot = o.plot_format != glm::PlotFormat::svg;
+  GLM_ASSIGN_OR_RETURN(const glm::PlotReport report, glm::plot_runs(plot));
+  return glm::describe_plots(report, images_dir) + "\n";
+}
+
+// glm_hpc plot RUN_DIR...: rank 0 draws (any others wait for it).
+int run_plot(const glm::CliOptions& o, const glm::ProcessInfo& proc) {
+  std::string images = o.save_dir;
+  if (images.empty()) images = o.plot_runs.size() == 1 ? o.plot_runs.front() + "/images" : std::string("images");
+  auto drawn = proc.rank == 0 ? draw_plots(o, o.plot_runs, images) : glm::Result<std::string>(std::string());
+  if (int code = settle(drawn.status())) return code;
+  std::printf("%s", drawn.value().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 // NCCL's proxy thread and glm_hpc's own threads need more than one CPU core per rank: a rank pinned
@@ -406,6 +430,17 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
     const auto& s = result.value();
     std::printf("glm_hpc: done: %lld steps, first loss %.4f, final loss %.4f; args.json and logging.jsonl in %s\n",
                 static_cast<long long>(s.steps), s.losses.front(), s.losses.back(), options.train.output_dir.c_str());
+    // The run's curves beside its log; a chart that cannot be drawn costs the run nothing.
+    if (options.plot_format != glm::PlotFormat::none && !options.train.output_dir.empty() &&
+        options.train.logging_steps > 0) {
+      const std::string images = options.train.output_dir + "/images";
+      auto drawn = draw_plots(options, {options.train.output_dir}, images);
+      if (drawn.is_ok())
+        std::printf("%s", drawn.value().c_str());
+      else
+        std::printf("glm_hpc: warning: no charts drawn in %s: %s\n", images.c_str(), drawn.status().message().c_str());
+    }
+    std::fflush(stdout);
   }
   return 0;
 }
@@ -419,6 +454,7 @@ static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
     if (proc.rank == 0) std::printf("%s", glm::help_text().c_str());
     return 0;
   }
+  if (options.command == "plot") return run_plot(options, proc);
   if (options.command == "plan") {
     // Arithmetic only: no GPU, no data. The model comes from --config/options or config.json.
     if (int code = settle(resolve_model_config(options))) return code;

@@ -1,7 +1,8 @@
 // Surviving a bad step (train/bad_steps.h), under mpirun: a NaN written into one rank's gradient
 // skips that step on every rank with the parameters and optimizer state as before it, training
 // goes on, a resume through the skipped step is exact, and too many skips in a row stop the run
-// with exit code 2, the last checkpoint intact. Plus the spike checks' arithmetic.
+// with exit code 2, the last checkpoint intact. Plus the spike checks' arithmetic, and a rank slower
+// than the others named a straggler in the log (train/run_health.h).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "test_util.h"
 #include "train/bad_steps.h"
 #include "train/checkpoint.h"
+#include "train/run_health.h"
 #include "train/trainer.h"
 
 namespace glm::test {
@@ -198,6 +200,43 @@ TEST(BadSteps, SpikesAreMeasuredAgainstTheAppliedSteps) {
   BadStepGuard off(BadStepOptions{false, 0, 0, 0});
   EXPECT_FALSE(off.active());
   EXPECT_EQ(off.check(NAN, NAN), "");
+}
+
+// One rank sleeping in every step: each log record names it the slowest, against the median of
+// busy times that leave out waiting on collectives, and the third in a row names it a straggler.
+TEST(Straggler, ASlowRankIsNamedAfterThreeSlowLogSteps) {
+  SharedDir dir;
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  TrainConfig c = tiny(dir / "slow");
+  c.max_steps = 5;
+  c.logging_steps = 1;
+  c.log_to_console = true;
+  c.slow_rank = world - 1;
+  c.slow_rank_seconds = 0.25;
+  auto done = run(c);
+  ASSERT_TRUE(done.is_ok()) << done.status().message();
+  if (rank != 0) return;
+  std::ifstream in(dir / "slow" / "logging.jsonl");
+  int records = 0;
+  std::vector<int64_t> named;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    ++records;
+    EXPECT_FALSE(j.contains("gpu_util")) << "no GPU on the CPU backend";
+    ASSERT_TRUE(j.contains("slowest_rank")) << line;
+    EXPECT_EQ(j["slowest_rank"].get<int>(), world - 1) << line;
+    EXPECT_GT(j["slowest_busy_seconds"].get<double>(), 0.2) << line;
+    EXPECT_GT(j["slowest_busy_seconds"].get<double>(), 1.1 * j["median_busy_seconds"].get<double>()) << line;
+    if (j.contains("straggler")) {
+      named.push_back(j["step"].get<int64_t>());
+      EXPECT_NE(j["straggler"].get<std::string>().find(concat("rank ", world - 1, " (")), std::string::npos) << line;
+    }
+  }
+  EXPECT_EQ(records, 5);
+  EXPECT_EQ(named, std::vector<int64_t>{RunHealth::kStragglerIntervals});
 }
 
 }  // namespace

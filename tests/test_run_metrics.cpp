@@ -2,6 +2,10 @@
 // the benchmarks use for GLM-4-9B) and the GPU peaks (MFU's denominator).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <vector>
+
+#include "io/run_plots.h"
 #include "model/gpu_peak.h"
 #include "test_util.h"
 #include "train/model_flops.h"
@@ -75,6 +79,23 @@ TEST(GpuPeak, DatasheetByNameElseEstimated) {
   EXPECT_DOUBLE_EQ(guess.flops, 100 * 2e9 * 4096);
   EXPECT_NE(guess.source.find("estimated"), std::string::npos);
   EXPECT_EQ(gpu_bf16_peak("NVIDIA Future", 7, 0, 80, 1500000).flops, 0);
+}
+
+
+// The loss chart's smoothing is TensorBoard's: a debiased exponential moving average.
+TEST(PlotSmoothing, IsTensorBoardsDebiasedMovingAverage) {
+  const std::vector<double> x = {4.0, 2.0, 3.0, 7.0, -1.0};
+  const double w = 0.6;
+  const std::vector<double> s = smooth_series(x, w);
+  ASSERT_EQ(s.size(), x.size());
+  double last = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    last = w * last + (1 - w) * x[i];
+    EXPECT_NEAR(s[i], last / (1 - std::pow(w, static_cast<double>(i + 1))), 1e-12) << i;
+  }
+  EXPECT_DOUBLE_EQ(s[0], x[0]);  // debiased: the first point is itself
+  for (double v : smooth_series(std::vector<double>(7, 2.5), 0.9)) EXPECT_NEAR(v, 2.5, 1e-12);
+  EXPECT_EQ(smooth_series(x, 0.0), x);
 }
 
 }  // namespace

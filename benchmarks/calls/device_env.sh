@@ -18,3 +18,17 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/libboost_program_options.so ] && ls .deb/lib
     .deb/libboost-program-options1.74.0_*.deb; do dpkg -x "$d" /tmp/boost174; done
   boost_args=(-DBoost_DIR=/tmp/boost174/usr/lib/x86_64-linux-gnu/cmake/Boost-1.74.0 -DBoost_USE_STATIC_LIBS=ON)
 fi
+
+# TensorBoard event files need Debian's protobuf (libprotobuf-dev, protobuf-compiler and their
+# libprotobuf32/libprotoc32) where the image lacks it: carried in .deb/, added to boost_args.
+if ! command -v protoc >/dev/null && ls .deb/protobuf-compiler_*.deb >/dev/null 2>&1; then
+  mkdir -p /tmp/protobuf
+  for d in .deb/libprotobuf-dev_*.deb .deb/protobuf-compiler_*.deb .deb/libprotobuf32_*.deb .deb/libprotoc32_*.deb; do
+    dpkg -x "$d" /tmp/protobuf
+  done
+  pb=/tmp/protobuf/usr
+  export LD_LIBRARY_PATH=$pb/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=$pb/bin:$PATH
+  boost_args+=(-DProtobuf_PROTOC_EXECUTABLE=$pb/bin/protoc -DProtobuf_INCLUDE_DIR=$pb/include
+    -DProtobuf_LIBRARY=$pb/lib/x86_64-linux-gnu/libprotobuf.so)
+fi

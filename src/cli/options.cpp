@@ -308,6 +308,9 @@ class OptionTable {
         "first; false (default) refuses, unless --resume_from_checkpoint continues that run");
     add(general, "seed", &t.seed, "seed for initialisation and data shuffling");
     add(general, "logging_steps", &t.logging_steps, "log every N optimizer steps (and the last)");
+    add(general, "log_gpu_health", &t.log_gpu_health,
+        "CUDA: each log line carries every rank's GPU utilisation, power, temperature and clocks (NVML), read "
+        "at the logging step");
     add_enum(general, "save_strategy", &t.save_strategy,
              "steps: save output_dir/checkpoint-N every --save_steps and at the end; no: never");
     add(general, "save_steps", &t.save_steps, "optimizer steps between checkpoints");
@@ -532,7 +535,9 @@ class OptionTable {
     po::options_description hf_export("Export to Hugging Face (glm_hpc export)");
     add(hf_export, "ckpt_dir", &o_.ckpt_dir,
         "the checkpoint to export: a checkpoint-N directory, or an --output_dir (its latest checkpoint)");
-    add(hf_export, "save_dir", &o_.save_dir, "the model directory to write (created; written whole or not at all)");
+    add(hf_export, "save_dir", &o_.save_dir,
+        "the model directory to write (created; written whole or not at all); glm_hpc plot: where the charts go "
+        "(default: RUN_DIR/images of one run, ./images of several)");
     add_enum(hf_export, "export_format", &o_.export_format,
              "hf: transformers GlmForCausalLM (model_type glm); chatglm: the THUDM layout (model_type chatglm, "
              "fused query_key_value, trust_remote_code)");
@@ -576,6 +581,14 @@ class OptionTable {
         "(blinded), beside a Markdown table to score, the key (.key.json) and each model's own results");
     add(infer, "stream", &o_.stream, "the chat shows each reply as it is generated (false: when it is complete)");
 
+    po::options_description plots("Charts (glm_hpc plot RUN_DIR..., and the end of every training run)");
+    add(plots, "plot_smoothing", &o_.plot_smoothing,
+        "weight of the loss curve's exponential moving average (TensorBoard's smoothing, debiased), in [0, 1); 0: "
+        "the raw curve alone");
+    add_enum(plots, "plot_format", &o_.plot_format,
+             "png: PNG charts drawn by gnuplot (SVG where gnuplot is missing); svg; none: training draws no charts "
+             "(glm_hpc plot then draws PNG)");
+
     po::options_description kernels("Performance (the same results, other speed or memory)");
     add(kernels, "optimizer_in_backward", &t.optimizer_in_backward,
         "true: without clipping on one rank at ZeRO stage 0, update each layer as soon as backward finished its "
@@ -616,7 +629,8 @@ class OptionTable {
         .add(plan)
         .add(prepare)
         .add(hf_export)
-        .add(infer);
+        .add(infer)
+        .add(plots);
   }
 
   CliOptions& o_;
@@ -925,6 +939,9 @@ Status validate(CliOptions& o, const Sources& src, const po::variables_map& vm) 
                             "(or --ckpt_dir DIR, or --adapters DIR) is required by 'glm_hpc eval': the model to score"));
   GLM_RETURN_IF_ERROR(check(o.command == "export" || !o.merge_lora, src, "merge_lora",
                             "is an option of 'glm_hpc export' (of a LoRA checkpoint)"));
+  GLM_RETURN_IF_ERROR(check(o.plot_smoothing >= 0 && o.plot_smoothing < 1, src, "plot_smoothing", "must be in [0, 1)"));
+  if (o.command == "plot" && o.plot_runs.empty())
+    return GLM_USER_ERROR("glm_hpc plot RUN_DIR [RUN_DIR...]: give the output directory of one or more training runs");
   if (o.command == "export") {
     GLM_RETURN_IF_ERROR(check(!o.ckpt_dir.empty(), src, "ckpt_dir", "is required by 'glm_hpc export'"));
     GLM_RETURN_IF_ERROR(check(!o.save_dir.empty(), src, "save_dir", "is required by 'glm_hpc export'"));
@@ -975,7 +992,8 @@ std::string help_text() {
     << "       glm_hpc export --ckpt_dir DIR --save_dir OUT [--export_format hf|chatglm] [--max_shard_size 5GB]\n"
     << "                      [--tokenizer_dir DIR] [--overwrite true] [--merge_lora true]\n"
     << "       [mpirun -np N] glm_hpc infer (--model_id_or_path DIR [--adapters DIR] | --ckpt_dir DIR)\n"
-    << "                      [--val_dataset FILE... [--result_path FILE]] [--temperature T --top_p P ...]\n\n"
+    << "                      [--val_dataset FILE... [--result_path FILE]] [--temperature T --top_p P ...]\n"
+    << "       glm_hpc plot RUN_DIR [RUN_DIR...] [--save_dir DIR] [--plot_smoothing 0.9] [--plot_format png|svg]\n\n"
     << "Trains a GLM-4-family model data-parallel over MPI ranks. With no options it trains the\n"
     << "embedded tiny GLM-4 on data/sample/conversations.jsonl, tokenized with the project's\n"
     << "data/sample/tokenizer.model (tools/train_tokenizer.cpp). 'eval' prints eval_loss and eval_ppl\n"
@@ -993,7 +1011,9 @@ std::string help_text() {
     << "'infer' generates replies: from a Hugging Face model (with LoRA adapters applied unmerged) or a\n"
     << "checkpoint; with --val_dataset the prompts of the files (their last assistant turn, if any, the\n"
     << "reference) are split over the ranks and one jsonl of results is written, else a chat on the\n"
-    << "terminal. Sampling defaults come from the model's generation_config.json.\n\n"
+    << "terminal. Sampling defaults come from the model's generation_config.json. 'plot' draws the curves\n"
+    << "of training runs' logging.jsonl (loss raw and smoothed, eval loss, learning rate, grad norm,\n"
+    << "tokens/s, MFU, memory), several runs overlaid, as training does into OUTPUT_DIR/images at its end.\n\n"
     << table.all();
   return s.str();
 }
@@ -1073,8 +1093,17 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
     o.command = args.front();
     args.erase(args.begin());
     if (o.command != "train" && o.command != "eval" && o.command != "plan" && o.command != "prepare" &&
-        o.command != "export" && o.command != "infer")
-      return GLM_USER_ERROR("unknown command '", o.command, "' (available: train, eval, plan, prepare, export, infer)");
+        o.command != "export" && o.command != "infer" && o.command != "plot")
+      return GLM_USER_ERROR("unknown command '", o.command,
+                            "' (available: train, eval, plan, prepare, export, infer, plot)");
+  }
+  // glm_hpc plot takes its run directories as arguments; no other command takes any.
+  po::options_description command_line;
+  command_line.add(table.all());
+  po::positional_options_description positional;
+  if (o.command == "plot") {
+    command_line.add_options()("plot_run", po::value<std::vector<std::string>>(&o.plot_runs)->multitoken(), "");
+    positional.add("plot_run", -1);
   }
   po::variables_map vm;
   Sources src;
@@ -1082,7 +1111,8 @@ Result<CliOptions> parse_options(int argc, const char* const* argv) {
   try {
     // No prefix guessing: a typo such as --learning_rat must fail, not pick --learning_rate.
     const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
-    po::parsed_options cmd = po::command_line_parser(args).options(table.all()).style(style).run();
+    po::parsed_options cmd =
+        po::command_line_parser(args).options(command_line).positional(positional).style(style).run();
     for (const auto& opt : cmd.options) {
       src.command_line[opt.string_key] = true;
       texts[opt.string_key] = opt.value;

@@ -48,6 +48,15 @@ struct EnumNames<EvalStrategy> {
                                                                         {EvalStrategy::no, "no"}};
 };
 
+// --plot_format: the charts of glm_hpc plot and of the end of training (io/run_plots.h): png through
+// gnuplot (SVG where gnuplot is missing), svg, or none (training draws nothing).
+enum class PlotFormat { png, svg, none };
+template <>
+struct EnumNames<PlotFormat> {
+  static constexpr std::pair<PlotFormat, std::string_view> table[] = {
+      {PlotFormat::png, "png"}, {PlotFormat::svg, "svg"}, {PlotFormat::none, "none"}};
+};
+
 struct CliOptions {
   std::string command = "train";
   bool help = false;
@@ -94,6 +103,10 @@ struct CliOptions {
   std::optional<double> temperature, top_p, repetition_penalty;
   std::optional<int64_t> top_k;
   bool stream = true;  // the chat shows replies as they are generated
+  // glm_hpc plot DIR... (io/run_plots.h); its images go to --save_dir when given.
+  std::vector<std::string> plot_runs;
+  double plot_smoothing = 0.9;
+  PlotFormat plot_format = PlotFormat::png;
   int64_t lm_head_scratch_mb =
       BackendConfig{}.lm_head_scratch_bytes >> 20;  // --lm_head_scratch_mb, into backend.lm_head_scratch_bytes
   BackendConfig backend;

@@ -25,7 +25,8 @@ constexpr const char* kRunStatusFile = "run_status.json";
 bool written_by_train(std::string_view name) {
   constexpr std::string_view kAside = ".old";
   if (name.ends_with(kAside)) name.remove_suffix(kAside.size());
-  return name == "args.json" || name == "latest" || name == "logging.jsonl" || name == "runs" || name == kRunStatusFile ||
+  return name == "args.json" || name == "latest" || name == "logging.jsonl" || name == "runs" || name == "images" ||
+         name == kRunStatusFile ||
          checkpoint_step_of(name) >= 0;
 }
 
@@ -36,7 +37,7 @@ struct PreviousRun {
   int64_t log_records = 0;
   int64_t logged_steps = 0;  // the records with a training loss
   std::vector<fs::path> checkpoints;  // checkpoint-N directories, by step
-  std::vector<fs::path> files;        // logging.jsonl, latest, runs/: removed with the checkpoints
+  std::vector<fs::path> files;        // logging.jsonl, latest, runs/, images/: removed with the checkpoints
   bool empty() const { return log_records == 0 && checkpoints.empty(); }
   std::string describe() const {
     std::string out;
@@ -72,8 +73,9 @@ Result<PreviousRun> find_previous_run(const fs::path& dir) {
       if (line.find("\"loss\"") != std::string::npos) ++previous.logged_steps;
     }
   if (previous.log_records > 0) previous.files.push_back(dir / "logging.jsonl");
-  // TensorBoard's event files go with the log they mirror (a new run writes its own).
-  if (fs::is_directory(dir / "runs", ec)) previous.files.push_back(dir / "runs");
+  // TensorBoard's event files and the charts go with the log they show (a new run writes its own).
+  for (const char* drawn : {"runs", "images"})
+    if (fs::is_directory(dir / drawn, ec)) previous.files.push_back(dir / drawn);
   return previous;
 }
 

@@ -160,6 +160,8 @@ class Backend {
   // The NUMA node nearest the device (where allocate_host prefers its pages and the offloaded
   // optimizer's threads run); -1: none, or the host itself computes.
   virtual int host_numa_node() const { return -1; }
+  // The device's PCI bus id ("0000:1B:00.0"), for NVML (model/gpu_health.h); empty on the host.
+  virtual std::string pci_bus_id() const { return ""; }
   static Result<Buffer> host_buffer(int64_t numel, DType dtype);
   // The rounding of this backend's adamw(), which an offloaded optimizer on the host repeats.
   virtual cpu::AdamWRounding adamw_rounding() const { return cpu::AdamWRounding::reference; }

@@ -134,7 +134,10 @@ class CudaBackend final : public Backend {
   Status init() {
     GLM_CUDA_RETURN(cudaSetDevice(device_));
     char bus_id[32] = {};
-    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess) host_numa_node_ = pci_numa_node(bus_id);
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess) {
+      pci_bus_id_ = bus_id;
+      host_numa_node_ = pci_numa_node(bus_id);
+    }
     cudaGetLastError();
     // The main stream has the highest priority and the side stream the lowest, so that the block
     // scheduler hands SMs that free up to the main stream's pending blocks first. Without that, a
@@ -278,6 +281,7 @@ class CudaBackend final : public Backend {
     return Buffer(Tensor{p, numel, dtype}, [](void* q) { cudaFree(q); });
   }
   int host_numa_node() const override { return host_numa_node_; }
+  std::string pci_bus_id() const override { return pci_bus_id_; }
   Result<Buffer> allocate_host(int64_t numel, DType dtype, bool pinned) override {
     // Pinning allocates the pages at once: from the GPU's NUMA node where the machine has several.
     PreferNumaNode near(host_numa_node_);
@@ -769,6 +773,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  std::string pci_bus_id_;
   BackendConfig config_;
   cuda::FlashOptions flash_;
   std::string device_name_;

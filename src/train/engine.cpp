@@ -497,9 +497,13 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, do
   GLM_RETURN_IF_ERROR(backend_.join_side());
   const int64_t this_step = steps_taken() + 1;  // updates inside backward advance steps_taken() early
   StepResult r;
-  GLM_RETURN_IF_ERROR(count_window(micro, r));
   using clock = std::chrono::steady_clock;
+  auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  // The blocking scalar all-reduces count as exposed communication: a rank that waits there for a
+  // slower one shows it (train/run_health.h's busy time leaves waits out).
   const auto step_start = clock::now();
+  GLM_RETURN_IF_ERROR(count_window(micro, r));
+  double scalar_seconds = since(step_start);
   begin_update(lr);
   // With deferred rows the table's gradient is zero but in the rows the last step's backward added
   // to (its tokens, still in step_rows_): the engine zeroes those rows instead of the whole table.
@@ -520,9 +524,11 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, do
   if (lora_layout_) {
     const auto t0 = clock::now();
     GLM_RETURN_IF_ERROR(reduce_lora_gradients());
-    lora_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    lora_seconds = since(t0);
   }
+  const auto loss_start = clock::now();
   GLM_RETURN_IF_ERROR(comm_.all_reduce(&loss_sum, &loss_sum, 1, CommType::f64, ReduceOp::sum));
+  scalar_seconds += since(loss_start);
   r.loss = r.targets > 0 ? loss_sum / static_cast<double>(r.targets) : 0.0;
   GLM_RETURN_IF_ERROR(inject_gradient_fault(this_step));
   GLM_RETURN_IF_ERROR(check_and_clip(zero_step, r, this_step, filter));
@@ -533,8 +539,8 @@ Result<StepResult> TrainingEngine::step(std::span<const HostMicroBatch> rows, do
   }
   if (!update_.norm_pass && r.skipped.empty()) GLM_RETURN_IF_ERROR(fused_grad_norm(zero_step, r, this_step));
   GLM_ASSIGN_OR_RETURN(const StepStats stats, zero_step.finish());
-  r.step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
-  r.exposed_comm_seconds = lora_seconds + stats.exposed_comm_seconds();
+  r.step_seconds = since(step_start);
+  r.exposed_comm_seconds = lora_seconds + scalar_seconds + stats.exposed_comm_seconds();
   r.updated_in_backward = update_.in_backward;
   return r;
 }

@@ -2,6 +2,7 @@
 #include "train/metrics_logger.h"
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +24,64 @@ std::string format_duration(double seconds) {
                 static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
   return buf;
 }
+
+namespace {
+
+// GpuHealth's numbers, their logging.jsonl keys and the console's units.
+struct HealthField {
+  const char* key;
+  double GpuHealth::*value;
+  const char* unit;
+};
+constexpr HealthField kHealthFields[] = {{"gpu_util", &GpuHealth::utilization, "%"},
+                                         {"gpu_mem_util", &GpuHealth::memory_utilization, nullptr},
+                                         {"gpu_power_w", &GpuHealth::power_watts, " W"},
+                                         {"gpu_temp_c", &GpuHealth::temperature_c, " C"},
+                                         {"gpu_sm_clock_mhz", &GpuHealth::sm_clock_mhz, " MHz"},
+                                         {"gpu_mem_clock_mhz", &GpuHealth::memory_clock_mhz, nullptr}};
+
+// " | gpu 97% 650 W 61 C 1980 MHz" (one rank) or the range over the ranks ("95-99%"), and
+// " | slowest rank R +P%" (its busy time over the median rank's) with several ranks.
+std::string ranks_text(const RanksReport& r) {
+  std::string text;
+  if (!r.gpus.empty()) {
+    text = " | gpu";
+    for (const HealthField& f : kHealthFields) {
+      if (f.unit == nullptr) continue;
+      double lo = INFINITY, hi = -INFINITY;
+      for (const GpuHealth& g : r.gpus)
+        if (g.*f.value >= 0) lo = std::min(lo, g.*f.value), hi = std::max(hi, g.*f.value);
+      if (hi < 0) continue;
+      text += lo == hi ? concat(" ", std::lround(hi), f.unit) : concat(" ", std::lround(lo), "-", std::lround(hi), f.unit);
+    }
+  }
+  if (r.busy_seconds.size() > 1 && r.median_seconds > 0) {
+    char slowest[64];
+    std::snprintf(slowest, sizeof(slowest), " | slowest rank %d %+.0f%%", r.slowest_rank,
+                  100.0 * (r.slowest_seconds / r.median_seconds - 1.0));
+    text += slowest;
+  }
+  return text;
+}
+
+// The per-rank numbers of a step record: gpu_* arrays by rank (null where NVML could not say), and
+// the slowest rank's busy time against the median.
+void add_ranks(nlohmann::json& j, const RanksReport& r) {
+  for (const HealthField& f : kHealthFields) {
+    if (r.gpus.empty()) break;
+    nlohmann::json values = nlohmann::json::array();
+    for (const GpuHealth& g : r.gpus) values.push_back(g.*f.value >= 0 ? nlohmann::json(g.*f.value) : nlohmann::json());
+    j[f.key] = std::move(values);
+  }
+  if (!r.straggler.empty()) j["straggler"] = r.straggler;
+  if (r.busy_seconds.size() > 1) {
+    j["slowest_rank"] = r.slowest_rank;
+    j["slowest_busy_seconds"] = r.slowest_seconds;
+    j["median_busy_seconds"] = r.median_seconds;
+  }
+}
+
+}  // namespace
 
 Result<MetricsLogger> MetricsLogger::open(const std::string& output_dir, bool enabled, bool tensorboard) {
   MetricsLogger logger;
@@ -132,6 +191,7 @@ Status MetricsLogger::log(const StepMetrics& m) {
     std::snprintf(more, sizeof(more), " | host %.1f GiB", static_cast<double>(m.host_memory_bytes) / (1 << 30));
     text += more;
   }
+  text += ranks_text(m.ranks);
   print(text);
   if (jsonl_.is_open()) {
     nlohmann::json j = {{"step", m.step},
@@ -149,6 +209,7 @@ Status MetricsLogger::log(const StepMetrics& m) {
     if (m.host_memory_bytes >= 0) j["host_memory_gib"] = static_cast<double>(m.host_memory_bytes) / (1 << 30);
     j["model_tflops_per_gpu"] = m.model_tflops;
     if (m.mfu >= 0) j["mfu"] = m.mfu;
+    add_ranks(j, m.ranks);
     return write_record(j);
   }
   return Status::ok();
@@ -171,12 +232,30 @@ std::string tensorboard_tag(const std::string& key) {
   return "train/" + key;
 }
 
+Status MetricsLogger::rank_scalars(const std::string& tag, int64_t step, const nlohmann::json& by_rank) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    if (!by_rank[r].is_number()) continue;
+    const double v = by_rank[r].get<double>();
+    lo = std::min(lo, v), hi = std::max(hi, v);
+    if (by_rank.size() <= kTensorBoardRankTags)
+      GLM_RETURN_IF_ERROR(tensorboard_->scalar(concat(tag, "/rank", r), step, v));
+  }
+  if (by_rank.size() <= kTensorBoardRankTags || hi < lo) return Status::ok();
+  GLM_RETURN_IF_ERROR(tensorboard_->scalar(tag + "/min", step, lo));
+  return tensorboard_->scalar(tag + "/max", step, hi);
+}
+
 Status MetricsLogger::write_record(const nlohmann::json& record) {
   if (tensorboard_ && record.contains("step")) {
     // Every number of the record but its step, as a scalar at that step (NaN stays NaN).
     const int64_t step = record["step"].get<int64_t>();
     for (const auto& [key, value] : record.items()) {
       if (key == "step" || key == "max_steps") continue;
+      if (key.starts_with("gpu_") && value.is_array()) {
+        GLM_RETURN_IF_ERROR(rank_scalars(tensorboard_tag(key), step, value));
+        continue;
+      }
       if (value.is_number()) GLM_RETURN_IF_ERROR(tensorboard_->scalar(tensorboard_tag(key), step, value.get<double>()));
       if (value.is_null() && (key == "loss" || key == "grad_norm"))  // json has no NaN: nlohmann writes null
         GLM_RETURN_IF_ERROR(tensorboard_->scalar(tensorboard_tag(key), step, std::nan("")));

@@ -10,6 +10,7 @@
 
 #include "base/status.h"
 #include "io/tensorboard.h"
+#include "train/run_health.h"
 
 namespace glm {
 
@@ -29,6 +30,7 @@ struct StepMetrics {
   int64_t host_memory_bytes = -1;    // rank 0's resident host memory; -1 where unknown
   double model_tflops = 0;           // model FLOPs a second per GPU (train/model_flops.h) over the interval
   double mfu = -1;                   // of the GPU's dense bf16 peak (Backend::bf16_peak); -1: no peak known
+  RanksReport ranks;                 // every rank's busy time and GPU health (train/run_health.h)
 };
 
 class MetricsLogger {
@@ -56,6 +58,8 @@ class MetricsLogger {
 
  private:
   Status write_record(const nlohmann::json& record);
+  // A per-rank array's TensorBoard scalars (kTensorBoardRankTags).
+  Status rank_scalars(const std::string& tag, int64_t step, const nlohmann::json& by_rank);
   Status begin_jsonl(int64_t resumed_step);
   bool enabled_ = false;
   std::ofstream jsonl_;
@@ -66,6 +70,10 @@ class MetricsLogger {
 
 // The TensorBoard tag of a logging.jsonl key: eval/<rest> for eval_<rest>, else train/<key>.
 std::string tensorboard_tag(const std::string& key);
+
+// logging.jsonl's per-rank keys (gpu_*) hold an array by rank; TensorBoard gets <tag>/rank<r> for
+// each rank up to this many ranks, <tag>/min and <tag>/max beyond.
+inline constexpr size_t kTensorBoardRankTags = 16;
 
 std::string format_duration(double seconds);
 

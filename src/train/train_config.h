@@ -68,7 +68,12 @@ struct TrainConfig {
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   BadStepOptions bad_steps{};   // --skip_nonfinite_steps, --skip_*_zscore, --max_skipped_steps
   GradientFault gradient_fault{};  // a test hook: no option sets it
+  // A test hook (no option sets it): rank slow_rank sleeps slow_rank_seconds in each of its steps,
+  // a straggler for train/run_health.h to name.
+  int slow_rank = -1;
+  double slow_rank_seconds = 0;
   bool report_tensorboard = false;  // --report_to tensorboard: event files in output_dir/runs (rank 0)
+  bool log_gpu_health = true;       // NVML's utilisation, power, temperature and clocks in each log line
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;
   LrSchedulerType lr_scheduler_type = LrSchedulerType::cosine;

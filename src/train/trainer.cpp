@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "base/numa.h"
 #include "data/sharded_loader.h"
@@ -18,6 +19,7 @@
 #include "train/metrics_logger.h"
 #include "train/model_flops.h"
 #include "train/preemption.h"
+#include "train/run_health.h"
 #include "zero/bucket_autotune.h"
 
 namespace glm {
@@ -315,6 +317,8 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   double interval_flops = 0;  // this rank's rows' model FLOPs since the last log line
   const PeakFlops peak = backend.bf16_peak();
   if (peak.flops > 0) logger.print("glm_hpc: MFU is model FLOPs over " + peak.source + " per GPU");
+  RunHealth health(backend, config.log_gpu_health);
+  if (!backend.pci_bus_id().empty()) logger.print("glm_hpc: " + health.source());
   std::vector<HostMicroBatch> micro(static_cast<size_t>(config.gradient_accumulation_steps));
   int64_t start_step = 0;
   std::optional<EvalRecord> best;  // the lowest eval loss so far, carried through resumes
@@ -365,10 +369,13 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
   StepFilter filter;
   if (guard.active()) filter = [&guard](double loss, double grad_norm) { return guard.check(loss, grad_norm); };
   for (int64_t step = start_step; step < total_steps; ++step) {
+    const auto step_start = clock::now();
     for (int64_t m = 0; m < config.gradient_accumulation_steps; ++m)
       micro[static_cast<size_t>(m)] = loader.micro_batch(step, m);
     const double lr = schedule.at(step);
+    if (rank == config.slow_rank) std::this_thread::sleep_for(std::chrono::duration<double>(config.slow_rank_seconds));
     GLM_ASSIGN_OR_RETURN(StepResult r, engine->step(micro, lr, filter));
+    health.add_step(std::chrono::duration<double>(clock::now() - step_start).count(), r.exposed_comm_seconds);
     // --profile tables cover the steady steps: the first one loads kernels and plans GEMMs.
     if (step == start_step) engine->backend().reset_profile();
     summary.losses.push_back(r.loss);
@@ -414,7 +421,9 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       interval_flops = 0;
       m.elapsed_seconds = elapsed;
       m.eta_seconds = elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1);
+      GLM_ASSIGN_OR_RETURN(m.ranks, health.gather(comm));
       GLM_RETURN_IF_ERROR(logger.log(m));
+      if (!m.ranks.straggler.empty()) logger.print("glm_hpc: warning: " + m.ranks.straggler);
       interval_start = now;
       interval_tokens = 0;
     }
