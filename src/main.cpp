@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/progress.h"
 #include "base/stop_signal.h"
 #include "cli/export.h"
 #include "cli/infer.h"
@@ -447,6 +448,7 @@ static int run_command(glm::CliOptions& options, const glm::ProcessInfo& proc, g
 
 // Parses the options and runs the command, holding the directory it writes for its whole life.
 static int run(int argc, char** argv, const glm::ProcessInfo& proc) {
+  glm::enable_progress(proc.rank == 0);  // base/progress.h: one account of long work per job
   auto parsed = glm::parse_options(argc, argv);
   if (int code = settle(parsed.status())) return code;
   glm::CliOptions options = parsed.take();

@@ -2,12 +2,14 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/counter_rng.h"
 #include "base/input_path.h"
+#include "base/progress.h"
 #include "base/stop_signal.h"
 #include "data/conversation_reader.h"
 #include "data/token_shards.h"
@@ -156,17 +158,23 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
     std::vector<TokenizedSample> batch_samples;
     std::vector<Status> batch_status;
     bool more = true;
+    std::error_code size_error;
+    const auto file_bytes = std::filesystem::file_size(path, size_error);
+    Progress progress("tokenizing " + path, size_error ? 0 : static_cast<int64_t>(file_bytes), Progress::Unit::bytes);
+    int64_t bytes_read = 0;
     while (more) {
       batch.clear();
       batch_line_nos.clear();
       std::string text;
       while (batch.size() < kBatchLines && (more = static_cast<bool>(std::getline(in, text)))) {
         ++line_no;
+        bytes_read += static_cast<int64_t>(text.size()) + 1;
         if (!text.empty() && text.back() == '\r') text.pop_back();
         if (text.find_first_not_of(" \t") == std::string::npos) continue;
         batch.push_back(std::move(text));
         batch_line_nos.push_back(line_no);
       }
+      progress.update(bytes_read);  // read and about to be tokenized
       batch_samples.assign(batch.size(), TokenizedSample{});
       batch_status.assign(batch.size(), Status::ok());
       const size_t workers = std::min(threads, (batch.size() + 63) / 64);

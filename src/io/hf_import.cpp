@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "base/json_fields.h"
+#include "base/progress.h"
 #include "base/input_path.h"
 #include "io/safetensors.h"
 
@@ -197,8 +199,15 @@ Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
   GLM_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(m.dir));
   std::set<std::string> used;
   std::vector<float> values;
+  int64_t total = 0, loaded = 0;
+  for (const ParamEntry& e : layout.entries()) total += e.numel;
+  // Reading (not the verification of names and shapes alone) says how far it is.
+  std::optional<Progress> progress;
+  if (sink != nullptr) progress.emplace("loading the weights of " + m.dir, total, Progress::Unit::items, "parameters");
   for (int i = 0; i < static_cast<int>(layout.entries().size()); ++i) {
     const ParamEntry& e = layout.entry(i);
+    if (progress) progress->update(loaded);
+    loaded += e.numel;
     if (sink != nullptr) values.assign(static_cast<size_t>(e.numel), 0.0f);
     const bool is_qkv_bias = e.kind == ParamKind::bias;
     for (const HfPiece& piece : hf_pieces(m, layout, i)) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/input_path.h"
+#include "base/progress.h"
 #include "io/checkpoint_file.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_format.h"
@@ -125,8 +126,13 @@ Status read_checkpoint_masters(const CheckpointInfo& info,
   GLM_ASSIGN_OR_RETURN(const std::vector<CheckpointFileReader> files, open_rank_files(info.dir, info.world_size));
   const std::vector<int64_t> units = unpadded_units(info.config);
   std::vector<float> unit_values;
+  int64_t total = 0, done = 0;
+  for (int64_t size : units) total += size;
+  Progress progress("reading the weights of " + info.dir, total, Progress::Unit::items, "parameters");
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
     const int64_t size = units[static_cast<size_t>(u)];
+    progress.update(done);
+    done += size;
     unit_values.assign(static_cast<size_t>(size), 0.0f);
     std::vector<std::pair<int64_t, int64_t>> pieces;  // [lo, hi) read, to prove exact coverage
     GLM_RETURN_IF_ERROR(read_unit_masters(files, u, unit_values, pieces));

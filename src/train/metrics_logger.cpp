@@ -16,15 +16,6 @@
 
 namespace glm {
 
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "--:--:--";
-  const int64_t s = static_cast<int64_t>(std::llround(seconds));
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%02lld:%02lld:%02lld", static_cast<long long>(s / 3600),
-                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
-  return buf;
-}
-
 namespace {
 
 // GpuHealth's numbers, their logging.jsonl keys and the console's units.

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/progress.h"
 #include "base/status.h"
 #include "io/tensorboard.h"
 #include "train/run_health.h"
@@ -74,7 +75,5 @@ std::string tensorboard_tag(const std::string& key);
 // logging.jsonl's per-rank keys (gpu_*) hold an array by rank; TensorBoard gets <tag>/rank<r> for
 // each rank up to this many ranks, <tag>/min and <tag>/max beyond.
 inline constexpr size_t kTensorBoardRankTags = 16;
-
-std::string format_duration(double seconds);
 
 }  // namespace glm

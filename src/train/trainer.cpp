@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/numa.h"
+#include "base/progress.h"
 #include "data/sharded_loader.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
@@ -49,7 +50,9 @@ Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data,
   const int rank = comm.rank() / cp;
   const int64_t n = data.size(), per_round = per_device * (comm.size() / cp);
   EvalResult total;
+  Progress progress("evaluating", n, Progress::Unit::items, "samples");
   for (int64_t first = 0; first < n; first += per_round) {
+    progress.update(first);
     GLM_ASSIGN_OR_RETURN(const int stop, agree_on_preemption(comm));
     if (stop != 0) return stopped_status(concat("during evaluation, after ", first, " of ", n, " samples"), stop);
     HostMicroBatch batch;
