@@ -55,6 +55,31 @@ def decode(body, proto):
 RANK_TAGS = 16  # train/metrics_logger.h kTensorBoardRankTags
 
 
+def expected_scalars(out_dir):
+    """{(tag, step): value} that logging.jsonl implies: each number of each record at its step,
+    train/<key> or eval/<rest> for eval_<rest>; the per-rank gpu_* arrays as <tag>/rank<r> up to
+    RANK_TAGS ranks, <tag>/min and <tag>/max beyond."""
+    expected = {}
+    for line in open(os.path.join(out_dir, "logging.jsonl")):
+        r = json.loads(line)
+        for k, v in r.items():
+            tag = "eval/" + k[5:] if k.startswith("eval_") else "train/" + k
+            if k.startswith("gpu_") and isinstance(v, list):  # by rank: one tag a rank, or min and max
+                numbers = [x for x in v if x is not None]
+                if len(v) <= RANK_TAGS:
+                    for rank, x in enumerate(v):
+                        if x is not None:
+                            expected[(f"{tag}/rank{rank}", r["step"])] = float(x)
+                elif numbers:
+                    expected[(tag + "/min", r["step"])] = float(min(numbers))
+                    expected[(tag + "/max", r["step"])] = float(max(numbers))
+                continue
+            if k in ("step", "max_steps") or isinstance(v, (str, list, dict)) or v is None:
+                continue
+            expected[(tag, r["step"])] = float(v)
+    return expected
+
+
 def main(out_dir, proto):
     files = glob.glob(os.path.join(out_dir, "runs", "*.tfevents.*"))
     assert len(files) == 1, f"expected one event file, found {files}"
@@ -77,24 +102,7 @@ def main(out_dir, proto):
         scalars[key] = float(value.group(1))
     assert versions == 1, versions
     assert "args" in texts, texts
-    expected = {}
-    for line in open(os.path.join(out_dir, "logging.jsonl")):
-        r = json.loads(line)
-        for k, v in r.items():
-            tag = "eval/" + k[5:] if k.startswith("eval_") else "train/" + k
-            if k.startswith("gpu_") and isinstance(v, list):  # by rank: one tag a rank, or min and max
-                numbers = [x for x in v if x is not None]
-                if len(v) <= RANK_TAGS:
-                    for rank, x in enumerate(v):
-                        if x is not None:
-                            expected[(f"{tag}/rank{rank}", r["step"])] = float(x)
-                elif numbers:
-                    expected[(tag + "/min", r["step"])] = float(min(numbers))
-                    expected[(tag + "/max", r["step"])] = float(max(numbers))
-                continue
-            if k in ("step", "max_steps") or isinstance(v, (str, list, dict)) or v is None:
-                continue
-            expected[(tag, r["step"])] = float(v)
+    expected = expected_scalars(out_dir)
     assert set(expected) == set(scalars), (sorted(set(expected) ^ set(scalars)))[:10]
     for key, want in expected.items():
         got = scalars[key]

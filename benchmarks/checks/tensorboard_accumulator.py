@@ -6,33 +6,13 @@ its step (train/<key>, eval/<rest> for eval_<rest>; the per-rank gpu_* arrays as
 options on the text dashboard. Prints one line; exit 1 on the first difference.
 Usage: tensorboard_accumulator.py OUTPUT_DIR"""
 import glob
-import json
 import math
 import os
 import struct
 import sys
 
-RANK_TAGS = 16
-
-
-def expected_scalars(out_dir):
-    expected = {}
-    for line in open(os.path.join(out_dir, "logging.jsonl")):
-        r = json.loads(line)
-        for k, v in r.items():
-            tag = "eval/" + k[5:] if k.startswith("eval_") else "train/" + k
-            if k.startswith("gpu_") and isinstance(v, list):
-                numbers = [x for x in v if x is not None]
-                if len(v) <= RANK_TAGS:
-                    for rank, x in enumerate(v):
-                        if x is not None:
-                            expected[(f"{tag}/rank{rank}", r["step"])] = float(x)
-                elif numbers:
-                    expected[(tag + "/min", r["step"])] = float(min(numbers))
-                    expected[(tag + "/max", r["step"])] = float(max(numbers))
-            elif k not in ("step", "max_steps") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                expected[(tag, r["step"])] = float(v)
-    return expected
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+from tensorboard_check import expected_scalars  # noqa: E402  the same mapping CI checks
 
 
 def main(out_dir):
