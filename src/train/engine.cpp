@@ -644,10 +644,12 @@ Status TrainingEngine::check_and_clip(ZeroStep& zero_step, StepResult& r, int64_
     const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
     int32_t skip[2] = {!r.skipped.empty() && !finite, !r.skipped.empty() && finite};  // non-finite, spike
     GLM_RETURN_IF_ERROR(comm_.all_reduce(skip, skip, 2, CommType::i32, ReduceOp::max));
-    if ((skip[0] != 0 || skip[1] != 0) && r.skipped.empty())
-      r.skipped = concat(skip[0] != 0 ? "a non-finite" : "a spiking", " gradient norm on another rank (this rank's, ",
-                         r.grad_norm, ", passed: the ranks' replicas of the gradient differ)");
-    if (skip[0] != 0 || skip[1] != 0) return Status::ok();
+    if (skip[0] != 0 || skip[1] != 0) {
+      if (r.skipped.empty())
+        r.skipped = concat(skip[0] != 0 ? "a non-finite" : "a spiking", " gradient norm on another rank (this rank's, ",
+                           r.grad_norm, ", passed: the ranks' replicas of the gradient differ)");
+      return Status::ok();
+    }
   }
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) return non_finite(r, this_step, "");
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
@@ -677,12 +679,12 @@ Status TrainingEngine::inject_gradient_fault(int64_t this_step) {
   const double nan = std::nan("");
   const float nan_f = std::nanf("");
   const uint16_t nan_bf16 = 0x7fc0;
-  const void* value = g.dtype == DType::f64 ? static_cast<const void*>(&nan)
-                      : g.dtype == DType::f32 ? static_cast<const void*>(&nan_f)
-                                              : static_cast<const void*>(&nan_bf16);
-  if (g.dtype != DType::f64 && g.dtype != DType::f32 && g.dtype != DType::bf16)
-    return GLM_INTERNAL_ERROR("gradient fault: gradients of dtype ", dtype_name(g.dtype));
-  return backend_.upload(g, value);
+  switch (g.dtype) {
+    case DType::f64: return backend_.upload(g, &nan);
+    case DType::f32: return backend_.upload(g, &nan_f);
+    case DType::bf16: return backend_.upload(g, &nan_bf16);
+    default: return GLM_INTERNAL_ERROR("gradient fault: gradients of dtype ", dtype_name(g.dtype));
+  }
 }
 
 // Each unit's parameter all-gather (stages 1-2) starts as soon as its update is enqueued.
