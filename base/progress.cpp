@@ -33,19 +33,22 @@ std::string format_duration(double seconds) {
 }
 
 Progress::Progress(std::string what, int64_t total, Unit unit, std::string noun)
-    : Progress(std::move(what), total, unit, std::move(noun), Output{}) {
-  active_ = progress_enabled();
-}
+    : Progress(std::move(what), total, unit, std::move(noun), Output{}) {}
 
 Progress::Progress(std::string what, int64_t total, Unit unit, std::string noun, Output out)
-    : what_(std::move(what)), noun_(std::move(noun)), total_(total), unit_(unit), active_(true) {
+    : what_(std::move(what)), noun_(std::move(noun)), total_(total), unit_(unit) {
+  active_ = out.enabled >= 0 ? out.enabled == 1 : progress_enabled();
   file_ = out.file != nullptr ? out.file : stderr;
   terminal_ = out.terminal >= 0 ? out.terminal == 1 : ::isatty(::fileno(file_)) == 1;
   now_ = std::move(out.now);
   start_ = seconds();
 }
 
-Progress::~Progress() { finish(); }
+Progress::~Progress() {
+  if (finished_ || !printed_ || !terminal_) return;
+  std::fprintf(file_, "\n");  // the terminal's line stays as it was, and the next output starts below it
+  std::fflush(file_);
+}
 
 double Progress::seconds() const {
   if (now_) return now_();

@@ -27,6 +27,7 @@ class Progress {
     std::FILE* file = nullptr;                    // null: stderr
     int terminal = -1;                            // 1 in place, 0 plain lines, -1: isatty(file)
     std::function<double()> now;                  // seconds; empty: the steady clock
+    int enabled = -1;                             // 1 or 0; -1: progress_enabled()
   };
   static constexpr double kFirstAfter = 2.0;      // nothing is said of work done within this
   static constexpr double kTerminalEvery = 0.25;  // a terminal's line is rewritten at most this often
@@ -34,16 +35,17 @@ class Progress {
 
   // what: "tokenizing data/x.jsonl"; total: the units of the whole work (0: unknown, no share or
   // ETA); noun: what an item is ("samples", "tensors"; ignored for bytes). Silent unless
-  // progress_enabled(), or an Output is given (tests).
+  // progress_enabled() (Output::enabled for tests).
   Progress(std::string what, int64_t total, Unit unit, std::string noun = "");
   Progress(std::string what, int64_t total, Unit unit, std::string noun, Output out);
-  ~Progress();  // finish() if not called
+  // Work that ends without finish() (an error, a stop) says nothing more; a terminal's line ends.
+  ~Progress();
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
   // `done` units of `total` so far (monotonic); cheap enough for every item.
   void update(int64_t done);
-  // The last line ("... done: N in T s (rate)") where any line was printed; the terminal's line ends.
+  // The work is complete: "WHAT: done, N in T s (RATE)" where any line was printed.
   void finish();
 
  private:

@@ -214,7 +214,7 @@ TEST(Straggler, ASlowRankIsNamedAfterThreeSlowLogSteps) {
   c.logging_steps = 1;
   c.log_to_console = true;
   c.slow_rank = world - 1;
-  c.slow_rank_seconds = 0.25;
+  c.slow_rank_seconds = 0.6;  // far over a step of the tiny model, even on a loaded machine
   auto done = run(c);
   ASSERT_TRUE(done.is_ok()) << done.status().message();
   if (rank != 0) return;
@@ -228,7 +228,7 @@ TEST(Straggler, ASlowRankIsNamedAfterThreeSlowLogSteps) {
     EXPECT_FALSE(j.contains("gpu_util")) << "no GPU on the CPU backend";
     ASSERT_TRUE(j.contains("slowest_rank")) << line;
     EXPECT_EQ(j["slowest_rank"].get<int>(), world - 1) << line;
-    EXPECT_GT(j["slowest_busy_seconds"].get<double>(), 0.2) << line;
+    EXPECT_GT(j["slowest_busy_seconds"].get<double>(), 0.5) << line;
     EXPECT_GT(j["slowest_busy_seconds"].get<double>(), 1.1 * j["median_busy_seconds"].get<double>()) << line;
     if (j.contains("straggler")) {
       named.push_back(j["step"].get<int64_t>());

@@ -16,8 +16,8 @@ struct Captured {
   std::FILE* file = std::tmpfile();
   double now = 0;
   ~Captured() { std::fclose(file); }
-  Progress::Output output(bool terminal) {
-    return Progress::Output{file, terminal ? 1 : 0, [this] { return now; }};
+  Progress::Output output(bool terminal, int enabled = 1) {
+    return Progress::Output{file, terminal ? 1 : 0, [this] { return now; }, enabled};
   }
   std::string text() {
     std::fflush(file);
@@ -57,6 +57,7 @@ TEST(Progress, ALogGetsAPlainLineEveryInterval) {
       c.now = s;
       p.update(4 * s);  // 4 samples a second: 100 s in all
     }
+    p.finish();
   }
   const auto lines = lines_of(c.text());
   // At 2 s (the first), 32 s, 62 s and 92 s, then the closing line.
@@ -97,6 +98,7 @@ TEST(Progress, BytesAndUnknownTotals) {
     Progress p("tokenizing big.jsonl", 0, Progress::Unit::bytes, "", c.output(false));
     c.now = 3;
     p.update(1'500'000'000);
+    p.finish();
   }
   const auto lines = lines_of(c.text());
   ASSERT_EQ(lines.size(), 2u) << c.text();
@@ -105,11 +107,35 @@ TEST(Progress, BytesAndUnknownTotals) {
   EXPECT_EQ(format_duration(-1), "--:--:--");
 }
 
+// Work that fails or is stopped says nothing more than it had: no closing line; on a terminal
+// its line is ended so that the error starts on a line of its own.
+TEST(Progress, UnfinishedWorkHasNoClosingLine) {
+  Captured c;
+  {
+    Progress p("evaluating", 100, Progress::Unit::items, "samples", c.output(true));
+    c.now = 3;
+    p.update(40);
+  }
+  const std::string text = c.text();
+  EXPECT_EQ(text.find("done"), std::string::npos) << text;
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(lines_of(text).size(), 1u);
+}
+
+// Every rank but the one enable_progress(true) chose is silent, however long its work.
 TEST(Progress, QuietInProcessesNotChosen) {
-  enable_progress(false);
-  EXPECT_FALSE(progress_enabled());
-  enable_progress(true);
-  EXPECT_TRUE(progress_enabled());
+  for (const bool chosen : {false, true}) {
+    enable_progress(chosen);
+    EXPECT_EQ(progress_enabled(), chosen);
+    Captured c;
+    {
+      Progress p("tokenizing a.jsonl", 100, Progress::Unit::bytes, "", c.output(false, -1));
+      c.now = 100;
+      p.update(50);
+      p.finish();
+    }
+    EXPECT_EQ(c.text().empty(), !chosen) << c.text();
+  }
   enable_progress(false);
 }
 

@@ -12,6 +12,7 @@
 #include "cli/prepare.h"
 #include "data/token_shards.h"
 #include "io/durable_file.h"
+#include "io/run_plots.h"
 #include "train/checkpoint_dir.h"
 
 namespace glm {
@@ -25,8 +26,7 @@ constexpr const char* kRunStatusFile = "run_status.json";
 bool written_by_train(std::string_view name) {
   constexpr std::string_view kAside = ".old";
   if (name.ends_with(kAside)) name.remove_suffix(kAside.size());
-  return name == "args.json" || name == "latest" || name == "logging.jsonl" || name == "runs" || name == "images" ||
-         name == kRunStatusFile ||
+  return name == "args.json" || name == "latest" || name == "logging.jsonl" || name == "runs" || name == kRunStatusFile ||
          checkpoint_step_of(name) >= 0;
 }
 
@@ -37,7 +37,7 @@ struct PreviousRun {
   int64_t log_records = 0;
   int64_t logged_steps = 0;  // the records with a training loss
   std::vector<fs::path> checkpoints;  // checkpoint-N directories, by step
-  std::vector<fs::path> files;        // logging.jsonl, latest, runs/, images/: removed with the checkpoints
+  std::vector<fs::path> files;        // logging.jsonl, latest, runs/, the charts: removed with the checkpoints
   bool empty() const { return log_records == 0 && checkpoints.empty(); }
   std::string describe() const {
     std::string out;
@@ -73,9 +73,11 @@ Result<PreviousRun> find_previous_run(const fs::path& dir) {
       if (line.find("\"loss\"") != std::string::npos) ++previous.logged_steps;
     }
   if (previous.log_records > 0) previous.files.push_back(dir / "logging.jsonl");
-  // TensorBoard's event files and the charts go with the log they show (a new run writes its own).
-  for (const char* drawn : {"runs", "images"})
-    if (fs::is_directory(dir / drawn, ec)) previous.files.push_back(dir / drawn);
+  // TensorBoard's event files and the charts go with the log they show (a new run writes its own);
+  // anything else in images/ is the user's.
+  if (fs::is_directory(dir / "runs", ec)) previous.files.push_back(dir / "runs");
+  for (const std::string& chart : chart_file_names())
+    if (fs::exists(dir / "images" / chart, ec)) previous.files.push_back(dir / "images" / chart);
   return previous;
 }
 

@@ -174,7 +174,6 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         batch.push_back(std::move(text));
         batch_line_nos.push_back(line_no);
       }
-      progress.update(bytes_read);  // read and about to be tokenized
       batch_samples.assign(batch.size(), TokenizedSample{});
       batch_status.assign(batch.size(), Status::ok());
       const size_t workers = std::min(threads, (batch.size() + 63) / 64);
@@ -229,8 +228,10 @@ Result<Dataset> load_dataset(const std::vector<std::string>& paths, const Tokeni
         d.samples.push_back(std::move(sample));
         d.sources.push_back({static_cast<int32_t>(d.files.size() - 1), line_no});
       }
+      progress.update(bytes_read);
     }
     if (in.bad()) return GLM_USER_ERROR("error reading dataset file '", path, "'");
+    progress.finish();
     if (error_count > 0)
       return GLM_USER_ERROR(
           error_count, " bad sample(s) in '", path, "'", errors,

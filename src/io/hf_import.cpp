@@ -8,9 +8,9 @@
 #include <optional>
 #include <set>
 
+#include "base/input_path.h"
 #include "base/json_fields.h"
 #include "base/progress.h"
-#include "base/input_path.h"
 #include "io/safetensors.h"
 
 namespace glm {
@@ -206,8 +206,7 @@ Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
   if (sink != nullptr) progress.emplace("loading the weights of " + m.dir, total, Progress::Unit::items, "parameters");
   for (int i = 0; i < static_cast<int>(layout.entries().size()); ++i) {
     const ParamEntry& e = layout.entry(i);
-    if (progress) progress->update(loaded);
-    loaded += e.numel;
+
     if (sink != nullptr) values.assign(static_cast<size_t>(e.numel), 0.0f);
     const bool is_qkv_bias = e.kind == ParamKind::bias;
     for (const HfPiece& piece : hf_pieces(m, layout, i)) {
@@ -233,7 +232,10 @@ Status visit_hf_weights(const HfModel& m, const ParamLayout& layout,
       GLM_RETURN_IF_ERROR(check_finite(out, piece.name, found.file->path()));
     }
     if (sink != nullptr) GLM_RETURN_IF_ERROR((*sink)(i, values));
+    loaded += e.numel;
+    if (progress) progress->update(loaded);
   }
+  if (progress) progress->finish();
   for (const auto& name : ckpt.names()) {
     // The THUDM checkpoint carries an unused rotary buffer (GLM4_SPEC.md 4.1).
     if (used.count(name) || name.ends_with("rotary_pos_emb.inv_freq") || name.ends_with("rotary_emb.inv_freq"))

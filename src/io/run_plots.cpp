@@ -20,6 +20,7 @@
 #include "base/errno_text.h"
 #include "base/scope_exit.h"
 #include "base/temp_names.h"
+#include "base/text.h"
 #include "io/durable_file.h"
 
 extern char** environ;
@@ -212,20 +213,26 @@ Result<std::string> gnuplot_script(const std::vector<Chart>& charts, const fs::p
   return s + "unset output\n";
 }
 
-// Runs `gnuplot script`, its output into log: the exit status, -1 when gnuplot is not on PATH.
-Result<int> run_gnuplot(const fs::path& script, const fs::path& log) {
+// Runs `gnuplot script`, its output into log: the exit status, or -1 with why_not set when it
+// cannot start.
+Result<int> run_gnuplot(const fs::path& script, const fs::path& log, std::string& why_not) {
   posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
+  if (const int err = posix_spawn_file_actions_init(&actions); err != 0)
+    return GLM_ERROR(ErrorKind::io, "cannot prepare to start gnuplot: ", errno_text(err));
   ScopeExit destroy([&] { posix_spawn_file_actions_destroy(&actions); });
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  for (const int err :
+       {posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0),
+        posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+        posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO)})
+    if (err != 0) return GLM_ERROR(ErrorKind::io, "cannot prepare to start gnuplot: ", errno_text(err));
   std::string program = "gnuplot", arg = script.string();
   char* argv[] = {program.data(), arg.data(), nullptr};
   pid_t pid = 0;
   const int err = posix_spawnp(&pid, "gnuplot", &actions, nullptr, argv, environ);
-  if (err == ENOENT) return -1;
-  if (err != 0) return GLM_ERROR(ErrorKind::io, "cannot start gnuplot: ", errno_text(err));
+  if (err != 0) {  // not on PATH (ENOENT), not executable, ...: the charts are drawn as SVG
+    why_not = err == ENOENT ? "gnuplot is not on PATH" : "cannot start gnuplot: " + errno_text(err);
+    return -1;
+  }
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) return GLM_ERROR(ErrorKind::io, "waiting for gnuplot: ", errno_text(errno));
@@ -252,11 +259,8 @@ Result<std::vector<std::string>> plot_with_gnuplot(const std::vector<Chart>& cha
     GLM_ASSIGN_OR_RETURN(const std::string script, gnuplot_script(charts, work, images, terminal, o.width, o.height));
     const fs::path script_path = work / "charts.gp", log = work / "gnuplot.log";
     GLM_RETURN_IF_ERROR(write_file_durably(script_path, script));
-    GLM_ASSIGN_OR_RETURN(const int code, run_gnuplot(script_path, log));
-    if (code < 0) {
-      report.note = "gnuplot is not on PATH";
-      return std::vector<std::string>();
-    }
+    GLM_ASSIGN_OR_RETURN(const int code, run_gnuplot(script_path, log, report.note));
+    if (code < 0) return std::vector<std::string>();
     std::vector<std::string> files;
     for (const Chart& chart : charts) {
       const fs::path png = images / (chart.file + ".png");
@@ -264,6 +268,7 @@ Result<std::vector<std::string>> plot_with_gnuplot(const std::vector<Chart>& cha
     }
     if (files.size() == charts.size()) {
       report.tool = concat("gnuplot (", terminal, ")");
+      report.note.clear();
       return files;
     }
     report.note = concat("gnuplot failed (exit code ", code, "): ", first_line_of(log));
@@ -273,9 +278,12 @@ Result<std::vector<std::string>> plot_with_gnuplot(const std::vector<Chart>& cha
 
 // ---- SVG, where gnuplot is not ----
 
-std::string xml_escape(const std::string& s) {
+// Text for an SVG: valid UTF-8 (base/text.h), markup escaped, control characters dropped.
+std::string xml_escape(const std::string& text) {
+  const std::string s = printable_text(text);
   std::string out;
   for (char ch : s) {
+    if (static_cast<unsigned char>(ch) < 0x20) continue;
     switch (ch) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
@@ -298,13 +306,19 @@ std::vector<double> nice_ticks(double lo, double hi) {
       break;
     }
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step)
+  const double first = std::ceil(lo / step) * step;
+  for (int i = 0; i < 20; ++i) {  // at most 13 by the choice of step; a bound against rounding
+    const double t = first + i * step;
+    if (t > hi + step * 1e-9) break;
     ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  }
   return ticks;
 }
 
+// [lo, hi] widened by pad of its width; a range too narrow to draw (a constant, or values a few
+// roundings apart) by 5% of its magnitude instead.
 std::pair<double, double> padded_range(double lo, double hi, double pad) {
-  if (!(hi > lo)) {
+  if (!(hi - lo > std::abs(lo) * 1e-9 + 1e-300)) {
     const double d = std::max(std::abs(lo) * 0.05, 1e-12);
     return {lo - d, hi + d};
   }
@@ -388,6 +402,9 @@ Result<PlotReport> plot_runs(const PlotOptions& o) {
   std::error_code ec;
   fs::create_directories(images, ec);
   if (ec) return GLM_FILE_ERROR("cannot create", images, ec.value());
+  // An earlier drawing's charts go first: none of them may pass for this one's (a chart this
+  // run has no values for, a PNG beside a fresh SVG).
+  for (const std::string& name : chart_file_names()) fs::remove(images / name, ec);
   PlotReport report;
   if (o.use_gnuplot) {
     GLM_ASSIGN_OR_RETURN(report.files, plot_with_gnuplot(charts, images, o, report));
@@ -402,6 +419,13 @@ Result<PlotReport> plot_runs(const PlotOptions& o) {
     report.files.push_back(svg.string());
   }
   return report;
+}
+
+std::vector<std::string> chart_file_names() {
+  std::vector<std::string> names;
+  for (const ChartSpec& spec : chart_specs())
+    for (const char* extension : {".png", ".svg"}) names.push_back(std::string(spec.file) + extension);
+  return names;
 }
 
 std::string describe_plots(const PlotReport& report, const std::string& images_dir) {

@@ -31,6 +31,9 @@ struct PlotReport {
 // is not the last line (a kill may tear the last one) or a run without one train step is a user error.
 Result<PlotReport> plot_runs(const PlotOptions& options);
 
+// The file names plot_runs may write in images_dir (every chart, PNG and SVG).
+std::vector<std::string> chart_file_names();
+
 // One line for the console: "glm_hpc: plots (TOOL) in DIR: a.png, b.png".
 std::string describe_plots(const PlotReport& report, const std::string& images_dir);
 

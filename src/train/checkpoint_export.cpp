@@ -131,14 +131,16 @@ Status read_checkpoint_masters(const CheckpointInfo& info,
   Progress progress("reading the weights of " + info.dir, total, Progress::Unit::items, "parameters");
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
     const int64_t size = units[static_cast<size_t>(u)];
-    progress.update(done);
-    done += size;
+
     unit_values.assign(static_cast<size_t>(size), 0.0f);
     std::vector<std::pair<int64_t, int64_t>> pieces;  // [lo, hi) read, to prove exact coverage
     GLM_RETURN_IF_ERROR(read_unit_masters(files, u, unit_values, pieces));
     GLM_RETURN_IF_ERROR(check_exact_cover(info, u, size, std::move(pieces)));
     GLM_RETURN_IF_ERROR(sink(u, unit_values));
+    done += size;
+    progress.update(done);
   }
+  progress.finish();
   return Status::ok();
 }
 

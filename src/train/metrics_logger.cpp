@@ -1,8 +1,8 @@
 // Console and jsonl metrics.
 #include "train/metrics_logger.h"
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>

@@ -82,7 +82,8 @@ Result<RanksReport> RunHealth::gather(Communicator& comm) {
   report.slowest_seconds = report.busy_seconds[static_cast<size_t>(report.slowest_rank)];
   report.median_seconds = median_of(report.busy_seconds);
   // A rank stays the slowest by more than kStragglerRatio: named once per streak, at its length.
-  const bool slow = world > 1 && report.slowest_seconds > kStragglerRatio * report.median_seconds;
+  const bool slow =
+      world > 1 && report.median_seconds > 0 && report.slowest_seconds > kStragglerRatio * report.median_seconds;
   streak_ = slow && report.slowest_rank == streak_rank_ ? streak_ + 1 : (slow ? 1 : 0);
   streak_rank_ = slow ? report.slowest_rank : -1;
   if (streak_ == kStragglerIntervals)

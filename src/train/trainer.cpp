@@ -52,7 +52,6 @@ Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data,
   EvalResult total;
   Progress progress("evaluating", n, Progress::Unit::items, "samples");
   for (int64_t first = 0; first < n; first += per_round) {
-    progress.update(first);
     GLM_ASSIGN_OR_RETURN(const int stop, agree_on_preemption(comm));
     if (stop != 0) return stopped_status(concat("during evaluation, after ", first, " of ", n, " samples"), stop);
     HostMicroBatch batch;
@@ -64,7 +63,9 @@ Result<EvalResult> evaluate_dataset(TrainingEngine& engine, const Dataset& data,
     total.loss_sum += r.loss_sum;
     total.targets += r.targets;
     total.correct += r.correct;
+    progress.update(std::min(first + per_round, n));
   }
+  progress.finish();
   // The sums are global: every rank sees the same and fails alike.
   if (!std::isfinite(total.loss_sum))
     return GLM_ERROR(ErrorKind::internal, "the evaluation loss over ", total.targets, " target tokens is ",
