@@ -2181,7 +2181,9 @@ TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
     std::shuffle(rows.begin(), rows.end(), rng);
     const DecodeScript script = decode_script(sequences, feed, rows);
     auto cpu = make_cpu_backend(DType::f32);
-    auto gpu = make_cuda_backend(0).take();
+    BackendConfig graphs;
+    graphs.cuda_graphs = true;
+    auto gpu = make_cuda_backend(0, graphs).take();
     LocalCommunicator comm;
     auto run = [&](Backend& backend, std::vector<std::vector<float>>& out) -> std::unique_ptr<TrainingEngine> {
       auto engine = TrainingEngine::create({.model = c, .max_tokens = 256}, backend, comm).take();
@@ -2193,9 +2195,23 @@ TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
       }
       return engine;
     };
-    std::vector<std::vector<float>> on_cpu, on_gpu;
+    std::vector<std::vector<float>> on_cpu, on_gpu, op_by_op;
     run(*cpu, on_cpu);
     auto gpu_engine = run(*gpu, on_gpu);
+    // The decode steps of 3 sequences (10) and of 2 (9): each graph key (n and the attention's split
+    // count) runs eagerly once, is captured and launched the second time, replayed after; op by op
+    // (--cuda_graphs false) the same kernels: the same logits, bit for bit.
+    EXPECT_GE(gpu->graph_launches(), (10 - 3) + (9 - 3));
+    BackendConfig eager;
+    eager.cuda_graphs = false;
+    auto gpu_eager = make_cuda_backend(0, eager).take();
+    run(*gpu_eager, op_by_op);
+    EXPECT_EQ(gpu_eager->graph_launches(), 0);
+    std::printf("CUDA graph launches: %lld\n", static_cast<long long>(gpu->graph_launches()));
+    double worst_graph = 0;
+    for (size_t k = 0; k < script.batches.size(); ++k)
+      worst_graph = std::max(worst_graph, relative_error(on_gpu[k], op_by_op[k]));
+    EXPECT_EQ(worst_graph, 0.0) << "graph replays against op by op";
     const size_t vocab = static_cast<size_t>(c.vocab_size);
     double worst_cpu = 0, worst_recomputed = 0;
     for (size_t k = 0; k < script.batches.size(); ++k) {
@@ -2209,8 +2225,9 @@ TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
     }
     EXPECT_LT(worst_cpu, 2e-2);
     EXPECT_LT(worst_recomputed, 2e-2);
-    std::printf("KV cache on CUDA, head_dim %lld: %zu forwards, logits vs CPU %.2e, vs recomputing the prefix %.2e\n",
-                static_cast<long long>(head_dim), script.batches.size(), worst_cpu, worst_recomputed);
+    std::printf("KV cache on CUDA, head_dim %lld: %zu forwards, logits vs CPU %.2e, vs recomputing the prefix %.2e, "
+                "graphs vs op by op %.2e\n",
+                static_cast<long long>(head_dim), script.batches.size(), worst_cpu, worst_recomputed, worst_graph);
   }
 }
 

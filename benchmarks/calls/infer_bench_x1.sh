@@ -4,7 +4,8 @@
 # glm_hpc infer against transformers' generate (bf16, SDPA, static cache and torch.compile) on the
 # same GPU in the same call:
 #   - batch 1 and batch 32 decode: tokens/s, against the HBM roofline (the weights read per token
-#     over the copy bandwidth bench_kernels measures here; target 80% at batch 1, 2x transformers);
+#     over the copy bandwidth bench_kernels measures here; target 80% at batch 1, 2x transformers),
+#     with decode steps replayed as CUDA graphs (--cuda_graphs true) and op by op (false);
 #   - prefill of a 32k-token prompt: seconds to the first token (target 1.3x transformers).
 # Then 100 chat prompts of data/sample end to end (batch mode, time to first token and tokens/s; the
 # bundled tokenizer, whose ids fit the 9B vocabulary) and a batch-1 run under --profile (device time
@@ -84,8 +85,11 @@ infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
     --result_path "$W/result_$name.jsonl" "$@"
   keep "glm_$name"
 }
-infer batch1 one 1 "$tokens"
-infer batch32 batch 32 "$tokens"
+infer batch1 one 1 "$tokens" --cuda_graphs true
+infer batch32 batch 32 "$tokens" --cuda_graphs true
+# The same decodes op by op (--cuda_graphs false): what replaying each step as a CUDA graph gains.
+infer batch1_eager one 1 "$tokens" --cuda_graphs false
+infer batch32_eager batch 32 "$tokens" --cuda_graphs false
 infer prefill long 1 1
 infer chat100 chat 32 "$tokens"
 # GLM_IB_PROFILE_BATCH=32: the profiled run decodes the 32 prompts instead of one.
@@ -153,6 +157,10 @@ for name in ("batch1", "batch32"):
     gt = g["tokens"] / g["seconds"] if g else 0
     pt = p["tokens"] / p["seconds"] if "seconds" in p else 0
     print("%-9s %14.1f %14.1f %10s" % (name, gt, pt, "%.2f" % (gt / pt) if pt else "-"))
+    e = glm(name + "_eager")
+    if e and gt:
+        et = e["tokens"] / e["seconds"]
+        print("          op by op (--cuda_graphs false) %.1f tok/s: graphs %.2fx" % (et, gt / et))
     if name == "batch1" and copy and gt:
         roof = copy * 1e9 / weights
         print(f"          HBM roofline {roof:.1f} tok/s ({copy:.0f} GB/s copy, {weights / 1e9:.1f} GB a token): {gt / roof:.2f} of it")

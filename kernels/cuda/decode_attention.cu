@@ -8,7 +8,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kTileKeys = 32;  // one key per lane in the softmax step
-constexpr int kMaxSplits = 128;
 constexpr int kMinSplitKeys = 32;  // one tile: a decode step's few queries still fill the GPU
 constexpr int kMaxGroup = 32;
 constexpr int kMaxHeadDim = 256;
@@ -171,15 +170,16 @@ bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_di
 int decode_attention_splits(int64_t n, int64_t n_kv) {
   const int64_t mean = n > 0 ? (n_kv + n - 1) / n : n_kv;
   const int64_t splits = (mean + kMinSplitKeys - 1) / kMinSplitKeys;
-  return static_cast<int>(splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits);
+  return static_cast<int>(splits < 1 ? 1 : splits > kDecodeMaxSplits ? kDecodeMaxSplits : splits);
 }
 
 cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv,
                              const int32_t* kv_row, const int32_t* position, const int32_t* doc_start, int64_t n,
-                             int64_t n_kv, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+                             int splits, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  if (!decode_attention_supported(heads, kv_heads, head_dim) || n > 65535) return cudaErrorInvalidValue;
-  const int splits = decode_attention_splits(n, n_kv), d = static_cast<int>(head_dim);
+  if (!decode_attention_supported(heads, kv_heads, head_dim) || n > 65535 || splits < 1 || splits > kDecodeMaxSplits)
+    return cudaErrorInvalidValue;
+  const int d = static_cast<int>(head_dim);
   const int group = static_cast<int>(heads / kv_heads);
   const size_t smem = shared_bytes(group, d);
   if (smem > 48 * 1024) {

@@ -15,16 +15,18 @@ namespace glm::cuda {
 
 // What the kernel takes: head_dim a multiple of 8 up to 256 and at most 32 query heads per KV head.
 bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
-// Key splits per query for n queries whose sequences hold n_kv rows together (a tile of keys a
-// split at their mean length: a query of more keys gets longer splits, never wrong ones), and the
-// fp32 scratch the partial results need.
+// The splits of the grid: each query uses as many of them as its length fills with a tile of keys
+// each (at most all). decode_attention_splits sizes the grid for n queries whose sequences hold
+// n_kv rows together (their mean length; a query of more keys gets longer splits, never wrong ones).
+constexpr int kDecodeMaxSplits = 128;
 int decode_attention_splits(int64_t n, int64_t n_kv);
-inline int64_t decode_attention_scratch(int64_t n, int64_t n_kv, int64_t heads, int64_t head_dim) {
-  return n * decode_attention_splits(n, n_kv) * heads * (head_dim + 2);
+// The fp32 scratch of the partial results.
+inline int64_t decode_attention_scratch(int64_t n, int splits, int64_t heads, int64_t head_dim) {
+  return n * splits * heads * (head_dim + 2);
 }
 // out [n, heads * head_dim] bf16, lse [n, heads] (natural log of the scaled scores' exp-sum).
 cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv,
                              const int32_t* kv_row, const int32_t* position, const int32_t* doc_start, int64_t n,
-                             int64_t n_kv, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+                             int splits, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
 
 }  // namespace glm::cuda

@@ -615,6 +615,10 @@ class OptionTable {
     add(kernels, "lm_head_scratch_mb", &o_.lm_head_scratch_mb,
         "CUDA: MiB of bf16 logits the fused lm_head + cross-entropy holds at once (it runs in chunks of rows that "
         "fit)");
+    add(kernels, "cuda_graphs", &o_.backend.cuda_graphs,
+        "CUDA: glm_hpc infer replays each decode step of a batch size (and attention split count) as one CUDA "
+        "graph, captured at its second step, instead of launching its few hundred kernels one by one (the same "
+        "kernels: the same tokens); false: op by op; --profile runs op by op");
     add(kernels, "profile", &o_.backend.profile,
         "CUDA: time every op with events and print per-op device time and idle gaps per stream at exit (slower)");
     add(kernels, "profile_trace", &o_.backend.profile_trace,

@@ -149,6 +149,23 @@ class Backend {
   virtual Status on_side(const std::function<Status()>& fn) { return fn(); }
   virtual Status join_side() { return Status::ok(); }
 
+  // Replayable op sequences (CUDA graphs; decode steps, whose many small kernels would otherwise
+  // wait on their launches). run_graph(key, record) runs what record() enqueues on the main queue:
+  // the first time for key eagerly (kernels plan and size their scratch), then captured as graph
+  // key and launched, later by launching the graph alone. A graph reads and writes the same device
+  // addresses each time, and its kernels' launch arguments are fixed at capture: record() must
+  // enqueue the same ops on the same buffers whenever key is the same, with only device data
+  // changed in between. A backend without graphs (the CPU's, or a CUDA run with --profile) runs
+  // record() every time. clear_graphs() forgets them (a buffer they use was reallocated).
+  virtual Status run_graph(uint64_t key, const std::function<Status()>& record) { return record(); }
+  virtual void clear_graphs() {}
+  // Graph launches so far (the step replays, with the launch right after each capture).
+  virtual int64_t graph_launches() const { return 0; }
+  // What of a decode step's launch shapes follows its lengths (n queries over kv_rows cached rows;
+  // on CUDA the decode attention's split count): a graph of the step serves the steps that give the
+  // same value, so it belongs in run_graph's key.
+  virtual int64_t decode_launch_shape(int64_t n, int64_t kv_rows) const { return 0; }
+
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
   // What allocate() is being called for, named in its out-of-memory error (AllocationPurpose sets it).
   const char* allocation_purpose() const { return allocation_purpose_; }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,9 +61,11 @@ Status check_float(const char* op, DType d) {
 
 #define GLM_PROFILE_OP(name) OpProfiler::Scope glm_profile_scope_(&profiler_, name, stream_)
 
-// Grow-only device scratch: allocated on first use at the largest size asked for.
+// Grow-only device scratch: allocated on first use at the largest size asked for. Every growth
+// advances *epoch (the backend's): a CUDA graph captured before it holds the old address.
 class Scratch {
  public:
+  explicit Scratch(uint64_t* epoch) : epoch_(epoch) {}
   ~Scratch() {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
@@ -71,6 +74,7 @@ class Scratch {
       if (ptr_ != nullptr) cudaFree(ptr_);
       ptr_ = nullptr;
       bytes_ = 0;
+      ++*epoch_;
       if (cudaMalloc(&ptr_, bytes) != cudaSuccess)
         return GLM_ERROR(ErrorKind::internal, "out of device memory allocating ", bytes, " bytes of scratch");
       bytes_ = bytes;
@@ -79,6 +83,7 @@ class Scratch {
   }
 
  private:
+  uint64_t* epoch_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -123,6 +128,7 @@ class CudaBackend final : public Backend {
     }
     if (main_ != nullptr) cudaStreamSynchronize(main_);
     if (side_ != nullptr) cudaStreamSynchronize(side_);
+    for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
     for (cudaStream_t s : {copy_down_, copy_up_})
       if (s != nullptr) cudaStreamSynchronize(s);
     for (cudaEvent_t e : {fork_, joined_})
@@ -383,6 +389,20 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  Status run_graph(uint64_t key, const std::function<Status()>& record) override {
+    if (!config_.cuda_graphs || graphs_failed_ || profiler_.enabled()) return record();
+    return graph_step(key, record);
+  }
+  int64_t decode_launch_shape(int64_t n, int64_t kv_rows) const override {
+    return cuda::decode_attention_splits(n, kv_rows);
+  }
+  int64_t graph_launches() const override { return graph_launches_; }
+  void clear_graphs() override {
+    for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
+    graphs_.clear();
+    graph_keys_seen_.clear();
+  }
+
   Status embedding_forward(Tensor out, Tensor table, Tensor tokens, int64_t n, int64_t hidden) override {
     GLM_PROFILE_OP("embedding_forward");
     GLM_CUDA_RETURN(cuda::embedding_forward(b(out), b(table), tokens.as<int32_t>(), n, hidden, stream_));
@@ -568,11 +588,12 @@ class CudaBackend final : public Backend {
     if (!cuda::decode_attention_supported(s.heads, s.kv_heads, s.head_dim))
       return attention_forward_gathered(out, lse, qkv, kv, kv_rows, row_position, doc_start, n, s);
     GLM_PROFILE_OP("attention_decode");
-    const int64_t scratch = cuda::decode_attention_scratch(n, kv_rows.numel, s.heads, s.head_dim);
+    const int splits = cuda::decode_attention_splits(n, kv_rows.numel);  // decode_launch_shape()
+    const int64_t scratch = cuda::decode_attention_scratch(n, splits, s.heads, s.head_dim);
     GLM_ASSIGN_OR_RETURN(void* partial, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
     GLM_CUDA_RETURN(cuda::decode_attention(b(out), lse.as<float>(), static_cast<float*>(partial), b(qkv), b(kv),
                                            kv_rows.as<int32_t>(), row_position.as<int32_t>(), doc_start.as<int32_t>(),
-                                           n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim, stream_));
+                                           n, splits, s.heads, s.kv_heads, s.head_dim, stream_));
     return Status::ok();
   }
   Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
@@ -772,6 +793,45 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  // run_graph's work: the graph of key if current; else the first run eager, the second captured
+  // (Relaxed mode: nothing the kernels' wrappers call is refused), instantiated and launched.
+  Status graph_step(uint64_t key, const std::function<Status()>& record) {
+    if (auto found = graphs_.find(key); found != graphs_.end()) {
+      if (found->second.epoch == scratch_epoch_) {
+        GLM_CUDA_RETURN(cudaGraphLaunch(found->second.exec, stream_));
+        ++graph_launches_;
+        return Status::ok();
+      }
+      cudaGraphExecDestroy(found->second.exec);  // a scratch it uses has moved since
+      graphs_.erase(found);
+    }
+    if (graph_keys_seen_.insert(key).second) return record();
+    const uint64_t epoch = scratch_epoch_;
+    GLM_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    const Status recorded = record();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t made = ended;
+    if (recorded.is_ok() && ended == cudaSuccess) made = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!recorded.is_ok() || made != cudaSuccess) {
+      (void)cudaGetLastError();  // the capture's error is not the next op's
+      graphs_failed_ = true;
+      std::fprintf(stderr, "glm_hpc: note: decode steps run op by op: capturing a CUDA graph failed (%s)\n",
+                   recorded.is_ok() ? cudaGetErrorString(made) : recorded.message().c_str());
+      return record();
+    }
+    if (scratch_epoch_ != epoch) {  // a scratch grew while capturing: the graph holds its old address
+      cudaGraphExecDestroy(exec);
+      return record();
+    }
+    graphs_[key] = CapturedGraph{exec, epoch};
+    GLM_CUDA_RETURN(cudaGraphLaunch(exec, stream_));
+    ++graph_launches_;
+    return Status::ok();
+  }
+
   int device_;
   std::string pci_bus_id_;
   BackendConfig config_;
@@ -790,7 +850,19 @@ class CudaBackend final : public Backend {
   // SMs the GEMMs are planned for while side work is pending (0: all).
   int side_sm_target_ = 0;
   cuda::Gemm gemm_;
-  Scratch norm_scratch_, attention_scratch_, logits_scratch_, sum_scratch_, bias_scratch_;
+  uint64_t scratch_epoch_ = 0;  // Scratch growths so far: a graph of an earlier epoch is stale
+  Scratch norm_scratch_{&scratch_epoch_}, attention_scratch_{&scratch_epoch_}, logits_scratch_{&scratch_epoch_},
+      sum_scratch_{&scratch_epoch_}, bias_scratch_{&scratch_epoch_};
+  // run_graph's graphs by key, with the scratch epoch they were captured in; the keys seen once
+  // (run eagerly); graphs off for the rest of the run after a capture the driver refused.
+  struct CapturedGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t epoch = 0;
+  };
+  std::map<uint64_t, CapturedGraph> graphs_;
+  std::set<uint64_t> graph_keys_seen_;
+  bool graphs_failed_ = false;
+  int64_t graph_launches_ = 0;
   OpProfiler profiler_;
 };
 

@@ -1,6 +1,8 @@
 // KV cache of generation (see kv_cache.h).
 #include "model/kv_cache.h"
 
+#include <atomic>
+
 #include "model/glm4_model.h"
 
 namespace glm {
@@ -13,7 +15,9 @@ Result<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const ModelCo
   shape.heads = config.num_attention_heads;
   shape.kv_heads = config.num_key_value_heads;
   shape.head_dim = config.head_dim;
+  static std::atomic<uint64_t> next_id{1};
   std::unique_ptr<KvCache> cache(new KvCache(backend, shape));
+  cache->id_ = next_id++;
   cache->capacity_ = capacity;
   cache->max_new_ = max_new;
   const AllocationPurpose purpose(backend, "the KV cache of generation");
@@ -24,6 +28,8 @@ Result<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const ModelCo
   GLM_ASSIGN_OR_RETURN(cache->staging_, backend.allocate(max_new * cache->width(), backend.compute_dtype()));
   return cache;
 }
+
+KvCache::~KvCache() { backend_.clear_graphs(); }
 
 int64_t KvCache::bytes_per_token(const ModelConfig& config, int64_t element_size) {
   return config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * element_size;

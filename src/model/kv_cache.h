@@ -42,6 +42,10 @@ class KvCache {
                                                  int64_t max_new);
   // Backend bytes of one token's rows over every layer.
   static int64_t bytes_per_token(const ModelConfig& config, int64_t element_size);
+  // Unique in the process (graphs of decode steps are keyed by it); the backend's graphs go with
+  // the cache, whose rows they address.
+  uint64_t id() const { return id_; }
+  ~KvCache();
   int64_t capacity() const { return capacity_; }
   int64_t max_new() const { return max_new_; }
   int64_t bytes() const;
@@ -57,6 +61,7 @@ class KvCache {
   Backend& backend_;
   AttentionShape shape_;
   int64_t capacity_ = 0, max_new_ = 0;
+  uint64_t id_ = 0;
   std::vector<Buffer> layers_;  // [capacity, width] each
   Buffer staging_;              // [max_new, width]: the new tokens' k | v, contiguous
 };

@@ -815,6 +815,8 @@ Result<Tensor> TrainingEngine::cached_forward(const HostDecodeBatch& hb, KvCache
   }
   const int64_t total = static_cast<int64_t>(ints.size());
   if (decode_ints_.numel() < total) {
+    backend_.clear_graphs();  // they read the old buffer
+    decode_ints_ = Buffer();
     GLM_ASSIGN_OR_RETURN(decode_ints_, backend_.allocate(std::max<int64_t>(total, 2 * decode_ints_.numel()), DType::i32));
   }
   Tensor all = decode_ints_.tensor();
@@ -833,14 +835,26 @@ Result<Tensor> TrainingEngine::cached_forward(const HostDecodeBatch& hb, KvCache
   // fp32 logits straight from the head's GEMM: nothing to convert, no staging to allocate a step.
   const int64_t numel = m * config().vocab_size;
   if (decode_logits_.numel() < numel) {
+    backend_.clear_graphs();
     decode_logits_ = Buffer();
     GLM_ASSIGN_OR_RETURN(decode_logits_, backend_.allocate(numel, DType::f32));
   }
   const Tensor logits = decode_logits_.slice(0, numel);
-  model_->attach_kv_cache(&cache);
-  const Status s = model_->forward_logits(b, *zero_, logits, all.slice(5 * n, m));
-  model_->attach_kv_cache(nullptr);
-  GLM_RETURN_IF_ERROR(s);
+  auto forward = [&]() -> Status {
+    model_->attach_kv_cache(&cache);
+    const Status s = model_->forward_logits(b, *zero_, logits, all.slice(5 * n, m));
+    model_->attach_kv_cache(nullptr);
+    return s;
+  };
+  // A decode step of n sequences is the same ops on the same buffers as the last one of n with the
+  // same launch shapes (only the uploaded ints differ): a graph replays it (Backend::run_graph). Its
+  // key: the cache, the launch shapes the lengths choose, n.
+  if (b.decode && m == n) {
+    const auto shape = static_cast<uint64_t>(backend_.decode_launch_shape(n, row_tokens));
+    GLM_RETURN_IF_ERROR(backend_.run_graph((cache.id() << 40) | (shape << 24) | static_cast<uint64_t>(n), forward));
+  } else {
+    GLM_RETURN_IF_ERROR(forward());
+  }
   return logits;
 }
 
