@@ -214,7 +214,7 @@ Result<std::string> result_path_of(const CliOptions& o) {
   if (!o.result_path.empty()) return o.result_path;
   const std::string name = concat("infer_result/", now_text("%Y%m%d-%H%M%S"), ".jsonl");
   const std::string beside = !o.ckpt_dir.empty() ? o.ckpt_dir : o.adapters;
-  if (beside.empty() || fs::exists(fs::path(beside) / kPeftConfigFile)) return name;
+  if (beside.empty() || is_peft_adapter_dir(beside)) return name;
   GLM_ASSIGN_OR_RETURN(const std::string checkpoint, resolve_export_checkpoint(beside));
   return (fs::path(checkpoint) / name).string();
 }
@@ -227,7 +227,7 @@ Result<CliOptions> comparison_options(const CliOptions& o) {
   b.adapters.clear();
   std::error_code ec;
   const fs::path p(o.compare_with);
-  if (fs::exists(p / kPeftConfigFile, ec))
+  if (is_peft_adapter_dir(p))
     return GLM_USER_ERROR("--compare_with '", o.compare_with, "' holds LoRA adapters: compare with a model directory, ",
                           "a checkpoint, or the adapters merged (glm_hpc export --merge_lora true)");
   bool checkpoint = fs::exists(p / "meta.json", ec) || fs::exists(p / "latest", ec);

@@ -86,7 +86,7 @@ Result<ModelSource> ModelSource::open(const ModelSpec& spec) {
       m.checkpoint_ = std::move(info);
       return m;
     }
-  } else if (!spec.adapters.empty() && !fs::exists(fs::path(spec.adapters) / kPeftConfigFile)) {
+  } else if (!spec.adapters.empty() && !is_peft_adapter_dir(spec.adapters)) {
     GLM_ASSIGN_OR_RETURN(info, read_lora_checkpoint(spec.adapters, "--adapters"));
     m.recorded_tokenizer_ = info->tokenizer;
   }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -20,6 +21,13 @@ namespace glm {
 
 inline constexpr const char* kPeftConfigFile = "adapter_config.json";
 inline constexpr const char* kPeftWeightsFile = "adapter_model.safetensors";
+
+// True when dir is a PEFT adapter directory (it holds adapter_config.json), as opposed to a model
+// directory or a glm_hpc checkpoint; false for a missing or unreadable path.
+inline bool is_peft_adapter_dir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir / kPeftConfigFile, ec);
+}
 
 // One PEFT tensor: lora_A.weight [r, in] of an entry, or lora_B.weight [rows, r], rows
 // [first_row, first_row + rows) of the entry's B (the q, k and v blocks of query_key_value in the
