@@ -10,18 +10,12 @@
 #include <cctype>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
+
+#include "base/text.h"
 
 namespace glm {
 
 namespace {
-
-std::string first_line(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  if (in) std::getline(in, line);
-  return line;
-}
 
 bool parse_int(std::string_view text, int& out) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
@@ -52,12 +46,12 @@ int pci_numa_node(const std::string& bus_id) {
   std::string id = bus_id;
   std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return std::tolower(c); });
   int node = -1;
-  if (!parse_int(first_line("/sys/bus/pci/devices/" + id + "/numa_node"), node)) return -1;
+  if (!parse_int(first_line_of("/sys/bus/pci/devices/" + id + "/numa_node"), node)) return -1;
   return node;  // the kernel says -1 itself where the platform has no NUMA information
 }
 
 int numa_node_count() {
-  const std::vector<int> nodes = parse_cpu_list(first_line("/sys/devices/system/node/online"));
+  const std::vector<int> nodes = parse_cpu_list(first_line_of("/sys/devices/system/node/online"));
   return nodes.empty() ? 1 : static_cast<int>(nodes.size());
 }
 
@@ -67,7 +61,7 @@ std::vector<int> numa_node_cpus(int node) {
   CPU_ZERO(&allowed);
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
   std::vector<int> cpus;
-  for (int c : parse_cpu_list(first_line("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist")))
+  for (int c : parse_cpu_list(first_line_of("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist")))
     if (c < CPU_SETSIZE && CPU_ISSET(c, &allowed)) cpus.push_back(c);
   return cpus;
 }

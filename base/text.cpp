@@ -1,6 +1,8 @@
 // UTF-8 validation (RFC 3629 well-formedness, as nlohmann's serializer checks it) and escaping.
 #include "base/text.h"
 
+#include <fstream>
+
 namespace glm {
 namespace {
 
@@ -59,6 +61,13 @@ std::string printable_text(std::string_view bytes) {
     out += kHex[b & 15];
   }
   return out;
+}
+
+std::string first_line_of(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (in) std::getline(in, line);
+  return line;
 }
 
 }  // namespace glm

@@ -15,4 +15,8 @@ std::string printable_text(std::string_view bytes);
 // True when `bytes` is well-formed UTF-8.
 bool is_valid_utf8(std::string_view bytes);
 
+// The first line of a file, its newline left out; empty where the file is missing or unreadable
+// (how sysfs, /proc and a tool's log are read).
+std::string first_line_of(const std::string& path);
+
 }  // namespace glm

@@ -19,19 +19,13 @@
 #include <sstream>
 
 #include "base/temp_names.h"
+#include "base/text.h"
 #include "io/durable_file.h"
 
 namespace glm {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string first_line_of(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
 
 std::string raw_host_name() {
   char host[256] = {0};

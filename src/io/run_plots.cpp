@@ -239,13 +239,6 @@ Result<int> run_gnuplot(const fs::path& script, const fs::path& log, std::string
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-std::string first_line_of(const fs::path& file) {
-  std::ifstream in(file);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
 // The charts through gnuplot: pngcairo, then the gd png terminal. Empty files when gnuplot is
 // missing or fails (report.note says why).
 Result<std::vector<std::string>> plot_with_gnuplot(const std::vector<Chart>& charts, const fs::path& images,
@@ -271,7 +264,7 @@ Result<std::vector<std::string>> plot_with_gnuplot(const std::vector<Chart>& cha
       report.note.clear();
       return files;
     }
-    report.note = concat("gnuplot failed (exit code ", code, "): ", first_line_of(log));
+    report.note = concat("gnuplot failed (exit code ", code, "): ", first_line_of(log.string()));
   }
   return std::vector<std::string>();
 }

@@ -816,8 +816,9 @@ Result<Tensor> TrainingEngine::cached_forward(const HostDecodeBatch& hb, KvCache
   const int64_t total = static_cast<int64_t>(ints.size());
   if (decode_ints_.numel() < total) {
     backend_.clear_graphs();  // they read the old buffer
+    const int64_t grown = std::max<int64_t>(total, 2 * decode_ints_.numel());
     decode_ints_ = Buffer();
-    GLM_ASSIGN_OR_RETURN(decode_ints_, backend_.allocate(std::max<int64_t>(total, 2 * decode_ints_.numel()), DType::i32));
+    GLM_ASSIGN_OR_RETURN(decode_ints_, backend_.allocate(grown, DType::i32));
   }
   Tensor all = decode_ints_.tensor();
   GLM_RETURN_IF_ERROR(backend_.upload(all.slice(0, total), ints.data()));
