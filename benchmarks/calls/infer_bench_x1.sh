@@ -14,6 +14,8 @@
 #   GLM_IB_PEER=0       leave transformers out
 #   GLM_IB_TOKENS       new tokens a reply (default 256)
 #   GLM_IB_PROFILE_BATCH=32  profile batch 32 instead of batch 1
+#   GLM_IB_NCU=1        also time every kernel of two batch-1 decode steps with Nsight Compute (op by
+#                       op, --clock-control none) and print the time per kernel name for one token
 #   GLM_IB_KEEP=1       keep the work folder (build-gpu/infer_bench: the model, the logs of earlier
 #                       calls) and reuse its model, so a later call on a warm machine can run the
 #                       steps one call had no time for; STEP_ONLY names those steps (steps.sh)
@@ -96,6 +98,37 @@ infer chat100 chat 32 "$tokens"
 if [ "${GLM_IB_PROFILE_BATCH:-1}" = 32 ]; then profiled="batch 32"; else profiled="one 1"; fi
 # shellcheck disable=SC2086
 [ "$dry" = 1 ] || infer profile $profiled 64 --profile true
+if [ "${GLM_IB_NCU:-0}" = 1 ] && [ "$dry" != 1 ]; then
+  # Prefill and the first steps take the first few thousand launches; two decode steps follow.
+  step ncu_batch1 200 mpirun -np 1 --bind-to none ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum \
+    --launch-skip 4000 --launch-count 1200 --csv --print-units base --log-file "$W/ncu_batch1.csv" $B/glm_hpc infer --device cuda \
+    --model_id_or_path "$W/model" --val_dataset "$W/one.jsonl" --max_batch_size 1 --max_new_tokens 24 --temperature 0 \
+    --cuda_graphs false --result_path "$W/result_ncu.jsonl"
+  keep ncu_batch1
+  python3 - "$W/ncu_batch1.csv" >"$OUT/ncu_table.txt" 2>&1 <<'PY'
+import csv, collections, sys
+rows = list(csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')))
+time, dram, count = collections.Counter(), collections.Counter(), collections.Counter()
+ids = set()
+for r in rows:
+    name = r["Kernel Name"].replace("(anonymous namespace)::", "").replace("glm::cuda::", "").replace("void ", "")
+    name = (name.split("(")[0][:34] + " " + r.get("Grid Size", "")).strip()  # a GEMV's grid names its matrix
+    value = float(r["Metric Value"].replace(",", ""))  # base units: ns and bytes
+    if r["Metric Name"] == "gpu__time_duration.sum":
+        time[name] += value * 1e-3
+        count[name] += 1
+        ids.add(r["ID"])
+    else:
+        dram[name] += value
+launches = len(ids)
+total = sum(time.values())
+print(f"{launches} kernels profiled, {total / 1e3:.2f} ms of kernel time in all")
+print("%-48s %7s %10s %9s %9s" % ("kernel", "count", "us total", "us each", "GB/s"))
+for name, t in time.most_common(25):
+    print("%-48s %7d %10.1f %9.2f %9.0f" % (name, count[name], t, t / count[name], dram[name] / (t * 1e-6) / 1e9 if t else 0))
+PY
+  cat "$OUT/ncu_table.txt"
+fi
 if [ "$peer" = 1 ]; then
   cat >"$W/peer.py" <<'PY'
 import json, sys, time, torch

@@ -8,7 +8,8 @@
 # parity fixture with transformers (tools/make_parity_fixtures.py) into $OUT/fixtures.
 # GLM_AB_BENCH=REGEX also builds both trees' bench_kernels and runs the benchmarks it matches with
 # each, old first (a benchmark the old tree lacks prints nothing there); GLM_AB_BENCH_OLD=0 runs the
-# new tree's alone. GLM_AB_GTEST_FILTER narrows test_cuda_ops (without GLM_AB_CTEST).
+# new tree's alone. GLM_AB_GTEST_FILTER narrows test_cuda_ops (without GLM_AB_CTEST). GLM_AB_STEPS
+# sets the 12-layer runs' steps (25; 0 leaves them out).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp/out}
@@ -70,7 +71,8 @@ with open(sys.argv[1], "w") as f:
     for _ in range(16): f.write(json.dumps({"input_ids": [random.randrange(151552) for _ in range(4096)]}) + "\n")
 PY
 steps=${GLM_AB_STEPS:-25}
-for round in 1 2; do
+rounds="1 2"; [ "$steps" = 0 ] && rounds=""  # GLM_AB_STEPS=0: no 12-layer runs
+for round in $rounds; do
   for side in old new; do
     bin=$([ $side = old ] && echo /tmp/old/build-gpu/glm_hpc || echo "$root/build-gpu/glm_hpc")
     dir=/tmp/ab_${side}_$round; rm -rf "$dir"

@@ -138,26 +138,54 @@ __global__ void __launch_bounds__(kThreads) decode_partial_kernel(float* partial
   }
 }
 
-// Block (i, head): the splits of query i's head merged: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
-__global__ void decode_merge_kernel(bf16* out, float* lse, const float* partial, int heads, int d, int splits) {
+// Block (i, kMergeHeads heads): warp w merges head kMergeHeads blockIdx.y + w of query i,
+// out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s: the lanes take the splits' maxima and sums
+// (a split a lane, warp reductions), then two dimensions each of the output, over the splits.
+constexpr int kMergeHeads = 4;
+__global__ void __launch_bounds__(kMergeHeads * 32)
+    decode_merge_kernel(bf16* out, float* lse, const float* partial, int heads, int d, int splits) {
+  __shared__ float weight_s[kMergeHeads][kDecodeMaxSplits];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t i = blockIdx.x;
-  const int h = blockIdx.y;
+  const int h = blockIdx.y * kMergeHeads + w;
+  if (h >= heads) return;  // no block barrier below: each warp works alone
+  const int64_t record = d + 2, split_stride = static_cast<int64_t>(heads) * record;
+  const float* base = partial + (i * splits * heads + h) * record;
+  constexpr int kPerLane = kDecodeMaxSplits / 32;
+  float m_split[kPerLane], l_split[kPerLane];
   float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, partial[((i * splits + s) * heads + h) * (d + 2) + d]);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int s = lane + 32 * k;
+    m_split[k] = s < splits ? base[s * split_stride + d] : -INFINITY;
+    l_split[k] = s < splits && m_split[k] != -INFINITY ? base[s * split_stride + d + 1] : 0.0f;
+    m = fmaxf(m, m_split[k]);
+  }
+  m = warp_max(m);
   float l = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float* p = partial + ((i * splits + s) * heads + h) * (d + 2);
-    if (p[d] != -INFINITY) l += __expf(p[d] - m) * p[d + 1];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int s = lane + 32 * k;
+    const float weight = m_split[k] == -INFINITY ? 0.0f : __expf(m_split[k] - m);  // empty splits: 0
+    l += weight * l_split[k];
+    if (s < splits) weight_s[w][s] = weight;
   }
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    float o = 0.0f;
+  l = warp_sum(l);
+  __syncwarp();
+  const float inv = 1.0f / l;
+  for (int c = 2 * lane; c < d; c += 64) {
+    float o0 = 0.0f, o1 = 0.0f;
+#pragma unroll 4
     for (int s = 0; s < splits; ++s) {
-      const float* p = partial + ((i * splits + s) * heads + h) * (d + 2);
-      if (p[d] != -INFINITY) o += __expf(p[d] - m) * p[c];
+      const float weight = weight_s[w][s];
+      if (weight == 0.0f) continue;  // an empty split wrote only its max
+      const float2 p = *reinterpret_cast<const float2*>(base + s * split_stride + c);
+      o0 = fmaf(weight, p.x, o0);
+      o1 = fmaf(weight, p.y, o1);
     }
-    out[(i * heads + h) * d + c] = __float2bfloat16(o / l);
+    *reinterpret_cast<__nv_bfloat162*>(out + (i * heads + h) * d + c) = __floats2bfloat162_rn(o0 * inv, o1 * inv);
   }
-  if (threadIdx.x == 0) lse[i * heads + h] = m + logf(l);
+  if (lane == 0) lse[i * heads + h] = m + logf(l);
 }
 
 }  // namespace
@@ -193,8 +221,9 @@ cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* 
                                                           splits, 1.0f / std::sqrt(static_cast<float>(head_dim)));
   const cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
-  decode_merge_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), d < 128 ? 64 : 128, 0,
-                        stream>>>(out, lse, scratch, static_cast<int>(heads), d, splits);
+  const unsigned head_blocks = static_cast<unsigned>((heads + kMergeHeads - 1) / kMergeHeads);
+  decode_merge_kernel<<<dim3(static_cast<unsigned>(n), head_blocks), kMergeHeads * 32, 0, stream>>>(
+      out, lse, scratch, static_cast<int>(heads), d, splits);
   return cudaGetLastError();
 }
 

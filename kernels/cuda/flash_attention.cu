@@ -590,6 +590,12 @@ __global__ void write_gathered_grads_kernel(bf16* dqkv, bf16* dkv, const float* 
   }
 }
 
+// The wgmma backward's query ranges in the scratch after delta ([delta_words] fp32), from an even
+// offset (flash_attention_scratch's slack word).
+int32_t* query_ranges(float* delta, int64_t delta_words) {
+  return reinterpret_cast<int32_t*>(delta + (delta_words + 1) / 2 * 2);
+}
+
 template <int D, int BN, bool Gathered>
 cudaError_t forward_launch(bf16* out, float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
                            int64_t kv_heads, cudaStream_t stream) {
@@ -675,7 +681,7 @@ cudaError_t backward_impl(bf16* dqkv, float* scratch, const bf16* dout, const bf
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (wgmma) {
-    e = flash_backward_wgmma(dkv_acc, dkv_acc + n * kv_heads * D, dq_acc, delta, dout, lse,
+    e = flash_backward_wgmma(dkv_acc, dkv_acc + n * kv_heads * D, dq_acc, query_ranges(delta, rows), delta, dout, lse,
                              whole_rows(qkv, n, heads, kv_heads, D), false, doc_start, heads, kv_heads,
                              options.backward_head_chunk, options.dq_vector_atomics, stream);
   } else {
@@ -717,8 +723,9 @@ cudaError_t backward_gathered_impl(bf16* dqkv, bf16* dkv, float* scratch, const 
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (wgmma)
-    e = flash_backward_wgmma(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, true, doc_start, heads, kv_heads,
-                             options.backward_head_chunk, options.dq_vector_atomics, stream);
+    e = flash_backward_wgmma(dk_acc, dv_acc, dq_acc, query_ranges(delta, n * heads), delta, dout, lse, rows, true,
+                             doc_start, heads, kv_heads, options.backward_head_chunk, options.dq_vector_atomics,
+                             stream);
   else
     e = backward_launch<D, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads, stream,
                                  options.shared_limit);

@@ -37,8 +37,10 @@ cudaError_t flash_attention_forward(bf16* out, float* lse, const bf16* qkv, cons
 // dqkv overwritten. scratch: fp32 device memory of flash_attention_scratch(...) elements (dQ, dK
 // and dV accumulators and the row statistic delta = dout . out).
 // (dQ rows padded to whole 64-query tiles for the wgmma backward's layout: wgmma_dq_rows.)
+// (Then the wgmma backward's query ranges, wgmma_query_range_words, from an even offset.)
 inline int64_t flash_attention_scratch(int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  return wgmma_dq_rows(n) * heads * head_dim + n * heads + 2 * n * kv_heads * head_dim;
+  return wgmma_dq_rows(n) * heads * head_dim + n * heads + 2 * n * kv_heads * head_dim + 1 +
+         wgmma_query_range_words(n);
 }
 cudaError_t flash_attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* out, const float* lse,
                                      const bf16* qkv, const int32_t* doc_start, int64_t n, int64_t heads,
@@ -60,7 +62,8 @@ cudaError_t flash_attention_forward_gathered(bf16* out, float* lse, const bf16* 
 // flash_attention_gathered_scratch(...) elements.
 inline int64_t flash_attention_gathered_scratch(int64_t n, int64_t n_kv, int64_t heads, int64_t kv_heads,
                                                 int64_t head_dim) {
-  return wgmma_dq_rows(n) * heads * head_dim + n * heads + 2 * n_kv * kv_heads * head_dim;
+  return wgmma_dq_rows(n) * heads * head_dim + n * heads + 2 * n_kv * kv_heads * head_dim + 1 +
+         wgmma_query_range_words(n_kv);
 }
 cudaError_t flash_attention_backward_gathered(bf16* dqkv, bf16* dkv, float* scratch, const bf16* dout,
                                               const bf16* out, const float* lse, const bf16* qkv, const bf16* kv,

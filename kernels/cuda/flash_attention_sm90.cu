@@ -27,6 +27,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/tensor_core.cuh"
@@ -83,12 +84,16 @@ __device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, 
 
 // Rows x kD key (or value) rows of row positions k0.. into a swizzled tile, as async_tile; base is
 // the row of position 0's head (rows.k or rows.v plus the KV group's columns). Gathered: position
-// k0 + r is at row tile_rows[r] (kv_row from k0, in global or shared memory).
+// k0 + r is at row tile_rows[r] (kv_row from k0, in global or shared memory); one_run (the same in
+// every thread) says that those rows are tile_rows[0], tile_rows[0] + 1, ..., so that the tile is
+// copied as a whole-row one is, without a row index per copy.
 template <int Rows, bool Gathered>
 __device__ __forceinline__ void async_key_tile(unsigned char* dst, const FlashRows& rows, const bf16* base,
-                                               const int32_t* tile_rows, int64_t k0, int valid) {
+                                               const int32_t* tile_rows, int64_t k0, int valid, bool one_run = false) {
   if constexpr (!Gathered) {
     async_tile<Rows>(dst, base + k0 * rows.kv_stride, rows.kv_stride, valid);
+  } else if (one_run) {
+    async_tile<Rows>(dst, base + static_cast<int64_t>(tile_rows[0]) * rows.kv_stride, rows.kv_stride, valid);
   } else {
     constexpr int units = kD / 8, rows_per_pass = kThreads / units;
     const int r0 = threadIdx.x / units, c = (threadIdx.x % units) * 8;
@@ -230,9 +235,10 @@ __device__ __forceinline__ void gemm_nt_dims(float (&d)[N / 2], uint32_t a_lo, u
 // accumulated per row position, dQ per query of the share.
 template <bool QuadDq, bool Gathered>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_backward_wgmma_kernel(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
-                                const float* lse, FlashRows rows, const int32_t* doc_start, int64_t heads,
-                                int64_t kv_heads, float scale, int head_chunk) {
+    flash_backward_wgmma_kernel(float* dk_acc, float* dv_acc, float* dq_acc, const int2* query_ranges,
+                                const float* delta, const bf16* dout, const float* lse, FlashRows rows,
+                                const int32_t* doc_start, int64_t heads, int64_t kv_heads, float scale,
+                                int head_chunk) {
 #ifdef GLM_FLASH_WGMMA
   extern __shared__ unsigned char smem_raw[];
   unsigned char* Ks = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -266,9 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ds_row = key_row * kRowBytes + quad * 4, ds_swz = (key_row & 7) << 4;
   const int64_t g = h / (heads / kv_heads);
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), rows.n_kv - k0));
-  const int64_t k_last = k0 + k_valid - 1;
-  int64_t q_begin = 0, q_end = 0;
-  queries_seeing<Gathered>(rows, doc_start, k0, k_last, q_begin, q_end);
+  const int2 range = query_ranges[k0 / kKeys];
+  int64_t q_begin = range.x;
+  const int64_t q_end = range.y;
   if (q_begin >= q_end) return;  // the whole block: no query of this call sees these keys
   // From a whole dQ tile (a share's first queries here may start inside one): the queries before
   // q_begin sit before every key of the block, so their P and dS are masked to zeros.
@@ -434,7 +440,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // multiplies V from shared memory into the output accumulators. Gathered: a context-parallel
 // share's queries against its gathered row (FlashRows).
 // Gathered: the key tiles' rows in kv (kv_row of their positions) are brought into a ring of four
-// tiles' indices a tile ahead of the K and V loads that use them, so that no load waits for one.
+// tiles' indices two tiles ahead of the K and V loads that use them, so that no load waits for one.
+// A tile whose rows are one run of consecutive rows (a share's chunks and a sequence's KV-cache rows
+// are) is then copied as a whole-row tile is: each thread checks its entry of the ring against the
+// first, and the block barrier before the tile's loads (__syncthreads_and) combines the answers.
 constexpr int kFwdRows = 128, kFwdKeys = 128, kIndexRing = 4;
 template <bool Gathered>
 constexpr size_t forward_smem_bytes() {
@@ -478,12 +487,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int doc_max = doc_start[q0 + q_valid - 1];
   const int tiles = (k_end - k_first + kFwdKeys - 1) / kFwdKeys;
   // K of tile t + 2 and V of tile t + 1 load while tile t is computed (two buffers each); when
-  // Gathered, the indices of tile t + 3 with them.
-  auto load_tile = [&](unsigned char* buf, const bf16* base, int t) {
+  // Gathered, the indices of tile t + 4 with them.
+  auto load_tile = [&](unsigned char* buf, const bf16* base, int t, bool one_run) {
     if (t >= tiles) return;
     const int k0 = k_first + t * kFwdKeys;
     async_key_tile<kFwdKeys, Gathered>(buf + (t & 1) * tile_bytes(kFwdKeys), rows, base,
-                                       kv_index + (t % kIndexRing) * kFwdKeys, k0, min(kFwdKeys, k_end - k0));
+                                       kv_index + (t % kIndexRing) * kFwdKeys, k0, min(kFwdKeys, k_end - k0),
+                                       one_run);
+  };
+  // This thread's part of "tile t's rows are one run": its ring entry (threads < kFwdKeys) follows
+  // the tile's first row, or lies past the tile's keys. The ring slot must be visible to the block.
+  auto in_run = [&](int t) {
+    if constexpr (!Gathered) return true;
+    const int r = threadIdx.x, k0 = k_first + t * kFwdKeys;
+    if (t >= tiles || r >= kFwdKeys || k0 + r >= k_end) return true;
+    const int32_t* slot = kv_index + (t % kIndexRing) * kFwdKeys;
+    return slot[r] == slot[0] + r;
   };
   auto load_index = [&](int t) {
     if constexpr (Gathered) {
@@ -554,18 +573,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  if constexpr (Gathered) {  // the first two tiles' indices, before any load that needs them
-    load_index(0);
-    load_index(1);
+  // Whether tile t + 1's rows are one run, for its V (its K's barrier found out).
+  bool next_run = false;
+  if constexpr (Gathered) {  // the first four tiles' indices, before any load that needs them
+    for (int t = 0; t < kIndexRing; ++t) load_index(t);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
   }
+  const bool first_run = Gathered && __syncthreads_and(in_run(0));
+  next_run = Gathered && __syncthreads_and(in_run(1));
   async_tile<kFwdRows>(Qs, rows.q + q0 * rows.q_stride + h * kD, rows.q_stride, q_valid);
-  load_tile(Kbuf, k_base, 0);
-  load_tile(Vbuf, v_base, 0);
-  load_tile(Kbuf, k_base, 1);
-  load_index(2);
+  load_tile(Kbuf, k_base, 0, first_run);
+  load_tile(Vbuf, v_base, 0, first_run);
+  load_tile(Kbuf, k_base, 1, next_run);
   cp_async_commit();
   tiles_arrived();
   float o[64], sc[64], corr[2];  // sc: no initial values, the first k step does not read them
@@ -586,12 +607,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
   auto next_tile = [&](int t) {
-    // K(t + 1), V(t) and the indices of tile t + 2 in shared memory; every wgmma of tile t - 1 has
-    // completed, and every thread is done with the indices of tile t - 1, whose slot t + 3 takes.
-    tiles_arrived();
-    load_tile(Kbuf, k_base, t + 2);
-    load_tile(Vbuf, v_base, t + 1);
-    load_index(t + 3);
+    // K(t + 1), V(t) and the indices of tile t + 3 in shared memory; every wgmma of tile t - 1 has
+    // completed, and every thread is done with the indices of tile t, whose slot t + 4 takes (tile
+    // t + 2's indices arrived by the barrier of tile t - 1).
+    bool k_run = false;
+    if constexpr (Gathered) {
+      const bool mine = in_run(t + 2);
+      cp_async_wait_all();
+      fence_async_shared();
+      k_run = __syncthreads_and(mine);
+    } else {
+      tiles_arrived();
+    }
+    load_tile(Kbuf, k_base, t + 2, k_run);
+    load_tile(Vbuf, v_base, t + 1, next_run);
+    next_run = k_run;
+    load_index(t + 4);
     cp_async_commit();
   };
   // Tile t: S of tile t + 1 is issued before O += P V of tile t, so that its softmax runs while
@@ -639,19 +670,37 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// Key block b's queries [x, y) (queries_seeing; x == y: none), for every head's block b; the
+// searches run here once instead of at the start of each of the heads' blocks, whose first loads
+// would wait for them.
+template <bool Gathered>
+__global__ void query_ranges_kernel(int2* ranges, FlashRows rows, const int32_t* doc_start) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= (rows.n_kv + kKeys - 1) / kKeys) return;
+  const int64_t k0 = b * kKeys, k_last = min(k0 + kKeys, rows.n_kv) - 1;
+  int64_t begin = 0, end = 0;
+  queries_seeing<Gathered>(rows, doc_start, k0, k_last, begin, end);
+  ranges[b] = make_int2(static_cast<int>(begin), static_cast<int>(end));
+}
+
 template <bool QuadDq, bool Gathered>
-cudaError_t launch_backward(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
-                            const float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
-                            int64_t kv_heads, int chosen_chunk, cudaStream_t stream) {
+cudaError_t launch_backward(float* dk_acc, float* dv_acc, float* dq_acc, int32_t* query_ranges, const float* delta,
+                            const bf16* dout, const float* lse, const FlashRows& rows, const int32_t* doc_start,
+                            int64_t heads, int64_t kv_heads, int chosen_chunk, cudaStream_t stream) {
   constexpr size_t smem = backward_smem_bytes<Gathered>();
   auto* kernel = flash_backward_wgmma_kernel<QuadDq, Gathered>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   const int head_chunk = static_cast<int>(std::min<int64_t>(std::max(chosen_chunk, 1), heads));
-  const int64_t blocks = heads * ((rows.n_kv + kKeys - 1) / kKeys);
-  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  const int64_t key_blocks = (rows.n_kv + kKeys - 1) / kKeys, blocks = heads * key_blocks;
+  if (blocks > INT_MAX || rows.n_q > INT_MAX) return cudaErrorInvalidConfiguration;
+  auto* ranges = reinterpret_cast<int2*>(query_ranges);
+  query_ranges_kernel<Gathered><<<static_cast<unsigned int>((key_blocks + 255) / 256), 256, 0, stream>>>(
+      ranges, rows, doc_start);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
   kernel<<<static_cast<unsigned int>(blocks), kThreads, smem, stream>>>(
-      dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads, kv_heads,
+      dk_acc, dv_acc, dq_acc, ranges, delta, dout, lse, rows, doc_start, heads, kv_heads,
       1.0f / sqrtf(static_cast<float>(kD)), head_chunk);
   return cudaGetLastError();
 }
@@ -687,20 +736,20 @@ bool flash_wgmma_available(int64_t head_dim) {
 }
 
 // dQ by paired atomics where asked or where dq_acc is not 16-byte aligned.
-cudaError_t flash_backward_wgmma(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
-                                 const float* lse, const FlashRows& rows, bool gathered, const int32_t* doc_start,
-                                 int64_t heads, int64_t kv_heads, int head_chunk, bool dq_vector_atomics,
-                                 cudaStream_t stream) {
+cudaError_t flash_backward_wgmma(float* dk_acc, float* dv_acc, float* dq_acc, int32_t* query_ranges,
+                                 const float* delta, const bf16* dout, const float* lse, const FlashRows& rows,
+                                 bool gathered, const int32_t* doc_start, int64_t heads, int64_t kv_heads,
+                                 int head_chunk, bool dq_vector_atomics, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(query_ranges) % 8 != 0) return cudaErrorInvalidValue;
   const bool quad = dq_vector_atomics && reinterpret_cast<uintptr_t>(dq_acc) % 16 == 0;
-  if (gathered)
-    return quad ? launch_backward<true, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
-                                              kv_heads, head_chunk, stream)
-                : launch_backward<false, true>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
-                                               kv_heads, head_chunk, stream);
-  return quad ? launch_backward<true, false>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
-                                             kv_heads, head_chunk, stream)
-              : launch_backward<false, false>(dk_acc, dv_acc, dq_acc, delta, dout, lse, rows, doc_start, heads,
-                                              kv_heads, head_chunk, stream);
+  auto launch = [&](auto quad_dq, auto gathered_rows) {
+    return launch_backward<decltype(quad_dq)::value, decltype(gathered_rows)::value>(
+        dk_acc, dv_acc, dq_acc, query_ranges, delta, dout, lse, rows, doc_start, heads, kv_heads, head_chunk, stream);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (gathered) return quad ? launch(Yes{}, Yes{}) : launch(No{}, Yes{});
+  return quad ? launch(Yes{}, No{}) : launch(No{}, No{});
 }
 
 cudaError_t flash_forward_wgmma(bf16* out, float* lse, const FlashRows& rows, bool gathered,

@@ -34,14 +34,21 @@ __host__ __device__ inline int64_t wgmma_dq_index(int64_t t, int64_t h, int c, i
   return (((h * tiles + t / kWgmmaDqTile) * 2 + (c >> 6)) * 8 + (cc >> 3)) * 512 + thread * 4 + in_chunk;
 }
 
+// The backward's blocks of keys, and the int32 words of their query ranges (a first kernel finds,
+// once for every head, which queries see each block's keys; two words a block).
+constexpr int64_t kWgmmaBackwardKeys = 128;
+__host__ __device__ inline int64_t wgmma_query_range_words(int64_t n_kv) {
+  return 2 * ((n_kv + kWgmmaBackwardKeys - 1) / kWgmmaBackwardKeys);
+}
+
 // dK and dV ([rows.n_kv][kv_heads][128] each, by row position) and dQ (wgmma_dq_index's layout,
 // wgmma_dq_rows(rows.n_q) x heads x 128) fp32 accumulators, cleared by the caller, receive this
 // call's sums; delta = dout . out per (query, head). Blocks run in chunks of head_chunk heads; dQ is
 // added by 16-byte atomics when dq_vector_atomics (and dq_acc is 16-byte aligned), else by paired
-// ones.
-cudaError_t flash_backward_wgmma(float* dk_acc, float* dv_acc, float* dq_acc, const float* delta, const bf16* dout,
-                                 const float* lse, const FlashRows& rows, bool gathered, const int32_t* doc_start,
-                                 int64_t heads, int64_t kv_heads, int head_chunk, bool dq_vector_atomics,
-                                 cudaStream_t stream);
+// ones. query_ranges: device memory of wgmma_query_range_words(rows.n_kv) int32, 8-byte aligned.
+cudaError_t flash_backward_wgmma(float* dk_acc, float* dv_acc, float* dq_acc, int32_t* query_ranges,
+                                 const float* delta, const bf16* dout, const float* lse, const FlashRows& rows,
+                                 bool gathered, const int32_t* doc_start, int64_t heads, int64_t kv_heads,
+                                 int head_chunk, bool dq_vector_atomics, cudaStream_t stream);
 
 }  // namespace glm::cuda

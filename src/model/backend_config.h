@@ -40,7 +40,7 @@ struct BackendConfig {
   bool attention_dq_vector_atomics = true;
   // Device memory for one chunk of the fused lm_head + cross-entropy's bf16 logits.
   int64_t lm_head_scratch_bytes = int64_t{2} << 30;
-  bool cuda_graphs = false;   // --cuda_graphs: decode steps replayed as CUDA graphs (Backend::run_graph)
+  bool cuda_graphs = true;    // --cuda_graphs: decode steps replayed as CUDA graphs (Backend::run_graph)
   bool profile = false;       // --profile: per-op device time and idle gaps on stderr at exit
   std::string profile_trace;  // --profile_trace FILE: a Chrome trace of the profiled ops
 };
