@@ -148,12 +148,13 @@ class Ops : public ::testing::Test {
 // Decode attention (kernels/cuda/decode_attention.cuh) against the CPU's gathered attention: one
 // query per sequence, sequences of 1 to 2,600 keys (one split up to many), rows of a paged cache in
 // random order, GLM-4-9B-Chat's group of 16 heads, the 1M model's 8, and small odd shapes; every row
-// of out and lse.
+// of out and lse. A batch of six sequences, and single sequences (their own kernel).
 TEST_F(Ops, DecodeAttentionMatchesTheGatheredReference) {
   const AttentionShape shapes[] = {{32, 2, 128}, {32, 4, 128}, {6, 2, 64}, {3, 3, 16}};
-  const std::vector<int64_t> lengths = {1, 7, 300, 1100, 2600, 257};
-  for (const AttentionShape& s : shapes) {
-    SCOPED_TRACE(s.heads * 1000 + s.kv_heads * 100 + s.head_dim);
+  const std::vector<int64_t> batches[] = {{1, 7, 300, 1100, 2600, 257}, {1100}, {2600}, {7}};
+  for (const std::vector<int64_t>& lengths : batches)
+    for (const AttentionShape& s : shapes) {
+    SCOPED_TRACE(s.heads * 1000 + s.kv_heads * 100 + s.head_dim + 100000 * static_cast<int>(lengths.size()));
     const int64_t n = static_cast<int64_t>(lengths.size()), width = s.qkv_width(), qw = s.heads * s.head_dim;
     const int64_t kvw = 2 * s.kv_heads * s.head_dim;
     int64_t total = 0;

@@ -16,6 +16,8 @@
 #   GLM_IB_PROFILE_BATCH=32  profile batch 32 instead of batch 1
 #   GLM_IB_NCU=1        also time every kernel of two batch-1 decode steps with Nsight Compute (op by
 #                       op, --clock-control none) and print the time per kernel name for one token
+#   GLM_IB_OLD=BINARY   also decode batch 1 and batch 32 with another build's glm_hpc (an older
+#                       tree's, built in the same call) and print new against old
 #   GLM_IB_KEEP=1       keep the work folder (build-gpu/infer_bench: the model, the logs of earlier
 #                       calls) and reuse its model, so a later call on a warm machine can run the
 #                       steps one call had no time for; STEP_ONLY names those steps (steps.sh)
@@ -82,7 +84,7 @@ PY
 head -100 data/sample/conversations.jsonl >"$W/chat.jsonl"
 infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
   local name=$1 file=$2 batch=$3 new=$4; shift 4
-  step "glm_$name" 240 mpirun -np 1 --bind-to none $B/glm_hpc infer --device $device --model_id_or_path "$W/model" \
+  step "glm_$name" 240 mpirun -np 1 --bind-to none "${BIN:-$B/glm_hpc}" infer --device $device --model_id_or_path "$W/model" \
     --val_dataset "$W/$file.jsonl" --max_batch_size "$batch" --max_new_tokens "$new" --temperature 0 \
     --result_path "$W/result_$name.jsonl" "$@"
   keep "glm_$name"
@@ -94,6 +96,10 @@ infer batch1_eager one 1 "$tokens" --cuda_graphs false
 infer batch32_eager batch 32 "$tokens" --cuda_graphs false
 infer prefill long 1 1
 infer chat100 chat 32 "$tokens"
+if [ -n "${GLM_IB_OLD:-}" ]; then
+  BIN=$GLM_IB_OLD infer old_batch1 one 1 "$tokens"
+  BIN=$GLM_IB_OLD infer old_batch32 batch 32 "$tokens"
+fi
 # GLM_IB_PROFILE_BATCH=32: the profiled run decodes the 32 prompts instead of one.
 if [ "${GLM_IB_PROFILE_BATCH:-1}" = 32 ]; then profiled="batch 32"; else profiled="one 1"; fi
 # shellcheck disable=SC2086
@@ -190,6 +196,10 @@ for name in ("batch1", "batch32"):
     gt = g["tokens"] / g["seconds"] if g else 0
     pt = p["tokens"] / p["seconds"] if "seconds" in p else 0
     print("%-9s %14.1f %14.1f %10s" % (name, gt, pt, "%.2f" % (gt / pt) if pt else "-"))
+    o = glm("old_" + name)
+    if o and gt:
+        ot = o["tokens"] / o["seconds"]
+        print("          the older build (GLM_IB_OLD) %.1f tok/s: new / old %.3f" % (ot, gt / ot))
     e = glm(name + "_eager")
     if e and gt:
         et = e["tokens"] / e["seconds"]

@@ -141,11 +141,20 @@ __global__ void argmax_rows_kernel(int32_t* ids, const float* values, int64_t co
   const float* row = values + static_cast<int64_t>(blockIdx.x) * cols;
   float best = -INFINITY;
   int first = INT_MAX;
-  for (int64_t v = threadIdx.x; v < cols; v += blockDim.x) {
-    const float x = row[v];
-    if (x > best || first == INT_MAX) {  // a row of -inf (or NaN) still names its first column
-      best = x;
-      first = static_cast<int>(v);
+  // kUnroll loads in flight before the first comparison; each thread still meets its columns in order.
+  constexpr int kUnroll = 8;
+  const int64_t step = blockDim.x;
+  for (int64_t v0 = threadIdx.x; v0 < cols; v0 += kUnroll * step) {
+    float x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = v0 + u * step < cols ? row[v0 + u * step] : -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * step;
+      if (v < cols && (x[u] > best || first == INT_MAX)) {  // a row of -inf (or NaN) still names its first column
+        best = x[u];
+        first = static_cast<int>(v);
+      }
     }
   }
   const float mx = block_max(best);

@@ -273,13 +273,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t g = h / (heads / kv_heads);
   const int k_valid = static_cast<int>(min(static_cast<int64_t>(kKeys), rows.n_kv - k0));
   const int2 range = query_ranges[k0 / kKeys];
-  int64_t q_begin = range.x;
-  const int64_t q_end = range.y;
+  int q_begin = range.x;  // query indices fit int32 (launch_backward checks)
+  const int q_end = range.y;
   if (q_begin >= q_end) return;  // the whole block: no query of this call sees these keys
   // From a whole dQ tile (a share's first queries here may start inside one): the queries before
   // q_begin sit before every key of the block, so their P and dS are masked to zeros.
   q_begin = q_begin / kRows * kRows;
   const float scale_log2 = scale * kLog2e;
+  // The block's query tiles, walked from q0 on and around. Gathered, the blocks of a share's middle
+  // chunks all see the same queries (those of its last chunk): started at the same tile, they would
+  // add to the same dQ tiles at the same moments, so each starts two tiles after the block of the
+  // keys before it, as whole-row blocks do by their causal starts.
+  const int q_tiles = (q_end - q_begin + kRows - 1) / kRows;
+  int q0 = q_begin + (Gathered ? static_cast<int>(k0 / kKeys * 2 % q_tiles) * kRows : 0);
+  auto after = [&](int q) { return q + kRows < q_end ? q + kRows : q_begin; };
 
   // Q, dO and the row statistics of the query tile at q0 into stage s, as one commit group.
   auto load_queries = [&](int s, int64_t q0) {
@@ -298,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   async_key_tile<kKeys, Gathered>(Ks, rows, rows.k + g * kD, rows.kv_row + k0, k0, k_valid);
   async_key_tile<kKeys, Gathered>(Vs, rows, rows.v + g * kD, rows.kv_row + k0, k0, k_valid);
-  load_queries(0, q_begin);
+  load_queries(0, q0);
 
   float dk[64], dv[64];
 #pragma unroll
@@ -323,8 +330,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_wait_all();
   fence_async_shared();
   int stage = 0;
-  for (int64_t q0 = q_begin; q0 < q_end; q0 += kRows, stage = stage == kStages - 1 ? 0 : stage + 1) {
-    const int q_valid = static_cast<int>(min(static_cast<int64_t>(kRows), q_end - q0));
+  for (int left = q_tiles; left > 0; --left, q0 = after(q0), stage = stage == kStages - 1 ? 0 : stage + 1) {
+    const int q_valid = min(kRows, q_end - q0);
     const float* q_lse = lse_buf + stage * kRows;
     const float* q_delta = delta_buf + stage * kRows;
     const int32_t* q_doc = doc_buf + stage * kRows;
@@ -332,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This tile in shared memory (every thread's copies fenced); every wgmma but the previous tile's
     // dK has completed, so the stage loaded next (two tiles ago) and dS^T are free.
     __syncthreads();
-    if (q0 + kRows < q_end) load_queries(stage == kStages - 1 ? 0 : stage + 1, q0 + kRows);
+    if (left > 1) load_queries(stage == kStages - 1 ? 0 : stage + 1, after(q0));
     const int64_t first_at = Gathered ? q_at[0] : q0;
     const bool masked = first_at < k0 + kKeys || q_valid < kRows || k_valid < kKeys || q_doc[q_valid - 1] > k0;
 
