@@ -10,12 +10,12 @@
 namespace glm {
 namespace {
 
-constexpr int kFields = 7;  // busy seconds a step, then GpuHealth's six numbers
+constexpr int kFields = 8;  // busy seconds a step, GpuHealth's six numbers, the interval's model FLOPs
 constexpr size_t kHostBytes = 64;
 
-std::array<double, kFields> pack(double busy, const GpuHealth& h) {
+std::array<double, kFields> pack(double busy, const GpuHealth& h, double flops) {
   return {busy, h.utilization, h.memory_utilization, h.power_watts, h.temperature_c, h.sm_clock_mhz,
-          h.memory_clock_mhz};
+          h.memory_clock_mhz, flops};
 }
 
 GpuHealth unpack(const double* v) {
@@ -53,7 +53,7 @@ void RunHealth::add_step(double wall_seconds, double exposed_comm_seconds) {
   ++steps_;
 }
 
-Result<RanksReport> RunHealth::gather(Communicator& comm) {
+Result<RanksReport> RunHealth::gather(Communicator& comm, double flops) {
   const int world = comm.size();
   if (hosts_.empty()) {
     char mine[kHostBytes] = {};
@@ -63,7 +63,7 @@ Result<RanksReport> RunHealth::gather(Communicator& comm) {
     for (int r = 0; r < world; ++r) hosts_.emplace_back(all.data() + kHostBytes * r, strnlen(all.data() + kHostBytes * r, kHostBytes));
   }
   const GpuHealth here = monitor_ ? monitor_->sample() : GpuHealth{};
-  const auto mine = pack(steps_ > 0 ? busy_ / static_cast<double>(steps_) : 0.0, here);
+  const auto mine = pack(steps_ > 0 ? busy_ / static_cast<double>(steps_) : 0.0, here, flops);
   busy_ = 0;
   steps_ = 0;
   std::vector<double> all(static_cast<size_t>(kFields * world));
@@ -74,6 +74,7 @@ Result<RanksReport> RunHealth::gather(Communicator& comm) {
     const double* v = all.data() + static_cast<size_t>(kFields * r);
     report.busy_seconds.push_back(v[0]);
     report.gpus.push_back(unpack(v));
+    report.flops += v[7];
     any_gpu = any_gpu || report.gpus.back().valid();
   }
   if (!any_gpu) report.gpus.clear();

@@ -1,6 +1,6 @@
 // The ranks behind a log line: every rank's busy time over the logging interval (its steps less the
-// time it waited on collectives) and its GPU's health (model/gpu_health.h), gathered at each logging
-// step; the slowest rank against the median, and a straggler named when it stays slower than the
+// time it waited on collectives), its GPU's health (model/gpu_health.h) and its model FLOPs, gathered
+// at each logging step in one collective; the slowest rank against the median, and a straggler named when it stays slower than the
 // median by more than kStragglerRatio.
 #pragma once
 
@@ -21,6 +21,7 @@ struct RanksReport {
   std::vector<double> busy_seconds;  // by rank: mean busy time a step over the interval
   int slowest_rank = -1;
   double slowest_seconds = 0, median_seconds = 0;
+  double flops = 0;  // the interval's model FLOPs, summed over the ranks
   std::string straggler;  // the warning, the logging step a straggler is (re)named; else empty
 };
 
@@ -36,9 +37,10 @@ class RunHealth {
   // One step of this rank: its wall time from fetching the batch to the step's end, and of it the
   // time spent waiting on collectives that compute did not hide.
   void add_step(double wall_seconds, double exposed_comm_seconds);
-  // Collective over comm (every rank, at the same logging steps): the interval's report; the
-  // interval starts again. host_names are gathered at the first call.
-  Result<RanksReport> gather(Communicator& comm);
+  // Collective over comm (every rank, at the same logging steps): the interval's report, with this
+  // rank's model FLOPs of the interval summed into it; the interval starts again. host_names are
+  // gathered at the first call.
+  Result<RanksReport> gather(Communicator& comm, double flops);
 
  private:
   std::unique_ptr<GpuHealthMonitor> monitor_;

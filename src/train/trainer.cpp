@@ -417,15 +417,13 @@ Result<TrainSummary> train(const TrainConfig& config, const Dataset& dataset, Co
       m.tokens_per_second = interval > 0 ? static_cast<double>(interval_tokens) / interval : 0.0;
       m.host_memory_bytes = resident_host_bytes();
       // Every rank logs at the same steps: the FLOPs of all ranks' rows (a context-parallel group's
-      // ranks hold the same rows) over the interval and the GPUs.
-      double flops = interval_flops;
-      GLM_RETURN_IF_ERROR(comm.all_reduce(&flops, &flops, 1, CommType::f64, ReduceOp::sum));
-      m.model_tflops = interval > 0 ? flops / cp / (interval * world) / 1e12 : 0.0;
+      // ranks hold the same rows) over the interval and the GPUs, summed in the ranks' report.
+      GLM_ASSIGN_OR_RETURN(m.ranks, health.gather(comm, interval_flops));
+      m.model_tflops = interval > 0 ? m.ranks.flops / cp / (interval * world) / 1e12 : 0.0;
       if (peak.flops > 0) m.mfu = m.model_tflops * 1e12 / peak.flops;
       interval_flops = 0;
       m.elapsed_seconds = elapsed;
       m.eta_seconds = elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1);
-      GLM_ASSIGN_OR_RETURN(m.ranks, health.gather(comm));
       GLM_RETURN_IF_ERROR(logger.log(m));
       if (!m.ranks.straggler.empty()) logger.print("glm_hpc: warning: " + m.ranks.straggler);
       interval_start = now;
