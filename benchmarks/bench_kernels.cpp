@@ -54,6 +54,12 @@ Buffer filled(int64_t n, DType dtype, double value_std = 0.5, uint64_t key = 1) 
   return b;
 }
 
+Buffer device_ints(const std::vector<int32_t>& v) {
+  Buffer b = gpu()->allocate(static_cast<int64_t>(v.size()), DType::i32).take();
+  if (!gpu()->upload(b.tensor(), v.data()).is_ok()) std::abort();
+  return b;
+}
+
 // Runs fn once to warm up, then times iterations with device synchronisation around each batch.
 template <typename Fn>
 void time_loop(benchmark::State& state, Fn&& fn) {
@@ -189,12 +195,7 @@ void BM_EmbeddingBackward(benchmark::State& state) {
       t = static_cast<int32_t>(std::lower_bound(cdf.begin(), cdf.end(), uniform() * total) - cdf.begin());
   }
   const MicroBatchIndex ix = glm::index_micro_batch(tokens, std::vector<int32_t>(tokens.size(), -1));
-  auto ints = [](const std::vector<int32_t>& v) {
-    Buffer b = gpu()->allocate(static_cast<int64_t>(v.size()), DType::i32).take();
-    if (!gpu()->upload(b.tensor(), v.data()).is_ok()) std::abort();
-    return b;
-  };
-  Buffer tok = ints(tokens), order = ints(ix.token_order), runs = ints(ix.token_runs);
+  Buffer tok = device_ints(tokens), order = device_ints(ix.token_order), runs = device_ints(ix.token_runs);
   Buffer dout = filled(n * kHidden, DType::bf16), dtable = filled(kVocab * kHidden, DType::bf16, 0.0);
   time_loop(state, [&] {
     return gpu()->embedding_backward(dtable.tensor(), dout.tensor(), tok.tensor(), order.tensor(), runs.tensor(), n,
@@ -205,6 +206,7 @@ void BM_EmbeddingBackward(benchmark::State& state) {
 }
 
 Buffer doc_starts(int64_t n) { return gpu()->allocate(n, DType::i32).take(); }  // zeros: one document
+
 
 void BM_AttentionForward(benchmark::State& state) {
   REQUIRE_GPU(state);
@@ -246,15 +248,11 @@ void BM_AttentionGathered(benchmark::State& state) {
   const std::vector<int32_t> pos = glm::ContextSplit{group, static_cast<int>(state.range(2))}.positions(row);
   const std::vector<int32_t> kv_rows = glm::ContextSplit::gathered_rows(row, group);
   const int64_t n = static_cast<int64_t>(pos.size());
-  auto ints = [](const std::vector<int32_t>& v) {
-    Buffer b = gpu()->allocate(static_cast<int64_t>(v.size()), DType::i32).take();
-    if (!gpu()->upload(b.tensor(), v.data()).is_ok()) std::abort();
-    return b;
-  };
   Buffer qkv = filled(n * width, DType::bf16), kv = filled(row * kvw, DType::bf16, 0.5, 2),
          out = filled(n * kHeads * kHeadDim, DType::bf16), lse = filled(n * kHeads, DType::f32),
          dout = filled(n * kHeads * kHeadDim, DType::bf16, 0.5, 3), dqkv = filled(n * width, DType::bf16),
-         dkv = filled(row * kvw, DType::bf16, 0.0), doc = doc_starts(n), position = ints(pos), rows = ints(kv_rows);
+         dkv = filled(row * kvw, DType::bf16, 0.0), doc = doc_starts(n), position = device_ints(pos),
+         rows = device_ints(kv_rows);
   auto forward = [&] {
     return gpu()->attention_forward_gathered(out.tensor(), lse.tensor(), qkv.tensor(), kv.tensor(), rows.tensor(),
                                              position.tensor(), doc.tensor(), n, s);
@@ -274,6 +272,29 @@ void BM_AttentionGathered(benchmark::State& state) {
   double visible = 0;  // (query, key) pairs under the causal mask
   for (const int32_t p : pos) visible += static_cast<double>(p) + 1;
   report_flops(state, (backward ? 10.0 : 4.0) * visible * kHeadDim * kHeads);
+}
+
+// Generation's decode attention (glm_hpc infer): range(0) sequences of range(1) cached keys each,
+// one new query a sequence, GLM-4-9B-Chat's heads; each sequence's rows contiguous in the cache, as
+// a fresh cache hands them out. Bytes: the keys and values read; one layer's call of a decode step.
+void BM_DecodeAttention(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0), keys = state.range(1), width = (kHeads + 2 * kKv) * kHeadDim;
+  const int64_t kvw = 2 * kKv * kHeadDim;
+  std::vector<int32_t> kv_rows, position, doc_start;
+  for (int64_t q = 0; q < n; ++q) {
+    for (int64_t p = 0; p < keys; ++p) kv_rows.push_back(static_cast<int32_t>(q * keys + p));
+    doc_start.push_back(static_cast<int32_t>(q * keys));
+    position.push_back(static_cast<int32_t>(q * keys + keys - 1));
+  }
+  Buffer qkv = filled(n * width, DType::bf16), kv = filled(n * keys * kvw, DType::bf16),
+         out = filled(n * kHeads * kHeadDim, DType::bf16), lse = filled(n * kHeads, DType::f32),
+         rows = device_ints(kv_rows), pos = device_ints(position), docs = device_ints(doc_start);
+  time_loop(state, [&] {
+    return gpu()->attention_decode(out.tensor(), lse.tensor(), qkv.tensor(), kv.tensor(), rows.tensor(), pos.tensor(),
+                                   docs.tensor(), n, AttentionShape{kHeads, kKv, kHeadDim});
+  });
+  report_bytes(state, 2.0 * static_cast<double>(n * keys * kvw));
 }
 
 void BM_LmHeadCrossEntropy(benchmark::State& state) {
@@ -410,6 +431,15 @@ BENCHMARK(BM_AttentionGathered)
     ->ArgNames({"row", "group", "rank", "backward"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+// One sequence and 32 at a chat's length and at 32k (the single-sequence and the batch kernels).
+BENCHMARK(BM_DecodeAttention)
+    ->Args({1, 768})
+    ->Args({32, 768})
+    ->Args({1, 32768})
+    ->Args({32, 4096})
+    ->ArgNames({"n", "keys"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamWSplitMaster)->UseManualTime()->Unit(benchmark::kMillisecond);
