@@ -6,6 +6,7 @@
 #   - batch 1 and batch 32 decode: tokens/s, against the HBM roofline (the weights read per token
 #     over the copy bandwidth bench_kernels measures here; target 80% at batch 1, 2x transformers),
 #     with decode steps replayed as CUDA graphs (--cuda_graphs true) and op by op (false);
+#     and batch 32 with every GEMM shape autotuned (--gemm_autotune all);
 #   - prefill of a 32k-token prompt: seconds to the first token (target 1.3x transformers).
 # Then 100 chat prompts of data/sample end to end (batch mode, time to first token and tokens/s; the
 # bundled tokenizer, whose ids fit the 9B vocabulary) and a batch-1 run under --profile (device time
@@ -94,6 +95,9 @@ infer batch32 batch 32 "$tokens" --cuda_graphs true
 # The same decodes op by op (--cuda_graphs false): what replaying each step as a CUDA graph gains.
 infer batch1_eager one 1 "$tokens" --cuda_graphs false
 infer batch32_eager batch 32 "$tokens" --cuda_graphs false
+# Batch 32's GEMMs (32 rows: cuBLASLt, not the few-row GEMV) with every shape's algorithm timed
+# at its first call (--gemm_autotune all) instead of cuBLASLt's first heuristic.
+infer batch32_tuned batch 32 "$tokens" --gemm_autotune all
 infer prefill long 1 1
 infer chat100 chat 32 "$tokens"
 if [ -n "${GLM_IB_OLD:-}" ]; then
@@ -200,6 +204,10 @@ for name in ("batch1", "batch32"):
     if o and gt:
         ot = o["tokens"] / o["seconds"]
         print("          the older build (GLM_IB_OLD) %.1f tok/s: new / old %.3f" % (ot, gt / ot))
+    t = glm(name + "_tuned")
+    if t and gt:
+        tt = t["tokens"] / t["seconds"]
+        print("          every GEMM shape autotuned (--gemm_autotune all) %.1f tok/s: %.3fx" % (tt, tt / gt))
     e = glm(name + "_eager")
     if e and gt:
         et = e["tokens"] / e["seconds"]
