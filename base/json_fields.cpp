@@ -2,6 +2,9 @@
 #include "base/json_fields.h"
 
 #include <cmath>
+#include <fstream>
+
+#include "base/input_path.h"
 
 namespace glm {
 namespace {
@@ -34,6 +37,16 @@ std::string json_excerpt(const nlohmann::json& v) {
   constexpr size_t kMax = 60;
   if (text.size() > kMax) text = text.substr(0, kMax) + "...";
   return text;
+}
+
+Result<nlohmann::json> read_json_object(const std::string& path) {
+  GLM_RETURN_IF_ERROR(check_input_path(path, InputKind::file));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return GLM_USER_ERROR("cannot open '", path, "'");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return GLM_USER_ERROR("'", path, "' is not valid JSON");
+  if (!j.is_object()) return GLM_USER_ERROR("'", path, "' is not a JSON object");
+  return j;
 }
 
 Result<JsonFields> JsonFields::of(const nlohmann::json& object, std::string file) {

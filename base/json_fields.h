@@ -14,6 +14,10 @@
 
 namespace glm {
 
+// The JSON object in the file at `path` (check_input_path first): a user error naming the file when
+// it cannot be opened, is not JSON, or holds something other than an object.
+Result<nlohmann::json> read_json_object(const std::string& path);
+
 class JsonFields {
  public:
   static constexpr int64_t kMinInt = std::numeric_limits<int64_t>::min();

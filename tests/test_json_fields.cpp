@@ -1,6 +1,10 @@
 // JsonFields: every read of a user-editable JSON file either gives a value of the right type and
 // range or a user error (exit code 2) naming the file and the field; it never throws.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "base/json_fields.h"
 
@@ -59,6 +63,25 @@ TEST(JsonFields, WrongTypeMissingOrOutOfRangeNamesFileAndField) {
   expect_error(f.strings("mixed").status(), "field 'mixed[0]' must be a string, got 1");
   expect_error(f.object("text").status(), "field 'text' must be an object, got \"abc\"");
   expect_error(JsonFields::of(nlohmann::json::array(), "x.json").status(), "x.json is not a JSON object");
+}
+
+// read_json_object: the file's object, or one user error naming the file for each way it fails.
+TEST(JsonFields, ReadJsonObjectNamesTheFileOfEachFailure) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("glm_json_fields_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  const auto good = read_json_object(write("good.json", R"({"a": 1})"));
+  ASSERT_TRUE(good.is_ok()) << good.status().message();
+  EXPECT_EQ(good.value().at("a"), 1);
+  expect_error(read_json_object(write("broken.json", R"({"a": )")).status(), "broken.json' is not valid JSON");
+  expect_error(read_json_object(write("list.json", "[1, 2]")).status(), "list.json' is not a JSON object");
+  expect_error(read_json_object((dir / "absent.json").string()).status(), "cannot open '");
+  expect_error(read_json_object(dir.string()).status(), "not a regular file");
+  fs::remove_all(dir);
 }
 
 TEST(JsonFields, NestedObjectsNameTheirPath) {

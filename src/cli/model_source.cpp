@@ -4,13 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "base/bf16.h"
-#include "base/input_path.h"
+#include "base/json_fields.h"
 #include "cli/export.h"
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
@@ -39,15 +38,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 bool is_dir(const std::string& path) {
   std::error_code ec;
   return !path.empty() && fs::is_directory(path, ec);
-}
-
-Result<nlohmann::json> read_json_file(const fs::path& path) {
-  GLM_RETURN_IF_ERROR(check_input_path(path.string(), InputKind::file));
-  std::ifstream in(path);
-  if (!in) return GLM_USER_ERROR("cannot open '", path.string(), "'");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return GLM_USER_ERROR("'", path.string(), "' is not a JSON object");
-  return j;
 }
 
 // Our LoRA checkpoint (meta.json says train_type lora), or a run's output directory holding them.
@@ -201,7 +191,7 @@ Result<GenerationDefaults> ModelSource::generation_defaults() const {
   std::error_code ec;
   const fs::path path = fs::path(files_dir_) / "generation_config.json";
   if (files_dir_.empty() || !fs::exists(path, ec)) return d;
-  GLM_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
+  GLM_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_object(path.string()));
   d.source = path.string();
   auto bad = [&](const char* field) {
     return GLM_USER_ERROR(path.string(), ": \"", field, "\" is ", j[field].dump(), ", not what transformers reads");
@@ -237,7 +227,7 @@ Result<GenerationDefaults> ModelSource::generation_defaults() const {
 
 Result<LoraConfig> read_peft_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / kPeftConfigFile;
-  GLM_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
+  GLM_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_object(path.string()));
   const std::string where = path.string();
   auto refuse = [&](const char* field, const char* why) {
     return GLM_USER_ERROR(where, ": \"", field, "\" is ", j[field].dump(), ": ", why);

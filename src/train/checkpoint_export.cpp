@@ -1,11 +1,10 @@
 // The checkpoint readers of glm_hpc export and tools (see checkpoint.h): meta.json and args.json
 // without an engine, the full model's master weights reassembled unit by unit, the LoRA adapters.
 #include <algorithm>
-#include <fstream>
 #include <utility>
 #include <vector>
 
-#include "base/input_path.h"
+#include "base/json_fields.h"
 #include "base/progress.h"
 #include "io/checkpoint_file.h"
 #include "train/checkpoint.h"
@@ -17,14 +16,6 @@ namespace glm {
 namespace {
 
 namespace fs = std::filesystem;
-
-Result<nlohmann::json> read_args(const fs::path& path) {
-  GLM_RETURN_IF_ERROR(check_input_path(path.string()));
-  std::ifstream in(path);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
-  return j;
-}
 
 // Every rank file of a checkpoint, open; a missing or unreadable one is a user error naming it.
 Result<std::vector<CheckpointFileReader>> open_rank_files(const fs::path& dir, int world_size) {
@@ -86,7 +77,7 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& dir_name) {
   GLM_ASSIGN_OR_RETURN(const CheckpointMeta meta, read_checkpoint_meta(dir));
   for (const fs::path& args : {dir / "args.json", dir.parent_path() / "args.json"}) {
     if (fs::exists(args)) {
-      GLM_ASSIGN_OR_RETURN(info.args, read_args(args));
+      GLM_ASSIGN_OR_RETURN(info.args, read_json_object(args.string()));
       break;
     }
   }

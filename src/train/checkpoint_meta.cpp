@@ -107,9 +107,7 @@ Result<int64_t> saved_batch_per_rank(const fs::path& dir) {
   const fs::path path = dir / "args.json";
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return int64_t{0};
-  std::ifstream in(path);
-  const nlohmann::json args = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (args.is_discarded()) return GLM_USER_ERROR(path.string(), " is not valid JSON");
+  GLM_ASSIGN_OR_RETURN(const nlohmann::json args, read_json_object(path.string()));
   GLM_ASSIGN_OR_RETURN(const JsonFields f, JsonFields::of(args, path.string()));
   if (!f.has("options")) return int64_t{0};
   GLM_ASSIGN_OR_RETURN(const JsonFields options, f.object("options"));
