@@ -297,6 +297,23 @@ void BM_DecodeAttention(benchmark::State& state) {
   report_bytes(state, 2.0 * static_cast<double>(n * keys * kvw));
 }
 
+// A decode step's linear layers (glm_hpc infer): range(0) rows (one token a sequence) through the
+// weights of GLM-4-9B-Chat's layer matrix range(1) (0 q|k|v, 1 o, 2 gate|up, 3 down); bytes: the
+// weights, read once whatever the rows (GEMV up to 8 rows, the tensor-core kernel up to 64).
+void BM_LinearFewRows(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0);
+  const int64_t shapes[4][2] = {{kHidden, (kHeads + 2 * kKv) * kHeadDim}, {kHidden, kHidden}, {kHidden, 2 * kFfn},
+                                {kFfn, kHidden}};
+  const int64_t in_f = shapes[state.range(1)][0], out_f = shapes[state.range(1)][1];
+  Buffer x = filled(n * in_f, DType::bf16), w = filled(out_f * in_f, DType::bf16, 0.02),
+         y = filled(n * out_f, DType::bf16);
+  time_loop(state, [&] {
+    return gpu()->linear_forward(y.tensor(), x.tensor(), w.tensor(), Tensor{}, n, in_f, out_f);
+  });
+  report_bytes(state, 2.0 * static_cast<double>(in_f * out_f));
+}
+
 void BM_LmHeadCrossEntropy(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t n = state.range(0);
@@ -438,6 +455,11 @@ BENCHMARK(BM_DecodeAttention)
     ->Args({1, 32768})
     ->Args({32, 4096})
     ->ArgNames({"n", "keys"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearFewRows)
+    ->ArgsProduct({{1, 8, 16, 32, 64}, {0, 1, 2, 3}})
+    ->ArgNames({"rows", "matrix"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
