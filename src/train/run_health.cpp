@@ -38,6 +38,7 @@ double median_of(std::vector<double> v) {
 }  // namespace
 
 RunHealth::RunHealth(const Backend& backend, bool gpu_health) {
+  if (backend.name() != "cuda") straggler_ratio_ = kCpuStragglerRatio;
   if (!gpu_health) {
     source_ = "GPU health off (--log_gpu_health false)";
     return;
@@ -82,9 +83,9 @@ Result<RanksReport> RunHealth::gather(Communicator& comm, double flops) {
                                          report.busy_seconds.begin());
   report.slowest_seconds = report.busy_seconds[static_cast<size_t>(report.slowest_rank)];
   report.median_seconds = median_of(report.busy_seconds);
-  // A rank stays the slowest by more than kStragglerRatio: named once per streak, at its length.
+  // A rank stays the slowest by more than the ratio: named once per streak, at its length.
   const bool slow =
-      world > 1 && report.median_seconds > 0 && report.slowest_seconds > kStragglerRatio * report.median_seconds;
+      world > 1 && report.median_seconds > 0 && report.slowest_seconds > straggler_ratio_ * report.median_seconds;
   streak_ = slow && report.slowest_rank == streak_rank_ ? streak_ + 1 : (slow ? 1 : 0);
   streak_rank_ = slow ? report.slowest_rank : -1;
   if (streak_ == kStragglerIntervals)
