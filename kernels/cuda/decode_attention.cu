@@ -25,6 +25,26 @@ size_t shared_bytes(int group, int d) {
   return sizeof(float) * static_cast<size_t>(group) * d + 2 * sizeof(bf16) * kTileKeys * tile_row(d);
 }
 
+// Block (split, g, i)'s keys and its output: query i's keys over the splits it needs
+// (kMinSplitKeys or more each; the rest stay empty), [begin, end) this split's, out the group's
+// records of this split in partial ([n, splits, heads, d + 2]). An empty split writes its max alone
+// (-inf), which tells the merge to skip it, and returns false.
+__device__ __forceinline__ bool split_keys(float* partial, const int32_t* position, const int32_t* doc_start,
+                                           int heads, int group, int d, int splits, int64_t& begin, int64_t& end,
+                                           float*& out) {
+  const int split = blockIdx.x, g = blockIdx.y;
+  const int64_t i = blockIdx.z;
+  const int64_t first = doc_start[i], last = position[i], length = last - first + 1;
+  const int64_t active = min(static_cast<int64_t>(splits), (length + kMinSplitKeys - 1) / kMinSplitKeys);
+  const int64_t per_split = (length + active - 1) / active;
+  begin = min(last + 1, first + split * per_split);
+  end = min(last + 1, begin + per_split);
+  out = partial + ((i * splits + split) * heads + static_cast<int64_t>(g) * group) * (d + 2);
+  if (begin < end) return true;
+  for (int h = threadIdx.x; h < group; h += blockDim.x) out[h * (d + 2) + d] = -INFINITY;
+  return false;
+}
+
 // Block (split, g, i): query i's heads of KV group g against the split's share of its keys.
 // partial: [n, splits, heads, d + 2] = the unnormalised output, then the max and the exp-sum.
 // The block's loads go out together (the query, then a tile's key and value rows, each load's row
@@ -37,24 +57,17 @@ __global__ void __launch_bounds__(kThreads)
                           const int32_t* position, const int32_t* doc_start, int heads, int kv_heads, int d, int splits,
                           float scale) {
   extern __shared__ float smem[];
-  const int split = blockIdx.x, g = blockIdx.y;
+  const int g = blockIdx.y;
   const int64_t i = blockIdx.z;
   const int group = heads / kv_heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row = tile_row(d), vectors = d / 8;
   float* q_s = smem;                                     // [group][d]
   bf16* k_s = reinterpret_cast<bf16*>(q_s + group * d);  // [kTileKeys][row]
   bf16* v_s = k_s + kTileKeys * row;                     // [kTileKeys][row]
-  // The query's keys over the splits it needs (kMinSplitKeys or more each); the rest stay empty.
-  const int64_t first = doc_start[i], last = position[i], length = last - first + 1;
-  const int64_t active = min(static_cast<int64_t>(splits), (length + kMinSplitKeys - 1) / kMinSplitKeys);
-  const int64_t per_split = (length + active - 1) / active;
-  const int64_t begin = min(last + 1, first + split * per_split), end = min(last + 1, begin + per_split);
+  int64_t begin = 0, end = 0;
+  float* out = nullptr;
+  if (!split_keys(partial, position, doc_start, heads, group, d, splits, begin, end, out)) return;
   const int64_t qkv_width = static_cast<int64_t>(heads + 2 * kv_heads) * d, kv_width = 2LL * kv_heads * d;
-  float* out = partial + ((i * splits + split) * heads + static_cast<int64_t>(g) * group) * (d + 2);
-  if (begin >= end) {  // an empty split: its max alone (-inf) tells the merge to skip it
-    for (int h = tid; h < group; h += kThreads) out[h * (d + 2) + d] = -INFINITY;
-    return;
-  }
   {  // the group's queries, 8 dimensions a load
     const bf16* q = qkv + i * qkv_width + static_cast<int64_t>(g) * group * d;
     constexpr int kMax = kMaxGroup * kMaxHeadDim / 8 / kThreads;
@@ -210,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
                                  const int32_t* position, const int32_t* doc_start, int heads, int kv_heads, int d,
                                  int splits, float scale) {
   extern __shared__ float smem[];
-  const int split = blockIdx.x, g = blockIdx.y;
+  const int g = blockIdx.y;
   const int64_t i = blockIdx.z;
   const int group = heads / kv_heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float* q_s = smem;                             // [group][d]
@@ -220,17 +233,10 @@ __global__ void __launch_bounds__(kThreads)
   float* m_s = p_s + group * kTileKeys;          // [group]
   float* l_s = m_s + group;                      // [group]
   float* c_s = l_s + group;                      // [group]: this tile's rescaling of the running sums
-  // The query's keys over the splits it needs (kMinSplitKeys or more each); the rest stay empty.
-  const int64_t first = doc_start[i], last = position[i], length = last - first + 1;
-  const int64_t active = min(static_cast<int64_t>(splits), (length + kMinSplitKeys - 1) / kMinSplitKeys);
-  const int64_t per_split = (length + active - 1) / active;
-  const int64_t begin = min(last + 1, first + split * per_split), end = min(last + 1, begin + per_split);
+  int64_t begin = 0, end = 0;
+  float* out = nullptr;
+  if (!split_keys(partial, position, doc_start, heads, group, d, splits, begin, end, out)) return;
   const int64_t qkv_width = static_cast<int64_t>(heads + 2 * kv_heads) * d, kv_width = 2LL * kv_heads * d;
-  if (begin >= end) {  // an empty split: its max alone (-inf) tells the merge to skip it
-    float* out = partial + ((i * splits + split) * heads + static_cast<int64_t>(g) * group) * (d + 2);
-    for (int h = tid; h < group; h += kThreads) out[h * (d + 2) + d] = -INFINITY;
-    return;
-  }
   for (int e = tid; e < group * d; e += kThreads)
     q_s[e] = __bfloat162float(qkv[i * qkv_width + static_cast<int64_t>(g) * group * d + e]) * scale;
   for (int h = tid; h < group; h += kThreads) {
@@ -306,7 +312,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  float* out = partial + ((i * splits + split) * heads + static_cast<int64_t>(g) * group) * (d + 2);
 #pragma unroll
   for (int k = 0; k < kMaxOwned; ++k) {
     const int e = tid + k * kThreads;
