@@ -299,7 +299,7 @@ void BM_DecodeAttention(benchmark::State& state) {
 
 // A decode step's linear layers (glm_hpc infer): range(0) rows (one token a sequence) through the
 // weights of GLM-4-9B-Chat's layer matrix range(1) (0 q|k|v, 1 o, 2 gate|up, 3 down); bytes: the
-// weights, read once whatever the rows (GEMV up to 8 rows, the tensor-core kernel up to 64).
+// weights, read once whatever the rows (the GEMV up to 8 rows, cuBLASLt beyond).
 void BM_LinearFewRows(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t n = state.range(0);
@@ -451,6 +451,7 @@ BENCHMARK(BM_AttentionGathered)
 // One sequence and 32 at a chat's length and at 32k (the single-sequence and the batch kernels).
 BENCHMARK(BM_DecodeAttention)
     ->Args({1, 768})
+    ->Args({8, 768})
     ->Args({32, 768})
     ->Args({1, 32768})
     ->Args({32, 4096})
@@ -458,7 +459,7 @@ BENCHMARK(BM_DecodeAttention)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LinearFewRows)
-    ->ArgsProduct({{1, 8, 16, 32, 64}, {0, 1, 2, 3}})
+    ->ArgsProduct({{1, 2, 3, 4, 5, 8, 9, 16, 32, 64}, {0, 1, 2, 3}})
     ->ArgNames({"rows", "matrix"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

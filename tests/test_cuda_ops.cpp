@@ -146,11 +146,13 @@ class Ops : public ::testing::Test {
 };
 
 // Decode attention (kernels/cuda/decode_attention.cuh) against the CPU's gathered attention: one
-// query per sequence, sequences of 1 to 2,600 keys (one split up to many), rows of a paged cache in
-// random order, GLM-4-9B-Chat's group of 16 heads, the 1M model's 8, and small odd shapes; every row
-// of out and lse. A batch of six sequences, and single sequences (their own kernel).
+// query per sequence, sequences of 1 to 2,600 keys (one split up to many, chunks of 16 keys cut by
+// the end), rows of a paged cache in random order, GLM-4-9B-Chat's group of 16 heads, the 1M model's
+// 8, a group of 32 (two tiles of heads) at head_dim 256, and small odd shapes (head_dim 40 and 16,
+// padded to the kernel's 64); every row of out and lse. A batch of six sequences, and single
+// sequences (more splits each).
 TEST_F(Ops, DecodeAttentionMatchesTheGatheredReference) {
-  const AttentionShape shapes[] = {{32, 2, 128}, {32, 4, 128}, {6, 2, 64}, {3, 3, 16}};
+  const AttentionShape shapes[] = {{32, 2, 128}, {32, 4, 128}, {6, 2, 64}, {3, 3, 16}, {64, 2, 256}, {10, 2, 40}};
   const std::vector<int64_t> batches[] = {{1, 7, 300, 1100, 2600, 257}, {1100}, {2600}, {7}};
   for (const std::vector<int64_t>& lengths : batches)
     for (const AttentionShape& s : shapes) {

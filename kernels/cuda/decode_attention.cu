@@ -1,326 +1,251 @@
 // Decode attention over a paged KV cache (see decode_attention.cuh).
+//
+// Block (split, KV head g and tile of up to 16 of its query heads, query i) on the tensor cores: the
+// tile's queries are the 16 rows of the m16n8k16 MMA's A operand (GQA: one read of a key serves
+// every query head of the tile), its four warps take chunks of 16 keys in turn (chunk warp, warp +
+// 4, ... of the split), copied by cp.async into two stages of the warp's own shared memory (the
+// next chunk in flight while one is multiplied). S = Q K^T from ldmatrix fragments, the online
+// softmax in registers (a row's four lanes reduce by shuffles), P as the A operand of O += P V with
+// V through ldmatrix.trans, all as in the prefill's flash kernels. The warps meet in shared memory
+// at the end; with one split the block writes the output, otherwise the split's record for the merge.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/tensor_core.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace glm::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
-constexpr int kTileKeys = 32;      // one key per lane
-constexpr int kMinSplitKeys = 32;  // one tile: a decode step's few queries still fill the GPU
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunk = 16;                     // keys a warp multiplies at a time: the MMA's k of P V
+constexpr int kTileHeads = 16;                 // query heads a block: the MMA's m
+constexpr int kMinSplitKeys = kWarps * kChunk;  // a chunk for every warp
 constexpr int kMaxGroup = 32;
 constexpr int kMaxHeadDim = 256;
-constexpr int kMaxWarpHeads = kMaxGroup / kWarps;  // query heads a warp owns
-constexpr int kMaxLaneChunks = kMaxHeadDim / 128;  // 4-dimension chunks of the output a lane owns per head
-// bf16 rows of the key and value tiles in shared memory: d + 8 elements (one 16-byte unit more),
-// so that the lanes reading 16 bytes of 32 different keys hit different banks.
-__host__ __device__ constexpr int tile_row(int d) { return d + 8; }
+constexpr float kLn2 = 0.6931471805599453f;
 
-// Shared memory of one block: the group's queries (fp32, scaled) and a tile of keys and of values
-// (bf16).
-size_t shared_bytes(int group, int d) {
-  return sizeof(float) * static_cast<size_t>(group) * d + 2 * sizeof(bf16) * kTileKeys * tile_row(d);
+// bf16 of a row in shared memory: D + 8 (one 16-byte unit more), so that ldmatrix's eight rows of
+// 16 bytes fall in different banks.
+__host__ __device__ constexpr int padded(int dim) { return dim + 8; }
+
+// Shared memory of a block of head dimension D (d padded up to 64, 128 or 256): the queries, then
+// each warp's two stages of 16 keys and 16 values. The warps' fp32 outputs take the stages' place
+// at the end (half their size).
+template <int D>
+constexpr size_t shared_bytes() {
+  return sizeof(bf16) * static_cast<size_t>(padded(D)) * (kTileHeads + kWarps * 2 * 2 * kChunk);
 }
+constexpr int kOutRow = 8;  // floats after each row of a warp's output in shared memory
 
-// Block (split, g, i)'s keys and its output: query i's keys over the splits it needs
-// (kMinSplitKeys or more each; the rest stay empty), [begin, end) this split's, out the group's
-// records of this split in partial ([n, splits, heads, d + 2]). An empty split writes its max alone
-// (-inf), which tells the merge to skip it, and returns false.
-__device__ __forceinline__ bool split_keys(float* partial, const int32_t* position, const int32_t* doc_start,
-                                           int heads, int group, int d, int splits, int64_t& begin, int64_t& end,
-                                           float*& out) {
-  const int split = blockIdx.x, g = blockIdx.y;
-  const int64_t i = blockIdx.z;
-  const int64_t first = doc_start[i], last = position[i], length = last - first + 1;
+// Query i's keys [first, last] over `splits` splits of whole chunks (at most one a kMinSplitKeys
+// keys; the rest stay empty): this split's [begin, end).
+__device__ __forceinline__ void split_range(int64_t first, int64_t last, int splits, int split, int64_t& begin,
+                                            int64_t& end) {
+  const int64_t length = last - first + 1;
   const int64_t active = min(static_cast<int64_t>(splits), (length + kMinSplitKeys - 1) / kMinSplitKeys);
-  const int64_t per_split = (length + active - 1) / active;
+  const int64_t per_split = ((length + active - 1) / active + kChunk - 1) / kChunk * kChunk;
   begin = min(last + 1, first + split * per_split);
   end = min(last + 1, begin + per_split);
-  out = partial + ((i * splits + split) * heads + static_cast<int64_t>(g) * group) * (d + 2);
-  if (begin < end) return true;
-  for (int h = threadIdx.x; h < group; h += blockDim.x) out[h * (d + 2) + d] = -INFINITY;
-  return false;
 }
 
-// Block (split, g, i): query i's heads of KV group g against the split's share of its keys.
-// partial: [n, splits, heads, d + 2] = the unnormalised output, then the max and the exp-sum.
-// The block's loads go out together (the query, then a tile's key and value rows, each load's row
-// index read by the thread itself: no barrier between the index and the row); warp w then owns query
-// heads w, w + 4, ... of the group, a lane a key for the scores and the softmax (running max and sum
-// in registers, warp reductions), then 4 dimensions of each head's output, the keys' weights taken
-// from their lanes by shuffles.
+// Stage `stage` (0 or 1) of a warp's shared memory `stages`: 16 keys, then 16 values.
+template <int D>
+__device__ __forceinline__ bf16* stage_keys(bf16* stages, int stage) {
+  return stages + 2 * stage * kChunk * padded(D);
+}
+template <int D>
+__device__ __forceinline__ bf16* stage_values(bf16* stages, int stage) {
+  return stages + (2 * stage + 1) * kChunk * padded(D);
+}
+
+// The warp's copies of 16 keys from `start` (rows past `end` and dimensions past d filled with zeros)
+// into stage `stage`, one commit group (empty when start >= end).
+template <int D>
+__device__ __forceinline__ void load_chunk(bf16* stages, int stage, const bf16* kv, const int32_t* kv_row,
+                                           int64_t start, int64_t end, int64_t kv_width, int64_t k_off,
+                                           int64_t v_off, int d, int lane) {
+  if (start < end) {
+    const int64_t mine = start + (lane & (kChunk - 1));
+    const int32_t my_row = mine < end ? __ldg(kv_row + mine) : 0;
+    constexpr int kVectors = D / 8, kPerLane = kChunk * kVectors / 32;
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      const int e = lane + 32 * u, t = e / kVectors, col = (e % kVectors) * 8;
+      const int32_t row = __shfl_sync(0xffffffffu, my_row, t);
+      const bool valid = start + t < end && col < d;
+      const bf16* src = kv + static_cast<int64_t>(row) * kv_width + col;
+      cp_async16(stage_keys<D>(stages, stage) + t * padded(D) + col, valid ? src + k_off : kv, valid);
+      cp_async16(stage_values<D>(stages, stage) + t * padded(D) + col, valid ? src + v_off : kv, valid);
+    }
+  }
+  cp_async_commit();
+}
+
+template <int D>
 __global__ void __launch_bounds__(kThreads)
-    decode_partial_kernel(float* partial, const bf16* qkv, const bf16* kv, const int32_t* kv_row,
-                          const int32_t* position, const int32_t* doc_start, int heads, int kv_heads, int d, int splits,
-                          float scale) {
-  extern __shared__ float smem[];
-  const int g = blockIdx.y;
-  const int64_t i = blockIdx.z;
-  const int group = heads / kv_heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int row = tile_row(d), vectors = d / 8;
-  float* q_s = smem;                                     // [group][d]
-  bf16* k_s = reinterpret_cast<bf16*>(q_s + group * d);  // [kTileKeys][row]
-  bf16* v_s = k_s + kTileKeys * row;                     // [kTileKeys][row]
+    decode_kernel(bf16* out, float* lse, float* partial, const bf16* qkv, const bf16* kv, const int32_t* kv_row,
+                  const int32_t* position, const int32_t* doc_start, int heads, int kv_heads, int d, int splits,
+                  float scale_log2) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem_bytes);  // [16][padded(D)]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g8 = lane >> 2, q4 = lane & 3;
+  const int group = heads / kv_heads, tiles = (group + kTileHeads - 1) / kTileHeads;
+  const int g = blockIdx.y / tiles, h0 = (blockIdx.y % tiles) * kTileHeads;
+  const int rows = min(kTileHeads, group - h0), head0 = g * group + h0;
+  const int64_t i = blockIdx.z, record = d + 2;
   int64_t begin = 0, end = 0;
-  float* out = nullptr;
-  if (!split_keys(partial, position, doc_start, heads, group, d, splits, begin, end, out)) return;
+  split_range(doc_start[i], position[i], splits, blockIdx.x, begin, end);
+  float* rec = splits > 1 ? partial + ((i * splits + blockIdx.x) * heads + head0) * record : nullptr;
+  if (begin >= end) {  // an empty split: its max alone (-inf) tells the merge to skip it
+    for (int r = threadIdx.x; r < rows; r += kThreads) rec[r * record + d] = -INFINITY;
+    return;
+  }
   const int64_t qkv_width = static_cast<int64_t>(heads + 2 * kv_heads) * d, kv_width = 2LL * kv_heads * d;
-  {  // the group's queries, 8 dimensions a load
-    const bf16* q = qkv + i * qkv_width + static_cast<int64_t>(g) * group * d;
-    constexpr int kMax = kMaxGroup * kMaxHeadDim / 8 / kThreads;
-    uint4 bits[kMax];
-#pragma unroll
-    for (int u = 0; u < kMax; ++u) {
-      const int e = tid + u * kThreads;
-      if (e < group * vectors) bits[u] = __ldg(reinterpret_cast<const uint4*>(q) + e);
+  {  // the tile's queries; rows past the group's heads and dimensions past d are zeros
+    const bf16* q = qkv + i * qkv_width + static_cast<int64_t>(head0) * d;
+    constexpr int kVectors = D / 8;
+    for (int e = threadIdx.x; e < kTileHeads * kVectors; e += kThreads) {
+      const int r = e / kVectors, col = (e % kVectors) * 8;
+      const bool valid = r < rows && col < d;
+      cp_async16(q_s + r * padded(D) + col, valid ? q + r * d + col : q, valid);
     }
+    cp_async_commit();
+  }
+  bf16* stages = q_s + kTileHeads * padded(D) + warp * 2 * 2 * kChunk * padded(D);  // this warp's
+  const int64_t k_off = static_cast<int64_t>(g) * d, v_off = static_cast<int64_t>(kv_heads + g) * d;
+  const int64_t chunks = (end - begin + kChunk - 1) / kChunk;
+  const int count = chunks > warp ? static_cast<int>((chunks - warp + kWarps - 1) / kWarps) : 0;
+  auto chunk_start = [&](int j) { return begin + (static_cast<int64_t>(j) * kWarps + warp) * kChunk; };
+  load_chunk<D>(stages, 0, kv, kv_row, count > 0 ? chunk_start(0) : end, end, kv_width, k_off, v_off, d, lane);
+  load_chunk<D>(stages, 1, kv, kv_row, count > 1 ? chunk_start(1) : end, end, kv_width, k_off, v_off, d, lane);
+  asm volatile("cp.async.wait_group 1;\n" ::);  // the queries and the first chunk
+  __syncthreads();                               // every thread's share of the queries
+
+  // Lane (g8, q4) holds rows g8 and g8 + 8 of S and O: m and l of each, O's columns 8 t + 2 q4 (+1).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[D / 8][4];
 #pragma unroll
-    for (int u = 0; u < kMax; ++u) {
-      const int e = tid + u * kThreads;
-      if (e >= group * vectors) break;
-      float f[8];
-      unpack_bf16x8(bits[u], f);
+  for (int t = 0; t < D / 8; ++t)
 #pragma unroll
-      for (int k = 0; k < 8; ++k) q_s[e * 8 + k] = f[k] * scale;
+    for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+  for (int j = 0; j < count; ++j) {
+    const int stage = j & 1;
+    if (j > 0) asm volatile("cp.async.wait_group 1;\n" ::);
+    __syncwarp();
+    const bf16* k_s = stage_keys<D>(stages, stage);
+    const bf16* v_s = stage_values<D>(stages, stage);
+    float s[2][4] = {};  // keys 0-7 and 8-15 of the chunk
+#pragma unroll
+    for (int kt = 0; kt < D / 16; ++kt) {
+      uint32_t a[4], b[4];
+      ldsm_x4(a, a_frag(q_s, padded(D), 0, kt * 16, lane));
+      ldsm_x4(b, b_frag_nk(k_s, padded(D), 0, kt * 16, lane));
+      mma_bf16(s[0], a, b[0], b[1]);
+      mma_bf16(s[1], a, b[2], b[3]);
     }
-  }
-  const int warp_heads = (group - warp + kWarps - 1) / kWarps;  // heads warp, warp + kWarps, ...
-  float m_run[kMaxWarpHeads], l_run[kMaxWarpHeads], acc[kMaxWarpHeads][kMaxLaneChunks][4];
+    const int64_t key0 = chunk_start(j) + 2 * q4;
+    float corr[2];
 #pragma unroll
-  for (int a = 0; a < kMaxWarpHeads; ++a) {
-    m_run[a] = -INFINITY;
-    l_run[a] = 0.0f;
+    for (int r = 0; r < 2; ++r) {  // row g8 + 8 r: elements 2 r, 2 r + 1 of each key tile
+      float mx = m[r];
 #pragma unroll
-    for (int j = 0; j < kMaxLaneChunks; ++j)
+      for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) acc[a][j][k] = 0.0f;
-  }
-  for (int64_t k0 = begin; k0 < end; k0 += kTileKeys) {
-    const int keys = static_cast<int>(min(static_cast<int64_t>(kTileKeys), end - k0));
-    __syncthreads();  // the previous tile's keys and values are no longer read
-    {                 // the tile's keys and values, 8 bf16 a load, every load in flight before the first store
-      constexpr int kMax = kTileKeys * kMaxHeadDim / 8 / kThreads;
-      uint4 kb[kMax], vb[kMax];
-#pragma unroll
-      for (int u = 0; u < kMax; ++u) {
-        const int e = tid + u * kThreads;
-        if (e < keys * vectors) {
-          const int t = e / vectors, c = (e - t * vectors) * 8;
-          const bf16* src =
-              kv + static_cast<int64_t>(__ldg(kv_row + k0 + t)) * kv_width + static_cast<int64_t>(g) * d + c;
-          kb[u] = __ldg(reinterpret_cast<const uint4*>(src));
-          vb[u] = __ldg(reinterpret_cast<const uint4*>(src + static_cast<int64_t>(kv_heads) * d));
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[t][2 * r + e];
+          x = key0 + 8 * t + e < end ? x * scale_log2 : -INFINITY;
+          mx = fmaxf(mx, x);
         }
-      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));  // finite: every chunk has a key
+      corr[r] = fast_exp2(m[r] - mx);                       // 0 for the first chunk (m -inf)
+      m[r] = mx;
+      float sum = 0.0f;
 #pragma unroll
-      for (int u = 0; u < kMax; ++u) {
-        const int e = tid + u * kThreads;
-        if (e >= keys * vectors) break;
-        const int t = e / vectors, c = (e - t * vectors) * 8;
-        *reinterpret_cast<uint4*>(k_s + t * row + c) = kb[u];
-        *reinterpret_cast<uint4*>(v_s + t * row + c) = vb[u];
-      }
-    }
-    __syncthreads();
-    // Scores: lane = key, for each of the warp's heads; keys past the tile's end are masked.
-    float p[kMaxWarpHeads];
+      for (int t = 0; t < 2; ++t)
 #pragma unroll
-    for (int a = 0; a < kMaxWarpHeads; ++a) p[a] = 0.0f;
-    for (int c8 = 0; c8 < vectors; ++c8) {
-      float kf[8];
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(k_s + lane * row + c8 * 8), kf);
-#pragma unroll
-      for (int a = 0; a < kMaxWarpHeads; ++a) {
-        if (a >= warp_heads) break;
-        const float4* q4 = reinterpret_cast<const float4*>(q_s + (warp + a * kWarps) * d + c8 * 8);
-        const float4 x = q4[0], y = q4[1];
-        p[a] = fmaf(x.x, kf[0], fmaf(x.y, kf[1], fmaf(x.z, kf[2], fmaf(x.w, kf[3], p[a]))));
-        p[a] = fmaf(y.x, kf[4], fmaf(y.y, kf[5], fmaf(y.z, kf[6], fmaf(y.w, kf[7], p[a]))));
-      }
-    }
-    // Online softmax of each head over the tile's keys (one a lane); p becomes the key's weight.
-    float corr[kMaxWarpHeads];
-#pragma unroll
-    for (int a = 0; a < kMaxWarpHeads; ++a) {
-      if (a >= warp_heads) break;
-      const float s = lane < keys ? p[a] : -INFINITY;
-      const float m_new = fmaxf(m_run[a], warp_max(s));  // finite: every tile has a key
-      corr[a] = __expf(m_run[a] - m_new);                // 0 for the first tile (m_run -inf)
-      p[a] = lane < keys ? __expf(s - m_new) : 0.0f;
-      l_run[a] = l_run[a] * corr[a] + warp_sum(p[a]);
-      m_run[a] = m_new;
-    }
-    // Output: lane owns dimensions 4 lane + 128 j of each head; acc = acc corr + sum_t p_t v_t.
-#pragma unroll
-    for (int a = 0; a < kMaxWarpHeads; ++a) {
-      if (a >= warp_heads) break;
-#pragma unroll
-      for (int j = 0; j < kMaxLaneChunks; ++j)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc[a][j][k] *= corr[a];
-    }
-    for (int t = 0; t < keys; ++t) {
-      float w[kMaxWarpHeads];
-#pragma unroll
-      for (int a = 0; a < kMaxWarpHeads; ++a) w[a] = a < warp_heads ? __shfl_sync(0xffffffffu, p[a], t) : 0.0f;
-#pragma unroll
-      for (int j = 0; j < kMaxLaneChunks; ++j) {
-        const int c = 4 * lane + 128 * j;
-        if (c >= d) break;
-        const uint2 bits = *reinterpret_cast<const uint2*>(v_s + t * row + c);
-        const float2 v01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
-        const float2 v23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
-#pragma unroll
-        for (int a = 0; a < kMaxWarpHeads; ++a) {
-          if (a >= warp_heads) break;
-          acc[a][j][0] = fmaf(w[a], v01.x, acc[a][j][0]);
-          acc[a][j][1] = fmaf(w[a], v01.y, acc[a][j][1]);
-          acc[a][j][2] = fmaf(w[a], v23.x, acc[a][j][2]);
-          acc[a][j][3] = fmaf(w[a], v23.y, acc[a][j][3]);
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[t][2 * r + e];
+          x = fast_exp2(x - mx);
+          sum += x;
         }
+      l[r] = l[r] * corr[r] + sum;  // this lane's columns; the row's four lanes add up at the end
+    }
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      acc[t][0] *= corr[0];
+      acc[t][1] *= corr[0];
+      acc[t][2] *= corr[1];
+      acc[t][3] *= corr[1];
+    }
+    const uint32_t p[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
+                           pack_bf16(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dt = 0; dt < D / 16; ++dt) {
+      uint32_t b[4];
+      ldsm_x4_t(b, b_frag_kn(v_s, padded(D), 0, dt * 16, lane));
+      mma_bf16(acc[2 * dt], p, b[0], b[1]);
+      mma_bf16(acc[2 * dt + 1], p, b[2], b[3]);
+    }
+    __syncwarp();  // every lane is done with the stage before it is refilled
+    load_chunk<D>(stages, stage, kv, kv_row, j + 2 < count ? chunk_start(j + 2) : end, end, kv_width, k_off, v_off, d,
+                  lane);
+  }
+  cp_async_wait_all();
+  // The warps meet: each its m, l (its rows' four lanes added) and O in shared memory.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  __syncthreads();  // the stages are free
+  float* o_s = reinterpret_cast<float*>(q_s + kTileHeads * padded(D));  // [kWarps][16][D + kOutRow]
+  __shared__ float m_s[kWarps][kTileHeads], l_s[kWarps][kTileHeads];
+  {
+    float* o = o_s + warp * kTileHeads * (D + kOutRow);
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(o + (g8 + 8 * r) * (D + kOutRow) + 8 * t + 2 * q4) =
+            make_float2(acc[t][2 * r], acc[t][2 * r + 1]);
+    if (q4 == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        m_s[warp][g8 + 8 * r] = m[r];
+        l_s[warp][g8 + 8 * r] = l[r];
       }
-    }
   }
-#pragma unroll
-  for (int a = 0; a < kMaxWarpHeads; ++a) {
-    if (a >= warp_heads) break;
-    float* o = out + (warp + a * kWarps) * (d + 2);
-#pragma unroll
-    for (int j = 0; j < kMaxLaneChunks; ++j) {
-      const int c = 4 * lane + 128 * j;
-      if (c >= d) break;
-      *reinterpret_cast<float2*>(o + c) = make_float2(acc[a][j][0], acc[a][j][1]);
-      *reinterpret_cast<float2*>(o + c + 2) = make_float2(acc[a][j][2], acc[a][j][3]);
-    }
-    if (lane == 0) {
-      o[d] = m_run[a];
-      o[d + 1] = l_run[a];
-    }
-  }
-}
-
-constexpr int kKeyPad = 4;  // floats after each key row: lanes reading float4s of 8 keys hit distinct banks
-
-// One sequence (n = 1: a grid of a few dozen blocks, where each block's latency is the step's):
-// the contract of decode_partial_kernel, with a thread per (head, key) pair for the scores and per
-// output element for the values, everything through shared memory in fp32. Of the two kernels it is
-// the faster for one sequence and the slower for batches (benchmarks/RESULTS.md).
-// Shared memory of one block: the group's queries (fp32), a tile of keys (fp32, rows padded so that
-// lanes reading the same four dimensions of different keys hit different banks), the tile's values
-// (fp32) and scores, and each head's running max, sum and rescaling factor.
-size_t single_shared_bytes(int group, int d) {
-  return sizeof(float) * (static_cast<size_t>(group) * d + static_cast<size_t>(kTileKeys) * (d + kKeyPad) +
-                          static_cast<size_t>(kTileKeys) * d + static_cast<size_t>(group) * kTileKeys + 3 * group);
-}
-
-// Block (split, g, i): query i's heads of KV group g against the split's share of its keys.
-// partial: [n, splits, heads, d + 2] = the unnormalised output, then the max and the exp-sum.
-__global__ void __launch_bounds__(kThreads)
-    decode_partial_single_kernel(float* partial, const bf16* qkv, const bf16* kv, const int32_t* kv_row,
-                                 const int32_t* position, const int32_t* doc_start, int heads, int kv_heads, int d,
-                                 int splits, float scale) {
-  extern __shared__ float smem[];
-  const int g = blockIdx.y;
-  const int64_t i = blockIdx.z;
-  const int group = heads / kv_heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float* q_s = smem;                             // [group][d]
-  float* k_s = q_s + group * d;                  // [kTileKeys][d + kKeyPad]
-  float* v_s = k_s + kTileKeys * (d + kKeyPad);  // [kTileKeys][d]
-  float* p_s = v_s + kTileKeys * d;              // [group][kTileKeys]
-  float* m_s = p_s + group * kTileKeys;          // [group]
-  float* l_s = m_s + group;                      // [group]
-  float* c_s = l_s + group;                      // [group]: this tile's rescaling of the running sums
-  int64_t begin = 0, end = 0;
-  float* out = nullptr;
-  if (!split_keys(partial, position, doc_start, heads, group, d, splits, begin, end, out)) return;
-  const int64_t qkv_width = static_cast<int64_t>(heads + 2 * kv_heads) * d, kv_width = 2LL * kv_heads * d;
-  for (int e = tid; e < group * d; e += kThreads)
-    q_s[e] = __bfloat162float(qkv[i * qkv_width + static_cast<int64_t>(g) * group * d + e]) * scale;
-  for (int h = tid; h < group; h += kThreads) {
-    m_s[h] = -INFINITY;
-    l_s[h] = 0.0f;
-  }
-  // Each thread's output elements: (head, dimension) pairs tid, tid + kThreads, ...
-  constexpr int kMaxOwned = kMaxGroup * kMaxHeadDim / kThreads;
-  float acc[kMaxOwned];
-  const int owned = (group * d + kThreads - 1) / kThreads;
-#pragma unroll
-  for (int k = 0; k < kMaxOwned; ++k) acc[k] = 0.0f;
   __syncthreads();
-  for (int64_t k0 = begin; k0 < end; k0 += kTileKeys) {
-    const int keys = static_cast<int>(min(static_cast<int64_t>(kTileKeys), end - k0));
-    // Keys and values of the tile: 8 bf16 (16 bytes) a load.
-    const int vectors = d / 8;
-    for (int e = tid; e < keys * vectors; e += kThreads) {
-      const int t = e / vectors, c = (e % vectors) * 8;
-      const bf16* row = kv + static_cast<int64_t>(kv_row[k0 + t]) * kv_width + static_cast<int64_t>(g) * d + c;
-      const uint4 kbits = *reinterpret_cast<const uint4*>(row);
-      const uint4 vbits = *reinterpret_cast<const uint4*>(row + static_cast<int64_t>(kv_heads) * d);
-      const bf16* kh = reinterpret_cast<const bf16*>(&kbits);
-      const bf16* vh = reinterpret_cast<const bf16*>(&vbits);
+  for (int e = threadIdx.x; e < rows * (d / 2); e += kThreads) {
+    const int r = e / (d / 2), col = 2 * (e % (d / 2));
+    float mx = -INFINITY;
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        k_s[t * (d + kKeyPad) + c + u] = __bfloat162float(kh[u]);
-        v_s[t * d + c + u] = __bfloat162float(vh[u]);
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, m_s[w][r]);
+    float sum = 0.0f, o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = m_s[w][r] == -INFINITY ? 0.0f : fast_exp2(m_s[w][r] - mx);  // a warp without keys: 0
+      const float2 o = *reinterpret_cast<const float2*>(o_s + (w * kTileHeads + r) * (D + kOutRow) + col);
+      sum += weight * l_s[w][r];
+      o0 += weight * o.x;
+      o1 += weight * o.y;
+    }
+    if (splits == 1) {
+      const float inv = 1.0f / sum;
+      *reinterpret_cast<__nv_bfloat162*>(out + (i * heads + head0 + r) * d + col) =
+          __floats2bfloat162_rn(o0 * inv, o1 * inv);
+      if (col == 0) lse[i * heads + head0 + r] = (mx + log2f(sum)) * kLn2;
+    } else {  // the merge's record, in natural-log units
+      *reinterpret_cast<float2*>(rec + r * record + col) = make_float2(o0, o1);
+      if (col == 0) {
+        rec[r * record + d] = mx * kLn2;
+        rec[r * record + d + 1] = sum;
       }
     }
-    __syncthreads();
-    // Scores of every (head, key) pair; keys past the tile's end are masked.
-    for (int e = tid; e < group * kTileKeys; e += kThreads) {
-      const int h = e / kTileKeys, t = e % kTileKeys;
-      float s = -INFINITY;
-      if (t < keys) {
-        const float4* q4 = reinterpret_cast<const float4*>(q_s + h * d);
-        const float4* k4 = reinterpret_cast<const float4*>(k_s + t * (d + kKeyPad));
-        float s0 = 0.0f, s1 = 0.0f;
-        for (int c = 0; c < d / 4; ++c) {
-          const float4 a = q4[c], k = k4[c];
-          s0 = fmaf(a.x, k.x, fmaf(a.y, k.y, s0));
-          s1 = fmaf(a.z, k.z, fmaf(a.w, k.w, s1));
-        }
-        s = s0 + s1;
-      }
-      p_s[h * kTileKeys + t] = s;
-    }
-    __syncthreads();
-    // Online softmax per head: a warp per head, a lane per key.
-    for (int h = warp; h < group; h += kThreads / 32) {
-      const float s = p_s[h * kTileKeys + lane];
-      const float m_old = m_s[h], m_new = fmaxf(m_old, warp_max(s));
-      const float p = s == -INFINITY ? 0.0f : __expf(s - m_new);
-      p_s[h * kTileKeys + lane] = p;
-      const float sum = warp_sum(p);
-      if (lane == 0) {
-        const float c = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-        c_s[h] = c;
-        l_s[h] = l_s[h] * c + sum;
-        m_s[h] = m_new;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kMaxOwned; ++k) {
-      const int e = tid + k * kThreads;
-      if (k >= owned || e >= group * d) break;
-      const int h = e / d, c = e % d;
-      float a = acc[k] * c_s[h];
-      for (int t = 0; t < keys; ++t) a = fmaf(p_s[h * kTileKeys + t], v_s[t * d + c], a);
-      acc[k] = a;
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int k = 0; k < kMaxOwned; ++k) {
-    const int e = tid + k * kThreads;
-    if (k >= owned || e >= group * d) break;
-    out[(e / d) * (d + 2) + e % d] = acc[k];
-  }
-  for (int h = tid; h < group; h += kThreads) {
-    out[h * (d + 2) + d] = m_s[h];
-    out[h * (d + 2) + d + 1] = l_s[h];
   }
 }
 
@@ -374,17 +299,39 @@ __global__ void __launch_bounds__(kMergeHeads * 32)
   if (lane == 0) lse[i * heads + h] = m + logf(l);
 }
 
+
+template <int D>
+cudaError_t launch(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv, const int32_t* kv_row,
+                   const int32_t* position, const int32_t* doc_start, int64_t n, int splits, int heads, int kv_heads,
+                   int d, cudaStream_t stream) {
+  constexpr size_t smem = shared_bytes<D>();
+  auto* kernel = decode_kernel<D>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const int tiles = (heads / kv_heads + kTileHeads - 1) / kTileHeads;
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads * tiles), static_cast<unsigned>(n));
+  kernel<<<grid, kThreads, smem, stream>>>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, heads, kv_heads, d,
+                                           splits, 1.4426950408889634f / std::sqrt(static_cast<float>(d)));
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  return kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup && head_dim % 8 == 0 &&
-         head_dim <= kMaxHeadDim;
+  return kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kMaxGroup && head_dim > 0 &&
+         head_dim % 8 == 0 && head_dim <= kMaxHeadDim;
 }
 
-int decode_attention_splits(int64_t n, int64_t n_kv) {
+int decode_attention_splits(int64_t n, int64_t n_kv, int64_t heads, int64_t kv_heads, int multiprocessors) {
   const int64_t mean = n > 0 ? (n_kv + n - 1) / n : n_kv;
-  const int64_t splits = (mean + kMinSplitKeys - 1) / kMinSplitKeys;
-  return static_cast<int>(splits < 1 ? 1 : splits > kDecodeMaxSplits ? kDecodeMaxSplits : splits);
+  const int64_t tiles = kv_heads > 0 ? (heads / kv_heads + kTileHeads - 1) / kTileHeads : 1;
+  const int64_t blocks = std::max<int64_t>(1, n * kv_heads * tiles);
+  const int64_t wanted = (2LL * std::max(multiprocessors, 1) + blocks - 1) / blocks;  // two blocks an SM
+  const int64_t splits = std::min(wanted, (mean + kMinSplitKeys - 1) / kMinSplitKeys);
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, kDecodeMaxSplits));
 }
 
 cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv,
@@ -393,25 +340,17 @@ cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* 
   if (n == 0) return cudaSuccess;
   if (!decode_attention_supported(heads, kv_heads, head_dim) || n > 65535 || splits < 1 || splits > kDecodeMaxSplits)
     return cudaErrorInvalidValue;
-  const int d = static_cast<int>(head_dim);
-  const int group = static_cast<int>(heads / kv_heads);
-  const bool single = n == 1;
-  auto* kernel = single ? decode_partial_single_kernel : decode_partial_kernel;
-  const size_t smem = single ? single_shared_bytes(group, d) : shared_bytes(group, d);
-  if (smem > 48 * 1024) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-  }
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads), static_cast<unsigned>(n));
-  kernel<<<grid, kThreads, smem, stream>>>(scratch, qkv, kv, kv_row, position, doc_start, static_cast<int>(heads),
-                                           static_cast<int>(kv_heads), d, splits,
-                                           1.0f / std::sqrt(static_cast<float>(head_dim)));
-  const cudaError_t launched = cudaGetLastError();
-  if (launched != cudaSuccess) return launched;
+  const int h = static_cast<int>(heads), kvh = static_cast<int>(kv_heads), d = static_cast<int>(head_dim);
+  cudaError_t e = d <= 64    ? launch<64>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh, d,
+                                          stream)
+                  : d <= 128 ? launch<128>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh,
+                                           d, stream)
+                             : launch<256>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh,
+                                           d, stream);
+  if (e != cudaSuccess || splits == 1) return e;
   const unsigned head_blocks = static_cast<unsigned>((heads + kMergeHeads - 1) / kMergeHeads);
   decode_merge_kernel<<<dim3(static_cast<unsigned>(n), head_blocks), kMergeHeads * 32, 0, stream>>>(
-      out, lse, scratch, static_cast<int>(heads), d, splits);
+      out, lse, scratch, h, d, splits);
   return cudaGetLastError();
 }
 

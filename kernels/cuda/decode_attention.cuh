@@ -3,10 +3,11 @@
 // positions [doc_start[i], position[i]], whose k | v rows in kv ([rows, 2 * kv_heads * head_dim])
 // are kv_row[p]. The contract of flash_attention_forward_gathered (and of the CPU reference,
 // kernels/cpu/cpu_ops.h attention_forward_gathered); that kernel tiles 64-128 queries of one row,
-// which a decode step does not have. Here one block per (query, KV head, key split) reads each key
-// and value row once for every query head of its group (GQA: 16 heads per KV head in
-// GLM-4-9B-Chat), keeps an online softmax per head in fp32, and writes the split's partial output;
-// a second kernel merges the splits (flash-decoding), so one long sequence still fills the GPU.
+// which a decode step does not have. Here a block per (query, KV head, key split) reads each key
+// and value row once for up to 16 query heads of its group (GQA: GLM-4-9B-Chat's 16 heads per KV
+// head are the rows of a tensor-core MMA), with the online softmax in fp32; with more than one split
+// a second kernel merges the splits' partial results (flash-decoding), so one long sequence still
+// fills the GPU.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -15,12 +16,13 @@ namespace glm::cuda {
 
 // What the kernel takes: head_dim a multiple of 8 up to 256 and at most 32 query heads per KV head.
 bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
-// The splits of the grid: each query uses as many of them as its length fills with a tile of keys
-// each (at most all). decode_attention_splits sizes the grid for n queries whose sequences hold
-// n_kv rows together (their mean length; a query of more keys gets longer splits, never wrong ones).
+// The splits of the grid: each query uses as many of them as its length fills with 64 keys each (at
+// most all). decode_attention_splits sizes the grid for n queries whose sequences hold n_kv rows
+// together (their mean length; a query of more keys gets longer splits, never wrong ones): about two
+// blocks for each of the GPU's multiprocessors, fewer where the keys do not fill them.
 constexpr int kDecodeMaxSplits = 128;
-int decode_attention_splits(int64_t n, int64_t n_kv);
-// The fp32 scratch of the partial results.
+int decode_attention_splits(int64_t n, int64_t n_kv, int64_t heads, int64_t kv_heads, int multiprocessors);
+// The fp32 scratch of the partial results (unused with one split).
 inline int64_t decode_attention_scratch(int64_t n, int splits, int64_t heads, int64_t head_dim) {
   return n * splits * heads * (head_dim + 2);
 }

@@ -31,22 +31,6 @@ constexpr int kFwdRows = 128;      // queries per forward block (32 per warp)
 constexpr int kBwdRows = 64;       // queries per backward step
 constexpr int kPld = kBwdRows + kPadB;  // dS^T tile [key][query]
 
-// Fragment addressing inside a shared tile with row stride ld (elements), for a warp's lane:
-// A operand (16 x 16 at row0, col0) of a row-major [m][k] tile, non-transposed ldmatrix.
-__device__ __forceinline__ const bf16* a_frag(const bf16* tile, int ld, int row0, int col0, int lane) {
-  return tile + (row0 + (lane & 15)) * ld + col0 + (lane >> 4) * 8;
-}
-// B operands of two n8 tiles (n0, n0 + 8) x k16 from a [n][k] tile (keys x dims): regs {b0, b1} of
-// n-tile n0, then of n0 + 8.
-__device__ __forceinline__ const bf16* b_frag_nk(const bf16* tile, int ld, int n0, int k0, int lane) {
-  const int m = lane >> 3;
-  return tile + (n0 + (m >> 1) * 8 + (lane & 7)) * ld + k0 + (m & 1) * 8;
-}
-// The same from a [k][n] tile (transposed ldmatrix).
-__device__ __forceinline__ const bf16* b_frag_kn(const bf16* tile, int ld, int k0, int n0, int lane) {
-  const int m = lane >> 3;
-  return tile + (k0 + (m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8;
-}
 // A operand (16 rows m0.. x 16 k k0..) of a tile stored transposed, [k][m] (transposed ldmatrix).
 __device__ __forceinline__ const bf16* a_frag_t(const bf16* tile, int ld, int m0, int k0, int lane) {
   const int m = lane >> 3;

@@ -1,5 +1,6 @@
-// Tensor-core building blocks shared by the flash-attention kernels: cp.async copies into shared
-// memory, ldmatrix fragment loads, the m16n8k16 bf16 MMA, bf16 packing and paired fp32 atomics.
+// Tensor-core building blocks shared by the flash-attention and decode kernels: cp.async copies into
+// shared memory, ldmatrix fragment loads and their addressing, the m16n8k16 bf16 MMA, bf16 packing
+// and paired fp32 atomics.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -32,6 +33,23 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
+}
+
+// Fragment addressing inside a shared tile with row stride ld (elements), for a warp's lane:
+// A operand (16 x 16 at row0, col0) of a row-major [m][k] tile, non-transposed ldmatrix.
+__device__ __forceinline__ const bf16* a_frag(const bf16* tile, int ld, int row0, int col0, int lane) {
+  return tile + (row0 + (lane & 15)) * ld + col0 + (lane >> 4) * 8;
+}
+// B operands of two n8 tiles (n0, n0 + 8) x k16 from a [n][k] tile (keys x dims): regs {b0, b1} of
+// n-tile n0, then of n0 + 8.
+__device__ __forceinline__ const bf16* b_frag_nk(const bf16* tile, int ld, int n0, int k0, int lane) {
+  const int m = lane >> 3;
+  return tile + (n0 + (m >> 1) * 8 + (lane & 7)) * ld + k0 + (m & 1) * 8;
+}
+// The same from a [k][n] tile (transposed ldmatrix).
+__device__ __forceinline__ const bf16* b_frag_kn(const bf16* tile, int ld, int k0, int n0, int lane) {
+  const int m = lane >> 3;
+  return tile + (k0 + (m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8;
 }
 
 // One m16n8k16 bf16 tensor-core MMA with fp32 accumulation (PTX ISA "mma.sync.aligned.m16n8k16").

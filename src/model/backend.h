@@ -161,10 +161,10 @@ class Backend {
   virtual void clear_graphs() {}
   // Graph launches so far (the step replays, with the launch right after each capture).
   virtual int64_t graph_launches() const { return 0; }
-  // What of a decode step's launch shapes follows its lengths (n queries over kv_rows cached rows;
-  // on CUDA the decode attention's split count): a graph of the step serves the steps that give the
-  // same value, so it belongs in run_graph's key.
-  virtual int64_t decode_launch_shape(int64_t n, int64_t kv_rows) const { return 0; }
+  // What of a decode step's launch shapes follows its lengths (n queries over kv_rows cached rows of
+  // attention shape `shape`; on CUDA the decode attention's split count): a graph of the step serves
+  // the steps that give the same value, so it belongs in run_graph's key.
+  virtual int64_t decode_launch_shape(int64_t n, int64_t kv_rows, AttentionShape shape) const { return 0; }
 
   virtual Result<Buffer> allocate(int64_t numel, DType dtype) = 0;
   // What allocate() is being called for, named in its out-of-memory error (AllocationPurpose sets it).

@@ -165,6 +165,7 @@ class CudaBackend final : public Backend {
     // (the memory-bound optimizer) would only run in the gaps between GEMMs.
     int sms = 0;
     GLM_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+    multiprocessors_ = sms;
     int side_sms = std::max(config_.optimizer_side_sms, 0);
     // At most a quarter of the SMs: on a small GPU the GEMMs keep at least three quarters.
     side_sms = std::min(side_sms, sms / 4);
@@ -393,8 +394,8 @@ class CudaBackend final : public Backend {
     if (!config_.cuda_graphs || graphs_failed_ || profiler_.enabled()) return record();
     return graph_step(key, record);
   }
-  int64_t decode_launch_shape(int64_t n, int64_t kv_rows) const override {
-    return cuda::decode_attention_splits(n, kv_rows);
+  int64_t decode_launch_shape(int64_t n, int64_t kv_rows, AttentionShape s) const override {
+    return cuda::decode_attention_splits(n, kv_rows, s.heads, s.kv_heads, multiprocessors_);
   }
   int64_t graph_launches() const override { return graph_launches_; }
   void clear_graphs() override {
@@ -588,7 +589,7 @@ class CudaBackend final : public Backend {
     if (!cuda::decode_attention_supported(s.heads, s.kv_heads, s.head_dim))
       return attention_forward_gathered(out, lse, qkv, kv, kv_rows, row_position, doc_start, n, s);
     GLM_PROFILE_OP("attention_decode");
-    const int splits = cuda::decode_attention_splits(n, kv_rows.numel);  // decode_launch_shape()
+    const int splits = static_cast<int>(decode_launch_shape(n, kv_rows.numel, s));
     const int64_t scratch = cuda::decode_attention_scratch(n, splits, s.heads, s.head_dim);
     GLM_ASSIGN_OR_RETURN(void* partial, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
     GLM_CUDA_RETURN(cuda::decode_attention(b(out), lse.as<float>(), static_cast<float*>(partial), b(qkv), b(kv),
@@ -849,6 +850,7 @@ class CudaBackend final : public Backend {
   bool side_pending_ = false;  // side work enqueued since the last join_side()
   // SMs the GEMMs are planned for while side work is pending (0: all).
   int side_sm_target_ = 0;
+  int multiprocessors_ = 1;  // sizes the decode attention's grid
   cuda::Gemm gemm_;
   uint64_t scratch_epoch_ = 0;  // Scratch growths so far: a graph of an earlier epoch is stale
   Scratch norm_scratch_{&scratch_epoch_}, attention_scratch_{&scratch_epoch_}, logits_scratch_{&scratch_epoch_},

@@ -49,6 +49,7 @@ class KvCache {
   int64_t capacity() const { return capacity_; }
   int64_t max_new() const { return max_new_; }
   int64_t bytes() const;
+  AttentionShape shape() const { return shape_; }
 
   // Layer `layer`'s attention of the batch's new tokens (qkv their fused rows after RoPE): their
   // k | v into the cache, then out [n, q_width] and lse [n, heads] over the cached rows.

@@ -851,7 +851,7 @@ Result<Tensor> TrainingEngine::cached_forward(const HostDecodeBatch& hb, KvCache
   // same launch shapes (only the uploaded ints differ): a graph replays it (Backend::run_graph). Its
   // key: the cache, the launch shapes the lengths choose, n.
   if (b.decode && m == n) {
-    const auto shape = static_cast<uint64_t>(backend_.decode_launch_shape(n, row_tokens));
+    const auto shape = static_cast<uint64_t>(backend_.decode_launch_shape(n, row_tokens, cache.shape()));
     GLM_RETURN_IF_ERROR(backend_.run_graph((cache.id() << 40) | (shape << 24) | static_cast<uint64_t>(n), forward));
   } else {
     GLM_RETURN_IF_ERROR(forward());
