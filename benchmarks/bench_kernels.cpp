@@ -298,8 +298,8 @@ void BM_DecodeAttention(benchmark::State& state) {
 }
 
 // A decode step's linear layers (glm_hpc infer): range(0) rows (one token a sequence) through the
-// weights of GLM-4-9B-Chat's layer matrix range(1) (0 q|k|v, 1 o, 2 gate|up, 3 down); bytes: the
-// weights, read once whatever the rows (the GEMV up to 8 rows, cuBLASLt beyond).
+// weights of GLM-4-9B-Chat's layer matrix range(1) (0 q|k|v with its bias, 1 o, 2 gate|up, 3 down);
+// bytes: the weights, read once whatever the rows (the GEMV up to kGemvMaxRows, cuBLASLt beyond).
 void BM_LinearFewRows(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t n = state.range(0);
@@ -307,9 +307,11 @@ void BM_LinearFewRows(benchmark::State& state) {
                                 {kFfn, kHidden}};
   const int64_t in_f = shapes[state.range(1)][0], out_f = shapes[state.range(1)][1];
   Buffer x = filled(n * in_f, DType::bf16), w = filled(out_f * in_f, DType::bf16, 0.02),
-         y = filled(n * out_f, DType::bf16);
+         y = filled(n * out_f, DType::bf16), bias = filled(out_f, DType::bf16, 0.02);
+  const bool biased = state.range(1) == 0;  // GLM-4's q|k|v bias
   time_loop(state, [&] {
-    return gpu()->linear_forward(y.tensor(), x.tensor(), w.tensor(), Tensor{}, n, in_f, out_f);
+    return gpu()->linear_forward(y.tensor(), x.tensor(), w.tensor(), biased ? bias.tensor() : Tensor{}, n, in_f,
+                                 out_f);
   });
   report_bytes(state, 2.0 * static_cast<double>(in_f * out_f));
 }
