@@ -3,8 +3,9 @@
 // Block (split, KV head g and tile of up to 16 of its query heads, query i) on the tensor cores: the
 // tile's queries are the 16 rows of the m16n8k16 MMA's A operand (GQA: one read of a key serves
 // every query head of the tile), its four warps take chunks of 16 keys in turn (chunk warp, warp +
-// 4, ... of the split), copied by cp.async into two stages of the warp's own shared memory (the
-// next chunk in flight while one is multiplied). S = Q K^T from ldmatrix fragments, the online
+// 4, ... of the split), copied by cp.async into stages of the warp's own shared memory (two up to
+// head_dim 128: the next chunk in flight while one is multiplied; one at 256, within the 99 KiB a
+// block of Ada may use). S = Q K^T from ldmatrix fragments, the online
 // softmax in registers (a row's four lanes reduce by shuffles), P as the A operand of O += P V with
 // V through ldmatrix.trans, all as in the prefill's flash kernels. The warps meet in shared memory
 // at the end; with one split the block writes the output, otherwise the split's record for the merge.
@@ -31,14 +32,23 @@ constexpr float kLn2 = 0.6931471805599453f;
 // 16 bytes fall in different banks.
 __host__ __device__ constexpr int padded(int dim) { return dim + 8; }
 
-// Shared memory of a block of head dimension D (d padded up to 64, 128 or 256): the queries, then
-// each warp's two stages of 16 keys and 16 values. The warps' fp32 outputs take the stages' place
-// at the end (half their size).
+// Stages of 16 keys and 16 values a warp.
 template <int D>
-constexpr size_t shared_bytes() {
-  return sizeof(bf16) * static_cast<size_t>(padded(D)) * (kTileHeads + kWarps * 2 * 2 * kChunk);
+constexpr int stages() {
+  return D <= 128 ? 2 : 1;
 }
 constexpr int kOutRow = 8;  // floats after each row of a warp's output in shared memory
+// Shared memory of a block of head dimension D (d padded up to 64, 128 or 256): the queries, then
+// each warp's stages. The warps' fp32 outputs take the stages' place at the end.
+template <int D>
+constexpr size_t shared_bytes() {
+  return sizeof(bf16) * static_cast<size_t>(padded(D)) * (kTileHeads + kWarps * stages<D>() * 2 * kChunk);
+}
+template <int D>
+constexpr bool outputs_fit() {
+  return sizeof(float) * kWarps * kTileHeads * (D + kOutRow) <=
+         sizeof(bf16) * static_cast<size_t>(padded(D)) * kWarps * stages<D>() * 2 * kChunk;
+}
 
 // Query i's keys [first, last] over `splits` splits of whole chunks (at most one a kMinSplitKeys
 // keys; the rest stay empty): this split's [begin, end).
@@ -51,7 +61,7 @@ __device__ __forceinline__ void split_range(int64_t first, int64_t last, int spl
   end = min(last + 1, begin + per_split);
 }
 
-// Stage `stage` (0 or 1) of a warp's shared memory `stages`: 16 keys, then 16 values.
+// Stage `stage` of a warp's shared memory `stages`: 16 keys, then 16 values.
 template <int D>
 __device__ __forceinline__ bf16* stage_keys(bf16* stages, int stage) {
   return stages + 2 * stage * kChunk * padded(D);
@@ -114,14 +124,17 @@ __global__ void __launch_bounds__(kThreads)
     }
     cp_async_commit();
   }
-  bf16* stages = q_s + kTileHeads * padded(D) + warp * 2 * 2 * kChunk * padded(D);  // this warp's
+  static_assert(outputs_fit<D>(), "the warps' outputs fit where their stages were");
+  constexpr int kStages = stages<D>();
+  bf16* stages = q_s + kTileHeads * padded(D) + warp * kStages * 2 * kChunk * padded(D);  // this warp's
   const int64_t k_off = static_cast<int64_t>(g) * d, v_off = static_cast<int64_t>(kv_heads + g) * d;
   const int64_t chunks = (end - begin + kChunk - 1) / kChunk;
   const int count = chunks > warp ? static_cast<int>((chunks - warp + kWarps - 1) / kWarps) : 0;
   auto chunk_start = [&](int j) { return begin + (static_cast<int64_t>(j) * kWarps + warp) * kChunk; };
-  load_chunk<D>(stages, 0, kv, kv_row, count > 0 ? chunk_start(0) : end, end, kv_width, k_off, v_off, d, lane);
-  load_chunk<D>(stages, 1, kv, kv_row, count > 1 ? chunk_start(1) : end, end, kv_width, k_off, v_off, d, lane);
-  asm volatile("cp.async.wait_group 1;\n" ::);  // the queries and the first chunk
+#pragma unroll
+  for (int j = 0; j < kStages; ++j)
+    load_chunk<D>(stages, j, kv, kv_row, count > j ? chunk_start(j) : end, end, kv_width, k_off, v_off, d, lane);
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1));  // the queries and the first chunk
   __syncthreads();                               // every thread's share of the queries
 
   // Lane (g8, q4) holds rows g8 and g8 + 8 of S and O: m and l of each, O's columns 8 t + 2 q4 (+1).
@@ -132,8 +145,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
   for (int j = 0; j < count; ++j) {
-    const int stage = j & 1;
-    if (j > 0) asm volatile("cp.async.wait_group 1;\n" ::);
+    const int stage = j % kStages;
+    if (j > 0) asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1));
     __syncwarp();
     const bf16* k_s = stage_keys<D>(stages, stage);
     const bf16* v_s = stage_values<D>(stages, stage);
@@ -191,8 +204,8 @@ __global__ void __launch_bounds__(kThreads)
       mma_bf16(acc[2 * dt + 1], p, b[2], b[3]);
     }
     __syncwarp();  // every lane is done with the stage before it is refilled
-    load_chunk<D>(stages, stage, kv, kv_row, j + 2 < count ? chunk_start(j + 2) : end, end, kv_width, k_off, v_off, d,
-                  lane);
+    load_chunk<D>(stages, stage, kv, kv_row, j + kStages < count ? chunk_start(j + kStages) : end, end, kv_width,
+                  k_off, v_off, d, lane);
   }
   cp_async_wait_all();
   // The warps meet: each its m, l (its rows' four lanes added) and O in shared memory.
