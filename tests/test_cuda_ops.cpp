@@ -410,7 +410,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearBias,
                          ::testing::Values(std::make_tuple(23, 96, 72), std::make_tuple(1000, 32, 131),
                                            std::make_tuple(4099, 16, 70), std::make_tuple(300, 64, 4608)));
 
-// A decode step's few rows (kernels/cuda/gemv.cuh; 9 rows go to cuBLASLt): with and without
+// A decode step's few rows (kernels/cuda/gemv.cuh up to 2 rows, then cuBLASLt): with and without
 // bias, fp32 logits, an addend apart and out itself, at odd feature counts (in_features a multiple
 // of 8: 17 and 513 vectors) and one output feature.
 class FewRows : public Ops, public ::testing::WithParamInterface<std::tuple<int64_t, int64_t, int64_t>> {};
@@ -453,7 +453,8 @@ TEST_P(FewRows, LinearForwardMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Shapes, FewRows,
                          ::testing::Values(std::make_tuple(1, 136, 37), std::make_tuple(3, 4104, 1),
                                            std::make_tuple(8, 136, 4099), std::make_tuple(1, 4096, 4608),
-                                           std::make_tuple(5, 8, 333), std::make_tuple(9, 136, 37)));
+                                           std::make_tuple(5, 8, 333), std::make_tuple(9, 136, 37),
+                                           std::make_tuple(2, 2048, 333)));
 
 // Device greedy decoding: each row's first maximum, on odd widths up to a vocabulary and a half,
 // with the maximum planted twice in most rows (the lower column wins, as std::max_element's) and a

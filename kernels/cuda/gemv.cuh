@@ -1,7 +1,8 @@
-// Linear layers of a few rows (a decode step: one token per sequence), where the weight matrix is
-// read once for every row and the time is the weight bytes over the memory bandwidth. cuBLASLt's
-// heuristic for such shapes leaves much of that bandwidth unused (most of all with its bias
-// epilogue); this kernel keeps many 16-byte weight loads in flight per warp instead:
+// Linear layers of one or two rows (a decode step of one or two sequences), where the weight matrix
+// is read once and the time is the weight bytes over the memory bandwidth. cuBLASLt reads the
+// weights at 0.5-0.85 of that bandwidth at such shapes; this kernel keeps many 16-byte weight loads
+// in flight per warp and reaches 0.78-0.90 with one row. Each further row costs each weight vector
+// another input load and 8 FMAs: from three rows cuBLASLt is the faster (benchmarks/RESULTS.md).
 //   out[r, o] = sum_i in[r, i] * weight[o, i] (+ bias[o]) (+ addend[r, o]),  r < rows <= kGemvMaxRows,
 // weight [out_features, in_features] bf16 (the Hugging Face layout), in [rows, in_features] bf16,
 // out [rows, out_features] bf16 or fp32, accumulated in fp32. addend may be out itself.
@@ -11,7 +12,7 @@
 
 namespace glm::cuda {
 
-constexpr int64_t kGemvMaxRows = 8;
+constexpr int64_t kGemvMaxRows = 2;
 
 // Whether the kernel takes the shape: rows in [1, kGemvMaxRows], in_features a multiple of 8 and
 // every row 16-byte aligned (uint4 loads).

@@ -474,7 +474,7 @@ class CudaBackend final : public Backend {
     return linear(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), addend.data, n, in_features,
                   out_features);
   }
-  // A decode step's few rows read the weights once through the GEMV kernel; more rows go to cuBLASLt.
+  // A decode step of one or two sequences reads the weights through the GEMV kernel; more rows go to cuBLASLt.
   Status linear(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
                 int64_t n, int64_t in_features, int64_t out_features) {
     if (cuda::gemv_fits(n, in_features, in, weight)) {
