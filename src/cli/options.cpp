@@ -604,7 +604,8 @@ class OptionTable {
         "quarter of the GPU); 0: GEMMs use every SM");
     add_enum(kernels, "gemm_autotune", &o_.backend.gemm_autotune,
              "CUDA: off (cuBLASLt's first heuristic), large (time cuBLASLt's candidates for large GEMM shapes at the "
-             "first call and keep the fastest) or all (every shape)");
+             "first call and keep the fastest) or all (every shape; glm_hpc infer then times each prompt length's "
+             "prefill shape when it first comes, which a file of varied prompts pays for more than it gains)");
     add_enum(kernels, "attention_kernel", &o_.backend.attention_kernel,
              "CUDA: auto (Hopper's wgmma flash attention on sm_90 at head_dim 128, else the mma.sync one) or mma "
              "(the mma.sync kernels everywhere)");
