@@ -5,16 +5,15 @@
 // every query head of the tile), its four warps take chunks of 16 keys in turn (chunk warp, warp +
 // 4, ... of the split), copied by cp.async into stages of the warp's own shared memory (two up to
 // head_dim 128: the next chunk in flight while one is multiplied; one at 256, within the 99 KiB a
-// block of Ada may use). S = Q K^T from ldmatrix fragments, the online
-// softmax in registers (a row's four lanes reduce by shuffles), P as the A operand of O += P V with
-// V through ldmatrix.trans, all as in the prefill's flash kernels. The warps meet in shared memory
-// at the end; with one split the block writes the output, otherwise the split's record for the merge.
+// block of Ada may use). S = Q K^T from ldmatrix fragments, the online softmax in registers (a
+// row's four lanes reduce by shuffles), P as the A operand of O += P V with V through
+// ldmatrix.trans, all as in the prefill's flash kernels. The warps meet in shared memory at the end;
+// with one split the block writes the output, otherwise the split's record for the merge.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/tensor_core.cuh"
-#include "kernels/cuda/vec.cuh"
 
 namespace glm::cuda {
 namespace {
@@ -134,8 +133,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < kStages; ++j)
     load_chunk<D>(stages, j, kv, kv_row, count > j ? chunk_start(j) : end, end, kv_width, k_off, v_off, d, lane);
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1));  // the queries and the first chunk
-  __syncthreads();                               // every thread's share of the queries
+  cp_async_wait<kStages - 1>();  // the queries and the first chunk
+  __syncthreads();               // every thread's share of the queries
 
   // Lane (g8, q4) holds rows g8 and g8 + 8 of S and O: m and l of each, O's columns 8 t + 2 q4 (+1).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
   for (int j = 0; j < count; ++j) {
     const int stage = j % kStages;
-    if (j > 0) asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1));
+    if (j > 0) cp_async_wait<kStages - 1>();
     __syncwarp();
     const bf16* k_s = stage_keys<D>(stages, stage);
     const bf16* v_s = stage_values<D>(stages, stage);
@@ -312,7 +311,6 @@ __global__ void __launch_bounds__(kMergeHeads * 32)
   if (lane == 0) lse[i * heads + h] = m + logf(l);
 }
 
-
 template <int D>
 cudaError_t launch(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv, const int32_t* kv_row,
                    const int32_t* position, const int32_t* doc_start, int64_t n, int splits, int heads, int kv_heads,
@@ -354,12 +352,9 @@ cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* 
   if (!decode_attention_supported(heads, kv_heads, head_dim) || n > 65535 || splits < 1 || splits > kDecodeMaxSplits)
     return cudaErrorInvalidValue;
   const int h = static_cast<int>(heads), kvh = static_cast<int>(kv_heads), d = static_cast<int>(head_dim);
-  cudaError_t e = d <= 64    ? launch<64>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh, d,
-                                          stream)
-                  : d <= 128 ? launch<128>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh,
-                                           d, stream)
-                             : launch<256>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh,
-                                           d, stream);
+  auto* padded_launch = d <= 64 ? launch<64> : d <= 128 ? launch<128> : launch<256>;
+  const cudaError_t e =
+      padded_launch(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh, d, stream);
   if (e != cudaSuccess || splits == 1) return e;
   const unsigned head_blocks = static_cast<unsigned>((heads + kMergeHeads - 1) / kMergeHeads);
   decode_merge_kernel<<<dim3(static_cast<unsigned>(n), head_blocks), kMergeHeads * 32, 0, stream>>>(

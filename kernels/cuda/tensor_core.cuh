@@ -22,6 +22,11 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Waits until at most N of the thread's newest commit groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // Four 8x8 bf16 matrices from shared memory; lane l gives the address of row (l & 7) of matrix l >> 3.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
