@@ -450,6 +450,31 @@ TEST_P(FewRows, LinearForwardMatchesCpu) {
                   .is_ok());
   expect_close(y, "few-row linear added to out");
 }
+// Generation's norm + linear (+ SwiGLU) (Backend::normed_linear_forward; the GEMV with the norm and
+// the SwiGLU fused for one row, the separate ops beyond): against the CPU backend's separate
+// ops, with a bias, and with the SwiGLU over 2 out_f features (out_f odd: a block's last gate
+// features without partners). The fused input is not rounded to bf16 after the norm: the
+// separate ops' tolerance still holds.
+TEST_P(FewRows, NormedLinearAndSwigluMatchCpu) {
+  const auto [n, in_f, out_f] = GetParam();
+  auto x = dual(random_bf16(n * in_f, 51, 3.0));
+  auto g = dual(random_bf16(in_f, 52));
+  auto w = dual(random_bf16(2 * out_f * in_f, 53, 0.2));
+  auto bias = dual(random_bf16(out_f, 54));
+  auto normed = output(n * in_f), rstd = output(n, DType::f32), gate_up = output(2 * n * out_f);
+  auto y = output(n * out_f);
+  for (const bool swiglu : {false, true}) {
+    const int64_t features = swiglu ? 2 * out_f : out_f;
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool gpu = be == gpu_.get();
+      auto t = [gpu](Dual& d) { return gpu ? d.gpu.tensor() : d.cpu.tensor(); };
+      ASSERT_TRUE(be->normed_linear_forward(t(y), t(x), t(g), 1.5625e-7, t(w), swiglu ? Tensor{} : t(bias), swiglu,
+                                            n, in_f, features, t(normed), t(rstd), t(gate_up))
+                      .is_ok());
+    }
+    expect_close(y, swiglu ? "norm + linear + swiglu" : "norm + linear + bias");
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Shapes, FewRows,
                          ::testing::Values(std::make_tuple(1, 136, 37), std::make_tuple(3, 4104, 1),
                                            std::make_tuple(8, 136, 4099), std::make_tuple(1, 4096, 4608),
@@ -1075,6 +1100,49 @@ TEST_P(Rope, RotatesOnlyTheRotaryPartOfQAndK) {
       }
     EXPECT_EQ(changed_outside, 0) << "rope wrote outside the rotated part";
   }
+}
+
+// Generation's RoPE and KV-cache store (Backend::rope_store): q and k rotated exactly as rope_forward
+// rotates them on the same backend (bit-identical on the GPU, one kernel on the vectorised shapes),
+// each token's k | v columns in its cache row (rows in shuffled order), the other rows untouched.
+TEST_P(Rope, StoreRotatesAndWritesTheCacheRows) {
+  const auto [heads, kv_heads, head_dim, rotary] = GetParam();
+  const AttentionShape s{heads, kv_heads, head_dim};
+  const int64_t n = 19, width = s.qkv_width(), kv_width = 2 * kv_heads * head_dim, cache_rows = 40;
+  std::vector<int32_t> pos, rows;
+  for (int t = 0; t < n; ++t) {
+    pos.push_back(t < 16 ? 97 * t + 3 : 131071 - 5 * t);
+    rows.push_back(static_cast<int32_t>((t * 7 + 5) % cache_rows));
+  }
+  auto positions = ints(pos), row_index = ints(rows);
+  const std::vector<float> input = random_bf16(n * width, 61, 1.5), old_cache = random_bf16(cache_rows * kv_width, 62);
+  auto qkv = dual(input), reference = dual(input), cache = dual(old_cache), staging = output(n * kv_width);
+  ASSERT_TRUE(cpu_->rope_store(qkv.cpu.tensor(), positions.cpu.tensor(), n, s, rotary, 5e6, cache.cpu.tensor(),
+                               row_index.cpu.tensor(), staging.cpu.tensor())
+                  .is_ok());
+  ASSERT_TRUE(gpu_->rope_store(qkv.gpu.tensor(), positions.gpu.tensor(), n, s, rotary, 5e6, cache.gpu.tensor(),
+                               row_index.gpu.tensor(), staging.gpu.tensor())
+                  .is_ok());
+  expect_close(qkv, "rope_store's qkv");
+  expect_close(cache, "rope_store's cache");
+  ASSERT_TRUE(gpu_->rope_forward(reference.gpu.tensor(), positions.gpu.tensor(), n, s, rotary, 5e6).is_ok());
+  const auto ours = from_gpu(qkv.gpu), rotated = from_gpu(reference.gpu), stored = from_gpu(cache.gpu);
+  EXPECT_EQ(std::memcmp(ours.data(), rotated.data(), ours.size() * sizeof(float)), 0)
+      << "rope_store's rotation differs from rope_forward's";
+  std::vector<bool> written(cache_rows, false);
+  int64_t wrong = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    written[static_cast<size_t>(rows[t])] = true;
+    for (int64_t c = 0; c < kv_width; ++c)
+      wrong += std::memcmp(&stored[static_cast<size_t>(rows[t] * kv_width + c)],
+                           &rotated[static_cast<size_t>(t * width + heads * head_dim + c)], sizeof(float)) != 0;
+  }
+  for (int64_t r = 0; r < cache_rows; ++r)
+    if (!written[static_cast<size_t>(r)])
+      for (int64_t c = 0; c < kv_width; ++c)
+        wrong += std::memcmp(&stored[static_cast<size_t>(r * kv_width + c)],
+                             &old_cache[static_cast<size_t>(r * kv_width + c)], sizeof(float)) != 0;
+  EXPECT_EQ(wrong, 0) << "cache elements other than the tokens' rotated k | v";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Rope,

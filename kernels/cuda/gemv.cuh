@@ -18,7 +18,20 @@ constexpr int64_t kGemvMaxRows = 2;
 // every row 16-byte aligned (uint4 loads).
 bool gemv_fits(int64_t rows, int64_t in_features, const void* in, const void* weight);
 
+// What a decode step of one sequence runs around a linear, fused into the GEMV
+// (Backend::normed_linear_forward): with norm, the input is rmsnorm(in; norm, eps), scaled in fp32
+// (not rounded to bf16 first), and with swiglu too (no bias), out [1, out_features / 2] = silu(gate)
+// * up of the linear's two halves, each rounded to bf16 first as the linear's output would be. One
+// row only (two run faster as the separate ops: the norm's weight and the second row's input are
+// loaded per weight vector), neither with an fp32 out nor an addend.
+struct GemvFusion {
+  const bf16* norm = nullptr;
+  float eps = 0.0f;
+  bool swiglu = false;
+};
+
 cudaError_t gemv(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
-                 int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream);
+                 int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream,
+                 const GemvFusion& fused = {});
 
 }  // namespace glm::cuda

@@ -83,6 +83,66 @@ __global__ void __launch_bounds__(kThreads, 3) rope_vec_kernel(uint4* qkv, const
   }
 }
 
+// Generation's RoPE and KV-cache store in one pass: thread i owns one 16-byte vector of a token's
+// row, either in a q head's rotary part (rotated in place) or among its k | v columns (rotated
+// first where it is in a k head's rotary part, written back, and copied to the token's cache row).
+// The angles as rope_vec_kernel computes them: the same bits.
+__global__ void __launch_bounds__(kThreads) rope_store_kernel(uint4* qkv, uint4* cache, const int32_t* positions,
+                                                              const int32_t* cache_rows, int64_t n, int heads,
+                                                              int kv_heads, int head_v, int rot_v, int rotary_dim,
+                                                              float base) {
+  extern __shared__ float inv_freq[];
+  for (int pair = threadIdx.x; pair < rotary_dim / 2; pair += blockDim.x)
+    inv_freq[pair] = 1.0f / powf(base, static_cast<float>(2 * pair) / static_cast<float>(rotary_dim));
+  __syncthreads();
+  const int q_items = heads * rot_v, kv_v = 2 * kv_heads * head_v, per_token = q_items + kv_v;
+  const int64_t width_v = static_cast<int64_t>(heads) * head_v + kv_v;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * per_token;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_token;
+    const int j = static_cast<int>(i - t * per_token);
+    uint4* row = qkv + t * width_v;
+    int slot, c = -1;
+    uint4* at;
+    if (j < q_items) {
+      const int h = j / rot_v;
+      slot = j - h * rot_v;
+      at = row + h * head_v + slot;
+    } else {
+      c = j - q_items;
+      slot = c % head_v;
+      at = row + static_cast<int64_t>(heads) * head_v + c;
+    }
+    uint4 x = *at;
+    if (slot < rot_v && c < kv_heads * head_v) {  // a q vector, or one in a k head's rotary part
+      const float pos = static_cast<float>(positions[t]);
+      float f[8];
+      unpack_bf16x8(x, f);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        float s, co;
+        sincosf(pos * inv_freq[4 * slot + p], &s, &co);
+        const float x0 = f[2 * p], x1 = f[2 * p + 1];
+        f[2 * p] = x0 * co - x1 * s;
+        f[2 * p + 1] = x1 * co + x0 * s;
+      }
+      x = pack_bf16x8(f);
+      *at = x;
+    }
+    if (c >= 0) cache[static_cast<int64_t>(cache_rows[t]) * kv_v + c] = x;
+  }
+}
+
+// The store alone, an element a thread (rope_store's shapes that the vector kernel does not take).
+__global__ void store_kv_scalar_kernel(bf16* cache, const bf16* qkv, const int32_t* cache_rows, int64_t n,
+                                       int64_t q_width, int64_t kv_width) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * kv_width;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / kv_width, c = i - t * kv_width;
+    cache[static_cast<int64_t>(cache_rows[t]) * kv_width + c] = qkv[t * (q_width + kv_width) + q_width + c];
+  }
+}
+
 }  // namespace
 
 cudaError_t rope(bf16* qkv, const int32_t* positions, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -105,6 +165,29 @@ cudaError_t rope(bf16* qkv, const int32_t* positions, int64_t n, int64_t heads, 
   const int64_t total = n * rotated * pairs;
   rope_scalar_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(qkv, positions, n, rotated, width, head_dim,
                                                                          pairs, rotary_dim, base, direction);
+  return cudaGetLastError();
+}
+
+cudaError_t rope_store(bf16* qkv, bf16* cache, const int32_t* positions, const int32_t* cache_rows, int64_t n,
+                       int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, float base,
+                       cudaStream_t stream) {
+  const int64_t q_width = heads * head_dim, kv_width = 2 * kv_heads * head_dim;
+  if (n == 0) return cudaSuccess;
+  if (head_dim % kBf16PerVec == 0 && rotary_dim % kBf16PerVec == 0 && rotary_dim > 0 && aligned16(qkv) &&
+      aligned16(cache)) {
+    const int head_v = static_cast<int>(head_dim / kBf16PerVec), rot_v = static_cast<int>(rotary_dim / kBf16PerVec);
+    const int64_t total = n * (heads * rot_v + kv_width / kBf16PerVec);
+    const size_t table_bytes = sizeof(float) * static_cast<size_t>(rotary_dim / 2);
+    if (table_bytes > 48 * 1024) return cudaErrorInvalidValue;
+    rope_store_kernel<<<grid_for(total, kThreads), kThreads, table_bytes, stream>>>(
+        reinterpret_cast<uint4*>(qkv), reinterpret_cast<uint4*>(cache), positions, cache_rows, n,
+        static_cast<int>(heads), static_cast<int>(kv_heads), head_v, rot_v, static_cast<int>(rotary_dim), base);
+    return cudaGetLastError();
+  }
+  const cudaError_t e = rope(qkv, positions, n, heads, kv_heads, head_dim, rotary_dim, base, 1.0f, stream);
+  if (e != cudaSuccess) return e;
+  store_kv_scalar_kernel<<<grid_for(n * kv_width, kThreads), kThreads, 0, stream>>>(cache, qkv, cache_rows, n, q_width,
+                                                                                    kv_width);
   return cudaGetLastError();
 }
 

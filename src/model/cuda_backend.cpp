@@ -474,6 +474,25 @@ class CudaBackend final : public Backend {
     return linear(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), addend.data, n, in_features,
                   out_features);
   }
+  // One row: the norm, the linear and the SwiGLU in the GEMV kernel; the separate ops elsewhere.
+  Status normed_linear_forward(Tensor out, Tensor in, Tensor norm_weight, double eps, Tensor weight, Tensor bias,
+                               bool swiglu, int64_t n, int64_t in_features, int64_t out_features, Tensor normed,
+                               Tensor rstd, Tensor gate_up) override {
+    const bool fused = n == 1 && cuda::gemv_fits(n, in_features, in.data, weight.data) &&
+                       reinterpret_cast<uintptr_t>(norm_weight.data) % 16 == 0 &&
+                       !(swiglu && (out_features % 2 != 0 || !bias.empty()));
+    if (!fused)
+      return Backend::normed_linear_forward(out, in, norm_weight, eps, weight, bias, swiglu, n, in_features,
+                                            out_features, normed, rstd, gate_up);
+    GLM_PROFILE_OP(swiglu ? "normed_linear_swiglu" : "normed_linear");
+    cuda::GemvFusion fusion;
+    fusion.norm = b(norm_weight);
+    fusion.eps = static_cast<float>(eps);
+    fusion.swiglu = swiglu;
+    GLM_CUDA_RETURN(cuda::gemv(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), nullptr, n,
+                               in_features, out_features, stream_, fusion));
+    return Status::ok();
+  }
   // A decode step of one or two sequences reads the weights through the GEMV kernel; more rows go to cuBLASLt.
   Status linear(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
                 int64_t n, int64_t in_features, int64_t out_features) {
@@ -512,6 +531,15 @@ class CudaBackend final : public Backend {
     GLM_PROFILE_OP("rope_forward");
     GLM_CUDA_RETURN(cuda::rope(b(qkv), positions.as<int32_t>(), n, s.heads, s.kv_heads, s.head_dim, rotary_dim,
                                static_cast<float>(base), 1.0f, stream_));
+    return Status::ok();
+  }
+  Status rope_store(Tensor qkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim, double base,
+                    Tensor cache, Tensor cache_rows, Tensor /*staging*/) override {
+    GLM_PROFILE_OP("rope_store");
+    if (cache_rows.dtype != DType::i32 || cache_rows.numel < n || cache.numel % (2 * s.kv_heads * s.head_dim) != 0)
+      return GLM_INTERNAL_ERROR("rope_store: ", n, " rows into a cache of ", cache.numel, " elements");
+    GLM_CUDA_RETURN(cuda::rope_store(b(qkv), b(cache), positions.as<int32_t>(), cache_rows.as<int32_t>(), n, s.heads,
+                                     s.kv_heads, s.head_dim, rotary_dim, static_cast<float>(base), stream_));
     return Status::ok();
   }
   Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim,

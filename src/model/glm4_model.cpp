@@ -319,18 +319,39 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   Tensor ln1 = rows(a.ln1, n, h), qkv = rows(a.qkv, n, config_.qkv_width());
   Tensor attn = rows(a.attn, n, config_.q_width()), mid = rows(a.mid, n, h), ln2 = rows(a.ln2, n, h);
   Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
-  GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
-                                     view(w, e.qkv_bias), n, h, config_.qkv_width()));
-  GLM_RETURN_IF_ERROR(backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
-  GLM_RETURN_IF_ERROR(kv_cache_ != nullptr  ? kv_cache_->attend(l, attn, a.lse, qkv, b)
-                      : context_ != nullptr ? context_->forward(attn, a.lse, qkv, b)
+  // Generation (a KV cache, nothing kept for a backward): the norms go into the linears after them
+  // where no adapter needs the normed input, and the SwiGLU into the MLP's first.
+  const bool generating = kv_cache_ != nullptr;
+  if (generating && !adapted(l, LoraTarget::query_key_value)) {
+    GLM_RETURN_IF_ERROR(backend_.normed_linear_forward(qkv, x, view(w, e.input_norm), config_.rms_norm_eps,
+                                                       view(w, e.qkv_weight), view(w, e.qkv_bias), false, n, h,
+                                                       config_.qkv_width(), ln1, a.rstd1, Tensor{}));
+  } else {
+    GLM_RETURN_IF_ERROR(
+        backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
+    GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
+                                       view(w, e.qkv_bias), n, h, config_.qkv_width()));
+  }
+  if (kv_cache_ != nullptr) {
+    GLM_RETURN_IF_ERROR(kv_cache_->attend(l, attn, a.lse, qkv, b, config_.rotary_dim(), config_.rope_theta));
+  } else {
+    GLM_RETURN_IF_ERROR(
+        backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));
+    GLM_RETURN_IF_ERROR(context_ != nullptr ? context_->forward(attn, a.lse, qkv, b)
                                             : backend_.attention_forward(attn, a.lse, qkv, b.doc_start, n, shape_));
+  }
   GLM_RETURN_IF_ERROR(residual_linear(l, LoraTarget::dense, mid, attn, view(w, e.dense), x, n, config_.q_width(), h));
-  GLM_RETURN_IF_ERROR(backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
-  GLM_RETURN_IF_ERROR(
-      adapted_linear(l, LoraTarget::dense_h_to_4h, gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
-  GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
+  if (generating && !adapted(l, LoraTarget::dense_h_to_4h)) {
+    GLM_RETURN_IF_ERROR(backend_.normed_linear_forward(act, mid, view(w, e.post_norm), config_.rms_norm_eps,
+                                                       view(w, e.h_to_4h), Tensor{}, true, n, h, 2 * f, ln2, a.rstd2,
+                                                       gate_up));
+  } else {
+    GLM_RETURN_IF_ERROR(
+        backend_.rmsnorm_forward(ln2, a.rstd2, mid, view(w, e.post_norm), n, h, config_.rms_norm_eps));
+    GLM_RETURN_IF_ERROR(
+        adapted_linear(l, LoraTarget::dense_h_to_4h, gate_up, ln2, view(w, e.h_to_4h), Tensor{}, n, h, 2 * f));
+    GLM_RETURN_IF_ERROR(backend_.swiglu_forward(act, gate_up, n, f));
+  }
   if (!to_output) return Status::ok();
   Tensor out = residual(l + 1, n);
   return residual_linear(l, LoraTarget::dense_4h_to_h, out, act, view(w, e.four_h_to_h), mid, n, f, h);

@@ -41,17 +41,15 @@ int64_t KvCache::bytes() const {
   return total;
 }
 
-Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b) {
+Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b, int64_t rotary_dim,
+                       double rope_base) {
   if (b.n > max_new_ || b.cache_rows.numel != b.n || b.kv_rows.numel != b.row_tokens)
     return GLM_INTERNAL_ERROR("KV cache forward of ", b.n, " tokens (at most ", max_new_, ") with ",
                               b.cache_rows.numel, " cache rows and ", b.kv_rows.numel, " row entries for ",
                               b.row_tokens);
-  const int64_t w = width(), q_width = shape_.heads * shape_.head_dim;
   Tensor cache = layers_[static_cast<size_t>(layer)].tensor();
-  Tensor staged = staging_.tensor().slice(0, b.n * w);
-  GLM_RETURN_IF_ERROR(backend_.copy_columns(staged, w, qkv.slice(q_width, qkv.numel - q_width), shape_.qkv_width(),
-                                            b.n, w));
-  GLM_RETURN_IF_ERROR(backend_.scatter_rows(cache, staged, b.cache_rows, b.n, w));
+  GLM_RETURN_IF_ERROR(backend_.rope_store(qkv, b.positions, b.n, shape_, rotary_dim, rope_base, cache, b.cache_rows,
+                                          staging_.tensor().slice(0, b.n * width())));
   if (b.decode)
     return backend_.attention_decode(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n, shape_);
   return backend_.attention_forward_gathered(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n,

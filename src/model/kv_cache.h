@@ -51,9 +51,11 @@ class KvCache {
   int64_t bytes() const;
   AttentionShape shape() const { return shape_; }
 
-  // Layer `layer`'s attention of the batch's new tokens (qkv their fused rows after RoPE): their
-  // k | v into the cache, then out [n, q_width] and lse [n, heads] over the cached rows.
-  Status attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b);
+  // Layer `layer`'s attention of the batch's new tokens (qkv their fused rows before RoPE): RoPE on
+  // them and their k | v into the cache (Backend::rope_store), then out [n, q_width] and lse [n,
+  // heads] over the cached rows.
+  Status attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b, int64_t rotary_dim,
+                double rope_base);
 
  private:
   KvCache(Backend& backend, AttentionShape shape) : backend_(backend), shape_(shape) {}
@@ -64,7 +66,7 @@ class KvCache {
   int64_t capacity_ = 0, max_new_ = 0;
   uint64_t id_ = 0;
   std::vector<Buffer> layers_;  // [capacity, width] each
-  Buffer staging_;              // [max_new, width]: the new tokens' k | v, contiguous
+  Buffer staging_;              // [max_new, width]: Backend::rope_store's scratch
 };
 
 }  // namespace glm
