@@ -316,6 +316,63 @@ void BM_LinearFewRows(benchmark::State& state) {
   report_bytes(state, 2.0 * static_cast<double>(in_f * out_f));
 }
 
+// Generation's norm + linear (+ SwiGLU) at range(0) rows: GLM-4-9B-Chat's q|k|v with its bias
+// (range(1) 0) or gate|up with the SwiGLU (1); range(2) 1 runs Backend::normed_linear_forward as
+// the backend does it (the GEMV with the norm and SwiGLU fused, up to kGemvMaxRows rows), 0 the
+// separate ops (RMSNorm, linear, SwiGLU). bytes: the weights.
+void BM_NormedLinear(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0);
+  const bool swiglu = state.range(1) == 1, fused = state.range(2) == 1;
+  const int64_t out_f = swiglu ? 2 * kFfn : (kHeads + 2 * kKv) * kHeadDim;
+  Buffer x = filled(n * kHidden, DType::bf16), g = filled(kHidden, DType::bf16),
+         w = filled(out_f * kHidden, DType::bf16, 0.02), bias = filled(out_f, DType::bf16, 0.02),
+         y = filled(n * out_f, DType::bf16), normed = filled(n * kHidden, DType::bf16), rstd = filled(n, DType::f32),
+         gate_up = filled(n * out_f, DType::bf16);
+  time_loop(state, [&] {
+    Backend* b = gpu();
+    const Tensor bias_t = swiglu ? Tensor{} : bias.tensor();
+    if (fused)
+      return b->normed_linear_forward(y.tensor(), x.tensor(), g.tensor(), 1e-5, w.tensor(), bias_t, swiglu, n, kHidden,
+                                      out_f, normed.tensor(), rstd.tensor(), gate_up.tensor());
+    return b->Backend::normed_linear_forward(y.tensor(), x.tensor(), g.tensor(), 1e-5, w.tensor(), bias_t, swiglu, n,
+                                             kHidden, out_f, normed.tensor(), rstd.tensor(), gate_up.tensor());
+  });
+  report_bytes(state, 2.0 * static_cast<double>(kHidden * out_f));
+}
+
+// Generation's RoPE and KV-cache store of range(0) tokens (GLM-4-9B-Chat's heads, a 4096-row
+// cache, rows in reverse): range(1) 1 Backend::rope_store as the backend does it (one kernel on
+// CUDA), 0 the separate ops (RoPE, the k | v columns copied out, scattered into the rows).
+void BM_RopeStore(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t n = state.range(0), width = (kHeads + 2 * kKv) * kHeadDim, kv_width = 2 * kKv * kHeadDim;
+  const bool fused = state.range(1) == 1;
+  const glm::AttentionShape shape{kHeads, kKv, kHeadDim};
+  Buffer qkv = filled(n * width, DType::bf16), cache = filled(4096 * kv_width, DType::bf16),
+         staging = filled(n * kv_width, DType::bf16), positions = gpu()->allocate(n, DType::i32).take(),
+         rows = gpu()->allocate(n, DType::i32).take();
+  std::vector<int32_t> host_positions(static_cast<size_t>(n)), host_rows(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    host_positions[static_cast<size_t>(i)] = static_cast<int32_t>(700 + i);
+    host_rows[static_cast<size_t>(i)] = static_cast<int32_t>(4095 - i);
+  }
+  if (!gpu()->upload(positions.tensor(), host_positions.data()).is_ok() ||
+      !gpu()->upload(rows.tensor(), host_rows.data()).is_ok()) {
+    state.SkipWithError("upload failed");
+    return;
+  }
+  time_loop(state, [&] {
+    Backend* b = gpu();
+    if (fused)
+      return b->rope_store(qkv.tensor(), positions.tensor(), n, shape, kHeadDim / 2, 5e6, cache.tensor(), rows.tensor(),
+                           staging.tensor());
+    return b->Backend::rope_store(qkv.tensor(), positions.tensor(), n, shape, kHeadDim / 2, 5e6, cache.tensor(),
+                                  rows.tensor(), staging.tensor());
+  });
+  report_bytes(state, 2.0 * static_cast<double>(n * (width + kv_width)));
+}
+
 void BM_LmHeadCrossEntropy(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t n = state.range(0);
@@ -463,6 +520,16 @@ BENCHMARK(BM_DecodeAttention)
 BENCHMARK(BM_LinearFewRows)
     ->ArgsProduct({{1, 2, 3, 4, 5, 8, 9, 16, 32, 64}, {0, 1, 2, 3}})
     ->ArgNames({"rows", "matrix"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NormedLinear)
+    ->ArgsProduct({{1, 2}, {0, 1}, {0, 1}})
+    ->ArgNames({"rows", "swiglu", "fused"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RopeStore)
+    ->ArgsProduct({{1, 32, 512}, {0, 1}})
+    ->ArgNames({"n", "fused"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
