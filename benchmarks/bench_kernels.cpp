@@ -318,7 +318,7 @@ void BM_LinearFewRows(benchmark::State& state) {
 
 // Generation's norm + linear (+ SwiGLU) at range(0) rows: GLM-4-9B-Chat's q|k|v with its bias
 // (range(1) 0) or gate|up with the SwiGLU (1); range(2) 1 runs Backend::normed_linear_forward as
-// the backend does it (the GEMV with the norm and SwiGLU fused, up to kGemvMaxRows rows), 0 the
+// the backend does it (the GEMV with the norm and SwiGLU fused, for one row), 0 the
 // separate ops (RMSNorm, linear, SwiGLU). bytes: the weights.
 void BM_NormedLinear(benchmark::State& state) {
   REQUIRE_GPU(state);
