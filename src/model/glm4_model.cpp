@@ -332,7 +332,7 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
     GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
                                        view(w, e.qkv_bias), n, h, config_.qkv_width()));
   }
-  if (kv_cache_ != nullptr) {
+  if (generating) {
     GLM_RETURN_IF_ERROR(kv_cache_->attend(l, attn, a.lse, qkv, b, config_.rotary_dim(), config_.rope_theta));
   } else {
     GLM_RETURN_IF_ERROR(
