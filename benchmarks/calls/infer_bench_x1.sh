@@ -17,8 +17,8 @@
 #   GLM_IB_PROFILE_BATCH=32  profile batch 32 instead of batch 1
 #   GLM_IB_NCU=1        also time every kernel of two batch-1 decode steps with Nsight Compute (op by
 #                       op, --clock-control none) and print the time per kernel name for one token
-#   GLM_IB_OLD=BINARY   also decode batch 1 and batch 32 with another build's glm_hpc (an older
-#                       tree's, built in the same call) and print new against old
+#   GLM_IB_OLD=BINARY   also decode batch 1 and batch 32 and prefill 32k with another build's glm_hpc
+#                       (an older tree's, built in the same call) and print new against old
 #   GLM_IB_KEEP=1       keep the work folder (build-gpu/infer_bench: the model, the logs of earlier
 #                       calls) and reuse its model, so a later call on a warm machine can run the
 #                       steps one call had no time for; STEP_ONLY names those steps (steps.sh)
@@ -103,6 +103,7 @@ infer chat100 chat 32 "$tokens"
 if [ -n "${GLM_IB_OLD:-}" ]; then
   BIN=$GLM_IB_OLD infer old_batch1 one 1 "$tokens"
   BIN=$GLM_IB_OLD infer old_batch32 batch 32 "$tokens"
+  BIN=$GLM_IB_OLD infer old_prefill long 1 1
 fi
 # GLM_IB_PROFILE_BATCH=32: the profiled run decodes the 32 prompts instead of one.
 if [ "${GLM_IB_PROFILE_BATCH:-1}" = 32 ]; then profiled="batch 32"; else profiled="one 1"; fi
@@ -218,6 +219,9 @@ for name in ("batch1", "batch32"):
 g, p = glm("prefill"), peer.get("prefill", {})
 if g:
     print("prefill   glm_hpc %.3f s to the first token%s" % (g["ttft"], "; peer %.3f s (%.2fx)" % (p["seconds"], p["seconds"] / g["ttft"]) if "seconds" in p else ""))
+    o = glm("old_prefill")
+    if o:
+        print("          the older build (GLM_IB_OLD) %.3f s: old / new %.3f" % (o["ttft"], o["ttft"] / g["ttft"]))
 g = glm("chat100")
 if g:
     print("chat100   %d tokens in %.2f s: %.1f tok/s, time to first token median %.3f s" % (g["tokens"], g["seconds"], g["tokens"] / g["seconds"], g["ttft"]))
