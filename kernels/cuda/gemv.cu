@@ -142,14 +142,20 @@ bool gemv_fits(int64_t rows, int64_t in_features, const void* in, const void* we
          aligned16(weight);
 }
 
+bool gemv_fusion_fits(int64_t rows, int64_t in_features, int64_t out_features, const void* in, const void* weight,
+                      bool bias, const GemvFusion& fused) {
+  return rows == 1 && gemv_fits(rows, in_features, in, weight) && fused.norm != nullptr && aligned16(fused.norm) &&
+         !(fused.swiglu && (out_features % 2 != 0 || bias));
+}
+
 cudaError_t gemv(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
                  int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream,
                  const GemvFusion& fused) {
   if (out_features == 0) return cudaSuccess;
-  const bool normed = fused.norm != nullptr;
+  const bool fusing = fused.norm != nullptr || fused.swiglu;
   if (!gemv_fits(rows, in_features, in, weight) || (out_features + kWarps - 1) / kWarps > 0x7fffffff ||
-      (fused.swiglu && (!normed || out_features % 2 != 0 || bias != nullptr)) ||
-      (normed && (rows != 1 || out_f32 || addend != nullptr || !aligned16(fused.norm))))
+      (fusing && (out_f32 || addend != nullptr ||
+                  !gemv_fusion_fits(rows, in_features, out_features, in, weight, bias != nullptr, fused))))
     return cudaErrorInvalidValue;
   const float eps = fused.eps;
   if (rows == 1)

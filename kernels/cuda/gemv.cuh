@@ -30,6 +30,11 @@ struct GemvFusion {
   bool swiglu = false;
 };
 
+// Whether the kernel takes a fused shape (fused.norm set): gemv_fits' with one row, a 16-byte
+// aligned norm weight, and with swiglu an even out_features and no bias.
+bool gemv_fusion_fits(int64_t rows, int64_t in_features, int64_t out_features, const void* in, const void* weight,
+                      bool bias, const GemvFusion& fused);
+
 cudaError_t gemv(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
                  int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream,
                  const GemvFusion& fused = {});

@@ -478,17 +478,14 @@ class CudaBackend final : public Backend {
   Status normed_linear_forward(Tensor out, Tensor in, Tensor norm_weight, double eps, Tensor weight, Tensor bias,
                                bool swiglu, int64_t n, int64_t in_features, int64_t out_features, Tensor normed,
                                Tensor rstd, Tensor gate_up) override {
-    const bool fused = n == 1 && cuda::gemv_fits(n, in_features, in.data, weight.data) &&
-                       reinterpret_cast<uintptr_t>(norm_weight.data) % 16 == 0 &&
-                       !(swiglu && (out_features % 2 != 0 || !bias.empty()));
-    if (!fused)
-      return Backend::normed_linear_forward(out, in, norm_weight, eps, weight, bias, swiglu, n, in_features,
-                                            out_features, normed, rstd, gate_up);
-    GLM_PROFILE_OP(swiglu ? "normed_linear_swiglu" : "normed_linear");
     cuda::GemvFusion fusion;
     fusion.norm = b(norm_weight);
     fusion.eps = static_cast<float>(eps);
     fusion.swiglu = swiglu;
+    if (!cuda::gemv_fusion_fits(n, in_features, out_features, in.data, weight.data, !bias.empty(), fusion))
+      return Backend::normed_linear_forward(out, in, norm_weight, eps, weight, bias, swiglu, n, in_features,
+                                            out_features, normed, rstd, gate_up);
+    GLM_PROFILE_OP(swiglu ? "normed_linear_swiglu" : "normed_linear");
     GLM_CUDA_RETURN(cuda::gemv(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), nullptr, n,
                                in_features, out_features, stream_, fusion));
     return Status::ok();
