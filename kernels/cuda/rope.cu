@@ -33,6 +33,29 @@ __global__ void rope_scalar_kernel(bf16* qkv, const int32_t* positions, int64_t 
   }
 }
 
+// The angles of a 16-byte vector's four pairs (table entries freq[0..3]) at position pos, their
+// sines times direction (-1: the backward's rotation).
+__device__ __forceinline__ void vector_angles(float pos, const float* freq, float direction, float (&c)[4],
+                                              float (&s)[4]) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    sincosf(pos * freq[p], &s[p], &c[p]);
+    s[p] *= direction;
+  }
+}
+// A 16-byte vector of bf16 pairs rotated by those angles.
+__device__ __forceinline__ uint4 rotate_vector(uint4 x, const float (&c)[4], const float (&s)[4]) {
+  float f[8];
+  unpack_bf16x8(x, f);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const float x0 = f[2 * p], x1 = f[2 * p + 1];
+    f[2 * p] = x0 * c[p] - x1 * s[p];
+    f[2 * p + 1] = x1 * c[p] + x0 * s[p];
+  }
+  return pack_bf16x8(f);
+}
+
 // Thread i: token t = i / (slots * groups), then head group g, then vector slot v (fastest, so a
 // warp reads whole 16-byte runs of one head); heads g, g + groups, ... (at most kMaxHeadsPerThread).
 // All offsets in vectors: width_v = width / 8, head_v = head_dim / 8.
@@ -60,25 +83,11 @@ __global__ void __launch_bounds__(kThreads, 3) rope_vec_kernel(uint4* qkv, const
     }
     const float pos = static_cast<float>(positions[t]);
     float c[4], s[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      sincosf(pos * inv_freq[4 * v + p], &s[p], &c[p]);
-      s[p] *= direction;
-    }
+    vector_angles(pos, inv_freq + 4 * v, direction, c, s);
 #pragma unroll
     for (int k = 0; k < kMaxHeadsPerThread; ++k) {
       const int h = g + k * groups;
-      if (h < rotated_heads) {
-        float f[8];
-        unpack_bf16x8(x[k], f);
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const float x0 = f[2 * p], x1 = f[2 * p + 1];
-          f[2 * p] = x0 * c[p] - x1 * s[p];
-          f[2 * p + 1] = x1 * c[p] + x0 * s[p];
-        }
-        row[h * head_v] = pack_bf16x8(f);
-      }
+      if (h < rotated_heads) row[h * head_v] = rotate_vector(x[k], c, s);
     }
   }
 }
@@ -86,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 3) rope_vec_kernel(uint4* qkv, const
 // Generation's RoPE and KV-cache store in one pass: thread i owns one 16-byte vector of a token's
 // row, either in a q head's rotary part (rotated in place) or among its k | v columns (rotated
 // first where it is in a k head's rotary part, written back, and copied to the token's cache row).
-// The angles as rope_vec_kernel computes them: the same bits.
+// The angles and rotation of rope_vec_kernel: the same bits.
 __global__ void __launch_bounds__(kThreads) rope_store_kernel(uint4* qkv, uint4* cache, const int32_t* positions,
                                                               const int32_t* cache_rows, int64_t n, int heads,
                                                               int kv_heads, int head_v, int rot_v, int rotary_dim,
@@ -115,18 +124,9 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(uint4* qkv, uint4*
     }
     uint4 x = *at;
     if (slot < rot_v && c < kv_heads * head_v) {  // a q vector, or one in a k head's rotary part
-      const float pos = static_cast<float>(positions[t]);
-      float f[8];
-      unpack_bf16x8(x, f);
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        float s, co;
-        sincosf(pos * inv_freq[4 * slot + p], &s, &co);
-        const float x0 = f[2 * p], x1 = f[2 * p + 1];
-        f[2 * p] = x0 * co - x1 * s;
-        f[2 * p + 1] = x1 * co + x0 * s;
-      }
-      x = pack_bf16x8(f);
+      float c[4], s[4];
+      vector_angles(static_cast<float>(positions[t]), inv_freq + 4 * slot, 1.0f, c, s);
+      x = rotate_vector(x, c, s);
       *at = x;
     }
     if (c >= 0) cache[static_cast<int64_t>(cache_rows[t]) * kv_v + c] = x;
