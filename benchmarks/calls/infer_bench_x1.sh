@@ -81,6 +81,8 @@ for name, count, length in (("one", 1, n), ("batch", 32, n), ("long", 1, long_))
     with open(f"{w}/{name}.jsonl", "w") as f:
         for _ in range(count):
             f.write(json.dumps({"input_ids": [random.randrange(1000, 150000 if n > 100 else 1400) for _ in range(length)]}) + "\n")
+line = open(f"{w}/one.jsonl").read()
+open(f"{w}/two.jsonl", "w").write(line + line)  # the batch-1 prompt twice: the second reply runs warm
 PY
 head -100 data/sample/conversations.jsonl >"$W/chat.jsonl"
 infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
@@ -91,6 +93,9 @@ infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
   keep "glm_$name"
 }
 infer batch1 one 1 "$tokens" --cuda_graphs true
+# The same prompt twice: the second reply's numbers are warm (every kernel loaded, every GEMM shape's
+# algorithm chosen), as the peer's, which times a second generate().
+infer batch1_warm two 1 "$tokens" --cuda_graphs true
 infer batch32 batch 32 "$tokens" --cuda_graphs true
 # The same decodes op by op (--cuda_graphs false): what replaying each step as a CUDA graph gains.
 infer batch1_eager one 1 "$tokens" --cuda_graphs false
@@ -187,6 +192,15 @@ try:
     peer = json.load(open(f"{w}/peer.json"))
 except OSError:
     peer = {}
+def rows(name):  # the result file's rows: (response tokens, latency, time to first token)
+    try:
+        return [(r["response_tokens"], r["latency_s"], r["time_to_first_token_s"])
+                for r in map(json.loads, open(f"{w}/result_{name}.jsonl"))]
+    except (OSError, KeyError, ValueError):
+        return []
+def decode_rate(row):  # tokens a second after the first token: the decode steps alone
+    made, latency, first = row
+    return (made - 1) / (latency - first) if made > 1 and latency > first else 0
 copy = None
 try:
     runs = json.load(open(f"{w}/copy.json"))["benchmarks"]
@@ -216,6 +230,15 @@ for name in ("batch1", "batch32"):
     if name == "batch1" and copy and gt:
         roof = copy * 1e9 / weights
         print(f"          HBM roofline {roof:.1f} tok/s ({copy:.0f} GB/s copy, {weights / 1e9:.1f} GB a token): {gt / roof:.2f} of it")
+        for label, run in (("", "batch1"), ("the older build's ", "old_batch1")):
+            r = rows(run)
+            if r and decode_rate(r[-1]):
+                print(f"          {label}decode after the first token {decode_rate(r[-1]):.1f} tok/s: {decode_rate(r[-1]) / roof:.2f} of the roofline")
+    warm = rows("batch1_warm") if name == "batch1" else []
+    if len(warm) == 2:
+        made, latency, first = warm[1]
+        print("          warm (the second of two prompts, as the peer times it) %.1f tok/s%s; decode after the first token %.1f" %
+              (made / latency, ", %.2fx the peer" % (made / latency / pt) if pt else "", decode_rate(warm[1])))
 g, p = glm("prefill"), peer.get("prefill", {})
 if g:
     print("prefill   glm_hpc %.3f s to the first token%s" % (g["ttft"], "; peer %.3f s (%.2fx)" % (p["seconds"], p["seconds"] / g["ttft"]) if "seconds" in p else ""))
