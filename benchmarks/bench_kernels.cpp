@@ -341,36 +341,85 @@ void BM_NormedLinear(benchmark::State& state) {
   report_bytes(state, 2.0 * static_cast<double>(kHidden * out_f));
 }
 
-// Generation's RoPE and KV-cache store of range(0) tokens (GLM-4-9B-Chat's heads, a 4096-row
-// cache, rows in reverse): range(1) 1 Backend::rope_store as the backend does it (one kernel on
-// CUDA), 0 the separate ops (RoPE, the k | v columns copied out, scattered into the rows).
+// Generation's RoPE and KV-cache store of n tokens: GLM-4-9B-Chat's heads, a 4096-row cache filled
+// from its last row down, positions from 700.
+struct RopeStoreFixture {
+  Buffer cache, staging, positions, rows;
+  glm::RopeStore store;
+  bool ok = false;
+  explicit RopeStoreFixture(int64_t n) {
+    const int64_t kv_width = 2 * kKv * kHeadDim;
+    cache = filled(4096 * kv_width, DType::bf16);
+    staging = filled(n * kv_width, DType::bf16);
+    positions = gpu()->allocate(n, DType::i32).take();
+    rows = gpu()->allocate(n, DType::i32).take();
+    std::vector<int32_t> host_positions(static_cast<size_t>(n)), host_rows(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      host_positions[static_cast<size_t>(i)] = static_cast<int32_t>(700 + i);
+      host_rows[static_cast<size_t>(i)] = static_cast<int32_t>(4095 - i);
+    }
+    ok = gpu()->upload(positions.tensor(), host_positions.data()).is_ok() &&
+         gpu()->upload(rows.tensor(), host_rows.data()).is_ok();
+    store.positions = positions.tensor();
+    store.shape = AttentionShape{kHeads, kKv, kHeadDim};
+    store.rotary_dim = kHeadDim / 2;
+    store.base = 5e6;
+    store.cache = cache.tensor();
+    store.cache_rows = rows.tensor();
+    store.staging = staging.tensor();
+  }
+};
+
+// Generation's RoPE and KV-cache store of range(0) tokens: range(1) 1 Backend::rope_store as the
+// backend does it (one kernel on CUDA), 0 the separate ops (RoPE, the k | v columns copied out,
+// scattered into the rows).
 void BM_RopeStore(benchmark::State& state) {
   REQUIRE_GPU(state);
   const int64_t n = state.range(0), width = (kHeads + 2 * kKv) * kHeadDim, kv_width = 2 * kKv * kHeadDim;
   const bool fused = state.range(1) == 1;
-  const glm::AttentionShape shape{kHeads, kKv, kHeadDim};
-  Buffer qkv = filled(n * width, DType::bf16), cache = filled(4096 * kv_width, DType::bf16),
-         staging = filled(n * kv_width, DType::bf16), positions = gpu()->allocate(n, DType::i32).take(),
-         rows = gpu()->allocate(n, DType::i32).take();
-  std::vector<int32_t> host_positions(static_cast<size_t>(n)), host_rows(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    host_positions[static_cast<size_t>(i)] = static_cast<int32_t>(700 + i);
-    host_rows[static_cast<size_t>(i)] = static_cast<int32_t>(4095 - i);
-  }
-  if (!gpu()->upload(positions.tensor(), host_positions.data()).is_ok() ||
-      !gpu()->upload(rows.tensor(), host_rows.data()).is_ok()) {
+  Buffer qkv = filled(n * width, DType::bf16);
+  RopeStoreFixture f(n);
+  if (!f.ok) {
     state.SkipWithError("upload failed");
     return;
   }
   time_loop(state, [&] {
     Backend* b = gpu();
-    if (fused)
-      return b->rope_store(qkv.tensor(), positions.tensor(), n, shape, kHeadDim / 2, 5e6, cache.tensor(), rows.tensor(),
-                           staging.tensor());
-    return b->Backend::rope_store(qkv.tensor(), positions.tensor(), n, shape, kHeadDim / 2, 5e6, cache.tensor(),
-                                  rows.tensor(), staging.tensor());
+    return fused ? b->rope_store(qkv.tensor(), n, f.store) : b->Backend::rope_store(qkv.tensor(), n, f.store);
   });
   report_bytes(state, 2.0 * static_cast<double>(n * (width + kv_width)));
+}
+
+// A decode step's attention linear of one token (GLM-4-9B-Chat's q|k|v with its bias) with the norm
+// before it and the RoPE and KV-cache store after it: range(0) 2 as the backend runs it (one GEMV
+// kernel on CUDA), 1 the GEMV with the norm, then rope_store (two kernels), 0 every op apart.
+// bytes: the weights.
+void BM_NormedLinearRopeStore(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t form = state.range(0), out_f = (kHeads + 2 * kKv) * kHeadDim;
+  Buffer x = filled(kHidden, DType::bf16), g = filled(kHidden, DType::bf16),
+         w = filled(out_f * kHidden, DType::bf16, 0.02), bias = filled(out_f, DType::bf16, 0.02),
+         y = filled(out_f, DType::bf16), normed = filled(kHidden, DType::bf16), rstd = filled(1, DType::f32);
+  RopeStoreFixture f(1);
+  if (!f.ok) {
+    state.SkipWithError("upload failed");
+    return;
+  }
+  time_loop(state, [&] {
+    Backend* b = gpu();
+    if (form == 2)
+      return b->normed_linear_forward(y.tensor(), x.tensor(), g.tensor(), 1e-5, w.tensor(), bias.tensor(), false, 1,
+                                      kHidden, out_f, normed.tensor(), rstd.tensor(), Tensor{}, &f.store);
+    if (form == 1) {
+      const glm::Status s = b->normed_linear_forward(y.tensor(), x.tensor(), g.tensor(), 1e-5, w.tensor(),
+                                                     bias.tensor(), false, 1, kHidden, out_f, normed.tensor(),
+                                                     rstd.tensor(), Tensor{});
+      return s.is_ok() ? b->rope_store(y.tensor(), 1, f.store) : s;
+    }
+    return b->Backend::normed_linear_forward(y.tensor(), x.tensor(), g.tensor(), 1e-5, w.tensor(), bias.tensor(), false,
+                                             1, kHidden, out_f, normed.tensor(), rstd.tensor(), Tensor{}, &f.store);
+  });
+  report_bytes(state, 2.0 * static_cast<double>(kHidden * out_f));
 }
 
 void BM_LmHeadCrossEntropy(benchmark::State& state) {
@@ -530,6 +579,13 @@ BENCHMARK(BM_NormedLinear)
 BENCHMARK(BM_RopeStore)
     ->ArgsProduct({{1, 32, 512}, {0, 1}})
     ->ArgNames({"n", "fused"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NormedLinearRopeStore)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("form")
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LmHeadCrossEntropy)->Arg(4096)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);

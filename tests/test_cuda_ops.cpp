@@ -1068,7 +1068,21 @@ TEST_F(Ops, Add) {
 // exactly 8 per thread group; one 16-byte vector per head at head_dim 16) and the scalar one (rotary
 // 20), with positions up to 131,071 (fp32 angles past sincosf's fast range). Everything outside
 // the rotated part of q and k (the other half of each head, all of v) must come back bit-identical.
-class Rope : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {};
+class Rope : public Ops, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {
+ protected:
+  static RopeStore rope_store_args(AttentionShape s, int64_t rotary, Dual& positions, Dual& cache, Dual& rows,
+                                   Dual& staging, bool gpu) {
+    RopeStore r;
+    r.positions = gpu ? positions.gpu.tensor() : positions.cpu.tensor();
+    r.shape = s;
+    r.rotary_dim = rotary;
+    r.base = 5e6;
+    r.cache = gpu ? cache.gpu.tensor() : cache.cpu.tensor();
+    r.cache_rows = gpu ? rows.gpu.tensor() : rows.cpu.tensor();
+    r.staging = gpu ? staging.gpu.tensor() : staging.cpu.tensor();
+    return r;
+  }
+};
 
 TEST_P(Rope, RotatesOnlyTheRotaryPartOfQAndK) {
   const auto [heads, kv_heads, head_dim, rotary] = GetParam();
@@ -1117,12 +1131,11 @@ TEST_P(Rope, StoreRotatesAndWritesTheCacheRows) {
   auto positions = ints(pos), row_index = ints(rows);
   const std::vector<float> input = random_bf16(n * width, 61, 1.5), old_cache = random_bf16(cache_rows * kv_width, 62);
   auto qkv = dual(input), reference = dual(input), cache = dual(old_cache), staging = output(n * kv_width);
-  ASSERT_TRUE(cpu_->rope_store(qkv.cpu.tensor(), positions.cpu.tensor(), n, s, rotary, 5e6, cache.cpu.tensor(),
-                               row_index.cpu.tensor(), staging.cpu.tensor())
-                  .is_ok());
-  ASSERT_TRUE(gpu_->rope_store(qkv.gpu.tensor(), positions.gpu.tensor(), n, s, rotary, 5e6, cache.gpu.tensor(),
-                               row_index.gpu.tensor(), staging.gpu.tensor())
-                  .is_ok());
+  for (const bool gpu : {false, true}) {
+    const RopeStore store = rope_store_args(s, rotary, positions, cache, row_index, staging, gpu);
+    Backend& be = gpu ? *gpu_ : *cpu_;
+    ASSERT_TRUE(be.rope_store(gpu ? qkv.gpu.tensor() : qkv.cpu.tensor(), n, store).is_ok());
+  }
   expect_close(qkv, "rope_store's qkv");
   expect_close(cache, "rope_store's cache");
   ASSERT_TRUE(gpu_->rope_forward(reference.gpu.tensor(), positions.gpu.tensor(), n, s, rotary, 5e6).is_ok());
@@ -1143,6 +1156,46 @@ TEST_P(Rope, StoreRotatesAndWritesTheCacheRows) {
         wrong += std::memcmp(&stored[static_cast<size_t>(r * kv_width + c)],
                              &old_cache[static_cast<size_t>(r * kv_width + c)], sizeof(float)) != 0;
   EXPECT_EQ(wrong, 0) << "cache elements other than the tokens' rotated k | v";
+}
+
+// Generation's attention linear of one token with the RoPE and the store fused into the GEMV
+// (Backend::normed_linear_forward with a RopeStore): bit-identical on the GPU to the GEMV with the norm
+// alone followed by rope_store (q | k | v and the whole cache), within tolerance of the CPU's
+// separate ops, at positions up to 131,067.
+TEST_P(Rope, NormedLinearWithTheStoreMatchesTheSeparateOps) {
+  const auto [heads, kv_heads, head_dim, rotary] = GetParam();
+  const AttentionShape s{heads, kv_heads, head_dim};
+  const int64_t in_f = 136, width = s.qkv_width(), kv_width = 2 * kv_heads * head_dim, cache_rows = 9;
+  auto x = dual(random_bf16(in_f, 71, 3.0)), g = dual(random_bf16(in_f, 72));
+  auto w = dual(random_bf16(width * in_f, 73, 0.2)), bias = dual(random_bf16(width, 74));
+  auto normed = output(in_f), rstd = output(1, DType::f32), staging = output(kv_width);
+  const std::vector<float> old_cache = random_bf16(cache_rows * kv_width, 75);
+  for (const int32_t position : {3, 4097, 131067}) {
+    SCOPED_TRACE(position);
+    auto positions = ints({position}), row_index = ints({5});
+    auto fused = output(width), separate = output(width);
+    auto cache = dual(old_cache), cache_separate = dual(old_cache);
+    for (const bool gpu : {false, true}) {
+      Backend& be = gpu ? *gpu_ : *cpu_;
+      auto t = [gpu](Dual& d) { return gpu ? d.gpu.tensor() : d.cpu.tensor(); };
+      const RopeStore store = rope_store_args(s, rotary, positions, cache, row_index, staging, gpu);
+      ASSERT_TRUE(be.normed_linear_forward(t(fused), t(x), t(g), 1e-5, t(w), t(bias), false, 1, in_f, width,
+                                           t(normed), t(rstd), Tensor{}, &store)
+                      .is_ok());
+    }
+    expect_close(fused, "norm + linear + rope + store");
+    expect_close(cache, "norm + linear + rope + store: the cache");
+    const RopeStore store = rope_store_args(s, rotary, positions, cache_separate, row_index, staging, true);
+    ASSERT_TRUE(gpu_->normed_linear_forward(separate.gpu.tensor(), x.gpu.tensor(), g.gpu.tensor(), 1e-5,
+                                            w.gpu.tensor(), bias.gpu.tensor(), false, 1, in_f, width,
+                                            normed.gpu.tensor(), rstd.gpu.tensor(), Tensor{})
+                    .is_ok());
+    ASSERT_TRUE(gpu_->rope_store(separate.gpu.tensor(), 1, store).is_ok());
+    const auto a = from_gpu(fused.gpu), b = from_gpu(separate.gpu);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "q | k | v differ from the separate ops'";
+    const auto ca = from_gpu(cache.gpu), cb = from_gpu(cache_separate.gpu);
+    EXPECT_EQ(std::memcmp(ca.data(), cb.data(), ca.size() * sizeof(float)), 0) << "the cache differs from the separate ops'";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Rope,

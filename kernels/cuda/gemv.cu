@@ -1,6 +1,7 @@
 // Few-row linear layers (see gemv.cuh).
 #include "kernels/cuda/gemv.cuh"
 
+#include "kernels/cuda/rope_math.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace glm::cuda {
@@ -15,6 +16,7 @@ enum class Mode {
   plain,   // out = W in (+ bias) (+ addend)
   normed,  // out = W rmsnorm(in) (+ bias): the norm's weight folded into the input loads, its scale at the end
   swiglu,  // out = swiglu(W rmsnorm(in)): a block's gate features and their up features side by side
+  rope,    // normed, then RoPE and the KV-cache store (GemvRope): a rotated pair's two features in one block
 };
 
 // NORM: the input scaled by the norm's weight as loaded, its squares summed in ss (the warp covers
@@ -64,10 +66,13 @@ __device__ __forceinline__ float silu(float g) { return g * __frcp_rn(1.0f + __e
 // A warp an output feature. swiglu: warp w < kWarps / 2 takes gate feature j = block * kWarps / 2 + w,
 // warp w + kWarps / 2 the up feature ffn + j, and the first writes the product; out_features is
 // then 2 ffn and out [rows, ffn].
+// rope: a block's features start at a multiple of kWarps, so that the pair (2 p, 2 p + 1) of a head's
+// rotary part (q_width and head_dim even) is warps w and w + 1 of one block.
 template <int R, bool F32, Mode M>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(void* out, const bf16* in, const bf16* weight,
                                                            const bf16* bias, const void* addend, const bf16* norm,
-                                                           float eps, int64_t in_features, int64_t out_features) {
+                                                           float eps, int64_t in_features, int64_t out_features,
+                                                           GemvRope rope) {
   constexpr bool kNorm = M != Mode::plain;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t ffn = out_features / 2;
@@ -77,7 +82,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(void* out, const bf16
     const int64_t j = static_cast<int64_t>(blockIdx.x) * (kWarps / 2) + warp % (kWarps / 2);
     active = j < ffn;
     o = warp < kWarps / 2 ? j : ffn + j;
-  } else {
+  } else if constexpr (M != Mode::rope) {
     if (!active) return;
   }
   float acc[R], ss[R];
@@ -107,6 +112,29 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(void* out, const bf16
     static_cast<bf16*>(out)[lane * ffn + o] = __float2bfloat16(silu(g) * up[warp][lane]);
     return;
   }
+  if constexpr (M == Mode::rope) {
+    static_assert(R == 1 && kWarps % 2 == 0, "a pair's two features in one block, one row");
+    // The linear's output rounded as rope_store would read it, then the pair's rotation.
+    __shared__ float linear_s[kWarps];
+    const float biased = active && bias != nullptr ? value + __bfloat162float(bias[o]) : value;
+    if (lane == 0) linear_s[warp] = active ? __bfloat162float(__float2bfloat16(biased)) : 0.0f;
+    __syncthreads();
+    if (!active || lane != 0) return;
+    const bool q = o < rope.q_width;
+    const int64_t col = q ? o : o - rope.q_width;
+    const int dim = static_cast<int>(col % rope.head_dim);
+    float y = linear_s[warp];
+    if (dim < rope.rotary_dim && (q || col < rope.kv_width / 2)) {  // a q head's or a k head's rotary part
+      float sn, cs;
+      rope_sincos(static_cast<float>(*rope.position), rope_inv_freq(dim / 2, rope.rotary_dim, rope.base), sn, cs);
+      const float x0 = linear_s[warp & ~1], x1 = linear_s[warp | 1];
+      y = dim % 2 == 0 ? rotated_first(x0, x1, cs, sn) : rotated_second(x0, x1, cs, sn);
+    }
+    const bf16 result = __float2bfloat16(y);
+    static_cast<bf16*>(out)[o] = result;
+    if (!q) rope.cache[static_cast<int64_t>(*rope.cache_row) * rope.kv_width + col] = result;
+    return;
+  }
   if (lane >= R) return;
   if (bias != nullptr) value += __bfloat162float(bias[o]);
   const int64_t at = lane * out_features + o;
@@ -121,17 +149,22 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(void* out, const bf16
 
 template <int R>
 cudaError_t launch(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
-                   const bf16* norm, float eps, bool swiglu, int64_t in_features, int64_t out_features,
-                   cudaStream_t stream) {
+                   const bf16* norm, float eps, bool swiglu, const GemvRope& rope, int64_t in_features,
+                   int64_t out_features, cudaStream_t stream) {
   const int64_t per_block = swiglu ? kWarps / 2 : kWarps, features = swiglu ? out_features / 2 : out_features;
   const dim3 grid(static_cast<unsigned>((features + per_block - 1) / per_block));
-  void (*kernel)(void*, const bf16*, const bf16*, const bf16*, const void*, const bf16*, float, int64_t, int64_t) =
-      out_f32 ? gemv_kernel<R, true, Mode::plain> : gemv_kernel<R, false, Mode::plain>;
+  void (*kernel)(void*, const bf16*, const bf16*, const bf16*, const void*, const bf16*, float, int64_t, int64_t,
+                 GemvRope) = out_f32 ? gemv_kernel<R, true, Mode::plain> : gemv_kernel<R, false, Mode::plain>;
   if constexpr (R == 1) {  // the fused modes take one row (gemv() checks)
-    if (swiglu) kernel = gemv_kernel<R, false, Mode::swiglu>;
-    else if (norm != nullptr) kernel = gemv_kernel<R, false, Mode::normed>;
+    if (swiglu) {
+      kernel = gemv_kernel<R, false, Mode::swiglu>;
+    } else if (rope.cache != nullptr) {
+      kernel = gemv_kernel<R, false, Mode::rope>;
+    } else if (norm != nullptr) {
+      kernel = gemv_kernel<R, false, Mode::normed>;
+    }
   }
-  kernel<<<grid, kWarps * 32, 0, stream>>>(out, in, weight, bias, addend, norm, eps, in_features, out_features);
+  kernel<<<grid, kWarps * 32, 0, stream>>>(out, in, weight, bias, addend, norm, eps, in_features, out_features, rope);
   return cudaGetLastError();
 }
 
@@ -144,25 +177,31 @@ bool gemv_fits(int64_t rows, int64_t in_features, const void* in, const void* we
 
 bool gemv_fusion_fits(int64_t rows, int64_t in_features, int64_t out_features, const void* in, const void* weight,
                       bool bias, const GemvFusion& fused) {
+  const GemvRope& r = fused.rope;
+  const bool rope_fits = r.cache == nullptr ||
+                         (!fused.swiglu && r.position != nullptr && r.cache_row != nullptr && r.head_dim > 0 &&
+                          r.head_dim % 2 == 0 && r.q_width % 2 == 0 && r.q_width % r.head_dim == 0 &&
+                          r.kv_width > 0 && r.kv_width % (2 * r.head_dim) == 0 && r.rotary_dim >= 0 &&
+                          r.rotary_dim % 2 == 0 && r.rotary_dim <= r.head_dim && out_features == r.q_width + r.kv_width);
   return rows == 1 && gemv_fits(rows, in_features, in, weight) && fused.norm != nullptr && aligned16(fused.norm) &&
-         !(fused.swiglu && (out_features % 2 != 0 || bias));
+         !(fused.swiglu && (out_features % 2 != 0 || bias)) && rope_fits;
 }
 
 cudaError_t gemv(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
                  int64_t rows, int64_t in_features, int64_t out_features, cudaStream_t stream,
                  const GemvFusion& fused) {
   if (out_features == 0) return cudaSuccess;
-  const bool fusing = fused.norm != nullptr || fused.swiglu;
+  const bool fusing = fused.norm != nullptr || fused.swiglu || fused.rope.cache != nullptr;
   if (!gemv_fits(rows, in_features, in, weight) || (out_features + kWarps - 1) / kWarps > 0x7fffffff ||
       (fusing && (out_f32 || addend != nullptr ||
                   !gemv_fusion_fits(rows, in_features, out_features, in, weight, bias != nullptr, fused))))
     return cudaErrorInvalidValue;
   const float eps = fused.eps;
   if (rows == 1)
-    return launch<1>(out, out_f32, in, weight, bias, addend, fused.norm, eps, fused.swiglu, in_features, out_features,
-                     stream);
-  return launch<2>(out, out_f32, in, weight, bias, addend, fused.norm, eps, fused.swiglu, in_features, out_features,
-                   stream);
+    return launch<1>(out, out_f32, in, weight, bias, addend, fused.norm, eps, fused.swiglu, fused.rope, in_features,
+                     out_features, stream);
+  return launch<2>(out, out_f32, in, weight, bias, addend, fused.norm, eps, fused.swiglu, fused.rope, in_features,
+                   out_features, stream);
 }
 
 }  // namespace glm::cuda

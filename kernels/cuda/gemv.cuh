@@ -18,20 +18,36 @@ constexpr int64_t kGemvMaxRows = 2;
 // every row 16-byte aligned (uint4 loads).
 bool gemv_fits(int64_t rows, int64_t in_features, const void* in, const void* weight);
 
+// Generation's RoPE and KV-cache store after the attention's q | k | v linear (rope_store() of
+// rope.cuh on the GEMV's row): out's features [0, q_width) are the q heads, then kv_width of k | v
+// heads (head_dim each); the rotary part (the first rotary_dim of each q and k head) rotated by
+// position's angles, the k | v columns also written to cache row cache_row ([rows, kv_width]).
+struct GemvRope {
+  bf16* cache = nullptr;
+  const int32_t* position = nullptr;   // one entry, on the device
+  const int32_t* cache_row = nullptr;  // one entry, on the device
+  int64_t q_width = 0, kv_width = 0;
+  int head_dim = 0, rotary_dim = 0;
+  float base = 0.0f;
+};
+
 // What a decode step of one sequence runs around a linear, fused into the GEMV
 // (Backend::normed_linear_forward): with norm, the input is rmsnorm(in; norm, eps), scaled in fp32
 // (not rounded to bf16 first), and with swiglu too (no bias), out [1, out_features / 2] = silu(gate)
-// * up of the linear's two halves, each rounded to bf16 first as the linear's output would be. One
-// row only (two run faster as the separate ops: the norm's weight and the second row's input are
-// loaded per weight vector), neither with an fp32 out nor an addend.
+// * up of the linear's two halves, each rounded to bf16 first as the linear's output would be; with
+// rope.cache set (and norm, without swiglu), RoPE and the store on the output, rounded to bf16 first
+// (rope_store's bits). One row only (two run faster as the separate ops: the norm's weight and the
+// second row's input are loaded per weight vector), neither with an fp32 out nor an addend.
 struct GemvFusion {
   const bf16* norm = nullptr;
   float eps = 0.0f;
   bool swiglu = false;
+  GemvRope rope;
 };
 
 // Whether the kernel takes a fused shape (fused.norm set): gemv_fits' with one row, a 16-byte
-// aligned norm weight, and with swiglu an even out_features and no bias.
+// aligned norm weight, with swiglu an even out_features and no bias, with rope out_features = q_width
+// + kv_width, even head_dim and q_width, and an even rotary_dim of at most head_dim.
 bool gemv_fusion_fits(int64_t rows, int64_t in_features, int64_t out_features, const void* in, const void* weight,
                       bool bias, const GemvFusion& fused);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/rope_math.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace glm::cuda {
@@ -21,15 +22,14 @@ __global__ void rope_scalar_kernel(bf16* qkv, const int32_t* positions, int64_t 
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t pair = i % pairs, h = (i / pairs) % rotated_heads, t = i / (pairs * rotated_heads);
-    const float inv_freq = 1.0f / powf(base, static_cast<float>(2 * pair) / static_cast<float>(rotary_dim));
-    const float angle = static_cast<float>(positions[t]) * inv_freq;
     float s, c;
-    sincosf(angle, &s, &c);
+    rope_sincos(static_cast<float>(positions[t]),
+                rope_inv_freq(static_cast<int>(pair), static_cast<int>(rotary_dim), base), s, c);
     s *= direction;
     bf16* x = qkv + t * width + h * head_dim + 2 * pair;
     const float x0 = __bfloat162float(x[0]), x1 = __bfloat162float(x[1]);
-    x[0] = __float2bfloat16(x0 * c - x1 * s);
-    x[1] = __float2bfloat16(x1 * c + x0 * s);
+    x[0] = __float2bfloat16(rotated_first(x0, x1, c, s));
+    x[1] = __float2bfloat16(rotated_second(x0, x1, c, s));
   }
 }
 
@@ -39,7 +39,7 @@ __device__ __forceinline__ void vector_angles(float pos, const float* freq, floa
                                               float (&s)[4]) {
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
-    sincosf(pos * freq[p], &s[p], &c[p]);
+    rope_sincos(pos, freq[p], s[p], c[p]);
     s[p] *= direction;
   }
 }
@@ -50,8 +50,8 @@ __device__ __forceinline__ uint4 rotate_vector(uint4 x, const float (&c)[4], con
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
     const float x0 = f[2 * p], x1 = f[2 * p + 1];
-    f[2 * p] = x0 * c[p] - x1 * s[p];
-    f[2 * p + 1] = x1 * c[p] + x0 * s[p];
+    f[2 * p] = rotated_first(x0, x1, c[p], s[p]);
+    f[2 * p + 1] = rotated_second(x0, x1, c[p], s[p]);
   }
   return pack_bf16x8(f);
 }
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 3) rope_vec_kernel(uint4* qkv, const
                                                             float direction) {
   extern __shared__ float inv_freq[];  // rotary_dim / 2 entries, the same powf as the scalar path
   for (int pair = threadIdx.x; pair < rotary_dim / 2; pair += blockDim.x)
-    inv_freq[pair] = 1.0f / powf(base, static_cast<float>(2 * pair) / static_cast<float>(rotary_dim));
+    inv_freq[pair] = rope_inv_freq(pair, rotary_dim, base);
   __syncthreads();
   const int64_t per_token = static_cast<int64_t>(slots) * groups;
   const int64_t total = n * per_token;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) rope_store_kernel(uint4* qkv, uint4*
                                                               float base) {
   extern __shared__ float inv_freq[];
   for (int pair = threadIdx.x; pair < rotary_dim / 2; pair += blockDim.x)
-    inv_freq[pair] = 1.0f / powf(base, static_cast<float>(2 * pair) / static_cast<float>(rotary_dim));
+    inv_freq[pair] = rope_inv_freq(pair, rotary_dim, base);
   __syncthreads();
   const int q_items = heads * rot_v, kv_v = 2 * kv_heads * head_v, per_token = q_items + kv_v;
   const int64_t width_v = static_cast<int64_t>(heads) * head_v + kv_v;

@@ -52,6 +52,17 @@ class Buffer {
 };
 
 using AttentionShape = cpu::AttentionShape;
+
+// Generation's RoPE and KV-cache store of a forward's new tokens (Backend::rope_store).
+struct RopeStore {
+  Tensor positions;  // i32 [n]: each token's RoPE position
+  AttentionShape shape;
+  int64_t rotary_dim = 0;
+  double base = 0.0;
+  Tensor cache;       // the layer's rows of 2 kv_heads head_dim elements
+  Tensor cache_rows;  // i32 [n]: each token's row
+  Tensor staging;     // [n, that width], compute dtype: scratch for a backend that copies the columns out first
+};
 using AdamWStep = cpu::AdamWStep;
 
 // Rows of the fused lm_head + cross-entropy per chunk on a device backend: the chunk's bf16 logits
@@ -246,31 +257,33 @@ class Backend {
   virtual Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
                                double base) = 0;
   // Generation's cached forward: rope_forward on qkv, then cache[cache_rows[i]] = the k | v columns of
-  // qkv's row i (the rows of width 2 * kv_heads * head_dim after the q heads), for i < n. staging
-  // ([n, that width], compute dtype) is scratch for a backend that copies the columns out first; a
-  // device backend may do all of it in one pass (CUDA: rope and store in one kernel).
-  virtual Status rope_store(Tensor qkv, Tensor positions, int64_t n, AttentionShape shape, int64_t rotary_dim,
-                            double base, Tensor cache, Tensor cache_rows, Tensor staging) {
-    GLM_RETURN_IF_ERROR(rope_forward(qkv, positions, n, shape, rotary_dim, base));
-    const int64_t q_width = shape.heads * shape.head_dim, width = 2 * shape.kv_heads * shape.head_dim;
+  // qkv's row i (the rows of width 2 * kv_heads * head_dim after the q heads), for i < n. A device
+  // backend may do all of it in one pass (CUDA: rope and store in one kernel).
+  virtual Status rope_store(Tensor qkv, int64_t n, const RopeStore& r) {
+    GLM_RETURN_IF_ERROR(rope_forward(qkv, r.positions, n, r.shape, r.rotary_dim, r.base));
+    const int64_t q_width = r.shape.heads * r.shape.head_dim, width = 2 * r.shape.kv_heads * r.shape.head_dim;
     GLM_RETURN_IF_ERROR(
-        copy_columns(staging, width, qkv.slice(q_width, qkv.numel - q_width), shape.qkv_width(), n, width));
-    return scatter_rows(cache, staging, cache_rows, n, width);
+        copy_columns(r.staging, width, qkv.slice(q_width, qkv.numel - q_width), r.shape.qkv_width(), n, width));
+    return scatter_rows(r.cache, r.staging, r.cache_rows, n, width);
   }
   // Generation's few-row linears with the RMSNorm before them and, for the MLP's, the SwiGLU after:
   // out = W rmsnorm(in; norm_weight, eps) (+ bias), or with swiglu out = swiglu(that) ([n, ffn],
   // weight of 2 ffn rows). normed and rstd are rmsnorm_forward's outputs and gate_up ([n, 2 ffn]) the
   // linear's, written only where a backend does not fuse them (scratch: the result is out alone;
-  // nothing for a backward). A device backend may run it as one kernel (CUDA: the GEMV, for one
-  // row), the input in fp32 where the separate ops would round the normed input to the compute
-  // dtype.
+  // nothing for a backward). With rope (the attention's q | k | v linear), rope_store(out, n, *rope)
+  // follows. A device backend may run it as one kernel (CUDA: the GEMV, for one row), the input in
+  // fp32 where the separate ops would round the normed input to the compute dtype.
   virtual Status normed_linear_forward(Tensor out, Tensor in, Tensor norm_weight, double eps, Tensor weight,
-                                       Tensor bias, bool swiglu, int64_t n, int64_t in_features,
-                                       int64_t out_features, Tensor normed, Tensor rstd, Tensor gate_up) {
+                                       Tensor bias, bool swiglu, int64_t n, int64_t in_features, int64_t out_features,
+                                       Tensor normed, Tensor rstd, Tensor gate_up, const RopeStore* rope = nullptr) {
     GLM_RETURN_IF_ERROR(rmsnorm_forward(normed, rstd, in, norm_weight, n, in_features, eps));
-    if (!swiglu) return linear_forward(out, normed, weight, bias, n, in_features, out_features);
-    GLM_RETURN_IF_ERROR(linear_forward(gate_up, normed, weight, bias, n, in_features, out_features));
-    return swiglu_forward(out, gate_up, n, out_features / 2);
+    if (swiglu) {
+      GLM_RETURN_IF_ERROR(linear_forward(gate_up, normed, weight, bias, n, in_features, out_features));
+      GLM_RETURN_IF_ERROR(swiglu_forward(out, gate_up, n, out_features / 2));
+    } else {
+      GLM_RETURN_IF_ERROR(linear_forward(out, normed, weight, bias, n, in_features, out_features));
+    }
+    return rope != nullptr ? rope_store(out, n, *rope) : Status::ok();
   }
   virtual Status attention_forward(Tensor out, Tensor lse, Tensor qkv, Tensor doc_start, int64_t n,
                                    AttentionShape shape) = 0;

@@ -477,18 +477,35 @@ class CudaBackend final : public Backend {
   // One row: the norm, the linear and the SwiGLU in the GEMV kernel; the separate ops elsewhere.
   Status normed_linear_forward(Tensor out, Tensor in, Tensor norm_weight, double eps, Tensor weight, Tensor bias,
                                bool swiglu, int64_t n, int64_t in_features, int64_t out_features, Tensor normed,
-                               Tensor rstd, Tensor gate_up) override {
+                               Tensor rstd, Tensor gate_up, const RopeStore* rope) override {
     cuda::GemvFusion fusion;
     fusion.norm = b(norm_weight);
     fusion.eps = static_cast<float>(eps);
     fusion.swiglu = swiglu;
+    if (rope != nullptr && rope->cache_rows.dtype == DType::i32 && rope->positions.dtype == DType::i32 &&
+        rope->cache_rows.numel >= n && rope->positions.numel >= n) {
+      cuda::GemvRope& r = fusion.rope;
+      r.cache = b(rope->cache);
+      r.position = rope->positions.as<int32_t>();
+      r.cache_row = rope->cache_rows.as<int32_t>();
+      r.q_width = rope->shape.heads * rope->shape.head_dim;
+      r.kv_width = 2 * rope->shape.kv_heads * rope->shape.head_dim;
+      r.head_dim = static_cast<int>(rope->shape.head_dim);
+      r.rotary_dim = static_cast<int>(rope->rotary_dim);
+      r.base = static_cast<float>(rope->base);
+      if (!cuda::gemv_fusion_fits(n, in_features, out_features, in.data, weight.data, !bias.empty(), fusion))
+        fusion.rope = {};  // the GEMV with the norm alone, then rope_store
+    }
     if (!cuda::gemv_fusion_fits(n, in_features, out_features, in.data, weight.data, !bias.empty(), fusion))
       return Backend::normed_linear_forward(out, in, norm_weight, eps, weight, bias, swiglu, n, in_features,
-                                            out_features, normed, rstd, gate_up);
-    GLM_PROFILE_OP(swiglu ? "normed_linear_swiglu" : "normed_linear");
-    GLM_CUDA_RETURN(cuda::gemv(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), nullptr, n,
-                               in_features, out_features, stream_, fusion));
-    return Status::ok();
+                                            out_features, normed, rstd, gate_up, rope);
+    const bool rope_fused = fusion.rope.cache != nullptr;
+    {
+      GLM_PROFILE_OP(swiglu ? "normed_linear_swiglu" : rope_fused ? "normed_linear_rope_store" : "normed_linear");
+      GLM_CUDA_RETURN(cuda::gemv(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), nullptr, n,
+                                 in_features, out_features, stream_, fusion));
+    }
+    return rope != nullptr && !rope_fused ? rope_store(out, n, *rope) : Status::ok();
   }
   // A decode step of one or two sequences reads the weights through the GEMV kernel; more rows go to cuBLASLt.
   Status linear(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
@@ -530,13 +547,15 @@ class CudaBackend final : public Backend {
                                static_cast<float>(base), 1.0f, stream_));
     return Status::ok();
   }
-  Status rope_store(Tensor qkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim, double base,
-                    Tensor cache, Tensor cache_rows, Tensor /*staging*/) override {
+  Status rope_store(Tensor qkv, int64_t n, const RopeStore& r) override {
     GLM_PROFILE_OP("rope_store");
-    if (cache_rows.dtype != DType::i32 || cache_rows.numel < n || cache.numel % (2 * s.kv_heads * s.head_dim) != 0)
-      return GLM_INTERNAL_ERROR("rope_store: ", n, " rows into a cache of ", cache.numel, " elements");
-    GLM_CUDA_RETURN(cuda::rope_store(b(qkv), b(cache), positions.as<int32_t>(), cache_rows.as<int32_t>(), n, s.heads,
-                                     s.kv_heads, s.head_dim, rotary_dim, static_cast<float>(base), stream_));
+    const AttentionShape& s = r.shape;
+    if (r.cache_rows.dtype != DType::i32 || r.cache_rows.numel < n ||
+        r.cache.numel % (2 * s.kv_heads * s.head_dim) != 0)
+      return GLM_INTERNAL_ERROR("rope_store: ", n, " rows into a cache of ", r.cache.numel, " elements");
+    GLM_CUDA_RETURN(cuda::rope_store(b(qkv), b(r.cache), r.positions.as<int32_t>(), r.cache_rows.as<int32_t>(), n,
+                                     s.heads, s.kv_heads, s.head_dim, r.rotary_dim, static_cast<float>(r.base),
+                                     stream_));
     return Status::ok();
   }
   Status rope_backward(Tensor dqkv, Tensor positions, int64_t n, AttentionShape s, int64_t rotary_dim,

@@ -320,20 +320,26 @@ Status Glm4Model::layer_forward(int64_t l, const MicroBatch& b, Tensor w, bool t
   Tensor attn = rows(a.attn, n, config_.q_width()), mid = rows(a.mid, n, h), ln2 = rows(a.ln2, n, h);
   Tensor gate_up = rows(a.gate_up, n, 2 * f), act = rows(a.act, n, f);
   // Generation (a KV cache, nothing kept for a backward): the norms go into the linears after them
-  // where no adapter needs the normed input, and the SwiGLU into the MLP's first.
+  // where no adapter needs the normed input, the SwiGLU into the MLP's first, and RoPE with the
+  // KV-cache store into the attention's.
   const bool generating = kv_cache_ != nullptr;
+  RopeStore store;
+  if (generating) {
+    GLM_ASSIGN_OR_RETURN(store, kv_cache_->rope_store(l, b, config_.rotary_dim(), config_.rope_theta));
+  }
   if (generating && !adapted(l, LoraTarget::query_key_value)) {
     GLM_RETURN_IF_ERROR(backend_.normed_linear_forward(qkv, x, view(w, e.input_norm), config_.rms_norm_eps,
                                                        view(w, e.qkv_weight), view(w, e.qkv_bias), false, n, h,
-                                                       config_.qkv_width(), ln1, a.rstd1, Tensor{}));
+                                                       config_.qkv_width(), ln1, a.rstd1, Tensor{}, &store));
   } else {
     GLM_RETURN_IF_ERROR(
         backend_.rmsnorm_forward(ln1, a.rstd1, x, view(w, e.input_norm), n, h, config_.rms_norm_eps));
     GLM_RETURN_IF_ERROR(adapted_linear(l, LoraTarget::query_key_value, qkv, ln1, view(w, e.qkv_weight),
                                        view(w, e.qkv_bias), n, h, config_.qkv_width()));
+    if (generating) GLM_RETURN_IF_ERROR(backend_.rope_store(qkv, n, store));
   }
   if (generating) {
-    GLM_RETURN_IF_ERROR(kv_cache_->attend(l, attn, a.lse, qkv, b, config_.rotary_dim(), config_.rope_theta));
+    GLM_RETURN_IF_ERROR(kv_cache_->attend(l, attn, a.lse, qkv, b));
   } else {
     GLM_RETURN_IF_ERROR(
         backend_.rope_forward(qkv, b.positions, n, shape_, config_.rotary_dim(), config_.rope_theta));

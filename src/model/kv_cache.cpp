@@ -41,15 +41,30 @@ int64_t KvCache::bytes() const {
   return total;
 }
 
-Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b, int64_t rotary_dim,
-                       double rope_base) {
+Status KvCache::check(const MicroBatch& b) const {
   if (b.n > max_new_ || b.cache_rows.numel != b.n || b.kv_rows.numel != b.row_tokens)
     return GLM_INTERNAL_ERROR("KV cache forward of ", b.n, " tokens (at most ", max_new_, ") with ",
                               b.cache_rows.numel, " cache rows and ", b.kv_rows.numel, " row entries for ",
                               b.row_tokens);
+  return Status::ok();
+}
+
+Result<RopeStore> KvCache::rope_store(int64_t layer, const MicroBatch& b, int64_t rotary_dim, double rope_base) {
+  GLM_RETURN_IF_ERROR(check(b));
+  RopeStore r;
+  r.positions = b.positions;
+  r.shape = shape_;
+  r.rotary_dim = rotary_dim;
+  r.base = rope_base;
+  r.cache = layers_[static_cast<size_t>(layer)].tensor();
+  r.cache_rows = b.cache_rows;
+  r.staging = staging_.tensor().slice(0, b.n * width());
+  return r;
+}
+
+Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b) {
+  GLM_RETURN_IF_ERROR(check(b));
   Tensor cache = layers_[static_cast<size_t>(layer)].tensor();
-  GLM_RETURN_IF_ERROR(backend_.rope_store(qkv, b.positions, b.n, shape_, rotary_dim, rope_base, cache, b.cache_rows,
-                                          staging_.tensor().slice(0, b.n * width())));
   if (b.decode)
     return backend_.attention_decode(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n, shape_);
   return backend_.attention_forward_gathered(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n,

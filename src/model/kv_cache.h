@@ -51,15 +51,17 @@ class KvCache {
   int64_t bytes() const;
   AttentionShape shape() const { return shape_; }
 
-  // Layer `layer`'s attention of the batch's new tokens (qkv their fused rows before RoPE): RoPE on
-  // them and their k | v into the cache (Backend::rope_store), then out [n, q_width] and lse [n,
-  // heads] over the cached rows.
-  Status attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b, int64_t rotary_dim,
-                double rope_base);
+  // Where layer `layer`'s RoPE of the batch's new tokens writes their k | v
+  // (Backend::rope_store, alone or after the q | k | v linear in Backend::normed_linear_forward).
+  Result<RopeStore> rope_store(int64_t layer, const MicroBatch& b, int64_t rotary_dim, double rope_base);
+  // Layer `layer`'s attention of the batch's new tokens (qkv their fused rows after rope_store's
+  // RoPE, their k | v stored): out [n, q_width] and lse [n, heads] over the cached rows.
+  Status attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const MicroBatch& b);
 
  private:
   KvCache(Backend& backend, AttentionShape shape) : backend_(backend), shape_(shape) {}
   int64_t width() const { return 2 * shape_.kv_heads * shape_.head_dim; }
+  Status check(const MicroBatch& b) const;
 
   Backend& backend_;
   AttentionShape shape_;
