@@ -61,7 +61,7 @@ struct RopeStore {
   double base = 0.0;
   Tensor cache;       // the layer's rows of 2 kv_heads head_dim elements
   Tensor cache_rows;  // i32 [n]: each token's row
-  Tensor staging;     // [n, that width], compute dtype: scratch for a backend that copies the columns out first
+  Tensor staging;     // [n, that width], compute dtype: scratch where Backend::rope_store_stages()
 };
 using AdamWStep = cpu::AdamWStep;
 
@@ -258,7 +258,9 @@ class Backend {
                                double base) = 0;
   // Generation's cached forward: rope_forward on qkv, then cache[cache_rows[i]] = the k | v columns of
   // qkv's row i (the rows of width 2 * kv_heads * head_dim after the q heads), for i < n. A device
-  // backend may do all of it in one pass (CUDA: rope and store in one kernel).
+  // backend may do all of it in one pass (CUDA: rope and store in one kernel), and then say that it
+  // needs no RopeStore::staging.
+  virtual bool rope_store_stages() const { return true; }
   virtual Status rope_store(Tensor qkv, int64_t n, const RopeStore& r) {
     GLM_RETURN_IF_ERROR(rope_forward(qkv, r.positions, n, r.shape, r.rotary_dim, r.base));
     const int64_t q_width = r.shape.heads * r.shape.head_dim, width = 2 * r.shape.kv_heads * r.shape.head_dim;

@@ -547,6 +547,7 @@ class CudaBackend final : public Backend {
                                static_cast<float>(base), 1.0f, stream_));
     return Status::ok();
   }
+  bool rope_store_stages() const override { return false; }
   Status rope_store(Tensor qkv, int64_t n, const RopeStore& r) override {
     GLM_PROFILE_OP("rope_store");
     const AttentionShape& s = r.shape;

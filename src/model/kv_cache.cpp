@@ -25,7 +25,9 @@ Result<std::unique_ptr<KvCache>> KvCache::create(Backend& backend, const ModelCo
     GLM_ASSIGN_OR_RETURN(Buffer b, backend.allocate(capacity * cache->width(), backend.compute_dtype()));
     cache->layers_.push_back(std::move(b));
   }
-  GLM_ASSIGN_OR_RETURN(cache->staging_, backend.allocate(max_new * cache->width(), backend.compute_dtype()));
+  if (backend.rope_store_stages()) {
+    GLM_ASSIGN_OR_RETURN(cache->staging_, backend.allocate(max_new * cache->width(), backend.compute_dtype()));
+  }
   return cache;
 }
 
@@ -36,7 +38,7 @@ int64_t KvCache::bytes_per_token(const ModelConfig& config, int64_t element_size
 }
 
 int64_t KvCache::bytes() const {
-  int64_t total = static_cast<int64_t>(staging_.tensor().bytes());
+  int64_t total = staging_.numel() > 0 ? static_cast<int64_t>(staging_.tensor().bytes()) : 0;
   for (const Buffer& b : layers_) total += static_cast<int64_t>(b.tensor().bytes());
   return total;
 }
@@ -58,7 +60,7 @@ Result<RopeStore> KvCache::rope_store(int64_t layer, const MicroBatch& b, int64_
   r.base = rope_base;
   r.cache = layers_[static_cast<size_t>(layer)].tensor();
   r.cache_rows = b.cache_rows;
-  r.staging = staging_.tensor().slice(0, b.n * width());
+  if (staging_.numel() > 0) r.staging = staging_.tensor().slice(0, b.n * width());
   return r;
 }
 

@@ -68,7 +68,7 @@ class KvCache {
   int64_t capacity_ = 0, max_new_ = 0;
   uint64_t id_ = 0;
   std::vector<Buffer> layers_;  // [capacity, width] each
-  Buffer staging_;              // [max_new, width]: Backend::rope_store's scratch
+  Buffer staging_;              // [max_new, width]: Backend::rope_store's scratch, where it stages
 };
 
 }  // namespace glm
