@@ -45,9 +45,8 @@ int64_t KvCache::bytes() const {
 
 Status KvCache::check(const MicroBatch& b) const {
   if (b.n > max_new_ || b.cache_rows.numel != b.n || b.kv_rows.numel != b.row_tokens)
-    return GLM_INTERNAL_ERROR("KV cache forward of ", b.n, " tokens (at most ", max_new_, ") with ",
-                              b.cache_rows.numel, " cache rows and ", b.kv_rows.numel, " row entries for ",
-                              b.row_tokens);
+    return GLM_INTERNAL_ERROR("KV cache forward of ", b.n, " tokens (at most ", max_new_, ") with ", b.cache_rows.numel,
+                              " cache rows and ", b.kv_rows.numel, " row entries for ", b.row_tokens);
   return Status::ok();
 }
 
@@ -69,8 +68,7 @@ Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const 
   Tensor cache = layers_[static_cast<size_t>(layer)].tensor();
   if (b.decode)
     return backend_.attention_decode(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n, shape_);
-  return backend_.attention_forward_gathered(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n,
-                                             shape_);
+  return backend_.attention_forward_gathered(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n, shape_);
 }
 
 }  // namespace glm
