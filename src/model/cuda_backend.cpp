@@ -474,7 +474,8 @@ class CudaBackend final : public Backend {
     return linear(out.data, false, b(in), b(weight), bias.empty() ? nullptr : b(bias), addend.data, n, in_features,
                   out_features);
   }
-  // One row: the norm, the linear and the SwiGLU in the GEMV kernel; the separate ops elsewhere.
+  // One row: the norm, the linear and the SwiGLU, or RoPE and the KV-cache store, in the GEMV kernel; the
+  // separate ops elsewhere.
   Status normed_linear_forward(Tensor out, Tensor in, Tensor norm_weight, double eps, Tensor weight, Tensor bias,
                                bool swiglu, int64_t n, int64_t in_features, int64_t out_features, Tensor normed,
                                Tensor rstd, Tensor gate_up, const RopeStore* rope) override {

@@ -38,7 +38,7 @@ int64_t KvCache::bytes_per_token(const ModelConfig& config, int64_t element_size
 }
 
 int64_t KvCache::bytes() const {
-  int64_t total = staging_.numel() > 0 ? static_cast<int64_t>(staging_.tensor().bytes()) : 0;
+  int64_t total = static_cast<int64_t>(staging_.tensor().bytes());  // 0 where the backend does not stage
   for (const Buffer& b : layers_) total += static_cast<int64_t>(b.tensor().bytes());
   return total;
 }
