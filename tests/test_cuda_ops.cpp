@@ -19,6 +19,7 @@
 #include "data/context_split.h"
 #include "io/hf_import.h"
 #include "io/safetensors.h"
+#include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_attention_sm90.cuh"
 #include "kernels/cuda/gemm.cuh"
@@ -149,11 +150,20 @@ class Ops : public ::testing::Test {
 // query per sequence, sequences of 1 to 2,600 keys (one split up to many, chunks of 16 keys cut by
 // the end), rows of a paged cache in random order, GLM-4-9B-Chat's group of 16 heads, the 1M model's
 // 8, a group of 32 (two tiles of heads) at head_dim 256, and small odd shapes (head_dim 40 and 16,
-// padded to the kernel's 64); every row of out and lse. A batch of six sequences, and single
-// sequences (more splits each).
-TEST_F(Ops, DecodeAttentionMatchesTheGatheredReference) {
+// padded to the kernel's 64); every row of out and lse. A batch of six sequences (a cluster of 8
+// splits on Hopper, where the short ones leave splits empty), single sequences of 200 and 700 keys
+// (clusters of 4 and 8), 1,100 and 2,600 (the merge kernel). On each device profile: this GPU's
+// kernels (on Hopper the cluster merge) and the mma ones of the A100 and RTX 4090 (the merge kernel).
+// Each call runs twice for the same bits.
+class DecodeAttention : public Ops, public ::testing::WithParamInterface<DeviceProfile> {
+ protected:
+  BackendConfig gpu_config() const override { return GetParam().config(); }
+};
+TEST_P(DecodeAttention, MatchesTheGatheredReference) {
+  std::printf("decode attention clusters %s on this GPU\n",
+              cuda::decode_attention_clusters_available() ? "available" : "not available");
   const AttentionShape shapes[] = {{32, 2, 128}, {32, 4, 128}, {6, 2, 64}, {3, 3, 16}, {64, 2, 256}, {10, 2, 40}};
-  const std::vector<int64_t> batches[] = {{1, 7, 300, 1100, 2600, 257}, {1100}, {2600}, {7}};
+  const std::vector<int64_t> batches[] = {{1, 7, 300, 1100, 2600, 257}, {200}, {700}, {1100}, {2600}, {7}};
   for (const std::vector<int64_t>& lengths : batches)
     for (const AttentionShape& s : shapes) {
     SCOPED_TRACE(s.heads * 1000 + s.kv_heads * 100 + s.head_dim + 100000 * static_cast<int>(lengths.size()));
@@ -183,9 +193,16 @@ TEST_F(Ops, DecodeAttentionMatchesTheGatheredReference) {
     ASSERT_TRUE(cpu_->attention_forward_gathered(out.cpu.tensor(), lse.cpu.tensor(), q.cpu.tensor(), kv.cpu.tensor(),
                                                  kr.cpu.tensor(), pos.cpu.tensor(), docs.cpu.tensor(), n, s)
                     .is_ok());
-    const Status st = gpu_->attention_decode(out.gpu.tensor(), lse.gpu.tensor(), q.gpu.tensor(), kv.gpu.tensor(),
-                                             kr.gpu.tensor(), pos.gpu.tensor(), docs.gpu.tensor(), n, s);
-    ASSERT_TRUE(st.is_ok()) << st.message();
+    auto again = output(n * qw);
+    auto again_lse = output(n * s.heads, DType::f32);
+    for (Dual* o : {&out, &again}) {
+      Dual* l = o == &out ? &lse : &again_lse;
+      const Status st = gpu_->attention_decode(o->gpu.tensor(), l->gpu.tensor(), q.gpu.tensor(), kv.gpu.tensor(),
+                                               kr.gpu.tensor(), pos.gpu.tensor(), docs.gpu.tensor(), n, s);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+    }
+    EXPECT_EQ(from_gpu(out.gpu), from_gpu(again.gpu)) << "decode out differs between two calls";
+    EXPECT_EQ(from_gpu(lse.gpu), from_gpu(again_lse.gpu)) << "decode lse differs between two calls";
     expect_close(out, "decode out");
     expect_close(lse, "decode lse", 1e-4);
     // Every row on its own: a wrong split or group shows in the row it touches.
@@ -197,6 +214,8 @@ TEST_F(Ops, DecodeAttentionMatchesTheGatheredReference) {
     EXPECT_LT(worst, kBf16OpTolerance);
   }
 }
+INSTANTIATE_TEST_SUITE_P(Profiles, DecodeAttention, ::testing::ValuesIn(kProfiles),
+                         [](const ::testing::TestParamInfo<DeviceProfile>& p) { return std::string(p.param.name); });
 
 // hidden 70 takes the scalar kernels, 64 the 16-byte vector ones. Few tokens over many rows, then
 // 2,000 positions over 5 tokens (runs of ~400: bf16 atomic adds lost their small terms there, 3%

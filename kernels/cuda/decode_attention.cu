@@ -8,7 +8,12 @@
 // block of Ada may use). S = Q K^T from ldmatrix fragments, the online softmax in registers (a
 // row's four lanes reduce by shuffles), P as the A operand of O += P V with V through
 // ldmatrix.trans, all as in the prefill's flash kernels. The warps meet in shared memory at the end;
-// with one split the block writes the output, otherwise the split's record for the merge.
+// with one split the block writes the output, otherwise the split's record for the merge kernel, or,
+// as one of a cluster of the query's splits (CLUSTER), its part in its own shared memory: after a
+// cluster barrier each block merges every splits-th head of the tile from all the parts, and a
+// second barrier keeps the parts alive until every block has read them.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -93,7 +98,58 @@ __device__ __forceinline__ void load_chunk(bf16* stages, int stage, const bf16* 
   cp_async_commit();
 }
 
+// The cluster's merge (CLUSTER): block `rank` of `splits` takes heads rank, rank + splits, ... of the
+// tile, four dimensions a thread: every split's max, exp-sum and four outputs of the head from the
+// splits' shared memory (all loads in flight), then out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M)
+// l_s in natural-log units, as the merge kernel.
 template <int D>
+__device__ __forceinline__ void merge_cluster(bf16* out, float* lse, float* part, float* part_m, float* part_l,
+                                              int64_t i, int heads, int head0, int rows, int d, int splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's part is written
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int mine = rank < rows ? (rows - rank + splits - 1) / splits : 0, vectors = d / 4;
+  for (int e = threadIdx.x; e < mine * vectors; e += kThreads) {
+    const int r = rank + splits * (e / vectors), c = 4 * (e % vectors);
+    float m_split[kDecodeClusterSplits], l_split[kDecodeClusterSplits];
+    float4 o_split[kDecodeClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterSplits; ++s) {
+      if (s >= splits) break;
+      m_split[s] = cluster.map_shared_rank(part_m, s)[r];
+      l_split[s] = cluster.map_shared_rank(part_l, s)[r];
+      o_split[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(part, s) + r * (D + kOutRow) + c);
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterSplits; ++s)
+      if (s < splits) m = fmaxf(m, m_split[s]);
+    float l = 0.0f, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterSplits; ++s) {
+      if (s >= splits || m_split[s] == -INFINITY) continue;  // an empty split: no keys, weight 0
+      const float weight = __expf(m_split[s] - m);
+      l = fmaf(weight, l_split[s], l);
+      o[0] = fmaf(weight, o_split[s].x, o[0]);
+      o[1] = fmaf(weight, o_split[s].y, o[1]);
+      o[2] = fmaf(weight, o_split[s].z, o[2]);
+      o[3] = fmaf(weight, o_split[s].w, o[3]);
+    }
+    const float inv = 1.0f / l;
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(out + (i * heads + head0 + r) * d + c);
+    dst[0] = __floats2bfloat162_rn(o[0] * inv, o[1] * inv);
+    dst[1] = __floats2bfloat162_rn(o[2] * inv, o[3] * inv);
+    if (c == 0) lse[i * heads + head0 + r] = m + logf(l);
+  }
+  cluster.sync();  // the other blocks are done with this block's part
+#else
+  __trap();  // launched only where decode_attention_clusters_available()
+#endif
+}
+
+template <int D, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(bf16* out, float* lse, float* partial, const bf16* qkv, const bf16* kv, const int32_t* kv_row,
                   const int32_t* position, const int32_t* doc_start, int heads, int kv_heads, int d, int splits,
@@ -107,8 +163,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i = blockIdx.z, record = d + 2;
   int64_t begin = 0, end = 0;
   split_range(doc_start[i], position[i], splits, blockIdx.x, begin, end);
-  float* rec = splits > 1 ? partial + ((i * splits + blockIdx.x) * heads + head0) * record : nullptr;
-  if (begin >= end) {  // an empty split: its max alone (-inf) tells the merge to skip it
+  float* rec = splits > 1 && !CLUSTER ? partial + ((i * splits + blockIdx.x) * heads + head0) * record : nullptr;
+  if (begin >= end && !CLUSTER) {  // an empty split: its max alone (-inf) tells the merge to skip it
+                                   // (in a cluster it runs on: no chunks, and its part says the same)
     for (int r = threadIdx.x; r < rows; r += kThreads) rec[r * record + d] = -INFINITY;
     return;
   }
@@ -232,6 +289,7 @@ __global__ void __launch_bounds__(kThreads)
       }
   }
   __syncthreads();
+  __shared__ float part_m[kTileHeads], part_l[kTileHeads];  // CLUSTER: the part's max and exp-sum
   for (int e = threadIdx.x; e < rows * (d / 2); e += kThreads) {
     const int r = e / (d / 2), col = 2 * (e % (d / 2));
     float mx = -INFINITY;
@@ -246,7 +304,13 @@ __global__ void __launch_bounds__(kThreads)
       o0 += weight * o.x;
       o1 += weight * o.y;
     }
-    if (splits == 1) {
+    if (CLUSTER) {  // the part over warp 0's output: each element read and written by this thread alone
+      *reinterpret_cast<float2*>(o_s + r * (D + kOutRow) + col) = make_float2(o0, o1);
+      if (col == 0) {
+        part_m[r] = mx * kLn2;
+        part_l[r] = sum;
+      }
+    } else if (splits == 1) {
       const float inv = 1.0f / sum;
       *reinterpret_cast<__nv_bfloat162*>(out + (i * heads + head0 + r) * d + col) =
           __floats2bfloat162_rn(o0 * inv, o1 * inv);
@@ -259,6 +323,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  if constexpr (CLUSTER) merge_cluster<D>(out, lse, o_s, part_m, part_l, i, heads, head0, rows, d, splits);
 }
 
 // Block (i, kMergeHeads heads): warp w merges head kMergeHeads blockIdx.y + w of query i,
@@ -314,19 +379,29 @@ __global__ void __launch_bounds__(kMergeHeads * 32)
 template <int D>
 cudaError_t launch(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv, const int32_t* kv_row,
                    const int32_t* position, const int32_t* doc_start, int64_t n, int splits, int heads, int kv_heads,
-                   int d, cudaStream_t stream) {
+                   int d, bool cluster, cudaStream_t stream) {
   constexpr size_t smem = shared_bytes<D>();
-  auto* kernel = decode_kernel<D>;
+  auto* kernel = cluster ? decode_kernel<D, true> : decode_kernel<D, false>;
   if (smem > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
   const int tiles = (heads / kv_heads + kTileHeads - 1) / kTileHeads;
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads * tiles), static_cast<unsigned>(n));
-  kernel<<<grid, kThreads, smem, stream>>>(out, lse, scratch, qkv, kv, kv_row, position, doc_start, heads, kv_heads, d,
-                                           splits, 1.4426950408889634f / std::sqrt(static_cast<float>(d)));
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads * tiles), static_cast<unsigned>(n));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(splits);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = cluster ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, out, lse, scratch, qkv, kv, kv_row, position, doc_start, heads, kv_heads,
+                            d, splits, 1.4426950408889634f / std::sqrt(static_cast<float>(d)));
 }
 
 }  // namespace
@@ -336,26 +411,40 @@ bool decode_attention_supported(int64_t heads, int64_t kv_heads, int64_t head_di
          head_dim % 8 == 0 && head_dim <= kMaxHeadDim;
 }
 
-int decode_attention_splits(int64_t n, int64_t n_kv, int64_t heads, int64_t kv_heads, int multiprocessors) {
+bool decode_attention_clusters_available() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9)
+    return false;
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, decode_kernel<128, true>) == cudaSuccess && attributes.ptxVersion >= 90;
+}
+
+int decode_attention_splits(int64_t n, int64_t n_kv, int64_t heads, int64_t kv_heads, int multiprocessors,
+                            bool clusters) {
   const int64_t mean = n > 0 ? (n_kv + n - 1) / n : n_kv;
   const int64_t tiles = kv_heads > 0 ? (heads / kv_heads + kTileHeads - 1) / kTileHeads : 1;
   const int64_t blocks = std::max<int64_t>(1, n * kv_heads * tiles);
   const int64_t wanted = (2LL * std::max(multiprocessors, 1) + blocks - 1) / blocks;  // two blocks an SM
   const int64_t splits = std::min(wanted, (mean + kMinSplitKeys - 1) / kMinSplitKeys);
-  return static_cast<int>(std::clamp<int64_t>(splits, 1, kDecodeMaxSplits));
+  const int64_t limited = clusters && splits <= 2 * kDecodeClusterSplits ? std::min<int64_t>(splits, kDecodeClusterSplits)
+                                                                        : splits;
+  return static_cast<int>(std::clamp<int64_t>(limited, 1, kDecodeMaxSplits));
 }
 
 cudaError_t decode_attention(bf16* out, float* lse, float* scratch, const bf16* qkv, const bf16* kv,
                              const int32_t* kv_row, const int32_t* position, const int32_t* doc_start, int64_t n,
-                             int splits, int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream) {
+                             int splits, int64_t heads, int64_t kv_heads, int64_t head_dim, bool clusters,
+                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!decode_attention_supported(heads, kv_heads, head_dim) || n > 65535 || splits < 1 || splits > kDecodeMaxSplits)
     return cudaErrorInvalidValue;
   const int h = static_cast<int>(heads), kvh = static_cast<int>(kv_heads), d = static_cast<int>(head_dim);
+  const bool cluster = clusters && splits > 1 && splits <= kDecodeClusterSplits;
   auto* padded_launch = d <= 64 ? launch<64> : d <= 128 ? launch<128> : launch<256>;
   const cudaError_t e =
-      padded_launch(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh, d, stream);
-  if (e != cudaSuccess || splits == 1) return e;
+      padded_launch(out, lse, scratch, qkv, kv, kv_row, position, doc_start, n, splits, h, kvh, d, cluster, stream);
+  if (e != cudaSuccess || splits == 1 || cluster) return e;
   const unsigned head_blocks = static_cast<unsigned>((heads + kMergeHeads - 1) / kMergeHeads);
   decode_merge_kernel<<<dim3(static_cast<unsigned>(n), head_blocks), kMergeHeads * 32, 0, stream>>>(
       out, lse, scratch, h, d, splits);

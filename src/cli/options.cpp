@@ -607,8 +607,9 @@ class OptionTable {
              "first call and keep the fastest) or all (every shape; glm_hpc infer then times each prompt length's "
              "prefill shape when it first comes, which a file of varied prompts pays for more than it gains)");
     add_enum(kernels, "attention_kernel", &o_.backend.attention_kernel,
-             "CUDA: auto (Hopper's wgmma flash attention on sm_90 at head_dim 128, else the mma.sync one) or mma "
-             "(the mma.sync kernels everywhere)");
+             "CUDA: auto (Hopper's wgmma flash attention on sm_90 at head_dim 128, else the mma.sync one; on sm_90 "
+             "and later the decode attention's splits merged in thread-block clusters) or mma (the mma.sync kernels "
+             "everywhere, a second kernel merging the decode attention's splits)");
     add(kernels, "shared_memory_limit_kib", &o_.backend.shared_memory_limit_kib,
         "CUDA: KiB of shared memory per block the kernels may use, at most the GPU's (0: the GPU's limit); a "
         "larger GPU then runs the kernels a smaller one would (an A100 allows 163, an RTX 4090 or A6000 99; "

@@ -198,6 +198,7 @@ class CudaBackend final : public Backend {
       shared_limit_ = std::min(shared_limit_, config_.shared_memory_limit_kib * 1024);
     flash_.shared_limit = static_cast<size_t>(shared_limit_);
     wgmma_128_ = cuda::flash_wgmma_available(128) && cuda::flash_wgmma_shared_bytes() <= flash_.shared_limit;
+    decode_clusters_ = flash_.allow_wgmma && cuda::decode_attention_clusters_available();
     flash_.backward_head_chunk = config_.attention_backward_head_chunk;
     flash_.dq_vector_atomics = config_.attention_dq_vector_atomics;
     return Status::ok();
@@ -215,6 +216,7 @@ class CudaBackend final : public Backend {
     else
       text += "mma.sync kernels, backward tiles at head_dim 128: " +
               cuda::flash_backward_variant(128, /*gathered=*/false, flash_.shared_limit);
+    if (decode_clusters_) text += "; decode attention merged in thread-block clusters";
     return text + ")";
   }
   DType compute_dtype() const override { return DType::bf16; }
@@ -395,7 +397,7 @@ class CudaBackend final : public Backend {
     return graph_step(key, record);
   }
   int64_t decode_launch_shape(int64_t n, int64_t kv_rows, AttentionShape s) const override {
-    return cuda::decode_attention_splits(n, kv_rows, s.heads, s.kv_heads, multiprocessors_);
+    return cuda::decode_attention_splits(n, kv_rows, s.heads, s.kv_heads, multiprocessors_, decode_clusters_);
   }
   int64_t graph_launches() const override { return graph_launches_; }
   void clear_graphs() override {
@@ -640,7 +642,7 @@ class CudaBackend final : public Backend {
     GLM_ASSIGN_OR_RETURN(void* partial, attention_scratch_.get(sizeof(float) * static_cast<size_t>(scratch)));
     GLM_CUDA_RETURN(cuda::decode_attention(b(out), lse.as<float>(), static_cast<float*>(partial), b(qkv), b(kv),
                                            kv_rows.as<int32_t>(), row_position.as<int32_t>(), doc_start.as<int32_t>(),
-                                           n, splits, s.heads, s.kv_heads, s.head_dim, stream_));
+                                           n, splits, s.heads, s.kv_heads, s.head_dim, decode_clusters_, stream_));
     return Status::ok();
   }
   Status attention_backward_gathered(Tensor dqkv, Tensor dkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
@@ -888,6 +890,7 @@ class CudaBackend final : public Backend {
   int major_ = 0, minor_ = 0, shared_optin_ = 0;  // compute capability, opt-in shared memory per block
   int shared_limit_ = 0;                          // what the kernels may use: --shared_memory_limit_kib
   bool wgmma_128_ = false;                        // Hopper's flash kernels (head_dim 128) built and usable here
+  bool decode_clusters_ = false;                  // the decode attention's splits merged in clusters (sm_90+)
   // stream_ is where ops are enqueued: main_, or side_ inside on_side().
   cudaStream_t main_ = nullptr, side_ = nullptr, stream_ = nullptr;
   cudaStream_t copy_down_ = nullptr, copy_up_ = nullptr;  // start_download, start_upload
