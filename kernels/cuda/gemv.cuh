@@ -13,6 +13,7 @@
 namespace glm::cuda {
 
 constexpr int64_t kGemvMaxRows = 2;
+constexpr int64_t kGemvMaxNormedFeatures = 12288;  // the fused modes' staged input: 48 KiB of shared memory
 
 // Whether the kernel takes the shape: rows in [1, kGemvMaxRows], in_features a multiple of 8 and
 // every row 16-byte aligned (uint4 loads).
@@ -36,8 +37,9 @@ struct GemvRope {
 // (not rounded to bf16 first), and with swiglu too (no bias), out [1, out_features / 2] = silu(gate)
 // * up of the linear's two halves, each rounded to bf16 first as the linear's output would be; with
 // rope.cache set (and norm, without swiglu), RoPE and the store on the output, rounded to bf16 first
-// (rope_store's bits). One row only (two run faster as the separate ops: the norm's weight and the
-// second row's input are loaded per weight vector), neither with an fp32 out nor an addend.
+// (rope_store's bits). One row only (two run faster as the separate ops), neither with an fp32 out
+// nor an addend. Each block first stages norm * in in fp32 in shared memory (4 bytes a feature, at
+// most kGemvMaxNormedFeatures) and the row's sum of squares, then multiplies its weights with that.
 struct GemvFusion {
   const bf16* norm = nullptr;
   float eps = 0.0f;
@@ -45,7 +47,8 @@ struct GemvFusion {
   GemvRope rope;
 };
 
-// Whether the kernel takes a fused shape (fused.norm set): gemv_fits' with one row, a 16-byte
+// Whether the kernel takes a fused shape (fused.norm set): gemv_fits' with one row and at most
+// kGemvMaxNormedFeatures in_features, a 16-byte
 // aligned norm weight, with swiglu an even out_features and no bias, with rope out_features = q_width
 // + kv_width, even head_dim and q_width, and an even rotary_dim of at most head_dim.
 bool gemv_fusion_fits(int64_t rows, int64_t in_features, int64_t out_features, const void* in, const void* weight,
