@@ -389,7 +389,8 @@ cudaError_t launch(bf16* out, float* lse, float* scratch, const bf16* qkv, const
   }
   const int tiles = (heads / kv_heads + kTileHeads - 1) / kTileHeads;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads * tiles), static_cast<unsigned>(n));
+  config.gridDim =
+      dim3(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads * tiles), static_cast<unsigned>(n));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -427,8 +428,8 @@ int decode_attention_splits(int64_t n, int64_t n_kv, int64_t heads, int64_t kv_h
   const int64_t blocks = std::max<int64_t>(1, n * kv_heads * tiles);
   const int64_t wanted = (2LL * std::max(multiprocessors, 1) + blocks - 1) / blocks;  // two blocks an SM
   const int64_t splits = std::min(wanted, (mean + kMinSplitKeys - 1) / kMinSplitKeys);
-  const int64_t limited = clusters && splits <= 2 * kDecodeClusterSplits ? std::min<int64_t>(splits, kDecodeClusterSplits)
-                                                                        : splits;
+  const int64_t limited =
+      clusters && splits <= 2 * kDecodeClusterSplits ? std::min<int64_t>(splits, kDecodeClusterSplits) : splits;
   return static_cast<int>(std::clamp<int64_t>(limited, 1, kDecodeMaxSplits));
 }
 

@@ -63,8 +63,7 @@ __device__ __forceinline__ void dot_vectors(float acc[R], float ss[R], const uin
 // The normed modes' input, staged once a block in shared memory: norm * in in fp32, a vector's
 // first four products in lo and its last four in hi (a warp's loads of either are consecutive: no
 // bank conflicts); returns the row's sum of squares, the same value in every thread.
-__device__ __forceinline__ float stage_normed(float4* lo, float4* hi, const bf16* in, const bf16* norm,
-                                              int64_t count) {
+__device__ __forceinline__ float stage_normed(float4* lo, float4* hi, const bf16* in, const bf16* norm, int64_t count) {
   __shared__ float partial[kWarps];
   float q = 0.0f, xf[8], gf[8];
   for (int64_t v = threadIdx.x; v < count; v += kWarps * 32) {
@@ -143,7 +142,7 @@ __device__ __forceinline__ void gemv_body(void* out, const bf16* in, const bf16*
   if constexpr (kNorm) {
     static_assert(R == 1, "the normed modes take one row");
     extern __shared__ float4 staged[];  // [2][vectors]
-    uint4 wv[kUnroll];  // the first weights in flight while the input is staged
+    uint4 wv[kUnroll];                  // the first weights in flight while the input is staged
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = lane + u * 32;
@@ -262,8 +261,8 @@ bool gemv_fusion_fits(int64_t rows, int64_t in_features, int64_t out_features, c
                           r.kv_width > 0 && r.kv_width % (2 * r.head_dim) == 0 && r.rotary_dim >= 0 &&
                           r.rotary_dim % 2 == 0 && r.rotary_dim <= r.head_dim && out_features == r.q_width + r.kv_width);
   return rows == 1 && gemv_fits(rows, in_features, in, weight) && in_features <= kGemvMaxNormedFeatures &&
-         fused.norm != nullptr && aligned16(fused.norm) &&
-         !(fused.swiglu && (out_features % 2 != 0 || bias)) && rope_fits;
+         fused.norm != nullptr && aligned16(fused.norm) && !(fused.swiglu && (out_features % 2 != 0 || bias)) &&
+         rope_fits;
 }
 
 cudaError_t gemv(void* out, bool out_f32, const bf16* in, const bf16* weight, const bf16* bias, const void* addend,
