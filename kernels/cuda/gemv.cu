@@ -10,6 +10,9 @@ namespace {
 constexpr int kWarps = 8;   // output features a block, one a warp
 constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane before the first is used
 constexpr int kNormedBlocks = 5;  // the normed modes' resident blocks an SM
+// The staged input and the normed modes' static shared memory (partial, and up or linear_s) within
+// the 48 KiB a block has without opting in.
+static_assert(sizeof(float) * (kGemvMaxNormedFeatures + 2 * kWarps) <= 48 * 1024, "the staged input fits");
 static_assert(kGemvMaxRows == 2, "gemv() launches the kernels of one and two rows");
 
 // What the kernel does around the dot products.

@@ -13,7 +13,8 @@
 namespace glm::cuda {
 
 constexpr int64_t kGemvMaxRows = 2;
-constexpr int64_t kGemvMaxNormedFeatures = 12288;  // the fused modes' staged input: 48 KiB of shared memory
+// The fused modes' staged input: 48 KiB of shared memory less the kernel's own 64 bytes.
+constexpr int64_t kGemvMaxNormedFeatures = 12272;
 
 // Whether the kernel takes the shape: rows in [1, kGemvMaxRows], in_features a multiple of 8 and
 // every row 16-byte aligned (uint4 loads).
@@ -48,9 +49,9 @@ struct GemvFusion {
 };
 
 // Whether the kernel takes a fused shape (fused.norm set): gemv_fits' with one row and at most
-// kGemvMaxNormedFeatures in_features, a 16-byte
-// aligned norm weight, with swiglu an even out_features and no bias, with rope out_features = q_width
-// + kv_width, even head_dim and q_width, and an even rotary_dim of at most head_dim.
+// kGemvMaxNormedFeatures in_features, a 16-byte aligned norm weight, with swiglu an even
+// out_features and no bias, with rope out_features = q_width + kv_width, even head_dim and q_width,
+// and an even rotary_dim of at most head_dim.
 bool gemv_fusion_fits(int64_t rows, int64_t in_features, int64_t out_features, const void* in, const void* weight,
                       bool bias, const GemvFusion& fused);
 
