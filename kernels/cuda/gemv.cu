@@ -18,16 +18,17 @@ static_assert(kGemvMaxRows == 2, "gemv() launches the kernels of one and two row
 // What the kernel does around the dot products.
 enum class Mode {
   plain,   // out = W in (+ bias) (+ addend)
-  normed,  // out = W rmsnorm(in) (+ bias): the norm's weight folded into the input loads, its scale at the end
+  normed,  // out = W rmsnorm(in) (+ bias): norm * in staged in shared memory (stage_normed), its scale at the end
   swiglu,  // out = swiglu(W rmsnorm(in)): a block's gate features and their up features side by side
   rope,    // normed, then RoPE and the KV-cache store (GemvRope): a rotated pair's two features in one block
 };
 
-// The plain mode's dot products (the normed modes stage their input: dot_staged).
-template <int R, bool NORM>
-__device__ __forceinline__ void dot_vectors(float acc[R], float ss[R], const uint4* w, const bf16* in,
-                                            const bf16* norm, int64_t in_features, int64_t first, int64_t count) {
-  float wf[8], xf[8], gf[8];
+// The plain mode's dot products of rows in[r] with the weight row w (the normed modes stage their
+// input: dot_staged).
+template <int R>
+__device__ __forceinline__ void dot_vectors(float acc[R], const uint4* w, const bf16* in, int64_t in_features,
+                                            int64_t first, int64_t count) {
+  float wf[8], xf[8];
   for (int64_t v0 = first; v0 < count; v0 += 32 * kUnroll) {
     uint4 wv[kUnroll];
 #pragma unroll
@@ -40,23 +41,12 @@ __device__ __forceinline__ void dot_vectors(float acc[R], float ss[R], const uin
       const int64_t v = v0 + u * 32;
       if (v >= count) break;
       unpack_bf16x8(wv[u], wf);
-      if constexpr (NORM) unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(norm) + v), gf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(in + r * in_features) + v), xf);
         float a = acc[r];
-        if constexpr (NORM) {
-          float q = ss[r];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            q = fmaf(xf[e], xf[e], q);
-            a = fmaf(wf[e], gf[e] * xf[e], a);
-          }
-          ss[r] = q;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) a = fmaf(wf[e], xf[e], a);
-        }
+        for (int e = 0; e < 8; ++e) a = fmaf(wf[e], xf[e], a);
         acc[r] = a;
       }
     }
@@ -155,8 +145,7 @@ __device__ __forceinline__ void gemv_body(void* out, const bf16* in, const bf16*
     if (active) acc[0] = dot_staged(w, staged, staged + vectors, vectors, wv);
     acc[0] = warp_sum(acc[0]) * rsqrtf(squares / static_cast<float>(in_features) + eps);
   } else {
-    float ss[R] = {};
-    dot_vectors<R, false>(acc, ss, w, in, norm, in_features, lane, vectors);
+    dot_vectors<R>(acc, w, in, in_features, lane, vectors);
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
   }
