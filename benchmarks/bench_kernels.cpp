@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -272,6 +273,31 @@ void BM_AttentionGathered(benchmark::State& state) {
   double visible = 0;  // (query, key) pairs under the causal mask
   for (const int32_t p : pos) visible += static_cast<double>(p) + 1;
   report_flops(state, (backward ? 10.0 : 4.0) * visible * kHeadDim * kHeads);
+}
+
+// Generation's chunked prefill (glm_hpc infer): the last range(1) tokens of a range(0)-token prompt
+// against the cache rows of the whole prompt (GLM-4-9B-Chat's heads, one layer), the rows read
+// through a row index each (range(2) 1: kv_rows, as paged rows are) or as one run (0: kv_rows
+// without data, as a fresh cache hands a sequence's rows out). Ideal: the whole-row forward's
+// TFLOP/s (BM_AttentionForward at the prompt's length).
+void BM_AttentionPrefillChunk(benchmark::State& state) {
+  REQUIRE_GPU(state);
+  const int64_t row = state.range(0), n = state.range(1), width = (kHeads + 2 * kKv) * kHeadDim;
+  const int64_t kvw = 2 * kKv * kHeadDim;
+  std::vector<int32_t> kv_rows(static_cast<size_t>(row)), pos(static_cast<size_t>(n));
+  std::iota(kv_rows.begin(), kv_rows.end(), 0);
+  std::iota(pos.begin(), pos.end(), static_cast<int32_t>(row - n));
+  Buffer qkv = filled(n * width, DType::bf16), kv = filled(row * kvw, DType::bf16, 0.5, 2),
+         out = filled(n * kHeads * kHeadDim, DType::bf16), lse = filled(n * kHeads, DType::f32),
+         doc = doc_starts(n), position = device_ints(pos), rows = device_ints(kv_rows);
+  const Tensor index = state.range(2) != 0 ? rows.tensor() : Tensor{nullptr, 0, DType::i32};
+  time_loop(state, [&] {
+    return gpu()->attention_forward_gathered(out.tensor(), lse.tensor(), qkv.tensor(), kv.tensor(), index,
+                                             position.tensor(), doc.tensor(), n, AttentionShape{kHeads, kKv, kHeadDim});
+  });
+  double visible = 0;  // (query, key) pairs under the causal mask
+  for (const int32_t p : pos) visible += static_cast<double>(p) + 1;
+  report_flops(state, 4.0 * visible * kHeadDim * kHeads);
 }
 
 // Generation's decode attention (glm_hpc infer): range(0) sequences of range(1) cached keys each,
@@ -554,6 +580,12 @@ BENCHMARK(BM_AttentionGathered)
     ->Args({32768, 1, 0, 0})
     ->Args({32768, 1, 0, 1})
     ->ArgNames({"row", "group", "rank", "backward"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionPrefillChunk)
+    ->Args({32768, 8192, 1})
+    ->Args({32768, 8192, 0})
+    ->ArgNames({"prompt", "chunk", "indexed"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 // One sequence and 32 at a chat's length and at 32k (the single-sequence and the batch kernels).

@@ -895,7 +895,9 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, FlashVariants, ::testing::Values(32, 64, 128)
 // lse and dq, and the group's summed dk | dv, against the CPU's gathered op on the same inputs and
 // against the GPU's whole-row attention, every (token, head) row; rows of odd lengths (no multiple
 // of the tiles, so that query tiles straddle a share's two chunks), documents that start inside
-// chunks and on chunk edges, and the one-token documents the data path pads with. On this GPU the
+// chunks and on chunk edges, and the one-token documents the data path pads with. Each share's
+// forward also runs against k | v in row order without row indices (kv_rows without data, as a KV
+// cache's run of rows is read): the gathered forward's numbers, bit for bit. On this GPU the
 // head_dim 128 cases run the kernels the whole row runs (wgmma on an H200); the A100 and RTX 4090
 // profiles run the mma.sync ones.
 struct GatheredCase {
@@ -956,6 +958,10 @@ TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
     std::copy_n(qkv.begin() + t * width + qw, kvw, kv_host.begin() + rows[static_cast<size_t>(t)] * kvw);
   auto kv = dual(kv_host);
   auto kv_rows = ints(rows);
+  std::vector<float> kv_in_order(kv_host.size());
+  for (int64_t t = 0; t < row; ++t) std::copy_n(qkv.begin() + t * width + qw, kvw, kv_in_order.begin() + t * kvw);
+  auto kv_run = dual(kv_in_order);
+  const Tensor no_rows{nullptr, 0, DType::i32};
   auto dkv = dual(std::vector<float>(kv_host.size(), 0.0f));
   std::vector<float> share_ref_out, share_out, share_ref_dq, share_dq;
   for (int r = 0; r < c.group; ++r) {
@@ -986,6 +992,19 @@ TEST_P(GatheredAttention, SharesMatchCpuAndWholeRow) {
     }
     expect_close(out, "gathered out");
     expect_close(lse, "gathered lse", 1e-4);
+    auto run_out = output(n * qw);
+    auto run_lse = output(n * s.heads, DType::f32);
+    for (Backend* backend : {cpu_.get(), gpu_.get()}) {
+      const bool gpu = backend == gpu_.get();
+      auto pick = [&](Dual& x) { return (gpu ? x.gpu : x.cpu).tensor(); };
+      ASSERT_TRUE(backend
+                      ->attention_forward_gathered(pick(run_out), pick(run_lse), pick(q), pick(kv_run), no_rows,
+                                                   pick(positions), pick(docs), n, s)
+                      .is_ok());
+    }
+    expect_close(run_out, "out, k | v in row order");
+    EXPECT_EQ(from_gpu(run_out.gpu), from_gpu(out.gpu)) << "k | v in row order against gathered";
+    EXPECT_EQ(from_gpu(run_lse.gpu), from_gpu(lse.gpu)) << "k | v in row order against gathered";
     // Both backwards from the GPU's forward results, as the engine runs them.
     auto o = dual(from_gpu(out.gpu));
     auto l = dual(from_gpu(lse.gpu), DType::f32);
@@ -2303,8 +2322,8 @@ TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
   EXPECT_LT(relative_error(gpu_full.grads, on_gpu.grads), kBf16GradTolerance) << "recomputation";
 }
 
-// Generation's KV cache on the GPU (the gathered attention kernels over paged rows, decode-shaped
-// batches: single tokens of several sequences beside prefill chunks): every forward's logits
+// Generation's KV cache on the GPU (the gathered attention kernels over paged rows and over one run
+// of rows, decode-shaped batches: single tokens of several sequences beside prefill chunks): every forward's logits
 // against the CPU backend's and against recomputing the prefix on the GPU, to bf16 tolerance; at
 // GLM-4's head size 128 (Hopper's wgmma kernels here) and at 32.
 TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
@@ -2321,11 +2340,14 @@ TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
     std::vector<std::vector<int32_t>> sequences(3);
     for (const auto& [s, length] : {std::pair{0, 150}, std::pair{1, 37}, std::pair{2, 70}})
       for (int i = 0; i < length; ++i) sequences[static_cast<size_t>(s)].push_back(static_cast<int32_t>(rng() % c.vocab_size));
-    std::vector<std::vector<int>> feed = {{130, 1, 0}, {1, 1, 60}, {1, 1, 1}};
+    std::vector<std::vector<int>> feed = {{100, 0, 0}, {30, 1, 0}, {1, 1, 60}, {1, 1, 1}};
     for (int k = 0; k < 18; ++k) feed.push_back({1, 1, k < 9 ? 1 : 0});
-    std::vector<int32_t> rows(400);
-    std::iota(rows.begin(), rows.end(), 0);
+    // Rows are taken from the back: the first 131 in order (sequence 0's prompt in two chunks, then
+    // sequence 1's first token: one run of rows, read without row indices), the others scattered.
+    std::vector<int32_t> rows(269);
+    std::iota(rows.begin(), rows.end(), 131);
     std::shuffle(rows.begin(), rows.end(), rng);
+    for (int32_t r = 130; r >= 0; --r) rows.push_back(r);
     const DecodeScript script = decode_script(sequences, feed, rows);
     auto cpu = make_cpu_backend(DType::f32);
     BackendConfig graphs;

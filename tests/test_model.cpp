@@ -377,10 +377,9 @@ TEST(Generate, GreedyFollowsTheLogitsAndStopsWhereAsked) {
   EXPECT_NE(generate(*engine, prompt, sampled, 1).take().tokens, a);
 }
 
-// The KV cache against recomputation: two sequences fed through one cache in interleaved
-// forwards (a prefill in two chunks beside the other's single tokens), their rows scattered over
-// the cache out of order; every fed token's logits equal recomputing its whole prefix.
-TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
+// Feeds two sequences through one cache and checks every fed token's logits against recomputing
+// its whole prefix (CachedForwardsGiveTheLogitsOfRecomputingThePrefix).
+void check_cached_forwards(bool in_order) {
   const ModelConfig config = generation_config();
   auto backend = make_cpu_backend(DType::f32);
   LocalCommunicator comm;
@@ -392,10 +391,13 @@ TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
   std::vector<int32_t> rows(48);
   std::iota(rows.begin(), rows.end(), 0);
   std::shuffle(rows.begin(), rows.end(), rng);
+  if (in_order) std::iota(rows.rbegin(), rows.rend(), 0);  // taken from the back: rows 0, 1, 2, ...
   std::vector<std::vector<int32_t>> sequences(2);
   for (int i = 0; i < 13; ++i) sequences[0].push_back(static_cast<int32_t>(rng() % 32));
   for (int i = 0; i < 11; ++i) sequences[1].push_back(static_cast<int32_t>(rng() % 32));
-  const DecodeScript script = decode_script(sequences, {{7, 1}, {6, 1}, {0, 3}, {0, 5}, {0, 1}}, rows);
+  const std::vector<std::vector<int>> feed = in_order ? std::vector<std::vector<int>>{{7, 0}, {6, 0}, {0, 3}, {0, 5}, {0, 1}}
+                                                      : std::vector<std::vector<int>>{{7, 1}, {6, 1}, {0, 3}, {0, 5}, {0, 1}};
+  const DecodeScript script = decode_script(sequences, feed, rows);
   const size_t vocab = 32;
   double worst = 0;
   size_t checked = 0;
@@ -413,8 +415,21 @@ TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, sequences[0].size() + sequences[1].size());
+  EXPECT_EQ(checked, sequences[0].size() + (in_order ? 9 : sequences[1].size()));
   EXPECT_LT(worst, 1e-5) << "fp32, the same arithmetic in another order";
+}
+
+// The KV cache against recomputation: two sequences fed through one cache in interleaved
+// forwards (a prefill in two chunks beside the other's single tokens), their rows scattered over
+// the cache out of order; every fed token's logits equal recomputing its whole prefix. Then each
+// sequence alone, its prompt in two chunks, over rows handed out in order: a chunk's whole context
+// new (the contiguous attention), then one run of cache rows (read without row indices), from row 0
+// and from a later row.
+TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
+  for (const bool in_order : {false, true}) {
+    SCOPED_TRACE(in_order ? "rows in order, one sequence at a time" : "rows scattered, interleaved");
+    check_cached_forwards(in_order);
+  }
 }
 
 // Continuous batching gives every request the reply the reference generator gives it alone:

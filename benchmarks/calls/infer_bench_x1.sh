@@ -7,14 +7,15 @@
 #     over the copy bandwidth bench_kernels measures here; target 80% at batch 1, 2x transformers),
 #     with decode steps replayed as CUDA graphs (--cuda_graphs true) and op by op (false);
 #     and batch 32 with every GEMM shape autotuned (--gemm_autotune all);
-#   - prefill of a 32k-token prompt: seconds to the first token (target 1.3x transformers).
+#   - prefill of a 32k-token prompt: seconds to the first token (target 1.3x transformers), cold
+#     (the run's first forward) and warm (the same prompt again, as the peer times it);
 # Then 100 chat prompts of data/sample end to end (batch mode, time to first token and tokens/s; the
 # bundled tokenizer, whose ids fit the 9B vocabulary) and a batch-1 run under --profile (device time
 # per op and the GPU's idle time). A short table comes last.
 #   GLM_IB_NO_BUILD=1   use build-gpu as it is
 #   GLM_IB_PEER=0       leave transformers out
 #   GLM_IB_TOKENS       new tokens a reply (default 256)
-#   GLM_IB_PROFILE_BATCH=32  profile batch 32 instead of batch 1
+#   GLM_IB_PROFILE_BATCH=32  profile batch 32 instead of batch 1; =long: the 32k prompt's prefill
 #   GLM_IB_NCU=1        also time every kernel of two batch-1 decode steps with Nsight Compute (op by
 #                       op, --clock-control none) and print the time per kernel name for one token
 #   GLM_IB_OLD=BINARY   also decode batch 1 and batch 32 and prefill 32k with another build's glm_hpc
@@ -81,8 +82,9 @@ for name, count, length in (("one", 1, n), ("batch", 32, n), ("long", 1, long_))
     with open(f"{w}/{name}.jsonl", "w") as f:
         for _ in range(count):
             f.write(json.dumps({"input_ids": [random.randrange(1000, 150000 if n > 100 else 1400) for _ in range(length)]}) + "\n")
-line = open(f"{w}/one.jsonl").read()
-open(f"{w}/two.jsonl", "w").write(line + line)  # the batch-1 prompt twice: the second reply runs warm
+for name in ("one", "long"):  # each prompt twice: the second reply runs warm
+    line = open(f"{w}/{name}.jsonl").read()
+    open(f"{w}/{name}_twice.jsonl", "w").write(line + line)
 PY
 head -100 data/sample/conversations.jsonl >"$W/chat.jsonl"
 infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
@@ -95,7 +97,7 @@ infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
 infer batch1 one 1 "$tokens" --cuda_graphs true
 # The same prompt twice: the second reply's numbers are warm (every kernel loaded, every GEMM shape's
 # algorithm chosen), as the peer's, which times a second generate().
-infer batch1_warm two 1 "$tokens" --cuda_graphs true
+infer batch1_warm one_twice 1 "$tokens" --cuda_graphs true
 infer batch32 batch 32 "$tokens" --cuda_graphs true
 # The same decodes op by op (--cuda_graphs false): what replaying each step as a CUDA graph gains.
 infer batch1_eager one 1 "$tokens" --cuda_graphs false
@@ -104,14 +106,22 @@ infer batch32_eager batch 32 "$tokens" --cuda_graphs false
 # at its first call (--gemm_autotune all) instead of cuBLASLt's first heuristic.
 infer batch32_tuned batch 32 "$tokens" --gemm_autotune all
 infer prefill long 1 1
+# The 32k prompt twice: the second prefill runs warm, as the peer's second generate() does.
+infer prefill_warm long_twice 1 1
 infer chat100 chat 32 "$tokens"
 if [ -n "${GLM_IB_OLD:-}" ]; then
   BIN=$GLM_IB_OLD infer old_batch1 one 1 "$tokens"
   BIN=$GLM_IB_OLD infer old_batch32 batch 32 "$tokens"
   BIN=$GLM_IB_OLD infer old_prefill long 1 1
+  BIN=$GLM_IB_OLD infer old_prefill_warm long_twice 1 1
 fi
-# GLM_IB_PROFILE_BATCH=32: the profiled run decodes the 32 prompts instead of one.
-if [ "${GLM_IB_PROFILE_BATCH:-1}" = 32 ]; then profiled="batch 32"; else profiled="one 1"; fi
+# GLM_IB_PROFILE_BATCH=32: the profiled run decodes the 32 prompts instead of one; =long: it is the
+# 32k prompt's prefill, twice (the second warm).
+case "${GLM_IB_PROFILE_BATCH:-1}" in
+  32) profiled="batch 32" ;;
+  long) profiled="long_twice 1" ;;
+  *) profiled="one 1" ;;
+esac
 # shellcheck disable=SC2086
 [ "$dry" = 1 ] || infer profile $profiled 64 --profile true
 if [ "${GLM_IB_NCU:-0}" = 1 ] && [ "$dry" != 1 ]; then
@@ -245,11 +255,17 @@ if g:
     o = glm("old_prefill")
     if o:
         print("          the older build (GLM_IB_OLD) %.3f s: old / new %.3f" % (o["ttft"], o["ttft"] / g["ttft"]))
+    for label, run in (("", "prefill_warm"), ("the older build's ", "old_prefill_warm")):
+        r = rows(run)
+        if len(r) == 2:
+            warm = r[1][2]
+            print("          %swarm (the second of two, as the peer times it) %.3f s%s" %
+                  (label, warm, "; peer %.2fx" % (p["seconds"] / warm) if "seconds" in p else ""))
 g = glm("chat100")
 if g:
     print("chat100   %d tokens in %.2f s: %.1f tok/s, time to first token median %.3f s" % (g["tokens"], g["seconds"], g["tokens"] / g["seconds"], g["ttft"]))
 PY
-[ -f "$W/glm_profile.log" ] && { echo "== batch-1 decode under --profile =="; grep -v '^\[' "$W/glm_profile.log" | tail -40; }
+[ -f "$W/glm_profile.log" ] && { echo "== ${profiled% *} under --profile =="; grep -v '^\[' "$W/glm_profile.log" | tail -40; }
 echo "== steps =="
 printf '%s\n' "${step_rows[@]}"
 exit 0

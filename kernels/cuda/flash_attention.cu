@@ -51,11 +51,11 @@ __device__ __forceinline__ void async_rows(bf16* dst, int ld, const bf16* src, i
 }
 
 // Rows x D key (or value) rows of positions k0.. into shared memory, as async_rows; base is the
-// row of position 0's head.
+// row of position 0's head (position p at row kv_row[p] when Gathered, unless kv_row is null).
 template <int D, int Rows, bool Gathered, int Threads = kThreads>
 __device__ __forceinline__ void async_key_rows(bf16* dst, int ld, const bf16* base, int64_t stride,
                                                const int32_t* kv_row, int64_t k0, int valid) {
-  if constexpr (!Gathered) {
+  if (!Gathered || kv_row == nullptr) {
     async_rows<D, Rows, Threads>(dst, ld, base + k0 * stride, stride, valid);
   } else {
     constexpr int chunks = D / 8;

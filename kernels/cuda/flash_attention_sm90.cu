@@ -2,12 +2,14 @@
 // tile lives in shared memory in the 128-byte-swizzled layout that wgmma reads through matrix
 // descriptors (64-column blocks of 128-byte rows, 16-byte unit u of row r stored at u ^ (r % 8)),
 // brought in by cp.async one tile ahead; accumulator registers are already the A operand of the
-// next product. Both passes run two warpgroups per block.
+// next product.
 //
-// Forward: one block per (128 queries, head); S = Q K^T of the next key tile is issued before
-// O += P V of this one, so that its softmax runs while P V is on the tensor cores.
+// Forward: one block per (128 queries, head) of three warpgroups, one loading and two computing
+// (FlashAttention-3's warp specialization, with cp.async and mbarriers); S = Q K^T of the next key
+// tile is issued before O += P V of this one, so that its softmax runs while P V is on the tensor
+// cores, and the computing warpgroups take turns, one's softmax beside the other's products.
 //
-// Backward: one block per (128 keys, query head) walks the 64-query tiles that can see its keys, the
+// Backward: one block of two warpgroups per (128 keys, query head) walks the 64-query tiles that can see its keys, the
 // next tile loading (three stages) while one is computed. Warpgroup w owns keys 64 w.. of the block:
 //   S^T = K Q^T and dP^T = V dO^T    (64 x 64 each, both operands from shared memory),
 //   P^T and dS^T computed in the accumulator registers, the A operands of
@@ -65,14 +67,16 @@ __device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
   return (c >> 6) * rows * kRowBytes + r * kRowBytes + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2;
 }
 
-// Rows x kD bf16 rows of a strided global matrix into a swizzled tile; rows from `valid` on become zeros.
-// Thread t copies 16-byte unit t % 16 of rows t / 16 + 16 k: the same swizzle phase in every pass,
-// so one address pair is computed and then stepped.
-template <int Rows>
-__device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, int64_t stride, int valid) {
-  constexpr int units = kD / 8, rows_per_pass = kThreads / units;
+// Rows x kD bf16 rows of a strided global matrix into a swizzled tile; rows from `valid` on become
+// zeros. Copied by Threads threads, this one being thread `tid` of them: thread t copies 16-byte
+// unit t % 16 of rows t / 16 + (Threads / 16) k, the same swizzle phase in every pass, so one
+// address pair is computed and then stepped.
+template <int Rows, int Threads = kThreads>
+__device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, int64_t stride, int valid,
+                                           int tid = static_cast<int>(threadIdx.x)) {
+  constexpr int units = kD / 8, rows_per_pass = Threads / units;
   static_assert(Rows % rows_per_pass == 0 && rows_per_pass % 8 == 0);
-  const int r0 = threadIdx.x / units, c = (threadIdx.x % units) * 8;
+  const int r0 = tid / units, c = (tid % units) * 8;
   unsigned char* d = dst + swizzled(Rows, r0, c);
   const bf16* s = src + r0 * stride + c;
 #pragma unroll
@@ -83,20 +87,17 @@ __device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, 
 }
 
 // Rows x kD key (or value) rows of row positions k0.. into a swizzled tile, as async_tile; base is
-// the row of position 0's head (rows.k or rows.v plus the KV group's columns). Gathered: position
-// k0 + r is at row tile_rows[r] (kv_row from k0, in global or shared memory); one_run (the same in
-// every thread) says that those rows are tile_rows[0], tile_rows[0] + 1, ..., so that the tile is
-// copied as a whole-row one is, without a row index per copy.
-template <int Rows, bool Gathered>
-__device__ __forceinline__ void async_key_tile(unsigned char* dst, const FlashRows& rows, const bf16* base,
-                                               const int32_t* tile_rows, int64_t k0, int valid, bool one_run = false) {
-  if constexpr (!Gathered) {
-    async_tile<Rows>(dst, base + k0 * rows.kv_stride, rows.kv_stride, valid);
-  } else if (one_run) {
-    async_tile<Rows>(dst, base + static_cast<int64_t>(tile_rows[0]) * rows.kv_stride, rows.kv_stride, valid);
+// the row of position 0's head (rows.k or rows.v plus the KV group's columns). Gathered (and
+// rows.kv_row not null): position k0 + r is at row rows.kv_row[k0 + r].
+template <int Rows, bool Gathered, int Threads = kThreads>
+__device__ __forceinline__ void async_key_tile(unsigned char* dst, const FlashRows& rows, const bf16* base, int64_t k0,
+                                               int valid, int tid = static_cast<int>(threadIdx.x)) {
+  if (!Gathered || rows.kv_row == nullptr) {
+    async_tile<Rows, Threads>(dst, base + k0 * rows.kv_stride, rows.kv_stride, valid, tid);
   } else {
-    constexpr int units = kD / 8, rows_per_pass = kThreads / units;
-    const int r0 = threadIdx.x / units, c = (threadIdx.x % units) * 8;
+    const int32_t* tile_rows = rows.kv_row + k0;
+    constexpr int units = kD / 8, rows_per_pass = Threads / units;
+    const int r0 = tid / units, c = (tid % units) * 8;
     unsigned char* d = dst + swizzled(Rows, r0, c);
 #pragma unroll
     for (int k = 0; k < Rows / rows_per_pass; ++k) {
@@ -128,11 +129,38 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Shared-memory writes of this thread (st.shared, cp.async) made visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// This thread's cp.async tiles landed and made visible to wgmma, then the block's barrier.
-__device__ __forceinline__ void tiles_arrived() {
-  cp_async_wait_all();
-  fence_async_shared();
-  __syncthreads();
+// Shared-memory barriers (mbarrier) between the forward's loading and computing warpgroups: a
+// phase completes when `count` arrivals have come; a waiter names the parity of the phase it waits
+// for (the i-th completion of a barrier has parity i % 2).
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.shared::cta.b64 state, [%0];\n"
+      "}\n" ::"r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Named barrier `id` (1..15; 0 is __syncthreads') of `threads` threads: sync waits for them all,
+// arrive counts this thread without waiting.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // Registers that an in-flight wgmma reads or writes: the compiler may not touch or move them here.
 template <int N>
@@ -303,8 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_commit();
   };
-  async_key_tile<kKeys, Gathered>(Ks, rows, rows.k + g * kD, rows.kv_row + k0, k0, k_valid);
-  async_key_tile<kKeys, Gathered>(Vs, rows, rows.v + g * kD, rows.kv_row + k0, k0, k_valid);
+  async_key_tile<kKeys, Gathered>(Ks, rows, rows.k + g * kD, k0, k_valid);
+  async_key_tile<kKeys, Gathered>(Vs, rows, rows.v + g * kD, k0, k_valid);
   load_queries(0, q0);
 
   float dk[64], dv[64];
@@ -441,25 +469,34 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Forward: one block of two warpgroups per (128 queries, head), warpgroup w owning queries 64 w..;
-// key/value tiles of 128 double-buffered by cp.async. S = Q K^T (both from shared memory) lands in
-// registers, the online softmax runs there, and P (bf16, the accumulator layout is the A operand's)
-// multiplies V from shared memory into the output accumulators. Gathered: a context-parallel
-// share's queries against its gathered row (FlashRows).
-// Gathered: the key tiles' rows in kv (kv_row of their positions) are brought into a ring of four
-// tiles' indices two tiles ahead of the K and V loads that use them, so that no load waits for one.
-// A tile whose rows are one run of consecutive rows (a share's chunks and a sequence's KV-cache rows
-// are) is then copied as a whole-row tile is: each thread checks its entry of the ring against the
-// first, and the block barrier before the tile's loads (__syncthreads_and) combines the answers.
-constexpr int kFwdRows = 128, kFwdKeys = 128, kIndexRing = 4;
-template <bool Gathered>
+// Forward: one block per (128 queries, head), warp-specialized: warpgroup 0 loads, warpgroups 1 and
+// 2 compute, queries 64 (w - 1).. each. The loaders copy Q once and the key and value tiles of 128
+// rows (two buffers each) by cp.async; each loading thread waits for its own copies, fences them
+// for wgmma and arrives on the tile's "full" barrier, and the computing warps arrive on its "empty"
+// barrier once the wgmma reading it has completed. The loads thus run beside the products with no
+// block-wide barrier, Gathered rows' indices read by the loaders alone (their latency hidden there).
+// A computing warpgroup's S = Q K^T (both from shared memory) lands in registers, the online softmax
+// runs there, and P (bf16, the accumulator layout is the A operand's) multiplies V from shared
+// memory into the output accumulators; S of the next tile is issued before O += P V of this one, so
+// that its softmax runs while P V is on the tensor cores. The two warpgroups take turns issuing
+// their products (named barriers), so that one's softmax runs while the other's products do.
+// Gathered: a context-parallel share's queries against its gathered row (FlashRows).
+constexpr int kFwdRows = 128, kFwdKeys = 128;
+constexpr int kLoaders = 128;                             // warpgroup 0
+constexpr int kFwdThreads = kLoaders + 2 * 128;           // two computing warpgroups
+// setmaxnreg moves registers between the warpgroups within what the block was given at launch
+// (168 a thread: 65,536 over 384 threads, in steps of 8); asking for more would wait forever.
+constexpr int kLoaderRegisters = 56, kComputeRegisters = 224;
+static_assert(kLoaders * kLoaderRegisters + 2 * 128 * kComputeRegisters <= kFwdThreads * (65536 / kFwdThreads / 8 * 8));
+struct ForwardBarriers {
+  uint64_t q_full, k_full[2], v_full[2], k_empty[2], v_empty[2];
+};
 constexpr size_t forward_smem_bytes() {
-  return tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + (Gathered ? kIndexRing * kFwdKeys * sizeof(int32_t) : 0) +
-         1024;
+  return tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + sizeof(ForwardBarriers) + 1024;
 }
 
 template <bool Gathered>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kFwdThreads, 1)
     flash_forward_wgmma_kernel(bf16* out, float* lse, FlashRows rows, const int32_t* doc_start, int64_t heads,
                                int64_t kv_heads, float scale_log2) {
 #ifdef GLM_FLASH_WGMMA
@@ -467,24 +504,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* Qs = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* Kbuf = Qs + tile_bytes(kFwdRows);        // [2] x [kFwdKeys][kD]
   unsigned char* Vbuf = Kbuf + 2 * tile_bytes(kFwdKeys);  // [2] x [kFwdKeys][kD]
-  int32_t* kv_index = reinterpret_cast<int32_t*>(Vbuf + 2 * tile_bytes(kFwdKeys));  // [kIndexRing][kFwdKeys]
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int grp = lane >> 2, quad = lane & 3;
-  const int row0 = wg * 64 + warp * 16 + grp;  // this thread's rows relative to q0: row0, row0 + 8
+  auto* bars = reinterpret_cast<ForwardBarriers*>(Vbuf + 2 * tile_bytes(kFwdKeys));
+  constexpr int kComputeWarps = 8;
+  constexpr int kTurnBarrier = 1;  // named barriers kTurnBarrier + w - 1: computing warpgroup w's turn to issue
+  const int wg = threadIdx.x >> 7;
   const int64_t h = blockIdx.x;
   const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kFwdRows;  // heavy tiles first
   const int64_t n = rows.n_q, g = h / (heads / kv_heads);
   const int q_valid = static_cast<int>(min(static_cast<int64_t>(kFwdRows), n - q0));
-  const bf16* k_base = rows.k + g * kD;
-  const bf16* v_base = rows.v + g * kD;
-  // This thread's rows' document starts and row positions (q0 + the row unless Gathered).
-  int doc[2], at[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const bool in = row0 + hf * 8 < q_valid;
-    doc[hf] = in ? doc_start[q0 + row0 + hf * 8] : INT_MAX;
-    at[hf] = in ? query_position<Gathered>(rows, q0 + row0 + hf * 8) : -1;
-  }
   // Keys from the first row's document start (tile-aligned) to the last row's position; tiles that
   // end before the first row's position and start at or after the block's latest document start
   // need no mask.
@@ -493,39 +520,82 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_end = query_position<Gathered>(rows, q0 + q_valid - 1) + 1;
   const int doc_max = doc_start[q0 + q_valid - 1];
   const int tiles = (k_end - k_first + kFwdKeys - 1) / kFwdKeys;
-  // K of tile t + 2 and V of tile t + 1 load while tile t is computed (two buffers each); when
-  // Gathered, the indices of tile t + 4 with them.
-  auto load_tile = [&](unsigned char* buf, const bf16* base, int t, bool one_run) {
-    if (t >= tiles) return;
-    const int k0 = k_first + t * kFwdKeys;
-    async_key_tile<kFwdKeys, Gathered>(buf + (t & 1) * tile_bytes(kFwdKeys), rows, base,
-                                       kv_index + (t % kIndexRing) * kFwdKeys, k0, min(kFwdKeys, k_end - k0),
-                                       one_run);
-  };
-  // This thread's part of "tile t's rows are one run": its ring entry (threads < kFwdKeys) follows
-  // the tile's first row, or lies past the tile's keys. The ring slot must be visible to the block.
-  auto in_run = [&](int t) {
-    if constexpr (!Gathered) return true;
-    const int r = threadIdx.x, k0 = k_first + t * kFwdKeys;
-    if (t >= tiles || r >= kFwdKeys || k0 + r >= k_end) return true;
-    const int32_t* slot = kv_index + (t % kIndexRing) * kFwdKeys;
-    return slot[r] == slot[0] + r;
-  };
-  auto load_index = [&](int t) {
-    if constexpr (Gathered) {
-      if (t >= tiles) return;
-      const int k0 = k_first + t * kFwdKeys;
-      for (int r = threadIdx.x; r < kFwdKeys; r += kThreads) {
-        const bool in = k0 + r < k_end;
-        cp_async4(kv_index + (t % kIndexRing) * kFwdKeys + r, rows.kv_row + (in ? k0 + r : 0), in);
-      }
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars->q_full, kLoaders);
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(&bars->k_full[s], kLoaders);
+      mbarrier_init(&bars->v_full[s], kLoaders);
+      mbarrier_init(&bars->k_empty[s], kComputeWarps);
+      mbarrier_init(&bars->v_empty[s], kComputeWarps);
     }
+  }
+  __syncthreads();  // the only block-wide barrier
+
+  if (wg == 0) {
+    // Loaders: the i-th use of a buffer (tile 2 i + b) waits for the i-th completion of its empty
+    // barrier before overwriting it. This thread's copies of a tile landed (cp.async.wait_group),
+    // fenced for wgmma, then its arrival: the full barrier completes when every loader's has come.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLoaderRegisters));
+    const int tid = static_cast<int>(threadIdx.x);
+    auto load = [&](unsigned char* buf, const bf16* base, int t) {
+      const int k0 = k_first + t * kFwdKeys;
+      async_key_tile<kFwdKeys, Gathered, kLoaders>(buf + (t & 1) * tile_bytes(kFwdKeys), rows, base, k0,
+                                                   min(kFwdKeys, k_end - k0), tid);
+      cp_async_commit();
+    };
+    auto landed = [&](uint64_t* full) {
+      fence_async_shared();
+      mbarrier_arrive(full);
+    };
+    const bf16* k_base = rows.k + g * kD;
+    const bf16* v_base = rows.v + g * kD;
+    async_tile<kFwdRows, kLoaders>(Qs, rows.q + q0 * rows.q_stride + h * kD, rows.q_stride, q_valid, tid);
+    cp_async_commit();
+    load(Kbuf, k_base, 0);
+    cp_async_wait<1>();
+    landed(&bars->q_full);
+    for (int t = 0; t < tiles; ++t) {  // in flight here: K(t)
+      if (t >= 2) mbarrier_wait(&bars->v_empty[t & 1], ((t >> 1) - 1) & 1);
+      load(Vbuf, v_base, t);
+      cp_async_wait<1>();
+      landed(&bars->k_full[t & 1]);
+      if (t + 1 < tiles) {
+        if (t + 1 >= 2) mbarrier_wait(&bars->k_empty[(t + 1) & 1], (((t + 1) >> 1) - 1) & 1);
+        load(Kbuf, k_base, t + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      landed(&bars->v_full[t & 1]);
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kComputeRegisters));
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int grp = lane >> 2, quad = lane & 3;
+  const int row0 = cw * 64 + warp * 16 + grp;  // this thread's rows relative to q0: row0, row0 + 8
+  // Turns: warpgroup cw issues after `my_turn` completes and then hands the turn to the other;
+  // warpgroup 1 starts by handing it to warpgroup 0.
+  const int my_turn = kTurnBarrier + cw, other_turn = kTurnBarrier + 1 - cw;
+  if (cw == 1) named_arrive(other_turn, 256);
+  // A buffer's wgmma have completed in this warp: one arrival of the warp on its empty barrier.
+  auto release = [&](uint64_t* empty) {
+    if (lane == 0) mbarrier_arrive(empty);
   };
-  // S = Q K^T for tile t: 64 queries x 128 keys per warpgroup (k = 128 dims, both K-major), one group.
+  // This thread's rows' document starts and row positions (q0 + the row unless Gathered).
+  int doc[2], at[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const bool in = row0 + hf * 8 < q_valid;
+    doc[hf] = in ? doc_start[q0 + row0 + hf * 8] : INT_MAX;
+    at[hf] = in ? query_position<Gathered>(rows, q0 + row0 + hf * 8) : -1;
+  }
+  // S = Q K^T for tile t: 64 queries x 128 keys (k = 128 dims, both K-major), one group.
   const uint32_t q_lo = smem_addr(Qs) >> 4, kbuf_lo = q_lo + lo16(tile_bytes(kFwdRows));
   const uint32_t vbuf_lo = kbuf_lo + lo16(2 * tile_bytes(kFwdKeys));
   auto issue_scores = [&](float(&sc)[64], int t) {
-    gemm_nt_dims<kFwdKeys, kFwdRows>(sc, q_lo + wg * lo16(64 * kRowBytes),
+    gemm_nt_dims<kFwdKeys, kFwdRows>(sc, q_lo + cw * lo16(64 * kRowBytes),
                                      kbuf_lo + (t & 1) * lo16(tile_bytes(kFwdKeys)));
   };
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
@@ -579,32 +649,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
   };
-
-  // Whether tile t + 1's rows are one run, for its V (its K's barrier found out).
-  bool next_run = false;
-  if constexpr (Gathered) {  // the first four tiles' indices, before any load that needs them
-    for (int t = 0; t < kIndexRing; ++t) load_index(t);
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
-  }
-  const bool first_run = Gathered && __syncthreads_and(in_run(0));
-  next_run = Gathered && __syncthreads_and(in_run(1));
-  async_tile<kFwdRows>(Qs, rows.q + q0 * rows.q_stride + h * kD, rows.q_stride, q_valid);
-  load_tile(Kbuf, k_base, 0, first_run);
-  load_tile(Vbuf, v_base, 0, first_run);
-  load_tile(Kbuf, k_base, 1, next_run);
-  cp_async_commit();
-  tiles_arrived();
   float o[64], sc[64], corr[2];  // sc: no initial values, the first k step does not read them
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  wgmma_fence();
-  issue_scores(sc, 0);
-  wgmma_wait<0>();
-  pin(sc);
-  softmax(sc, 0, corr);  // o is still zero: nothing to rescale
-  pack(sc);
   // O += P V for tile t (V read MN-major: 128 dims = two column blocks a tile apart), one group.
   auto issue_pv = [&](int t) {
     const uint32_t v_lo = vbuf_lo + (t & 1) * lo16(tile_bytes(kFwdKeys));
@@ -613,38 +660,35 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_rs_m64n128<1>(o, pa[kk], descriptor(v_lo + kk * lo16(kUnit16), kFwdKeys * kRowBytes), 1);
     wgmma_commit();
   };
-  auto next_tile = [&](int t) {
-    // K(t + 1), V(t) and the indices of tile t + 3 in shared memory; every wgmma of tile t - 1 has
-    // completed, and every thread is done with the indices of tile t, whose slot t + 4 takes (tile
-    // t + 2's indices arrived by the barrier of tile t - 1).
-    bool k_run = false;
-    if constexpr (Gathered) {
-      const bool mine = in_run(t + 2);
-      cp_async_wait_all();
-      fence_async_shared();
-      k_run = __syncthreads_and(mine);
-    } else {
-      tiles_arrived();
-    }
-    load_tile(Kbuf, k_base, t + 2, k_run);
-    load_tile(Vbuf, v_base, t + 1, next_run);
-    next_run = k_run;
-    load_index(t + 4);
-    cp_async_commit();
-  };
+  mbarrier_wait(&bars->q_full, 0);
+  mbarrier_wait(&bars->k_full[0], 0);
+  named_sync(my_turn, 256);
+  wgmma_fence();
+  issue_scores(sc, 0);
+  named_arrive(other_turn, 256);
+  wgmma_wait<0>();
+  pin(sc);
+  release(&bars->k_empty[0]);
+  softmax(sc, 0, corr);  // o is still zero: nothing to rescale
+  pack(sc);
   // Tile t: S of tile t + 1 is issued before O += P V of tile t, so that its softmax runs while
   // P V is on the tensor cores (the last tile, without a successor, after the loop).
   for (int t = 0; t + 1 < tiles; ++t) {
-    next_tile(t);
+    mbarrier_wait(&bars->k_full[(t + 1) & 1], ((t + 1) >> 1) & 1);
+    mbarrier_wait(&bars->v_full[t & 1], (t >> 1) & 1);
+    named_sync(my_turn, 256);
     wgmma_fence();
     issue_scores(sc, t + 1);
     issue_pv(t);
+    named_arrive(other_turn, 256);
     wgmma_wait<1>();
     pin(sc);
+    release(&bars->k_empty[(t + 1) & 1]);
     softmax(sc, t + 1, corr);
     wgmma_wait<0>();
     pin(o);
     pin(pa);
+    release(&bars->v_empty[t & 1]);
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       o[4 * j] *= corr[0];
@@ -654,13 +698,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     pack(sc);
   }
-  next_tile(tiles - 1);
+  mbarrier_wait(&bars->v_full[(tiles - 1) & 1], ((tiles - 1) >> 1) & 1);
+  named_sync(my_turn, 256);
   wgmma_fence();
   issue_pv(tiles - 1);
+  named_arrive(other_turn, 256);
   wgmma_wait<0>();
   pin(o);
   pin(pa);
-  cp_async_wait_all();  // nothing outstanding when the block exits
+  // Warpgroup 1 handed the turn once more than warpgroup 0 took it: taken here, so that no named
+  // barrier is left part-way at exit.
+  if (cw == 0) named_sync(my_turn, 256);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t r = q0 + row0 + hf * 8;
@@ -715,19 +763,19 @@ cudaError_t launch_backward(float* dk_acc, float* dv_acc, float* dq_acc, int32_t
 template <bool Gathered>
 cudaError_t launch_forward(bf16* out, float* lse, const FlashRows& rows, const int32_t* doc_start, int64_t heads,
                            int64_t kv_heads, cudaStream_t stream) {
-  constexpr size_t smem = forward_smem_bytes<Gathered>();
+  constexpr size_t smem = forward_smem_bytes();
   auto* kernel = flash_forward_wgmma_kernel<Gathered>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   dim3 grid(static_cast<unsigned int>(heads), static_cast<unsigned int>((rows.n_q + kFwdRows - 1) / kFwdRows));
-  kernel<<<grid, kThreads, smem, stream>>>(out, lse, rows, doc_start, heads, kv_heads,
+  kernel<<<grid, kFwdThreads, smem, stream>>>(out, lse, rows, doc_start, heads, kv_heads,
                                            kLog2e / sqrtf(static_cast<float>(kD)));
   return cudaGetLastError();
 }
 
 }  // namespace
 
-size_t flash_wgmma_shared_bytes() { return std::max(backward_smem_bytes<true>(), forward_smem_bytes<true>()); }
+size_t flash_wgmma_shared_bytes() { return std::max(backward_smem_bytes<true>(), forward_smem_bytes()); }
 
 bool flash_wgmma_available(int64_t head_dim) {
 #ifdef GLM_SM90A_BUILT

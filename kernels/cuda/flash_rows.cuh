@@ -9,7 +9,7 @@ namespace glm::cuda {
 
 // Queries: n_q rows of q (row stride q_stride), query i at row position i, or pos[i] when Gathered
 // (ascending). Keys and values: row position p at row p of k and v (stride kv_stride), or at row
-// kv_row[p] when Gathered; n_kv positions.
+// kv_row[p] when Gathered and kv_row is not null; n_kv positions.
 struct FlashRows {
   const bf16* q;
   const bf16* k;
@@ -43,7 +43,7 @@ __device__ __forceinline__ int query_position(const FlashRows& rows, int64_t i) 
 // Row position p's row in k and v.
 template <bool Gathered>
 __device__ __forceinline__ int64_t key_row(const FlashRows& rows, int64_t p) {
-  if constexpr (Gathered) return rows.kv_row[p];
+  if (Gathered && rows.kv_row != nullptr) return rows.kv_row[p];
   return p;
 }
 

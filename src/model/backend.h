@@ -294,7 +294,9 @@ class Backend {
   // Context parallelism (model/context_attention.h): a rank's n queries against the group's
   // gathered k | v rows (kernels/cpu/cpu_ops.h, attention_forward_gathered); kv_rows i32 [row
   // tokens], row_position and doc_start i32 [n] in row positions. Backward overwrites dqkv (dq, zero
-  // k and v) and accumulates dkv. Backends without them refuse --context_parallel_size > 1.
+  // k and v) and accumulates dkv. Backends without them refuse --context_parallel_size > 1. The
+  // forward also takes kv_rows without data: row position p is then row p of kv (the row's tokens'
+  // k | v one after another, as a sequence's KV-cache rows often are).
   virtual bool has_gathered_attention() const { return false; }
   Status no_context_parallelism() const {
     return GLM_USER_ERROR("--context_parallel_size > 1 needs cross-rank attention, which the ", name(),

@@ -627,9 +627,11 @@ class CudaBackend final : public Backend {
                                     Tensor row_position, Tensor doc_start, int64_t n, AttentionShape s) override {
     GLM_PROFILE_OP("attention_forward_gathered");
     GLM_RETURN_IF_ERROR(check_gathered(s));
+    // Without kv_rows, kv's rows are the row's positions in order (kv_row null for the kernels).
+    const int64_t n_kv = kv_rows.data != nullptr ? kv_rows.numel : kv.numel / (2 * s.kv_heads * s.head_dim);
     GLM_CUDA_RETURN(cuda::flash_attention_forward_gathered(
         b(out), lse.as<float>(), b(qkv), b(kv), kv_rows.as<int32_t>(), row_position.as<int32_t>(),
-        doc_start.as<int32_t>(), n, kv_rows.numel, s.heads, s.kv_heads, s.head_dim, stream_, flash_));
+        doc_start.as<int32_t>(), n, n_kv, s.heads, s.kv_heads, s.head_dim, stream_, flash_));
     return Status::ok();
   }
   Status attention_decode(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor kv_rows, Tensor row_position,

@@ -36,6 +36,9 @@ struct MicroBatch {
   // row_position, doc_start and kv_rows then place it in its sequence.
   Tensor cache_rows;  // i32 [n]
   bool decode = false;  // with cache_rows: every token is the newest of its own sequence (a decode step)
+  // With cache_rows, >= 0 where kv_rows are kv_run_start, kv_run_start + 1, ... (one sequence's rows
+  // as a fresh cache hands them out: its prompt's later chunks attend to them as one block).
+  int64_t kv_run_start = -1;
   // The batch's index (index_micro_batch(), uploaded beside it; n_labelled < 0: none). With it the
   // lm_head and cross-entropy run over the labelled rows only; a device backend's embedding
   // backward needs token_order and token_runs.

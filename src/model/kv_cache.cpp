@@ -68,6 +68,14 @@ Status KvCache::attend(int64_t layer, Tensor out, Tensor lse, Tensor qkv, const 
   Tensor cache = layers_[static_cast<size_t>(layer)].tensor();
   if (b.decode)
     return backend_.attention_decode(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n, shape_);
+  // Every row position is a new token of this forward (prompts whose whole context comes at once):
+  // token i is at row position i and its k | v are row i of qkv, so the prompts attend as a training
+  // batch's packed documents do, with the kernels for contiguous rows instead of the gathered ones.
+  if (b.row_tokens == b.n) return backend_.attention_forward(out, lse, qkv, b.doc_start, b.n, shape_);
+  // The row's cache rows are one run: the kernels read it as a block, without a row index per key.
+  if (b.kv_run_start >= 0 && b.kv_run_start + b.row_tokens <= capacity_)
+    return backend_.attention_forward_gathered(out, lse, qkv, cache.slice(b.kv_run_start * width(), b.row_tokens * width()),
+                                               Tensor{nullptr, 0, DType::i32}, b.row_position, b.doc_start, b.n, shape_);
   return backend_.attention_forward_gathered(out, lse, qkv, cache, b.kv_rows, b.row_position, b.doc_start, b.n, shape_);
 }
 
