@@ -88,14 +88,20 @@ __device__ __forceinline__ void async_tile(unsigned char* dst, const bf16* src, 
 
 // Rows x kD key (or value) rows of row positions k0.. into a swizzled tile, as async_tile; base is
 // the row of position 0's head (rows.k or rows.v plus the KV group's columns). Gathered (and
-// rows.kv_row not null): position k0 + r is at row rows.kv_row[k0 + r].
+// rows.kv_row not null): position k0 + r is at row tile_rows[r], rows.kv_row[k0 + r] or the same
+// copied to shared memory; one_run (the same in every thread) says that those rows are
+// tile_rows[0], tile_rows[0] + 1, ..., so that the tile is copied without a row index per copy.
 template <int Rows, bool Gathered, int Threads = kThreads>
 __device__ __forceinline__ void async_key_tile(unsigned char* dst, const FlashRows& rows, const bf16* base, int64_t k0,
-                                               int valid, int tid = static_cast<int>(threadIdx.x)) {
+                                               int valid, int tid = static_cast<int>(threadIdx.x),
+                                               const int32_t* tile_rows = nullptr, bool one_run = false) {
   if (!Gathered || rows.kv_row == nullptr) {
     async_tile<Rows, Threads>(dst, base + k0 * rows.kv_stride, rows.kv_stride, valid, tid);
+  } else if (one_run) {
+    async_tile<Rows, Threads>(dst, base + static_cast<int64_t>(tile_rows[0]) * rows.kv_stride, rows.kv_stride, valid,
+                              tid);
   } else {
-    const int32_t* tile_rows = rows.kv_row + k0;
+    if (tile_rows == nullptr) tile_rows = rows.kv_row + k0;
     constexpr int units = kD / 8, rows_per_pass = Threads / units;
     const int r0 = tid / units, c = (tid % units) * 8;
     unsigned char* d = dst + swizzled(Rows, r0, c);
@@ -161,6 +167,21 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// named_sync that also tells whether `mine` holds in every one of the threads.
+__device__ __forceinline__ bool named_all(int id, int threads, bool mine) {
+  int all;
+  asm volatile(
+      "{\n"
+      ".reg .pred in, out;\n"
+      "setp.ne.b32 in, %1, 0;\n"
+      "bar.red.and.pred out, %2, %3, in;\n"
+      "selp.b32 %0, 1, 0, out;\n"
+      "}\n"
+      : "=r"(all)
+      : "r"(static_cast<int>(mine)), "r"(id), "r"(threads)
+      : "memory");
+  return all != 0;
 }
 // Registers that an in-flight wgmma reads or writes: the compiler may not touch or move them here.
 template <int N>
@@ -474,7 +495,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // rows (two buffers each) by cp.async; each loading thread waits for its own copies, fences them
 // for wgmma and arrives on the tile's "full" barrier, and the computing warps arrive on its "empty"
 // barrier once the wgmma reading it has completed. The loads thus run beside the products with no
-// block-wide barrier, Gathered rows' indices read by the loaders alone (their latency hidden there).
+// block-wide barrier. Gathered, the loaders copy each key tile's row indices into a ring two tiles
+// ahead of the loads that use them, and copy a tile whose rows are one run of consecutive rows (a
+// share's chunks are) as a whole-row one is; a loaders' barrier makes the indices visible to all.
 // A computing warpgroup's S = Q K^T (both from shared memory) lands in registers, the online softmax
 // runs there, and P (bf16, the accumulator layout is the A operand's) multiplies V from shared
 // memory into the output accumulators; S of the next tile is issued before O += P V of this one, so
@@ -491,8 +514,10 @@ static_assert(kLoaders * kLoaderRegisters + 2 * 128 * kComputeRegisters <= kFwdT
 struct ForwardBarriers {
   uint64_t q_full, k_full[2], v_full[2], k_empty[2], v_empty[2];
 };
+constexpr int kIndexRing = 4;  // Gathered: tiles of row indices in shared memory
 constexpr size_t forward_smem_bytes() {
-  return tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + sizeof(ForwardBarriers) + 1024;
+  return tile_bytes(kFwdRows) + 4 * tile_bytes(kFwdKeys) + sizeof(ForwardBarriers) +
+         kIndexRing * kFwdKeys * sizeof(int32_t) + 1024;
 }
 
 template <bool Gathered>
@@ -535,13 +560,31 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // Loaders: the i-th use of a buffer (tile 2 i + b) waits for the i-th completion of its empty
     // barrier before overwriting it. This thread's copies of a tile landed (cp.async.wait_group),
     // fenced for wgmma, then its arrival: the full barrier completes when every loader's has come.
+    // Tile t's indices travel with the copies of K(t - 1) (the first two before the loop).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLoaderRegisters));
     const int tid = static_cast<int>(threadIdx.x);
-    auto load = [&](unsigned char* buf, const bf16* base, int t) {
+    const bool indexed = Gathered && rows.kv_row != nullptr;
+    auto* ring = reinterpret_cast<int32_t*>(bars + 1);  // [kIndexRing][kFwdKeys]
+    auto fetch_indices = [&](int t) {
+      if (!indexed || t >= tiles) return;
+      const int k0 = k_first + t * kFwdKeys;
+      const bool in = k0 + tid < k_end;
+      cp_async4(ring + (t % kIndexRing) * kFwdKeys + tid, rows.kv_row + (in ? k0 + tid : 0), in);
+    };
+    // Tile t's indices landed in this thread (its group waited for): the loaders' barrier makes them
+    // visible to every loader, a second one says whether they are one run.
+    auto one_run = [&](int t) {
+      if (!indexed || t >= tiles) return false;
+      constexpr int kLoaderBarrier = 3;
+      named_sync(kLoaderBarrier, kLoaders);
+      const int32_t* slot = ring + (t % kIndexRing) * kFwdKeys;
+      return named_all(kLoaderBarrier, kLoaders, k_first + t * kFwdKeys + tid >= k_end || slot[tid] == slot[0] + tid);
+    };
+    auto load = [&](unsigned char* buf, const bf16* base, int t, bool run) {
       const int k0 = k_first + t * kFwdKeys;
       async_key_tile<kFwdKeys, Gathered, kLoaders>(buf + (t & 1) * tile_bytes(kFwdKeys), rows, base, k0,
-                                                   min(kFwdKeys, k_end - k0), tid);
-      cp_async_commit();
+                                                   min(kFwdKeys, k_end - k0), tid, ring + (t % kIndexRing) * kFwdKeys,
+                                                   run);
     };
     auto landed = [&](uint64_t* full) {
       fence_async_shared();
@@ -550,18 +593,27 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     const bf16* k_base = rows.k + g * kD;
     const bf16* v_base = rows.v + g * kD;
     async_tile<kFwdRows, kLoaders>(Qs, rows.q + q0 * rows.q_stride + h * kD, rows.q_stride, q_valid, tid);
+    fetch_indices(0);
     cp_async_commit();
-    load(Kbuf, k_base, 0);
+    if (indexed) cp_async_wait<0>();
+    bool run = one_run(0);  // tile t's, while its V is still to load
+    load(Kbuf, k_base, 0, run);
+    fetch_indices(1);
+    cp_async_commit();
     cp_async_wait<1>();
     landed(&bars->q_full);
-    for (int t = 0; t < tiles; ++t) {  // in flight here: K(t)
+    for (int t = 0; t < tiles; ++t) {  // in flight here: K(t) and the indices of t + 1
       if (t >= 2) mbarrier_wait(&bars->v_empty[t & 1], ((t >> 1) - 1) & 1);
-      load(Vbuf, v_base, t);
+      load(Vbuf, v_base, t, run);
+      cp_async_commit();
       cp_async_wait<1>();
       landed(&bars->k_full[t & 1]);
       if (t + 1 < tiles) {
+        run = one_run(t + 1);
         if (t + 1 >= 2) mbarrier_wait(&bars->k_empty[(t + 1) & 1], (((t + 1) >> 1) - 1) & 1);
-        load(Kbuf, k_base, t + 1);
+        load(Kbuf, k_base, t + 1, run);
+        fetch_indices(t + 2);
+        cp_async_commit();
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
