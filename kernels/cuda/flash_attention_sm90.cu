@@ -9,8 +9,9 @@
 // tile is issued before O += P V of this one, so that its softmax runs while P V is on the tensor
 // cores, and the computing warpgroups take turns, one's softmax beside the other's products.
 //
-// Backward: one block of two warpgroups per (128 keys, query head) walks the 64-query tiles that can see its keys, the
-// next tile loading (three stages) while one is computed. Warpgroup w owns keys 64 w.. of the block:
+// Backward: one block of two warpgroups per (128 keys, query head) walks the 64-query tiles that
+// can see its keys, the next tile loading (three stages) while one is computed. Warpgroup w owns
+// keys 64 w.. of the block:
 //   S^T = K Q^T and dP^T = V dO^T    (64 x 64 each, both operands from shared memory),
 //   P^T and dS^T computed in the accumulator registers, the A operands of
 //   dV += P^T dO and dK += dS^T Q   (64 x 128 each, A from registers, dK/dV stay in registers),
@@ -560,7 +561,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     // Loaders: the i-th use of a buffer (tile 2 i + b) waits for the i-th completion of its empty
     // barrier before overwriting it. This thread's copies of a tile landed (cp.async.wait_group),
     // fenced for wgmma, then its arrival: the full barrier completes when every loader's has come.
-    // Tile t's indices travel with the copies of K(t - 1) (the first two before the loop).
+    // Tile t's row indices travel with the copies of K(t - 1) (tile 0's with Q).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLoaderRegisters));
     const int tid = static_cast<int>(threadIdx.x);
     const bool indexed = Gathered && rows.kv_row != nullptr;
@@ -596,7 +597,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     fetch_indices(0);
     cp_async_commit();
     if (indexed) cp_async_wait<0>();
-    bool run = one_run(0);  // tile t's, while its V is still to load
+    bool run = one_run(0);  // whether tile t's rows are one run, for its K and then its V
     load(Kbuf, k_base, 0, run);
     fetch_indices(1);
     cp_async_commit();

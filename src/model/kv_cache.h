@@ -5,8 +5,10 @@
 // k | v into their rows (MicroBatch::cache_rows), then their queries attend to the rows that
 // MicroBatch::kv_rows names for their sequence's positions, with the backend's gathered attention
 // (the context-parallel kernels): a paged cache, continuous batching and chunked prefill without
-// an attention kernel of their own. GQA keeps it small: GLM-4-9B-Chat's 2 KV heads take 40 KiB a
-// token over its 40 layers in bf16.
+// an attention kernel of their own. Decode steps take the backend's decode kernel; prompts whose
+// whole context is new take the training attention over qkv itself, and a row whose cache rows are
+// one run (MicroBatch::kv_run_start) the gathered kernels without a row index per key. GQA keeps it
+// small: GLM-4-9B-Chat's 2 KV heads take 40 KiB a token over its 40 layers in bf16.
 #pragma once
 
 #include <cstdint>
