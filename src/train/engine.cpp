@@ -833,12 +833,11 @@ Result<Tensor> TrainingEngine::cached_forward(const HostDecodeBatch& hb, KvCache
   b.kv_rows = all.slice(5 * n + m, row_tokens);
   b.decode = std::adjacent_find(hb.doc_start.begin(), hb.doc_start.end(),
                                 [](int32_t a, int32_t c) { return c <= a; }) == hb.doc_start.end();
-  if (!b.decode && row_tokens > 0) {  // decode steps keep their kernel: no host pass over their rows
-    const int32_t first = hb.kv_rows.front();
-    bool run = true;
-    for (int64_t p = 1; p < row_tokens && run; ++p) run = hb.kv_rows[static_cast<size_t>(p)] == first + p;
-    if (run) b.kv_run_start = first;
-  }
+  // Decode steps keep their kernel: no host pass over their rows.
+  auto breaks_run = [](int32_t a, int32_t c) { return c != a + 1; };
+  if (!b.decode && row_tokens > 0 &&
+      std::adjacent_find(hb.kv_rows.begin(), hb.kv_rows.end(), breaks_run) == hb.kv_rows.end())
+    b.kv_run_start = hb.kv_rows.front();
   // fp32 logits straight from the head's GEMM: nothing to convert, no staging to allocate a step.
   const int64_t numel = m * config().vocab_size;
   if (decode_logits_.numel() < numel) {
