@@ -161,8 +161,10 @@ glm::WeightLoader weight_loader(const std::optional<glm::ModelSource>& model) {
 glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const glm::ModelSource& model,
                      glm::Communicator& comm, glm::Communicator* data_comm, glm::Backend& backend) {
   const int64_t per_device = o.per_device_eval_batch_size;
-  glm::EngineConfig config{
-      .model = o.train.model, .max_tokens = per_device * data.report.max_tokens, .max_grad_norm = 0.0};
+  glm::EngineConfig config{.model = o.train.model,
+                           .max_tokens = per_device * data.report.max_tokens,
+                           .max_grad_norm = 0.0,
+                           .forward_only = true};
   config.lora = model.lora();
   GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(config, backend, comm, data_comm));
   GLM_RETURN_IF_ERROR(model.load(*engine));

@@ -264,6 +264,64 @@ TEST(Glm4Model, RecomputationGivesIdenticalLossesAndGradients) {
   EXPECT_LT(full.bytes, selective.bytes);
 }
 
+// A forward-only model (evaluation, generation) keeps one layer's activations and two residual
+// tensors whatever the policy: the same losses, argmax flags and logits, bit for bit, as a training
+// model's forward (every row, the labelled rows alone, a few wanted rows' logits), over an odd
+// number of layers (the last output in the second slot) and an FFN narrower and wider than the
+// hidden size; in the memory the planner names, less than full recomputation's; a training step on
+// it is an error.
+TEST(Glm4Model, ForwardOnlyGivesTheSameLossesAndLogitsInLessMemory) {
+  for (const int64_t ffn : {int64_t{10}, int64_t{30}}) {
+    SCOPED_TRACE("ffn " + std::to_string(ffn));
+    ModelConfig config = tiny_config();
+    config.intermediate_size = ffn;
+    config.num_hidden_layers = 3;
+    ASSERT_TRUE(config.finalize_and_validate().is_ok());
+    auto backend = make_cpu_backend(DType::f64);
+    std::vector<double> params(static_cast<size_t>(ParamLayout(config).total_numel()));
+    ASSERT_TRUE(initialize_parameters(config, 13, *backend,
+                                      Tensor{params.data(), static_cast<int64_t>(params.size()), DType::f64})
+                    .is_ok());
+    std::vector<double> grads(params.size(), 0.0);
+    auto trained = Glm4Model::create(config, *backend, 16).take();
+    auto forward =
+        Glm4Model::create(config, ParamLayout(config), *backend, 16, Recompute::none, false, /*forward_only=*/true)
+            .take();
+    VectorParameters provider(trained->layout(), params, grads);
+    HostBatch hb = two_document_batch();
+    const auto n = static_cast<int64_t>(hb.tokens.size());
+    std::vector<int32_t> wanted = {3, static_cast<int32_t>(n - 1)};
+    const Tensor wanted_rows{wanted.data(), 2, DType::i32};
+    for (const bool indexed : {false, true}) {
+      std::vector<double> losses[2], logits[2], some[2];
+      std::vector<int32_t> flags[2];
+      for (int k = 0; k < 2; ++k) {
+        Glm4Model& m = k == 0 ? *trained : *forward;
+        flags[k].assign(static_cast<size_t>(n), 7);
+        ASSERT_TRUE(m.forward(hb.view(indexed), provider, Tensor{flags[k].data(), n, DType::i32}).is_ok());
+        losses[k].assign(m.losses().as<double>(), m.losses().as<double>() + n);
+        logits[k].assign(static_cast<size_t>(n * config.vocab_size), 0.0);
+        ASSERT_TRUE(
+            m.forward_logits(hb.view(indexed), provider, Tensor{logits[k].data(), n * config.vocab_size, DType::f64})
+                .is_ok());
+        some[k].assign(static_cast<size_t>(2 * config.vocab_size), 0.0);
+        ASSERT_TRUE(m.forward_logits(hb.view(indexed), provider,
+                                     Tensor{some[k].data(), 2 * config.vocab_size, DType::f64}, wanted_rows)
+                        .is_ok());
+      }
+      EXPECT_EQ(losses[1], losses[0]);
+      EXPECT_EQ(flags[1], flags[0]);
+      EXPECT_EQ(logits[1], logits[0]);
+      EXPECT_EQ(some[1], some[0]);
+      EXPECT_GT(*std::max_element(losses[0].begin(), losses[0].end()), 0.1);
+    }
+    EXPECT_EQ(forward->activation_bytes(),
+              Glm4Model::planned_activation_bytes(config, 16, 8, 8, Recompute::none, false, /*forward_only=*/true));
+    EXPECT_LT(forward->activation_bytes(), Glm4Model::planned_activation_bytes(config, 16, 8, 8, Recompute::full));
+    EXPECT_EQ(forward->forward_backward(hb.view(), 1.0, provider).kind(), ErrorKind::internal);
+  }
+}
+
 // --offload_activations moves the layers' inputs to host memory between their forward and backward
 // through a ring of 3 device tensors: losses and gradients bit-identical to keeping them, with
 // recomputation and without, over micro-batches with an evaluation between them (which copies
@@ -379,11 +437,12 @@ TEST(Generate, GreedyFollowsTheLogitsAndStopsWhereAsked) {
 
 // Feeds two sequences through one cache and checks every fed token's logits against recomputing
 // its whole prefix (CachedForwardsGiveTheLogitsOfRecomputingThePrefix).
-void check_cached_forwards(bool in_order) {
+void check_cached_forwards(bool in_order, bool forward_only) {
   const ModelConfig config = generation_config();
   auto backend = make_cpu_backend(DType::f32);
   LocalCommunicator comm;
-  auto engine = TrainingEngine::create({.model = config, .max_tokens = 40}, *backend, comm).take();
+  auto engine =
+      TrainingEngine::create({.model = config, .max_tokens = 40, .forward_only = forward_only}, *backend, comm).take();
   ASSERT_TRUE(engine->initialize_parameters(11).is_ok());
   auto cache = engine->create_kv_cache(48, 16);
   ASSERT_TRUE(cache.is_ok()) << cache.status().message();
@@ -424,12 +483,14 @@ void check_cached_forwards(bool in_order) {
 // the cache out of order; every fed token's logits equal recomputing its whole prefix. Then each
 // sequence alone, its prompt in two chunks, over rows handed out in order: a chunk's whole context
 // new (the contiguous attention), then one run of cache rows (read without row indices), from row 0
-// and from a later row.
+// and from a later row. Both with a training engine and with a forward-only one (what infer makes).
 TEST(Generate, CachedForwardsGiveTheLogitsOfRecomputingThePrefix) {
-  for (const bool in_order : {false, true}) {
-    SCOPED_TRACE(in_order ? "rows in order, one sequence at a time" : "rows scattered, interleaved");
-    check_cached_forwards(in_order);
-  }
+  for (const bool forward_only : {false, true})
+    for (const bool in_order : {false, true}) {
+      SCOPED_TRACE(in_order ? "rows in order, one sequence at a time" : "rows scattered, interleaved");
+      SCOPED_TRACE(forward_only ? "forward-only engine" : "training engine");
+      check_cached_forwards(in_order, forward_only);
+    }
 }
 
 // Continuous batching gives every request the reply the reference generator gives it alone:

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 
+#include "cli/infer.h"
 #include "cli/options.h"
 #include "cli/prepare.h"
 #include "data/chat_template.h"
@@ -37,6 +38,46 @@ TEST(LrSchedule, WarmupThenCosineLikeTransformers) {
   EXPECT_NEAR(lin.at(1), 0.75, 1e-15);
   EXPECT_EQ(resolve_warmup_steps(0, 0.05, 75), 4);
   EXPECT_EQ(resolve_warmup_steps(3, 0.5, 75), 3);
+}
+
+// infer's forward size on GLM-4-9B-Chat shapes: without a memory bound a long prompt is one forward
+// and short ones share forwards of 8192 tokens (or of the whole cache); with a device's free memory
+// it is the largest halving whose activations fit beside the weights, the cache and the reserve,
+// down to 512, never below a decode step of the batch.
+TEST(InferForward, TakesTheLongestPromptWholeWhereTheMemoryAllows) {
+  ModelConfig c;
+  c.vocab_size = 151552;
+  c.hidden_size = 4096;
+  c.intermediate_size = 13696;
+  c.num_hidden_layers = 40;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 2;
+  c.head_dim = 128;
+  c.max_position_embeddings = 131072;
+  c.rope_theta = 5e6;
+  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 32768, 32769, 1), 32768);
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 500, 756, 32), 8192);
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 40, 56, 32), 56 * 32);
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 20000, 20256, 64), 20000);
+  const int64_t gib = int64_t{1} << 30;
+  const auto planned = [&](int64_t tokens) {
+    return Glm4Model::planned_activation_bytes(c, tokens, 2, 4, Recompute::full, false, /*forward_only=*/true);
+  };
+  EXPECT_EQ(forward_tokens(c, 139 * gib, 2, 4, 32768, 33024, 1), 32768);  // an H200
+  EXPECT_EQ(forward_tokens(c, 39 * gib, 2, 4, 32768, 33024, 1), 32768);   // a 40 GB A100
+  // A 24 GB GPU: the weights leave about 3 GB.
+  const int64_t free = 23 * gib;
+  const int64_t budget =
+      free - ParamLayout(c).total_numel() * 2 - 33024 * KvCache::bytes_per_token(c, 2) - kForwardReserve;
+  const int64_t tokens = forward_tokens(c, free, 2, 4, 32768, 33024, 1);
+  EXPECT_LT(tokens, 32768);
+  EXPECT_GE(tokens, 4096);
+  EXPECT_LE(planned(tokens), budget);
+  EXPECT_GT(planned(2 * tokens), budget);
+  EXPECT_EQ(32768 % tokens, 0);
+  EXPECT_EQ(forward_tokens(c, 19 * gib, 2, 4, 32768, 33024, 1), 512);
+  EXPECT_EQ(forward_tokens(c, 19 * gib, 2, 4, 100, 300, 700), 700);
 }
 
 TEST(ChatTemplate, TargetsAreAssistantNewlineContentAndTerminator) {

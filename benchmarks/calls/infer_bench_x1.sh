@@ -14,6 +14,7 @@
 # per op and the GPU's idle time). A short table comes last.
 #   GLM_IB_NO_BUILD=1   use build-gpu as it is
 #   GLM_IB_PEER=0       leave transformers out
+#   GLM_IB_PEER_RUNS    the peer's runs, of "batch1 batch32 prefill" (default all three)
 #   GLM_IB_TOKENS       new tokens a reply (default 256)
 #   GLM_IB_PROFILE_BATCH=32  profile batch 32 instead of batch 1; =long: the 32k prompt's prefill
 #   GLM_IB_NCU=1        also time every kernel of two batch-1 decode steps with Nsight Compute (op by
@@ -177,6 +178,8 @@ def run(ids, new):
     return time.time() - t, out.shape[1] - x.shape[1]
 result = {}
 for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens), ("prefill", "long", 1)):
+    if name not in sys.argv[3].split():
+        continue
     try:
         secs, made = run(rows(file), new)
         result[name] = {"seconds": secs, "tokens": made * len(rows(file))}
@@ -185,7 +188,7 @@ for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens),
     print(name, result[name], flush=True)
 json.dump(result, open(f"{w}/peer.json", "w"))
 PY
-  step peer 420 python3 "$W/peer.py" "$W" "$tokens"
+  step peer 420 python3 "$W/peer.py" "$W" "$tokens" "${GLM_IB_PEER_RUNS:-batch1 batch32 prefill}"
   keep peer
 fi
 python3 - "$W" "$OUT" "$tokens" "$dry" <<'PY'
@@ -249,7 +252,7 @@ for name in ("batch1", "batch32"):
         made, latency, first = warm[1]
         print("          warm (the second of two prompts, as the peer times it) %.1f tok/s%s; decode after the first token %.1f" %
               (made / latency, ", %.2fx the peer" % (made / latency / pt) if pt else "", decode_rate(warm[1])))
-g, p = glm("prefill"), peer.get("prefill", {})
+g, p = glm("prefill") or glm("prefill_warm"), peer.get("prefill", {})
 if g:
     print("prefill   glm_hpc %.3f s to the first token%s" % (g["ttft"], "; peer %.3f s (%.2fx)" % (p["seconds"], p["seconds"] / g["ttft"]) if "seconds" in p else ""))
     o = glm("old_prefill")

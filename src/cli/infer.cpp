@@ -113,7 +113,7 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
   const int64_t window = given(o, "max_length") ? o.train.max_length : m.config().max_position_embeddings;
   if (job->interactive()) {  // a conversation of up to --max_length tokens (8192 unless given)
     g.max_tokens = given(o, "max_length") ? window : std::min<int64_t>(window, 8192);
-    GLM_RETURN_IF_ERROR(job->create_generator(backend, std::min<int64_t>(g.max_tokens, 8192), g.max_tokens, 1));
+    GLM_RETURN_IF_ERROR(job->create_generator(backend, 0, g.max_tokens, 1));
     return job;
   }
   GLM_ASSIGN_OR_RETURN(job->prompts_, read_infer_prompts(o.val_datasets, job->tokenizer_.get(), m.config().vocab_size,
@@ -132,15 +132,30 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
   g.max_tokens = window;
   const int64_t mine = (static_cast<int64_t>(job->prompts_.size()) - proc.rank + proc.world_size - 1) / proc.world_size;
   const int64_t batch = std::max<int64_t>(1, std::min(o.max_batch_size, mine));
-  const int64_t chunk = std::max(batch, std::min<int64_t>(window, 8192));
-  GLM_RETURN_IF_ERROR(job->create_generator(backend, chunk, std::min(window, longest + g.max_new_tokens), batch));
+  GLM_RETURN_IF_ERROR(job->create_generator(backend, longest, std::min(window, longest + g.max_new_tokens), batch));
   return job;
 }
 
-Status InferJob::create_generator(Backend& backend, int64_t chunk, int64_t per_sequence, int64_t batch) {
+int64_t forward_tokens(const ModelConfig& c, int64_t free, int64_t act, int64_t stats, int64_t longest,
+                       int64_t per_sequence, int64_t batch) {
+  constexpr int64_t kTokens = 8192, kFewest = 512;
+  int64_t tokens = std::max(batch, std::min(per_sequence * batch, std::max(longest, kTokens)));
+  if (free < 0) return tokens;
+  const int64_t budget = free - ParamLayout(c).total_numel() * act -
+                         per_sequence * batch * KvCache::bytes_per_token(c, act) - kForwardReserve;
+  while (tokens > std::max(batch, kFewest) &&
+         Glm4Model::planned_activation_bytes(c, tokens, act, stats, Recompute::full, false, /*forward_only=*/true) >
+             budget)
+    tokens = std::max(batch, tokens / 2);
+  return tokens;
+}
+
+Status InferJob::create_generator(Backend& backend, int64_t longest, int64_t per_sequence, int64_t batch) {
   const ModelSource& m = *model_;
-  // Forward only, one layer's activations at a time (full recomputation keeps no layer's).
-  EngineConfig config{.model = m.config(), .max_tokens = chunk, .max_grad_norm = 0.0, .recompute = Recompute::full};
+  const int64_t chunk = forward_tokens(
+      m.config(), backend.device_memory_free(), static_cast<int64_t>(dtype_size(backend.compute_dtype())),
+      static_cast<int64_t>(dtype_size(backend.stats_dtype())), longest, per_sequence, batch);
+  EngineConfig config{.model = m.config(), .max_tokens = chunk, .max_grad_norm = 0.0, .forward_only = true};
   config.lora = m.lora();
   GLM_ASSIGN_OR_RETURN(engine_, TrainingEngine::create(config, backend, comm_));
   GLM_RETURN_IF_ERROR(m.load(*engine_));
@@ -169,7 +184,9 @@ std::string InferJob::describe() const {
                             sampling_source_, "); up to ", generation_.max_new_tokens, " new tokens, ",
                             generation_.max_tokens, " in all; stop ids [", stops, "]\n");
   text += concat("glm_hpc: KV cache of ", generator_->cache_tokens(), " tokens (",
-                 static_cast<double>(generator_->cache_bytes()) / 1048576.0, " MiB)\n");
+                 static_cast<double>(generator_->cache_bytes()) / 1048576.0, " MiB); forwards of up to ",
+                 engine_->max_tokens(), " tokens (activations ",
+                 static_cast<double>(engine_->activation_bytes()) / 1048576.0, " MiB)\n");
   if (!interactive())
     text += concat("glm_hpc: ", prompts_.size(), " prompts over ", proc_.world_size, " rank(s), up to ",
                    options_.max_batch_size, " at once per rank\n");

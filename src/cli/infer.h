@@ -39,6 +39,16 @@ Result<CliOptions> comparison_options(const CliOptions& options);
 // --result_path, else infer_result/<time>.jsonl in the --ckpt_dir checkpoint or the working directory.
 Result<std::string> result_path_of(const CliOptions& options);
 
+// The new tokens one forward takes (the engine's max_tokens): at least 8192 (or the whole cache),
+// and the longest prompt whole, so that its attention is one causal pass and its GEMMs the largest;
+// halved down to 512 while the activations (Glm4Model::planned_activation_bytes, forward only, of
+// act and stats bytes an element) do not fit in `free` bytes of device memory (-1: no bound) beside
+// the weights, the KV cache of `batch` sequences of `per_sequence` tokens and kForwardReserve; never
+// fewer than `batch` (a decode step of every sequence).
+inline constexpr int64_t kForwardReserve = int64_t{1} << 30;  // cuBLASLt's workspace, the logits, CUDA graphs
+int64_t forward_tokens(const ModelConfig& config, int64_t free, int64_t act, int64_t stats, int64_t longest,
+                       int64_t per_sequence, int64_t batch);
+
 class InferJob {
  public:
   // Opens the model and tokenizer, reads the prompts (all of them, on every rank: the same
@@ -67,9 +77,10 @@ class InferJob {
  private:
   InferJob(const CliOptions& options, const ProcessInfo& proc) : options_(options), proc_(proc) {}
   Result<std::string> result_path() const;
-  // The engine (forwards of up to `chunk` new tokens) and the generator over a KV cache for
-  // `batch` sequences of up to `per_sequence` tokens, as large as the device's free memory allows.
-  Status create_generator(Backend& backend, int64_t chunk, int64_t per_sequence, int64_t batch);
+  // The engine (forward only, of up to forward_tokens() new tokens) and the generator over a KV
+  // cache for `batch` sequences of up to `per_sequence` tokens, as large as the device's free memory
+  // allows; `longest`: the longest prompt (0 in a chat).
+  Status create_generator(Backend& backend, int64_t longest, int64_t per_sequence, int64_t batch);
   std::string result_line(size_t index, const Generation& g) const;
 
   CliOptions options_;

@@ -82,13 +82,14 @@ MicroBatchIndex index_micro_batch(std::span<const int32_t> tokens, std::span<con
 }
 
 Glm4Model::Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens,
-                     Recompute recompute, bool offload_activations)
+                     Recompute recompute, bool offload_activations, bool forward_only)
     : config_(config),
       layout_(std::move(layout)),
       backend_(backend),
       max_tokens_(max_tokens),
       recompute_(recompute),
-      offload_activations_(offload_activations) {
+      offload_activations_(offload_activations),
+      forward_only_(forward_only) {
   shape_.heads = config.num_attention_heads;
   shape_.kv_heads = config.num_key_value_heads;
   shape_.head_dim = config.head_dim;
@@ -100,14 +101,14 @@ Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, 
 }
 
 Result<std::unique_ptr<Glm4Model>> Glm4Model::create(const ModelConfig& config, ParamLayout layout, Backend& backend,
-                                                     int64_t max_tokens, Recompute recompute,
-                                                     bool offload_activations) {
+                                                     int64_t max_tokens, Recompute recompute, bool offload_activations,
+                                                     bool forward_only) {
   if (max_tokens <= 0) return GLM_INTERNAL_ERROR("max_tokens must be positive");
   const std::vector<int64_t> table{config.vocab_size, config.hidden_size};
   if (layout.entry(layout.embedding()).shape != table || layout.head_unit() != config.num_hidden_layers + 1)
     return GLM_INTERNAL_ERROR("a parameter layout of another model configuration");
   std::unique_ptr<Glm4Model> model(
-      new Glm4Model(config, std::move(layout), backend, max_tokens, recompute, offload_activations));
+      new Glm4Model(config, std::move(layout), backend, max_tokens, recompute, offload_activations, forward_only));
   GLM_RETURN_IF_ERROR(model->allocate());
   return model;
 }
@@ -122,8 +123,12 @@ Status Glm4Model::allocate() {
     activation_bytes_ += static_cast<int64_t>(b.tensor().bytes());
     return Status::ok();
   };
-  GLM_ASSIGN_OR_RETURN(residual_,
-                       ResidualStash::create(backend_, config_.num_hidden_layers + 1, n * h, act, offload_activations_));
+  if (forward_only_) {
+    GLM_ASSIGN_OR_RETURN(residual_, ResidualStash::create_forward_only(backend_, n * h, act));
+  } else {
+    GLM_ASSIGN_OR_RETURN(
+        residual_, ResidualStash::create(backend_, config_.num_hidden_layers + 1, n * h, act, offload_activations_));
+  }
   activation_bytes_ += residual_->device_bytes();
 
   // Per-layer activations: a kept field gets storage per layer, a shared one a single copy.
@@ -131,7 +136,7 @@ Status Glm4Model::allocate() {
       &LayerActivations::ln1,     &LayerActivations::rstd1, &LayerActivations::qkv, &LayerActivations::attn,
       &LayerActivations::lse,     &LayerActivations::mid,   &LayerActivations::ln2, &LayerActivations::rstd2,
       &LayerActivations::gate_up, &LayerActivations::act};
-  const auto fields = activation_fields(config_, n, recompute_);
+  const auto fields = activation_fields(config_, n, forward_only_ ? Recompute::full : recompute_);
   layers_.assign(static_cast<size_t>(config_.num_hidden_layers), LayerActivations{});
   for (int i = 0; i < kFields; ++i) {
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -149,6 +154,7 @@ Status Glm4Model::allocate() {
   GLM_RETURN_IF_ERROR(alloc(losses_, n, stats));
   GLM_RETURN_IF_ERROR(alloc(compact_losses_, n, stats));
   GLM_RETURN_IF_ERROR(alloc(compact_correct_, n, DType::i32));
+  if (forward_only_) return alloc(head_rows_, n * h, act);  // the head's gathered rows
   GLM_RETURN_IF_ERROR(alloc(d_residual_, n * h, act));
   GLM_RETURN_IF_ERROR(alloc(d_norm_, n * h, act));
   GLM_RETURN_IF_ERROR(alloc(d_attn_, n * config_.q_width(), act));
@@ -162,7 +168,7 @@ Status Glm4Model::allocate() {
 
 Tensor Glm4Model::head_rows(int k, int64_t m) const {
   // Two [max_tokens, hidden] halves of d_gate_up_ (free at the head: only layers use it), or of
-  // head_rows_ where the FFN is narrower than the hidden size.
+  // head_rows_ where the FFN is narrower than the hidden size or the model is forward-only (one half).
   const Buffer& buf = head_rows_.numel() > 0 ? head_rows_ : d_gate_up_;
   const int64_t h = config_.hidden_size;
   return buf.slice(static_cast<int64_t>(k) * max_tokens_ * h, m * h);
@@ -258,15 +264,18 @@ Status Glm4Model::lora_backward(int64_t l, LoraTarget target, Tensor din, Tensor
 }
 
 int64_t Glm4Model::planned_activation_bytes(const ModelConfig& c, int64_t n, int64_t act, int64_t stats,
-                                            Recompute recompute, bool offload_activations) {
+                                            Recompute recompute, bool offload_activations, bool forward_only) {
   // Mirrors allocate(): per-layer fields (once when shared), residual stream, head, backward scratch.
   const int64_t h = c.hidden_size, f = c.intermediate_size, layers = c.num_hidden_layers;
   int64_t fields = 0;
-  for (const ActivationField& a : activation_fields(c, n, recompute))
+  for (const ActivationField& a : activation_fields(c, n, forward_only ? Recompute::full : recompute))
     fields += (a.shared ? 1 : layers) * a.numel * (a.statistics ? stats : act);
-  const int64_t residual = act * n * h * ResidualStash::device_tensors(layers + 1, offload_activations);
+  const int64_t residual = act * n * h *
+                           (forward_only ? ResidualStash::kForwardOnlySlots
+                                         : ResidualStash::device_tensors(layers + 1, offload_activations));
   // final_norm_, final_rstd_, losses_, compact_losses_, compact_correct_ (i32).
   const int64_t head = act * n * h + stats * n * 3 + 4 * n;
+  if (forward_only) return fields + residual + head + act * n * h;                          // + head_rows_
   int64_t scratch = act * n * (h + h + c.q_width() + c.qkv_width() + f + 2 * f) + act * h;  // + norm_grad_scratch_
   if (f < h) scratch += act * 2 * n * h;  // head_rows_: d_gate_up_ cannot lend the lm_head's rows
   return fields + residual + head + scratch;
@@ -516,6 +525,7 @@ Status Glm4Model::forward_logits(const MicroBatch& b, ParameterProvider& params,
 
 Status Glm4Model::run(const MicroBatch& b, bool with_grad, double grad_scale, ParameterProvider& params, Tensor correct,
                       uint64_t dropout_key) {
+  if (with_grad && forward_only_) return GLM_INTERNAL_ERROR("a training step on a forward-only model");
   // LoRA dropout only in training steps; p = 0 takes the dropout-free path.
   lora_dropout_active_ = with_grad && lora_ != nullptr && lora_->config().dropout > 0;
   lora_dropout_key_ = dropout_key;

@@ -112,16 +112,19 @@ class Glm4Model {
   // unit, which the model acquires (and whose gradients it takes) once for the whole forward and
   // backward. Without a layout: ParamLayout(config), one shard, nothing persistent.
   // offload_activations (--offload_activations): the layers' inputs wait for their backward in
-  // pinned host memory (model/residual_stash.h).
+  // pinned host memory (model/residual_stash.h). forward_only (evaluation, generation): no backward
+  // scratch, one layer's activations shared by every layer and two residual-stream tensors, whatever
+  // the policy; a training forward is then an error.
   static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, ParamLayout layout, Backend& backend,
                                                    int64_t max_tokens, Recompute recompute = Recompute::none,
-                                                   bool offload_activations = false);
+                                                   bool offload_activations = false, bool forward_only = false);
   static Result<std::unique_ptr<Glm4Model>> create(const ModelConfig& config, Backend& backend, int64_t max_tokens,
                                                    Recompute recompute = Recompute::none);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t max_tokens() const { return max_tokens_; }
+  bool forward_only() const { return forward_only_; }
   Recompute recompute() const { return recompute_; }
   // Bytes of every activation and backward scratch buffer allocated by create() on the backend,
   // and of the offloaded layer inputs in host memory.
@@ -131,7 +134,7 @@ class Glm4Model {
   // activation_size bytes per element and statistics of stats_size (the memory planner).
   static int64_t planned_activation_bytes(const ModelConfig& config, int64_t max_tokens, int64_t activation_size,
                                           int64_t stats_size, Recompute recompute = Recompute::none,
-                                          bool offload_activations = false);
+                                          bool offload_activations = false, bool forward_only = false);
   static int64_t planned_host_activation_bytes(const ModelConfig& config, int64_t max_tokens, int64_t activation_size,
                                                bool offload_activations);
 
@@ -168,7 +171,7 @@ class Glm4Model {
 
  private:
   Glm4Model(const ModelConfig& config, ParamLayout layout, Backend& backend, int64_t max_tokens, Recompute recompute,
-            bool offload_activations);
+            bool offload_activations, bool forward_only);
   Status allocate();
   Status run(const MicroBatch& batch, bool with_grad, double grad_scale, ParameterProvider& params,
              Tensor correct = Tensor{}, uint64_t dropout_key = 0);
@@ -212,6 +215,7 @@ class Glm4Model {
   int64_t max_tokens_;
   Recompute recompute_;
   bool offload_activations_;
+  bool forward_only_;
   int64_t activation_bytes_ = 0;
   AttentionShape shape_;
   KvCache* kv_cache_ = nullptr;
@@ -225,8 +229,8 @@ class Glm4Model {
   std::vector<LayerActivations> layers_;
   Buffer final_norm_, final_rstd_, losses_;
   // The lm_head over the labelled rows only: their losses and argmax flags before they are
-  // scattered back, and (head_rows_, only where d_gate_up_ is too small to lend them) their
-  // gathered hidden states and those states' gradient.
+  // scattered back, and (head_rows_, only where d_gate_up_ is too small to lend them or does not
+  // exist) their gathered hidden states and those states' gradient.
   Buffer compact_losses_, compact_correct_, head_rows_;
   Tensor head_rows(int k, int64_t m) const;
   // Backward scratch, reused by every layer.

@@ -24,6 +24,19 @@ Result<std::unique_ptr<ResidualStash>> ResidualStash::create(Backend& backend, i
   return s;
 }
 
+Result<std::unique_ptr<ResidualStash>> ResidualStash::create_forward_only(Backend& backend, int64_t numel,
+                                                                          DType dtype) {
+  if (numel <= 0) return GLM_INTERNAL_ERROR("a residual stash of ", numel, " elements");
+  std::unique_ptr<ResidualStash> s(new ResidualStash(backend, /*offload=*/false, /*forward_only=*/true));
+  s->device_.resize(kForwardOnlySlots);
+  for (Buffer& b : s->device_) {
+    GLM_ASSIGN_OR_RETURN(b, backend.allocate(numel, dtype));
+    s->device_bytes_ += static_cast<int64_t>(b.tensor().bytes());
+  }
+  s->holds_.assign(s->device_.size(), -1);
+  return s;
+}
+
 Tensor ResidualStash::at(int64_t j) const { return device_[static_cast<size_t>(slot(j))].tensor(); }
 
 Status ResidualStash::finish_copies() {
@@ -42,6 +55,7 @@ Status ResidualStash::begin(int64_t used, bool keep) {
   GLM_RETURN_IF_ERROR(finish_copies());
   if (used <= 0 || used > device_.front().numel())
     return GLM_INTERNAL_ERROR("a micro-batch of ", used, " residual elements for tensors of ", device_.front().numel());
+  if (keep && forward_only_) return GLM_INTERNAL_ERROR("a backward's residual stream kept by a forward-only stash");
   used_ = used;
   keep_ = keep;
   holds_.assign(device_.size(), -1);
@@ -79,6 +93,7 @@ Status ResidualStash::prefetch(int64_t j) {
 
 Status ResidualStash::need(int64_t j) {
   GLM_RETURN_IF_ERROR(prefetch(j));
+  if (static_cast<size_t>(j) >= up_.size()) return Status::ok();  // never on the host
   const auto& arriving = up_[static_cast<size_t>(j)];
   return arriving != nullptr ? backend_.wait_for(*arriving) : Status::ok();
 }

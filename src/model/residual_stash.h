@@ -26,6 +26,10 @@ class ResidualStash {
   // overwrites. device_bytes() and host_bytes() say what was allocated.
   static Result<std::unique_ptr<ResidualStash>> create(Backend& backend, int64_t count, int64_t numel, DType dtype,
                                                        bool offload);
+  // A forward without backward: two device tensors, tensor j in slot j % 2 (a layer reads its input
+  // and writes its output); begin() refuses keep.
+  static Result<std::unique_ptr<ResidualStash>> create_forward_only(Backend& backend, int64_t numel, DType dtype);
+  static constexpr int64_t kForwardOnlySlots = 2;
   int64_t device_bytes() const { return device_bytes_; }
   int64_t host_bytes() const { return host_bytes_; }
   bool offloaded() const { return !host_.empty(); }
@@ -49,12 +53,14 @@ class ResidualStash {
   Status need(int64_t j);
 
  private:
-  ResidualStash(Backend& backend, bool offload) : backend_(backend), offload_(offload) {}
-  int64_t slot(int64_t j) const { return offload_ ? j % kSlots : j; }
+  ResidualStash(Backend& backend, bool offload, bool forward_only = false)
+      : backend_(backend), offload_(offload), forward_only_(forward_only) {}
+  int64_t slot(int64_t j) const { return offload_ ? j % kSlots : forward_only_ ? j % kForwardOnlySlots : j; }
   Status finish_copies();
 
   Backend& backend_;
   bool offload_;
+  bool forward_only_;
   std::vector<Buffer> device_;  // the ring (or every tensor)
   std::vector<Buffer> host_;    // tensor j's copy when the ring overwrites it
   std::vector<int64_t> holds_;  // the tensor in each device slot, -1 for none

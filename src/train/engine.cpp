@@ -32,16 +32,17 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
   e->data_comm_ = data_comm != nullptr ? data_comm : &comm;
   e->grad_reduce_dtype_ = effective_reduce_dtype(zero_options, backend.compute_dtype(), comm.size());
   if (lora != nullptr) GLM_RETURN_IF_ERROR(lora->validate());
+  if (ec.forward_only && adam) return GLM_INTERNAL_ERROR("a forward-only engine with an optimizer");
   // A share of a row holds 2 chunks of a row padded to a multiple of 2C.
   const int cp = ec.context_parallel_size;
   if (cp < 1 || comm.size() % cp != 0)
     return GLM_USER_ERROR("--context_parallel_size ", cp, " must divide the ", comm.size(), " ranks");
   const int64_t local_tokens = context_share_tokens(max_tokens, cp);
   // Named in an out-of-memory error, phase by phase (ZeroEngine's pieces name their own).
-  AllocationPurpose purpose(backend, "the activations and backward scratch");
+  AllocationPurpose purpose(backend, ec.forward_only ? "the activations" : "the activations and backward scratch");
   GLM_ASSIGN_OR_RETURN(
       e->model_, Glm4Model::create(config, zero_param_layout(config, comm.size(), zero_stage, zero_options), backend,
-                                   local_tokens, ec.recompute, ec.offload_activations));
+                                   local_tokens, ec.recompute, ec.offload_activations, ec.forward_only));
   if (cp > 1) {
     e->split_ = ContextSplit{cp, comm.rank() % cp};
     // From the communicator of the tensor collectives (NCCL's device buffers under CUDA).
@@ -53,7 +54,7 @@ Result<std::unique_ptr<TrainingEngine>> TrainingEngine::create(const EngineConfi
     e->model_->attach_context(e->context_.get());
   }
   GLM_ASSIGN_OR_RETURN(e->zero_, ZeroEngine::create(e->model_->layout(), backend, comm, zero_stage, data_comm,
-                                                    zero_options, /*frozen=*/lora != nullptr));
+                                                    zero_options, /*frozen=*/lora != nullptr || ec.forward_only));
   // tokens, targets, positions, doc_start, label_rows, label_targets, token_order, token_runs, and
   // a context-parallel share's row positions.
   backend.set_allocation_purpose("the micro-batch");

@@ -89,6 +89,9 @@ struct EngineConfig {
   // gradients; no update inside backward): what a StepFilter that looks at the norm needs.
   bool norm_before_update = false;
   GradientFault gradient_fault{};
+  // Evaluation and generation: no gradients (the base frozen as under LoRA), no backward scratch,
+  // one layer's activations at a time (Glm4Model::create); needs adam == nullopt.
+  bool forward_only = false;
 };
 
 class TrainingEngine {
@@ -102,6 +105,7 @@ class TrainingEngine {
 
   const ParamLayout& layout() const { return model_->layout(); }
   const ModelConfig& config() const { return model_->config(); }
+  int64_t max_tokens() const { return model_->max_tokens(); }  // of a micro-batch (a rank's share of its row)
   int zero_stage() const { return zero_->stage(); }
   // The full gradient of the last step (stage 0 only: other stages keep shards).
   Tensor gradients() const { return zero_->stage() == 0 ? zero_->owned_grads_all() : Tensor{}; }
