@@ -43,7 +43,8 @@ TEST(LrSchedule, WarmupThenCosineLikeTransformers) {
 // infer's forward size on GLM-4-9B-Chat shapes: without a memory bound a long prompt is one forward
 // and short ones share forwards of 8192 tokens (or of the whole cache); with a device's free memory
 // it is the largest halving whose activations fit beside the weights, the cache and the reserve,
-// down to 512, never below a decode step of the batch.
+// down to 512, never below a decode step of the batch; where not even the weights fit, a user error
+// that names the sizes.
 TEST(InferForward, TakesTheLongestPromptWholeWhereTheMemoryAllows) {
   ModelConfig c;
   c.vocab_size = 151552;
@@ -56,28 +57,33 @@ TEST(InferForward, TakesTheLongestPromptWholeWhereTheMemoryAllows) {
   c.max_position_embeddings = 131072;
   c.rope_theta = 5e6;
   ASSERT_TRUE(c.finalize_and_validate().is_ok());
-  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 32768, 32769, 1), 32768);
-  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 500, 756, 32), 8192);
-  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 40, 56, 32), 56 * 32);
-  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 20000, 20256, 64), 20000);
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 32768, 32769, 1).value(), 32768);
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 500, 756, 32).value(), 8192);
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 40, 56, 32).value(), 56 * 32);
+  EXPECT_EQ(forward_tokens(c, -1, 2, 4, 20000, 20256, 64).value(), 20000);
   const int64_t gib = int64_t{1} << 30;
   const auto planned = [&](int64_t tokens) {
     return Glm4Model::planned_activation_bytes(c, tokens, 2, 4, Recompute::full, false, /*forward_only=*/true);
   };
-  EXPECT_EQ(forward_tokens(c, 139 * gib, 2, 4, 32768, 33024, 1), 32768);  // an H200
-  EXPECT_EQ(forward_tokens(c, 39 * gib, 2, 4, 32768, 33024, 1), 32768);   // a 40 GB A100
+  EXPECT_EQ(forward_tokens(c, 139 * gib, 2, 4, 32768, 33024, 1).value(), 32768);  // an H200
+  EXPECT_EQ(forward_tokens(c, 39 * gib, 2, 4, 32768, 33024, 1).value(), 32768);   // a 40 GB A100
   // A 24 GB GPU: the weights leave about 3 GB.
   const int64_t free = 23 * gib;
   const int64_t budget =
       free - ParamLayout(c).total_numel() * 2 - 33024 * KvCache::bytes_per_token(c, 2) - kForwardReserve;
-  const int64_t tokens = forward_tokens(c, free, 2, 4, 32768, 33024, 1);
+  const int64_t tokens = forward_tokens(c, free, 2, 4, 32768, 33024, 1).value();
   EXPECT_LT(tokens, 32768);
   EXPECT_GE(tokens, 4096);
   EXPECT_LE(planned(tokens), budget);
   EXPECT_GT(planned(2 * tokens), budget);
   EXPECT_EQ(32768 % tokens, 0);
-  EXPECT_EQ(forward_tokens(c, 19 * gib, 2, 4, 32768, 33024, 1), 512);
-  EXPECT_EQ(forward_tokens(c, 19 * gib, 2, 4, 100, 300, 700), 700);
+  EXPECT_EQ(forward_tokens(c, 19 * gib, 2, 4, 32768, 33024, 1).value(), 512);
+  EXPECT_EQ(forward_tokens(c, 19 * gib, 2, 4, 100, 300, 700).value(), 700);
+  // A 16 GB GPU cannot hold the weights: a user error naming the sizes.
+  const Result<int64_t> refused = forward_tokens(c, 15 * gib, 2, 4, 100, 300, 1);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().kind(), ErrorKind::user_input);
+  EXPECT_NE(refused.status().message().find("GiB of weights"), std::string::npos) << refused.status().message();
 }
 
 TEST(ChatTemplate, TargetsAreAssistantNewlineContentAndTerminator) {

@@ -136,25 +136,36 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
   return job;
 }
 
-int64_t forward_tokens(const ModelConfig& c, int64_t free, int64_t act, int64_t stats, int64_t longest,
-                       int64_t per_sequence, int64_t batch) {
+Result<int64_t> forward_tokens(const ModelConfig& c, int64_t free, int64_t act, int64_t stats, int64_t longest,
+                               int64_t per_sequence, int64_t batch) {
   constexpr int64_t kTokens = 8192, kFewest = 512;
   int64_t tokens = std::max(batch, std::min(per_sequence * batch, std::max(longest, kTokens)));
   if (free < 0) return tokens;
-  const int64_t budget = free - ParamLayout(c).total_numel() * act -
-                         per_sequence * batch * KvCache::bytes_per_token(c, act) - kForwardReserve;
-  while (tokens > std::max(batch, kFewest) &&
-         Glm4Model::planned_activation_bytes(c, tokens, act, stats, Recompute::full, false, /*forward_only=*/true) >
-             budget)
-    tokens = std::max(batch, tokens / 2);
+  const int64_t weights = ParamLayout(c).total_numel() * act, per_token = KvCache::bytes_per_token(c, act);
+  const auto activations = [&](int64_t n) {
+    return Glm4Model::planned_activation_bytes(c, n, act, stats, Recompute::full, false, /*forward_only=*/true);
+  };
+  const int64_t budget = free - weights - per_sequence * batch * per_token - kForwardReserve;
+  while (tokens > std::max(batch, kFewest) && activations(tokens) > budget) tokens = std::max(batch, tokens / 2);
+  const int64_t least = weights + activations(tokens) + per_sequence * per_token;
+  if (least > free) {
+    const auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); };
+    return GLM_USER_ERROR("infer holds the whole model on each GPU: ", gib(weights), " GiB of weights, with ",
+                          gib(activations(tokens)), " GiB for forwards of ", tokens, " tokens and ",
+                          gib(per_sequence * per_token), " GiB for the KV cache of one sequence of ", per_sequence,
+                          " tokens, more than the ", gib(free),
+                          " GiB free on this GPU (lower --max_new_tokens or --max_length, or use a GPU with more "
+                          "memory or --device cpu)");
+  }
   return tokens;
 }
 
 Status InferJob::create_generator(Backend& backend, int64_t longest, int64_t per_sequence, int64_t batch) {
   const ModelSource& m = *model_;
-  const int64_t chunk = forward_tokens(
-      m.config(), backend.device_memory_free(), static_cast<int64_t>(dtype_size(backend.compute_dtype())),
-      static_cast<int64_t>(dtype_size(backend.stats_dtype())), longest, per_sequence, batch);
+  GLM_ASSIGN_OR_RETURN(const int64_t chunk, forward_tokens(m.config(), backend.device_memory_free(),
+                                                           static_cast<int64_t>(dtype_size(backend.compute_dtype())),
+                                                           static_cast<int64_t>(dtype_size(backend.stats_dtype())),
+                                                           longest, per_sequence, batch));
   EngineConfig config{.model = m.config(), .max_tokens = chunk, .max_grad_norm = 0.0, .forward_only = true};
   config.lora = m.lora();
   GLM_ASSIGN_OR_RETURN(engine_, TrainingEngine::create(config, backend, comm_));
