@@ -2325,7 +2325,7 @@ TEST(CudaModel, LoraDropoutMatchesCpuAndRecomputation) {
 // Generation's KV cache on the GPU (the gathered attention kernels over paged rows and over one run
 // of rows, decode-shaped batches: single tokens of several sequences beside prefill chunks): every forward's logits
 // against the CPU backend's and against recomputing the prefix on the GPU, to bf16 tolerance; at
-// GLM-4's head size 128 (Hopper's wgmma kernels here) and at 32.
+// GLM-4's head size 128 (Hopper's wgmma kernels here) and at 32. Forward-only engines, as infer's.
 TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
   REQUIRE_GPU();
   for (const int64_t head_dim : {128, 32}) {
@@ -2355,7 +2355,7 @@ TEST(CudaModel, CachedDecodingFollowsTheCpuBackend) {
     auto gpu = make_cuda_backend(0, graphs).take();
     LocalCommunicator comm;
     auto run = [&](Backend& backend, std::vector<std::vector<float>>& out) -> std::unique_ptr<TrainingEngine> {
-      auto engine = TrainingEngine::create({.model = c, .max_tokens = 256}, backend, comm).take();
+      auto engine = TrainingEngine::create({.model = c, .max_tokens = 256, .forward_only = true}, backend, comm).take();
       EXPECT_TRUE(engine->initialize_parameters(21).is_ok());
       auto cache = engine->create_kv_cache(400, 256).take();
       for (const HostDecodeBatch& b : script.batches) {
