@@ -815,17 +815,7 @@ TEST(ParamLayout, PersistentTensorsMoveToALastUnit) {
 }
 
 TEST(ParamLayout, Glm4_9bChatCountMatchesSpec) {
-  ModelConfig c;
-  c.vocab_size = 151552;
-  c.hidden_size = 4096;
-  c.intermediate_size = 13696;
-  c.num_hidden_layers = 40;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.max_position_embeddings = 131072;
-  c.rope_theta = 5e6;
-  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  ModelConfig c = glm4_9b_chat();
   ParamLayout layout(c);
   EXPECT_EQ(layout.parameter_count(), 9399951360LL);  // GLM4_SPEC.md section 3
   EXPECT_EQ(c.parameter_count(), 9399951360LL);

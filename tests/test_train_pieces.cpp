@@ -13,6 +13,7 @@
 #include "data/conversation_reader.h"
 #include "data/dataset.h"
 #include "data/sharded_loader.h"
+#include "test_util.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
 
@@ -46,17 +47,7 @@ TEST(LrSchedule, WarmupThenCosineLikeTransformers) {
 // down to 512, never below a decode step of the batch; where not even the weights fit, a user error
 // that names the sizes.
 TEST(InferForward, TakesTheLongestPromptWholeWhereTheMemoryAllows) {
-  ModelConfig c;
-  c.vocab_size = 151552;
-  c.hidden_size = 4096;
-  c.intermediate_size = 13696;
-  c.num_hidden_layers = 40;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.max_position_embeddings = 131072;
-  c.rope_theta = 5e6;
-  ASSERT_TRUE(c.finalize_and_validate().is_ok());
+  const ModelConfig c = glm4_9b_chat();
   EXPECT_EQ(forward_tokens(c, -1, 2, 4, 32768, 32769, 1).value(), 32768);
   EXPECT_EQ(forward_tokens(c, -1, 2, 4, 500, 756, 32).value(), 8192);
   EXPECT_EQ(forward_tokens(c, -1, 2, 4, 40, 56, 32).value(), 56 * 32);

@@ -99,6 +99,22 @@ inline ModelConfig tiny_glm4() {
   return m;
 }
 
+// GLM-4-9B-Chat's shapes (GLM4_SPEC.md section 3), validated.
+inline ModelConfig glm4_9b_chat() {
+  ModelConfig m;
+  m.vocab_size = 151552;
+  m.hidden_size = 4096;
+  m.intermediate_size = 13696;
+  m.num_hidden_layers = 40;
+  m.num_attention_heads = 32;
+  m.num_key_value_heads = 2;
+  m.head_dim = 128;
+  m.max_position_embeddings = 131072;
+  m.rope_theta = 5e6;
+  EXPECT_TRUE(m.finalize_and_validate().is_ok());
+  return m;
+}
+
 // Values in [-scale, scale): never zeros, never a pattern the kernels could special-case.
 inline std::vector<double> random_vector(size_t n, uint64_t seed, double scale = 1.0) {
   SplitMix64 rng(seed);
