@@ -13,22 +13,10 @@
 namespace glm::test {
 namespace {
 
-ModelConfig glm4_9b() {
-  ModelConfig m;
-  m.vocab_size = 151552;
-  m.hidden_size = 4096;
-  m.intermediate_size = 13696;
-  m.num_hidden_layers = 40;
-  m.num_attention_heads = 32;
-  m.num_key_value_heads = 2;
-  m.head_dim = 128;
-  return m;
-}
-
 // benchmarks/calls/gpu_session.sh's count: 203,948,032 matmul parameters a layer, 620,756,992 in
 // the head, and 6 x L x H x S attention FLOPs a token for rows of S tokens.
 TEST(ModelFlops, FollowsTheBenchmarksCountForGlm4_9b) {
-  const ModelConfig m = glm4_9b();
+  const ModelConfig m = glm4_9b_chat();
   EXPECT_EQ(matmul_parameters(m), 40.0 * 203948032 + 620756992);
   HostMicroBatch row;
   const int64_t s = 4096;

@@ -641,16 +641,8 @@ TEST(MemoryPlan, ActivationBytesMatchWhatTheModelAllocates) {
 
 // GLM-4-9B-Chat's shapes (configs/glm4-9b-chat.cfg), cut to `layers`.
 ModelConfig glm4_9b_shapes(int64_t layers) {
-  ModelConfig m;
-  m.vocab_size = 151552;
-  m.hidden_size = 4096;
-  m.intermediate_size = 13696;
+  ModelConfig m = glm4_9b_chat();
   m.num_hidden_layers = layers;
-  m.num_attention_heads = 32;
-  m.num_key_value_heads = 2;
-  m.head_dim = 128;
-  m.max_position_embeddings = 131072;
-  m.rope_theta = 5e6;
   EXPECT_TRUE(m.finalize_and_validate().is_ok());
   return m;
 }
