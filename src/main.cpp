@@ -166,6 +166,9 @@ glm::Status run_eval(const glm::CliOptions& o, const glm::Dataset& data, const g
                            .max_grad_norm = 0.0,
                            .forward_only = true};
   config.lora = model.lora();
+  backend.set_out_of_memory_hint(
+      "eval holds the whole model on each GPU with one micro-batch's activations: lower "
+      "--per_device_eval_batch_size or --max_length, or use a GPU with more memory or --device cpu");
   GLM_ASSIGN_OR_RETURN(auto engine, glm::TrainingEngine::create(config, backend, comm, data_comm));
   GLM_RETURN_IF_ERROR(model.load(*engine));
   const int64_t n = data.size();

@@ -1888,7 +1888,8 @@ void expect_steps_match_cpu(const ModelConfig& c, const BackendConfig& gpu_confi
 }
 
 // An allocation the GPU cannot hold fails at once with what it was for (AllocationPurpose, nested
-// scopes restoring the outer name), the GPU's free memory and the `glm_hpc plan` line to run.
+// scopes restoring the outer name), the GPU's free memory and the `glm_hpc plan` line to run, or
+// the advice a forward-only command set instead.
 TEST(CudaBackend, OutOfMemoryNamesWhatItWasForAndThePlan) {
   REQUIRE_GPU();
   auto gpu = make_cuda_backend(0).take();
@@ -1911,6 +1912,11 @@ TEST(CudaBackend, OutOfMemoryNamesWhatItWasForAndThePlan) {
   auto r = gpu->allocate(huge, DType::bf16);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().message().find(" for "), std::string::npos) << r.status().message();
+  gpu->set_out_of_memory_hint("infer's advice");  // what infer and eval set instead of the planner's line
+  r = gpu->allocate(huge, DType::bf16);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("); infer's advice"), std::string::npos) << r.status().message();
+  EXPECT_EQ(r.status().message().find("glm_hpc plan"), std::string::npos) << r.status().message();
   auto fine = gpu->allocate(1000, DType::bf16);  // the failures left the device usable
   EXPECT_TRUE(fine.is_ok()) << fine.status().message();
 }

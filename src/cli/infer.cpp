@@ -93,6 +93,9 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
                                                     Backend& backend) {
   std::unique_ptr<InferJob> job(new InferJob(options, proc));
   const CliOptions& o = job->options_;
+  backend.set_out_of_memory_hint(
+      "infer holds the whole model on each GPU with its forwards' activations and the KV cache: lower "
+      "--max_batch_size, --max_new_tokens or --max_length, or use a GPU with more memory or --device cpu");
   if (job->interactive() && proc.world_size > 1)
     return GLM_USER_ERROR("an interactive chat runs on one process: give --val_dataset FILE to spread prompts over ",
                           proc.world_size, " ranks");

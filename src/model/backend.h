@@ -181,6 +181,9 @@ class Backend {
   // What allocate() is being called for, named in its out-of-memory error (AllocationPurpose sets it).
   const char* allocation_purpose() const { return allocation_purpose_; }
   void set_allocation_purpose(const char* purpose) { allocation_purpose_ = purpose; }
+  // What an out-of-memory error advises (a string literal); null: the training memory planner.
+  const char* out_of_memory_hint() const { return out_of_memory_hint_; }
+  void set_out_of_memory_hint(const char* hint) { out_of_memory_hint_ = hint; }
   // Host memory, zeroed, for state kept off the device (the offloaded optimizer): page-locked
   // where pinned and the backend has a device to copy to (faster, asynchronous copies), plain
   // aligned memory otherwise.
@@ -376,6 +379,7 @@ class Backend {
 
  private:
   const char* allocation_purpose_ = nullptr;
+  const char* out_of_memory_hint_ = nullptr;
 };
 
 // Names what the allocations in its scope are for (a string literal), in the backend's

@@ -273,12 +273,15 @@ class CudaBackend final : public Backend {
       std::snprintf(text, sizeof(text), "%.2f GiB free of %.1f GiB", static_cast<double>(free_bytes) / gib,
                     static_cast<double>(total) / gib);
       const char* purpose = allocation_purpose();
-      return GLM_ERROR(ErrorKind::internal, "out of GPU memory allocating ", bytes, " bytes",
-                       purpose != nullptr ? concat(" for ", purpose) : std::string(), " (", text,
-                       "); `glm_hpc plan` with this run's options and --world_size N --gpu_memory_gib ",
+      const std::string hint =
+          out_of_memory_hint() != nullptr
+              ? std::string(out_of_memory_hint())
+              : concat("`glm_hpc plan` with this run's options and --world_size N --gpu_memory_gib ",
                        static_cast<int64_t>(static_cast<double>(total) / gib),
                        " shows what the run needs and names the cheapest settings that fit (ZeRO stage, "
                        "--recompute, --offload_optimizer cpu, --offload_param cpu)");
+      return GLM_ERROR(ErrorKind::internal, "out of GPU memory allocating ", bytes, " bytes",
+                       purpose != nullptr ? concat(" for ", purpose) : std::string(), " (", text, "); ", hint);
     }
     // Zeroed on the current stream and waited for: cudaMemset would run on the legacy default
     // stream, which the non-blocking streams do not wait for, so later work on the buffer could
