@@ -124,7 +124,6 @@ class Glm4Model {
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t max_tokens() const { return max_tokens_; }
-  bool forward_only() const { return forward_only_; }
   Recompute recompute() const { return recompute_; }
   // Bytes of every activation and backward scratch buffer allocated by create() on the backend,
   // and of the offloaded layer inputs in host memory.
