@@ -8,17 +8,12 @@ Result<std::unique_ptr<ResidualStash>> ResidualStash::create(Backend& backend, i
                                                              DType dtype, bool offload) {
   if (count <= 0 || numel <= 0) return GLM_INTERNAL_ERROR("a residual stash of ", count, " x ", numel, " elements");
   std::unique_ptr<ResidualStash> s(new ResidualStash(backend, offload && count > kSlots));
-  s->device_.resize(static_cast<size_t>(device_tensors(count, s->offload_)));
-  for (Buffer& b : s->device_) {
-    GLM_ASSIGN_OR_RETURN(b, backend.allocate(numel, dtype));
-    s->device_bytes_ += static_cast<int64_t>(b.tensor().bytes());
-  }
+  GLM_RETURN_IF_ERROR(s->allocate_device(device_tensors(count, s->offload_), numel, dtype));
   s->host_.resize(static_cast<size_t>(host_tensors(count, s->offload_)));
   for (Buffer& b : s->host_) {
     GLM_ASSIGN_OR_RETURN(b, backend.allocate_host(numel, dtype, /*pinned=*/true));
     s->host_bytes_ += static_cast<int64_t>(b.tensor().bytes());
   }
-  s->holds_.assign(s->device_.size(), -1);
   s->down_.resize(static_cast<size_t>(count));
   s->up_.resize(static_cast<size_t>(count));
   return s;
@@ -28,13 +23,18 @@ Result<std::unique_ptr<ResidualStash>> ResidualStash::create_forward_only(Backen
                                                                           DType dtype) {
   if (numel <= 0) return GLM_INTERNAL_ERROR("a residual stash of ", numel, " elements");
   std::unique_ptr<ResidualStash> s(new ResidualStash(backend, /*offload=*/false, /*forward_only=*/true));
-  s->device_.resize(kForwardOnlySlots);
-  for (Buffer& b : s->device_) {
-    GLM_ASSIGN_OR_RETURN(b, backend.allocate(numel, dtype));
-    s->device_bytes_ += static_cast<int64_t>(b.tensor().bytes());
-  }
-  s->holds_.assign(s->device_.size(), -1);
+  GLM_RETURN_IF_ERROR(s->allocate_device(kForwardOnlySlots, numel, dtype));
   return s;
+}
+
+Status ResidualStash::allocate_device(int64_t count, int64_t numel, DType dtype) {
+  device_.resize(static_cast<size_t>(count));
+  for (Buffer& b : device_) {
+    GLM_ASSIGN_OR_RETURN(b, backend_.allocate(numel, dtype));
+    device_bytes_ += static_cast<int64_t>(b.tensor().bytes());
+  }
+  holds_.assign(device_.size(), -1);
+  return Status::ok();
 }
 
 Tensor ResidualStash::at(int64_t j) const { return device_[static_cast<size_t>(slot(j))].tensor(); }

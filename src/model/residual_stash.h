@@ -56,6 +56,8 @@ class ResidualStash {
   ResidualStash(Backend& backend, bool offload, bool forward_only = false)
       : backend_(backend), offload_(offload), forward_only_(forward_only) {}
   int64_t slot(int64_t j) const { return offload_ ? j % kSlots : forward_only_ ? j % kForwardOnlySlots : j; }
+  // `count` device tensors of numel elements, none holding a tensor yet.
+  Status allocate_device(int64_t count, int64_t numel, DType dtype);
   Status finish_copies();
 
   Backend& backend_;
