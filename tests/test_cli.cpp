@@ -1671,6 +1671,61 @@ TEST(CliInfer, GenerationConfigSetsTheDefaults) {
   EXPECT_NE(greedy.output.find("up to 3 new tokens"), std::string::npos) << greedy.output;
 }
 
+// Beam search set as transformers sets it (generation_config.json's num_beams, length_penalty and
+// early_stopping, options over them): the reply of transformers' generate(num_beams=4) to the first
+// beam fixture prompt (tests/data/glm_a/beam_search.json, its end tokens), on one rank and two.
+TEST(CliInfer, BeamSearchGivesTransformersReply) {
+  std::ifstream in(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a/beam_search.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const nlohmann::json& c = golden["cases"][1];
+  ASSERT_EQ(c["num_beams"], 4);
+  const fs::path model = scratch_root() / "glm_a_beams";
+  fs::remove_all(model);
+  fs::copy(std::string(GLM_TEST_WORKDIR) + "/tests/data/glm_a", model);
+  std::ofstream(model / "generation_config.json") << nlohmann::json({{"do_sample", false},
+                                                                     {"num_beams", 4},
+                                                                     {"length_penalty", 0.5},
+                                                                     {"early_stopping", "never"},
+                                                                     {"eos_token_id", c["eos_token_id"][0]},
+                                                                     {"max_new_tokens", c["max_new_tokens"]}})
+                                                         .dump();
+  const std::string prompt = nlohmann::json({{"input_ids", golden["prompts"][0]}}).dump() + "\n";
+  const std::string prompts = write_file("beam_prompts.jsonl", prompt + prompt + prompt);
+  std::vector<int32_t> expected = c["replies"][0].get<std::vector<int32_t>>();
+  expected.pop_back();  // its end token
+  for (const int ranks : {1, 2}) {
+    const std::string result = (scratch_root() / ("beams_" + std::to_string(ranks) + ".jsonl")).string();
+    const RunResult r =
+        run_glm("infer --model_id_or_path " + model.string() + " --val_dataset " + prompts +
+                    " --length_penalty 1 --early_stopping false --max_batch_size 2 --result_path " + result,
+                ranks);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("glm_hpc: beam search of 4 beams (length_penalty 1, early_stopping false), greedy (from "
+                            "options, then "),
+              std::string::npos)
+        << r.output;
+    const std::vector<nlohmann::json> rows = result_rows(result);
+    ASSERT_EQ(rows.size(), 3u);
+    for (const nlohmann::json& row : rows) {
+      EXPECT_EQ(row["response_ids"].get<std::vector<int32_t>>(), expected) << row;
+      EXPECT_EQ(row["finish_reason"], "stop") << row;
+      EXPECT_NEAR(row["beam_score"].get<double>(), c["scores"][0].get<double>(), 1e-4) << row;
+    }
+  }
+  const std::string result = (scratch_root() / "beams_off.jsonl").string();
+  const RunResult greedy = run_glm("infer --model_id_or_path " + model.string() + " --val_dataset " + prompts +
+                                       " --num_beams 1 --result_path " + result,
+                                   1);
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.output;
+  EXPECT_NE(greedy.output.find("glm_hpc: greedy (from options, then"), std::string::npos) << greedy.output;
+  EXPECT_FALSE(result_rows(result).at(0).contains("beam_score"));
+  expect_bad_input("infer --model_id_or_path " + model.string() + " --val_dataset " + prompts + " --num_beams 0",
+                   "--num_beams must be >= 1");
+  expect_bad_input(
+      "infer --model_id_or_path " + model.string() + " --val_dataset " + prompts + " --early_stopping sometimes",
+      "--early_stopping must be false, true or never or model");
+}
+
 // eval opens models as infer does: a checkpoint scores as its export does (up to the export's bf16).
 TEST(CliInfer, EvalScoresACheckpointAsItsExport) {
   const std::string ckpt = trained_checkpoint("eval_ckpt");

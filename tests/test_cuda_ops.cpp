@@ -529,6 +529,54 @@ TEST_F(Ops, ArgmaxRowsMatchesCpu) {
   }
 }
 
+// Beam search's device part: each row's maximum and log-sum of exponentials, and its k largest
+// values with their columns (descending, the lower column first among equal ones), on odd widths up
+// to a vocabulary and a half, k from 1 to more than a row holds, with values planted three times in
+// a row (ties), a row partly -inf, and one wholly -inf: ids and values as the CPU's, bit for bit.
+TEST_F(Ops, TopKRowsMatchesCpu) {
+  for (const int64_t cols : {int64_t{5}, int64_t{37}, int64_t{1029}, int64_t{227331}})
+    for (const int64_t k : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{40}}) {
+      SCOPED_TRACE(concat(cols, " columns, k ", k));
+      const int64_t rows = 6;
+      std::vector<float> values = random_bf16(static_cast<size_t>(rows * cols), 77 + cols);
+      for (int64_t r = 0; r + 2 < rows && cols > 3; ++r)
+        for (const int64_t at : {(r * 7919) % cols, (r * 7919 + 3) % cols, (r * 104729 + 1) % cols})
+          values[static_cast<size_t>(r * cols + at)] = 5.0f + static_cast<float>(r % 2);
+      for (int64_t c = 0; c < cols; c += 2) values[static_cast<size_t>((rows - 2) * cols + c)] = -INFINITY;
+      for (int64_t c = 0; c < cols; ++c) values[static_cast<size_t>((rows - 1) * cols + c)] = -INFINITY;
+      auto v = dual(values, DType::f32);
+      auto ids = ints(std::vector<int32_t>(static_cast<size_t>(rows * k), -7));
+      auto top = output(rows * k, DType::f32);
+      auto stats = output(2 * rows, DType::f32);
+      ASSERT_TRUE(
+          cpu_->top_k_rows(ids.cpu.tensor(), top.cpu.tensor(), stats.cpu.tensor(), v.cpu.tensor(), rows, cols, k)
+              .is_ok());
+      ASSERT_TRUE(
+          gpu_->top_k_rows(ids.gpu.tensor(), top.gpu.tensor(), stats.gpu.tensor(), v.gpu.tensor(), rows, cols, k)
+              .is_ok());
+      std::vector<int32_t> got_ids(static_cast<size_t>(rows * k));
+      std::vector<float> got_top(static_cast<size_t>(rows * k)), got_stats(static_cast<size_t>(2 * rows));
+      ASSERT_TRUE(gpu_->download(got_ids.data(), ids.gpu.tensor()).is_ok());
+      ASSERT_TRUE(gpu_->download(got_top.data(), top.gpu.tensor()).is_ok());
+      ASSERT_TRUE(gpu_->download(got_stats.data(), stats.gpu.tensor()).is_ok());
+      const int32_t* want_ids = ids.cpu.tensor().as<int32_t>();
+      const float* want_top = top.cpu.tensor().as<float>();
+      const float* want_stats = stats.cpu.tensor().as<float>();
+      for (int64_t i = 0; i < rows * k; ++i) {
+        EXPECT_EQ(got_ids[static_cast<size_t>(i)], want_ids[i]) << "row " << i / k << ", place " << i % k;
+        EXPECT_EQ(got_top[static_cast<size_t>(i)], want_top[i]) << "row " << i / k << ", place " << i % k;
+      }
+      for (int64_t r = 0; r + 1 < rows; ++r) {
+        EXPECT_EQ(got_stats[static_cast<size_t>(2 * r)], want_stats[2 * r]) << "row " << r;
+        EXPECT_NEAR(got_stats[static_cast<size_t>(2 * r + 1)], want_stats[2 * r + 1], 2e-5) << "row " << r;
+      }
+      EXPECT_EQ(got_ids[static_cast<size_t>((rows - 1) * k)], 0) << "a row of -inf still names its columns";
+      if (k > cols) {
+        EXPECT_EQ(want_ids[k - 1], -1) << "past the row's columns";
+      }
+    }
+}
+
 class Linear : public Ops {
  protected:
   // The linear ops against the CPU on odd sizes: forward with bias and with an addend (a separate

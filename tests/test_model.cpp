@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -553,6 +554,78 @@ TEST(Generate, ContinuousBatchingGivesEachRequestItsOwnReply) {
   const Status refused = small->run(too_big, [](size_t, Generation) {});
   EXPECT_EQ(refused.kind(), ErrorKind::user_input);
   EXPECT_NE(refused.message().find("need 45 KV cache rows; the cache has 16"), std::string::npos) << refused.message();
+}
+
+// Beam search over the KV cache gives every request the reply of the reference search (which
+// recomputes each beam's whole sequence): beam search with a stop id and each early_stopping mode,
+// and beam sample (temperature, top-k, top-p, a repetition penalty), which is reproducible by seed
+// and differs across seeds; prompts longer than one forward, more requests than the batch, and a
+// cache only as large as the largest request needs (beams share their prefix's rows: a leak would
+// run it out, an internal error).
+TEST(Generate, BeamSearchOverTheCacheGivesTheReferenceReplies) {
+  const ModelConfig config = generation_config();
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  auto engine = TrainingEngine::create({.model = config, .max_tokens = 24}, *backend, comm).take();
+  ASSERT_TRUE(engine->initialize_parameters(5).is_ok());
+  auto reference_engine = TrainingEngine::create({.model = config, .max_tokens = 40}, *backend, comm).take();
+  ASSERT_TRUE(reference_engine->initialize_parameters(5).is_ok());
+  std::mt19937 rng(13);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const int length : {5, 1, 30, 9, 17, 3}) {
+    prompts.emplace_back();
+    for (int i = 0; i < length; ++i) prompts.back().push_back(static_cast<int32_t>(rng() % 32));
+  }
+  GenerationOptions probe;
+  probe.sampling.temperature = 0;
+  probe.max_new_tokens = 10;
+  const std::vector<int32_t> probed = generate(*reference_engine, prompts[3], probe, 0).take().tokens;
+  struct Case {
+    double temperature;
+    EarlyStopping early;
+    double length_penalty;
+    uint64_t seed;
+  };
+  std::map<uint64_t, std::vector<std::vector<int32_t>>> sampled;
+  for (const Case c : {Case{0.0, EarlyStopping::heuristic, 1.0, 1}, Case{0.0, EarlyStopping::never, 2.0, 1},
+                       Case{0.0, EarlyStopping::when_full, 0.5, 1}, Case{1.3, EarlyStopping::heuristic, 1.0, 1},
+                       Case{1.3, EarlyStopping::heuristic, 1.0, 2}}) {
+    SCOPED_TRACE(concat("temperature ", c.temperature, ", early_stopping ", enum_name(c.early), ", seed ", c.seed));
+    GenerationOptions o;
+    o.sampling.temperature = c.temperature;
+    o.sampling.seed = c.seed;
+    if (c.temperature > 0) {
+      o.sampling.top_k = 12;
+      o.sampling.top_p = 0.95;
+      o.sampling.repetition_penalty = 1.2;
+    }
+    o.beams = {.num_beams = 3, .length_penalty = c.length_penalty, .early_stopping = c.early};
+    o.max_new_tokens = 8;
+    o.max_tokens = 36;
+    o.stop_ids = {probed[2], probed[5]};
+    std::vector<GenerationRequest> requests;
+    for (size_t i = 0; i < prompts.size(); ++i) requests.push_back({prompts[i], 100 + i});
+    // The 30-token prompt's 6 replies' rows beside its prompt: 48, the cache.
+    auto generator = CachedGenerator::create(*engine, o, /*cache_tokens=*/48, /*max_batch=*/2);
+    ASSERT_TRUE(generator.is_ok()) << generator.status().message();
+    std::vector<std::optional<Generation>> replies(prompts.size());
+    const Status s = generator.value()->run(requests, [&](size_t i, Generation g) { replies[i] = std::move(g); });
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    bool some_stopped = false;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(replies[i].has_value()) << i;
+      const Generation expected = generate(*reference_engine, prompts[i], o, 100 + i).take();
+      EXPECT_EQ(replies[i]->tokens, expected.tokens) << "request " << i;
+      EXPECT_EQ(replies[i]->stopped, expected.stopped) << "request " << i;
+      ASSERT_TRUE(replies[i]->beam_score && expected.beam_score) << "request " << i;
+      EXPECT_NEAR(*replies[i]->beam_score, *expected.beam_score, 1e-5) << "request " << i;
+      EXPECT_LE(replies[i]->tokens.size() + prompts[i].size(), 36u);
+      some_stopped |= expected.stopped;
+      if (c.temperature > 0) sampled[c.seed].push_back(expected.tokens);
+    }
+    EXPECT_TRUE(some_stopped) << "a stop id must end some reply, or it is untested";
+  }
+  EXPECT_NE(sampled[1], sampled[2]) << "another seed draws other beams";
 }
 
 // Without clipping on one rank the optimizer updates each unit as backward finishes it (on the

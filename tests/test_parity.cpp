@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "mpi/local_communicator.h"
 #include "test_util.h"
+#include "train/cached_generator.h"
 #include "train/engine.h"
 #include "train/generate.h"
 
@@ -180,6 +181,72 @@ TEST(Parity, GreedyGenerationFollowsTransformers) {
   check_greedy("glm_a", "glm_a");
   check_greedy("chatglm_a", "glm_a");
   check_greedy("glm_b", "glm_b");
+}
+
+// transformers' generate(num_beams=N, do_sample=False) of the same prompts under five settings
+// (tools/make_generate_fixtures.py: 2 to 5 beams; end tokens its beams produce, so hypotheses end
+// early; length penalties 2, 1, 0 and -1; early_stopping false, true and "never"; a repetition
+// penalty): the best hypothesis' tokens (its end token included) and score, by the reference
+// search (recomputing every beam) and by the cached generator, which shares the prompt's rows.
+void check_beams(const std::string& model_dir, const std::string& golden_dir) {
+  std::ifstream in(kData + golden_dir + "/beam_search.json");
+  ASSERT_TRUE(in) << "missing " << golden_dir << "/beam_search.json";
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto source = ModelSource::open({kData + model_dir, "", ""});
+  ASSERT_TRUE(source.is_ok()) << source.status().message();
+  auto backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  const EngineConfig ec{.model = source.value().config(), .max_tokens = 128, .max_grad_norm = 0.0};
+  auto engine = TrainingEngine::create(ec, *backend, comm);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  ASSERT_TRUE(source.value().load(*engine.value()).is_ok());
+  const auto prompts = golden["prompts"].get<std::vector<std::vector<int32_t>>>();
+  int checked = 0;
+  for (const nlohmann::json& c : golden["cases"]) {
+    GenerationOptions options;
+    options.sampling.temperature = 0;
+    options.sampling.repetition_penalty = c["repetition_penalty"].get<double>();
+    options.beams.num_beams = c["num_beams"].get<int64_t>();
+    options.beams.length_penalty = c["length_penalty"].get<double>();
+    const nlohmann::json& early = c["early_stopping"];
+    options.beams.early_stopping = early.is_string()   ? EarlyStopping::never
+                                   : early.get<bool>() ? EarlyStopping::when_full
+                                                       : EarlyStopping::heuristic;
+    options.max_new_tokens = c["max_new_tokens"].get<int64_t>();
+    options.max_tokens = ec.max_tokens;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string where = concat(golden_dir, " case with ", options.beams.num_beams, " beams, length_penalty ",
+                                       options.beams.length_penalty, ", prompt ", i);
+      options.stop_ids = c["eos_token_id"][i].get<std::vector<int32_t>>();
+      std::vector<int32_t> expected = c["replies"][i].get<std::vector<int32_t>>();
+      const bool ended = !expected.empty() && std::find(options.stop_ids.begin(), options.stop_ids.end(),
+                                                        expected.back()) != options.stop_ids.end();
+      if (ended) expected.pop_back();
+      const float score = c["scores"][i].get<float>();
+      auto g = generate(*engine.value(), prompts[i], options, i);
+      ASSERT_TRUE(g.is_ok()) << g.status().message();
+      EXPECT_EQ(g.value().tokens, expected) << where;
+      EXPECT_EQ(g.value().stopped, ended) << where;
+      ASSERT_TRUE(g.value().beam_score.has_value()) << where;
+      EXPECT_NEAR(*g.value().beam_score, score, 1e-4 * std::fabs(score)) << where;
+      auto generator = CachedGenerator::create(*engine.value(), options, 1024, 2);
+      ASSERT_TRUE(generator.is_ok()) << generator.status().message();
+      const GenerationRequest request{prompts[i], i};
+      Generation cached;
+      ASSERT_TRUE(generator.value()->run({&request, 1}, [&](size_t, Generation r) { cached = std::move(r); }).is_ok());
+      EXPECT_EQ(cached.tokens, expected) << where << " (cached)";
+      ASSERT_TRUE(cached.beam_score.has_value()) << where;
+      EXPECT_NEAR(*cached.beam_score, score, 1e-4 * std::fabs(score)) << where << " (cached)";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 15);
+}
+
+TEST(Parity, BeamSearchFollowsTransformers) {
+  check_beams("glm_a", "glm_a");
+  check_beams("chatglm_a", "glm_a");
+  check_beams("glm_b", "glm_b");
 }
 
 TEST(Parity, ConfigsOfBothLayoutsAgree) {

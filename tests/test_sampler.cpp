@@ -1,13 +1,14 @@
 // The sampler against transformers' definitions on rows small enough to reason about: greedy with
 // ties, the repetition penalty's two signs, top-k ties, top-p's boundary, temperature, and the
-// draw's distribution and reproducibility.
-#include "model/sampler.h"
-
+// draw's distribution and reproducibility; beam search on a scripted model and beam sample's draws.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 #include <vector>
+
+#include "model/beam_search.h"
+#include "model/sampler.h"
 
 namespace glm {
 namespace {
@@ -124,6 +125,91 @@ TEST(Sampler, OptionsOutOfRangeAreRefusedByName) {
   o = {};
   o.repetition_penalty = 0;
   refused(o, "--repetition_penalty");
+}
+
+// Beam search on a scripted model of three tokens (A, B and the stop token E), whose next-token
+// probabilities depend on the reply's first token: A first (0.6), then A 0.5, B 0.3, E 0.2; B first
+// (0.4), then E 0.9. Greedy decoding follows A, A, A, A; two beams find B E, whose probability
+// 0.36 beats every reply through A; its score is log(0.36) over its length (2 tokens, E included)
+// to the length penalty. A step's parents name the beams the running ones extend.
+std::vector<float> scripted_logits(std::span<const int32_t> reply) {
+  if (reply.empty()) return logs({0.6, 0.4, 1e-9});
+  return reply[0] == 0 ? logs({0.5, 0.3, 0.2}) : logs({0.05, 0.05, 0.9});
+}
+
+BeamHypothesis scripted_search(const BeamOptions& beams, int64_t* steps = nullptr) {
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  const std::vector<int32_t> prompt = {1}, stop = {2};
+  BeamSearch search(prompt, /*max_new=*/4, greedy, beams, stop, 0);
+  while (!search.done()) {
+    std::vector<float> rows;
+    for (size_t b = 0; b < search.running(); ++b) {
+      const std::vector<float> row = scripted_logits(search.reply(b));
+      rows.insert(rows.end(), row.begin(), row.end());
+    }
+    search.step(rows, 3);
+    if (search.steps() == 2) {  // A A and A B run on, both from the beam that was A
+      EXPECT_EQ(search.running(), 2u);
+      EXPECT_EQ(search.parents(), (std::vector<size_t>{0, 0}));
+      EXPECT_EQ(std::vector<int32_t>(search.reply(0).begin(), search.reply(0).end()), (std::vector<int32_t>{0, 0}));
+      EXPECT_EQ(std::vector<int32_t>(search.reply(1).begin(), search.reply(1).end()), (std::vector<int32_t>{0, 1}));
+    }
+  }
+  if (steps != nullptr) *steps = search.steps();
+  return search.best();
+}
+
+TEST(BeamSearch, TwoBeamsFindTheLikelierReplyGreedyMisses) {
+  for (const double penalty : {1.0, 0.0, -1.0}) {
+    SCOPED_TRACE(penalty);
+    int64_t steps = 0;
+    const BeamHypothesis best = scripted_search({.num_beams = 2, .length_penalty = penalty}, &steps);
+    EXPECT_EQ(best.tokens, (std::vector<int32_t>{1, 2}));
+    EXPECT_TRUE(best.stopped);
+    EXPECT_NEAR(best.score, std::log(0.4 * 0.9) / std::pow(2.0, penalty), 1e-5);
+    EXPECT_EQ(steps, 4) << "one hypothesis finished: the others run to max_new";
+  }
+  // early_stopping true waits for two finished hypotheses: B E, then A A A A at max_new.
+  int64_t steps = 0;
+  const BeamHypothesis full = scripted_search({.num_beams = 2, .early_stopping = EarlyStopping::when_full}, &steps);
+  EXPECT_EQ(full.tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(steps, 4);
+}
+
+// Beam sample draws its candidates without replacement in proportion to their probability
+// (transformers' torch.multinomial over the beams' scores): with one beam, two candidates are drawn
+// and the likelier of the two runs on, so token 3 (p 0.1) never does and token 2 (p 0.2) only when
+// drawn with token 3: P = 0.2 * 0.1 / 0.8 + 0.1 * 0.2 / 0.9.
+TEST(BeamSearch, BeamSampleDrawsCandidatesWithoutReplacement) {
+  const std::vector<double> p = {0.4, 0.3, 0.2, 0.1};
+  auto pair = [&](size_t i, size_t j) { return p[i] * p[j] / (1 - p[i]) + p[j] * p[i] / (1 - p[j]); };
+  const double expected[] = {pair(0, 1) + pair(0, 2) + pair(0, 3), pair(1, 2) + pair(1, 3), pair(2, 3), 0.0};
+  SamplingOptions o;
+  o.temperature = 1.0;
+  const std::vector<int32_t> prompt = {0};
+  const std::vector<float> logits = logs(p);
+  std::map<int32_t, double> f;
+  constexpr int kDraws = 20000;
+  for (int s = 0; s < kDraws; ++s) {
+    BeamSearch search(prompt, 8, o, {.num_beams = 1}, {}, static_cast<uint64_t>(s));
+    search.step(logits, 4);
+    ASSERT_EQ(search.running(), 1u);
+    f[search.reply(0)[0]] += 1.0 / kDraws;
+  }
+  for (int32_t t = 0; t < 4; ++t) EXPECT_NEAR(f[t], expected[t], 0.01) << "token " << t;
+  BeamSearch again(prompt, 8, o, {.num_beams = 1}, {}, 7), other(prompt, 8, o, {.num_beams = 1}, {}, 7);
+  again.step(logits, 4);
+  other.step(logits, 4);
+  EXPECT_EQ(again.reply(0)[0], other.reply(0)[0]) << "the same seed and sequence draw the same";
+}
+
+TEST(BeamSearch, OptionsOutOfRangeAreRefusedByName) {
+  EXPECT_NE(BeamOptions{.num_beams = 0}.validate().message().find("--num_beams"), std::string::npos);
+  EXPECT_NE(BeamOptions{.length_penalty = std::nan("")}.validate().message().find("--length_penalty"),
+            std::string::npos);
+  const BeamOptions negative{.num_beams = 4, .length_penalty = -2};
+  EXPECT_TRUE(negative.validate().is_ok());
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Greedy continuations from transformers' generate() for glm_hpc's generation tests.
+"""Greedy and beam-search continuations from transformers' generate() for glm_hpc's generation tests.
 
 For each parity fixture directory (tools/make_parity_fixtures.py wrote them: config.json and
 model.safetensors of a random GlmForCausalLM), loads the model on the CPU in float32 (eager
@@ -11,6 +11,14 @@ OUT_DIR/<fixture>/generate.json:
   margins          at every step, the chosen logit minus the runner-up (small: a near tie that
                    another correct implementation may break the other way)
   max_new_tokens, transformers_version, torch_version
+and OUT_DIR/<fixture>/beam_search.json: generate(num_beams=N, do_sample=False) of the same prompts
+under the settings of BEAM_CASES (beam widths, end tokens the beams do produce, length penalties of
+both signs, each early_stopping mode, a repetition penalty):
+  prompts          as above
+  cases            each case's settings (num_beams, eos_token_id, length_penalty, early_stopping,
+                   repetition_penalty, max_new_tokens) and, per prompt, the best hypothesis'
+                   generated ids (an end token included), its score (sequences_scores) and the
+                   steps the search took before it stopped (len(scores))
 
 usage: python3 tools/make_generate_fixtures.py FIXTURES_DIR OUT_DIR [NAME...]   (default: glm_a glm_b)
 """
@@ -42,6 +50,50 @@ def continue_greedily(model, prompt):
     return tokens, margins
 
 
+# The end tokens of the later cases are tokens of case 0's best reply (at these positions), so that
+# hypotheses do end early; case 0 keeps the model's end ids, which its vocabulary never produces.
+BEAM_CASES = (
+    dict(num_beams=3, eos=None, length_penalty=1.0, early_stopping=False, repetition_penalty=1.0, max_new_tokens=12),
+    dict(num_beams=4, eos=(2, 5), length_penalty=1.0, early_stopping=False, repetition_penalty=1.0, max_new_tokens=16),
+    dict(num_beams=2, eos=(2, 5), length_penalty=2.0, early_stopping="never", repetition_penalty=1.0,
+         max_new_tokens=16),
+    dict(num_beams=3, eos=(1, 4), length_penalty=0.0, early_stopping=True, repetition_penalty=1.3, max_new_tokens=16),
+    dict(num_beams=5, eos=(3,), length_penalty=-1.0, early_stopping=False, repetition_penalty=1.0, max_new_tokens=10),
+)
+
+
+def beam_search(model, prompt, num_beams, eos, length_penalty, early_stopping, repetition_penalty, max_new_tokens):
+    ids = torch.tensor([prompt])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=num_beams,
+                         eos_token_id=eos, length_penalty=length_penalty, early_stopping=early_stopping,
+                         repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens, pad_token_id=0,
+                         num_return_sequences=1, output_scores=True, return_dict_in_generate=True)
+    return out.sequences[0, len(prompt):].tolist(), float(out.sequences_scores[0]), len(out.scores)
+
+
+def beam_fixture(model, prompts):
+    model_eos = list(model.config.eos_token_id or [])
+    cases = []
+    first = None
+    for case in BEAM_CASES:
+        settings = dict(case)
+        positions = settings.pop("eos")
+        replies, scores, steps, eos_ids = [], [], [], []
+        for i, prompt in enumerate(prompts):
+            eos = model_eos if positions is None else sorted({first[i][p] for p in positions})
+            tokens, score, taken = beam_search(model, prompt, eos=eos, **settings)
+            replies.append(tokens)
+            scores.append(score)
+            steps.append(taken)
+            eos_ids.append(eos)
+        if first is None:
+            first = replies
+        ended = sum(1 for r, e in zip(replies, eos_ids) if r and r[-1] in e)
+        print("  beams", settings["num_beams"], "replies of", [len(r) for r in replies], "tokens,", ended, "ended")
+        cases.append(dict(settings, eos_token_id=eos_ids, replies=replies, scores=scores, steps=steps))
+    return cases
+
+
 def main():
     if len(sys.argv) < 3:
         raise SystemExit(__doc__)
@@ -64,6 +116,11 @@ def main():
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
         with open(os.path.join(out_dir, name, "generate.json"), "w") as fh:
             json.dump(result, fh)
+        with torch.no_grad():
+            beams = {"prompts": prompts, "cases": beam_fixture(model, prompts),
+                     "transformers_version": transformers.__version__, "torch_version": torch.__version__}
+        with open(os.path.join(out_dir, name, "beam_search.json"), "w") as fh:
+            json.dump(beams, fh)
         print(name, "smallest margin", min(min(m) for m in result["margins"]))
 
 

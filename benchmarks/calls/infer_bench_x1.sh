@@ -21,6 +21,11 @@
 #                       op, --clock-control none) and print the time per kernel name for one token
 #   GLM_IB_OLD=BINARY   also decode batch 1 and batch 32 and prefill 32k with another build's glm_hpc
 #                       (an older tree's, built in the same call) and print new against old
+#   GLM_IB_BEAMS=N      also beam search of N beams (no end token: every reply GLM_IB_BEAM_TOKENS long,
+#                       default 128) at batch 1 and 8 (prompts of 512 tokens), with the best candidates
+#                       chosen on the device, and at batch 8 through the host's whole rows (a
+#                       repetition penalty of 1.0001 forces them); the peer: generate(num_beams=N)
+#                       ("beam1 beam8" in GLM_IB_PEER_RUNS)
 #   GLM_IB_KEEP=1       keep the work folder (build-gpu/infer_bench: the model, the logs of earlier
 #                       calls) and reuse its model, so a later call on a warm machine can run the
 #                       steps one call had no time for; STEP_ONLY names those steps (steps.sh)
@@ -83,6 +88,7 @@ for name, count, length in (("one", 1, n), ("batch", 32, n), ("long", 1, long_))
     with open(f"{w}/{name}.jsonl", "w") as f:
         for _ in range(count):
             f.write(json.dumps({"input_ids": [random.randrange(1000, 150000 if n > 100 else 1400) for _ in range(length)]}) + "\n")
+open(f"{w}/batch8.jsonl", "w").writelines(open(f"{w}/batch.jsonl").readlines()[:8])
 for name in ("one", "long"):  # each prompt twice: the second reply runs warm
     line = open(f"{w}/{name}.jsonl").read()
     open(f"{w}/{name}_twice.jsonl", "w").write(line + line)
@@ -110,6 +116,12 @@ infer prefill long 1 1
 # The 32k prompt twice: the second prefill runs warm, as the peer's second generate() does.
 infer prefill_warm long_twice 1 1
 infer chat100 chat 32 "$tokens"
+beams=${GLM_IB_BEAMS:-0} beam_tokens=${GLM_IB_BEAM_TOKENS:-128}
+if [ "$beams" -gt 1 ]; then
+  infer beam1 one_twice 1 "$beam_tokens" --num_beams "$beams"
+  infer beam8 batch8 8 "$beam_tokens" --num_beams "$beams"
+  infer beam8_host batch8 8 "$beam_tokens" --num_beams "$beams" --repetition_penalty 1.0001
+fi
 if [ -n "${GLM_IB_OLD:-}" ]; then
   BIN=$GLM_IB_OLD infer old_batch1 one 1 "$tokens"
   BIN=$GLM_IB_OLD infer old_batch32 batch 32 "$tokens"
@@ -160,16 +172,16 @@ if [ "$peer" = 1 ]; then
   cat >"$W/peer.py" <<'PY'
 import json, sys, time, torch
 from transformers import GlmForCausalLM
-w, tokens = sys.argv[1], int(sys.argv[2])
+w, tokens, beams, beam_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5])
 model = GlmForCausalLM.from_pretrained(f"{w}/model", dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
 # With a static cache, generate() compiles the decoding forward itself (torch.compile, CUDA graphs);
 # wrapping model.forward as well makes the graphs overwrite outputs generate still reads.
 def rows(name):
     return [json.loads(l)["input_ids"] for l in open(f"{w}/{name}.jsonl")]
-def run(ids, new):
+def run(ids, new, cache="static", **extra):
     x = torch.tensor(ids, device="cuda")
-    kw = dict(do_sample=False, max_new_tokens=new, min_new_tokens=new, cache_implementation="static",
-              pad_token_id=0, eos_token_id=None)
+    kw = dict(do_sample=False, max_new_tokens=new, min_new_tokens=new, cache_implementation=cache,
+              pad_token_id=0, eos_token_id=None, **extra)
     model.generate(x, **kw)  # compile and warm up at this shape
     print("warm", len(ids), new, flush=True)
     torch.cuda.synchronize(); t = time.time()
@@ -177,23 +189,29 @@ def run(ids, new):
     torch.cuda.synchronize()
     return time.time() - t, out.shape[1] - x.shape[1]
 result = {}
-for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens), ("prefill", "long", 1)):
+for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens), ("prefill", "long", 1),
+                        ("beam1", "one", beam_tokens), ("beam8", "batch8", beam_tokens)):
     if name not in sys.argv[3].split():
         continue
-    try:
-        secs, made = run(rows(file), new)
-        result[name] = {"seconds": secs, "tokens": made * len(rows(file))}
-    except Exception as e:  # noqa: BLE001 - report and go on (out of memory at 32k, a compile failure)
-        result[name] = {"error": repr(e)[:300]}
+    beam = dict(num_beams=beams) if name.startswith("beam") else {}
+    # Beam search reorders the cache every step: the static (compiled) cache first, else the dynamic one.
+    for cache in ("static", "dynamic") if beam else ("static",):
+        try:
+            secs, made = run(rows(file), new, cache, **beam)
+            result[name] = {"seconds": secs, "tokens": made * len(rows(file)), "cache": cache}
+            break
+        except Exception as e:  # noqa: BLE001 - report and go on (out of memory at 32k, a compile failure)
+            result[name] = {"error": repr(e)[:300], "cache": cache}
     print(name, result[name], flush=True)
 json.dump(result, open(f"{w}/peer.json", "w"))
 PY
-  step peer 420 python3 "$W/peer.py" "$W" "$tokens" "${GLM_IB_PEER_RUNS:-batch1 batch32 prefill}"
+  step peer 420 python3 "$W/peer.py" "$W" "$tokens" "${GLM_IB_PEER_RUNS:-batch1 batch32 prefill}" \
+    "${GLM_IB_BEAMS:-0}" "${GLM_IB_BEAM_TOKENS:-128}"
   keep peer
 fi
-python3 - "$W" "$OUT" "$tokens" "$dry" <<'PY'
+python3 - "$W" "$OUT" "$tokens" "$dry" "${GLM_IB_BEAMS:-0}" <<'PY'
 import json, re, sys
-w, out, tokens, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+w, out, tokens, dry, beams = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
 def glm(name):
     try:
         text = open(f"{w}/glm_{name}.log").read()
@@ -267,6 +285,23 @@ if g:
 g = glm("chat100")
 if g:
     print("chat100   %d tokens in %.2f s: %.1f tok/s, time to first token median %.3f s" % (g["tokens"], g["seconds"], g["tokens"] / g["seconds"], g["ttft"]))
+if beams > 1:
+    print(f"== beam search of {beams} beams (tokens of the best reply a second) ==")
+    r = rows("beam1")
+    for name, label in (("beam1", "batch 1"), ("beam8", "batch 8")):
+        p = peer.get(name, {})
+        pt = p["tokens"] / p["seconds"] if "seconds" in p else 0
+        if name == "beam1" and len(r) == 2:  # the second of the prompt twice: warm, as the peer times it
+            gt = r[1][0] / r[1][1]
+        else:
+            g = glm(name)
+            gt = g["tokens"] / g["seconds"] if g else 0
+        print("%-9s glm_hpc %8.1f tok/s, peer %8.1f tok/s (%s cache)%s" % (label, gt, pt, p.get("cache", "-"),
+              ": %.2fx" % (gt / pt) if pt and gt else (" " + p.get("error", "")[:120] if p else "")))
+    g, h = glm("beam8"), glm("beam8_host")
+    if g and h:
+        print("batch 8 with whole logit rows on the host (repetition_penalty 1.0001) %.1f tok/s: the device's "
+              "candidates %.2fx" % (h["tokens"] / h["seconds"], (g["tokens"] / g["seconds"]) / (h["tokens"] / h["seconds"])))
 PY
 [ -f "$W/glm_profile.log" ] && { echo "== ${profiled% *} under --profile =="; grep -v '^\[' "$W/glm_profile.log" | tail -40; }
 echo "== steps =="

@@ -162,6 +162,42 @@ __global__ void argmax_rows_kernel(int32_t* ids, const float* values, int64_t co
   if (threadIdx.x == 0) ids[blockIdx.x] = first == INT_MAX ? 0 : first;
 }
 
+// One block per row: the online softmax statistics, then k passes, each taking the largest value
+// after the previous pick in (value descending, column ascending) order.
+__global__ void top_k_rows_kernel(int32_t* ids, float* top, float* stats, const float* values, int64_t cols, int k) {
+  const int64_t r = blockIdx.x;
+  const float* row = values + r * cols;
+  MaxSum ms{-INFINITY, 0.0f};
+  for (int64_t v = threadIdx.x; v < cols; v += blockDim.x) add_value(ms, row[v]);
+  const MaxSum all = block_max_sum(ms);
+  if (threadIdx.x == 0) {
+    stats[2 * r] = all.m;
+    stats[2 * r + 1] = logf(all.s);
+  }
+  float previous = INFINITY;
+  int previous_col = -1;
+  for (int j = 0; j < k; ++j) {
+    float best = -INFINITY;
+    int col = INT_MAX;
+    for (int v = threadIdx.x; v < cols; v += blockDim.x) {
+      const float x = row[v];
+      const bool after = x < previous || (x == previous && v > previous_col);
+      if (after && (col == INT_MAX || x > best)) {  // each thread meets its columns in ascending order
+        best = x;
+        col = v;
+      }
+    }
+    const float mx = block_max(best);
+    col = block_min_int(best == mx ? col : INT_MAX);
+    if (threadIdx.x == 0) {
+      ids[r * k + j] = col == INT_MAX ? -1 : col;
+      top[r * k + j] = col == INT_MAX ? -INFINITY : mx;
+    }
+    previous = col == INT_MAX ? -INFINITY : mx;
+    previous_col = col;
+  }
+}
+
 }  // namespace
 
 cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const bf16* logits, const int32_t* targets,
@@ -182,6 +218,15 @@ cudaError_t argmax_rows(int32_t* ids, const float* values, int64_t rows, int64_t
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7fffffff || cols < 1 || cols > INT_MAX) return cudaErrorInvalidValue;
   argmax_rows_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(ids, values, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t top_k_rows(int32_t* ids, float* top, float* stats, const float* values, int64_t rows, int64_t cols,
+                       int64_t k, cudaStream_t stream) {
+  if (rows == 0 || k == 0) return cudaSuccess;
+  if (rows > 0x7fffffff || cols < 1 || cols > INT_MAX || k < 0 || k > 4096) return cudaErrorInvalidValue;
+  top_k_rows_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(ids, top, stats, values, cols,
+                                                                      static_cast<int>(k));
   return cudaGetLastError();
 }
 

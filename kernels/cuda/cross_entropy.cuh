@@ -18,4 +18,10 @@ cudaError_t cross_entropy(float* losses, int32_t* correct, bf16* dlogits, const 
 // Greedy decoding: ids[r] = the first column holding the maximum of values' row r ([rows, cols] fp32).
 cudaError_t argmax_rows(int32_t* ids, const float* values, int64_t rows, int64_t cols, cudaStream_t stream);
 
+// Beam search: stats[2r] = the maximum of values' row r, stats[2r + 1] = log of the sum of
+// exp(x - maximum) over the row; ids[r * k + j], top[r * k + j] for j < k: the row's k largest
+// values, descending, the lower column first among equal ones (-1 and -inf past its columns).
+cudaError_t top_k_rows(int32_t* ids, float* top, float* stats, const float* values, int64_t rows, int64_t cols,
+                       int64_t k, cudaStream_t stream);
+
 }  // namespace glm::cuda

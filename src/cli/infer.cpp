@@ -38,6 +38,14 @@ SamplingOptions resolve_sampling(const CliOptions& o, const GenerationDefaults& 
   return s;
 }
 
+BeamOptions resolve_beams(const CliOptions& o, const GenerationDefaults& d) {
+  BeamOptions b;
+  b.num_beams = o.num_beams ? *o.num_beams : d.num_beams.value_or(1);
+  b.length_penalty = o.length_penalty ? *o.length_penalty : d.length_penalty.value_or(1.0);
+  b.early_stopping = o.early_stopping ? *o.early_stopping : d.early_stopping.value_or(EarlyStopping::heuristic);
+  return b;
+}
+
 // generation_config.json's eos ids (none when it sets null or []), else GLM-4's end tokens.
 std::vector<int32_t> stop_ids(const GenerationDefaults& d, const Tokenizer* tokenizer, int64_t vocab_size) {
   if (d.eos_token_ids) return *d.eos_token_ids;
@@ -109,6 +117,8 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
   GenerationOptions& g = job->generation_;
   g.sampling = resolve_sampling(o, defaults);
   GLM_RETURN_IF_ERROR(g.sampling.validate());
+  g.beams = resolve_beams(o, defaults);
+  GLM_RETURN_IF_ERROR(g.beams.validate());
   g.max_new_tokens = given(o, "max_new_tokens") || !defaults.max_new_tokens ? o.max_new_tokens : *defaults.max_new_tokens;
   g.stop_ids = stop_ids(defaults, job->tokenizer_.get(), m.config().vocab_size);
   job->sampling_source_ = defaults.source.empty() ? "options and transformers' defaults"
@@ -116,7 +126,8 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
   const int64_t window = given(o, "max_length") ? o.train.max_length : m.config().max_position_embeddings;
   if (job->interactive()) {  // a conversation of up to --max_length tokens (8192 unless given)
     g.max_tokens = given(o, "max_length") ? window : std::min<int64_t>(window, 8192);
-    GLM_RETURN_IF_ERROR(job->create_generator(backend, 0, g.max_tokens, 1));
+    const int64_t rows = g.max_tokens + (g.beams.num_beams - 1) * std::min(g.max_new_tokens, g.max_tokens);
+    GLM_RETURN_IF_ERROR(job->create_generator(backend, 0, rows, 1));
     return job;
   }
   GLM_ASSIGN_OR_RETURN(job->prompts_, read_infer_prompts(o.val_datasets, job->tokenizer_.get(), m.config().vocab_size,
@@ -135,30 +146,34 @@ Result<std::unique_ptr<InferJob>> InferJob::prepare(const CliOptions& options, c
   g.max_tokens = window;
   const int64_t mine = (static_cast<int64_t>(job->prompts_.size()) - proc.rank + proc.world_size - 1) / proc.world_size;
   const int64_t batch = std::max<int64_t>(1, std::min(o.max_batch_size, mine));
-  GLM_RETURN_IF_ERROR(job->create_generator(backend, longest, std::min(window, longest + g.max_new_tokens), batch));
+  // The cache rows of the longest sequence: its prompt and longest reply, and each other beam's.
+  const int64_t rows =
+      std::min(window, longest + g.max_new_tokens) + (g.beams.num_beams - 1) * std::min(g.max_new_tokens, window);
+  GLM_RETURN_IF_ERROR(job->create_generator(backend, longest, rows, batch));
   return job;
 }
 
 Result<int64_t> forward_tokens(const ModelConfig& c, int64_t free, int64_t act, int64_t stats, int64_t longest,
-                               int64_t per_sequence, int64_t batch) {
+                               int64_t per_sequence, int64_t batch, int64_t beams) {
   constexpr int64_t kTokens = 8192, kFewest = 512;
-  int64_t tokens = std::max(batch, std::min(per_sequence * batch, std::max(longest, kTokens)));
+  const int64_t step = batch * beams;  // a decode step's tokens
+  int64_t tokens = std::max(step, std::min(per_sequence * batch, std::max(longest, kTokens)));
   if (free < 0) return tokens;
   const int64_t weights = ParamLayout(c).total_numel() * act, per_token = KvCache::bytes_per_token(c, act);
   const auto activations = [&](int64_t n) {
     return Glm4Model::planned_activation_bytes(c, n, act, stats, Recompute::full, false, /*forward_only=*/true);
   };
   const int64_t budget = free - weights - per_sequence * batch * per_token - kForwardReserve;
-  while (tokens > std::max(batch, kFewest) && activations(tokens) > budget) tokens = std::max(batch, tokens / 2);
+  while (tokens > std::max(step, kFewest) && activations(tokens) > budget) tokens = std::max(step, tokens / 2);
   const int64_t least = weights + activations(tokens) + per_sequence * per_token;
   if (least > free) {
     const auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); };
-    return GLM_USER_ERROR("infer holds the whole model on each GPU: ", gib(weights), " GiB of weights, with ",
-                          gib(activations(tokens)), " GiB for forwards of ", tokens, " tokens and ",
-                          gib(per_sequence * per_token), " GiB for the KV cache of one sequence of ", per_sequence,
-                          " tokens, more than the ", gib(free),
-                          " GiB free on this GPU (lower --max_new_tokens or --max_length, or use a GPU with more "
-                          "memory or --device cpu)");
+    return GLM_USER_ERROR(
+        "infer holds the whole model on each GPU: ", gib(weights), " GiB of weights, with ", gib(activations(tokens)),
+        " GiB for forwards of ", tokens, " tokens and ", gib(per_sequence * per_token),
+        " GiB for the KV cache of one sequence of ", per_sequence, " tokens, more than the ", gib(free),
+        " GiB free on this GPU (lower --max_new_tokens, --max_length or --num_beams, or use a GPU with more "
+        "memory or --device cpu)");
   }
   return tokens;
 }
@@ -168,7 +183,7 @@ Status InferJob::create_generator(Backend& backend, int64_t longest, int64_t per
   GLM_ASSIGN_OR_RETURN(const int64_t chunk, forward_tokens(m.config(), backend.device_memory_free(),
                                                            static_cast<int64_t>(dtype_size(backend.compute_dtype())),
                                                            static_cast<int64_t>(dtype_size(backend.stats_dtype())),
-                                                           longest, per_sequence, batch));
+                                                           longest, per_sequence, batch, generation_.beams.num_beams));
   EngineConfig config{.model = m.config(), .max_tokens = chunk, .max_grad_norm = 0.0, .forward_only = true};
   config.lora = m.lora();
   GLM_ASSIGN_OR_RETURN(engine_, TrainingEngine::create(config, backend, comm_));
@@ -180,7 +195,7 @@ Status InferJob::create_generator(Backend& backend, int64_t longest, int64_t per
   if (free >= 0) tokens = std::min(tokens, static_cast<int64_t>(0.9 * static_cast<double>(free)) / per_token);
   if (tokens < per_sequence)
     return GLM_USER_ERROR("the GPU has memory left for a KV cache of ", tokens, " tokens, and one sequence may need ",
-                          per_sequence, ": lower --max_new_tokens or --max_length");
+                          per_sequence, ": lower --max_new_tokens, --max_length or --num_beams");
   GLM_ASSIGN_OR_RETURN(generator_, CachedGenerator::create(*engine_, generation_, tokens, batch));
   return Status::ok();
 }
@@ -192,6 +207,11 @@ std::string InferJob::describe() const {
                          : concat("temperature ", s.temperature, ", top_p ", s.top_p, ", top_k ", s.top_k, ", seed ",
                                   s.seed);
   if (s.repetition_penalty != 1.0) sampling += concat(", repetition_penalty ", s.repetition_penalty);
+  const BeamOptions& b = generation_.beams;
+  if (b.num_beams > 1)
+    sampling =
+        concat(s.temperature == 0 ? "beam search" : "beam sample", " of ", b.num_beams, " beams (length_penalty ",
+               b.length_penalty, ", early_stopping ", enum_name(b.early_stopping), "), ", sampling);
   std::string stops;
   for (const int32_t id : generation_.stop_ids) stops += concat(stops.empty() ? "" : ", ", id);
   std::string text = concat("glm_hpc: infer with ", model_->describe(), "\nglm_hpc: ", sampling, " (from ",
@@ -221,6 +241,7 @@ std::string InferJob::result_line(size_t index, const Generation& g) const {
   j["finish_reason"] = g.stopped ? "stop" : "length";
   j["time_to_first_token_s"] = g.first_token_seconds;
   j["latency_s"] = g.seconds;
+  if (g.beam_score) j["beam_score"] = *g.beam_score;
   return json_text(j);
 }
 

@@ -48,7 +48,7 @@ Result<std::string> result_path_of(const CliOptions& options);
 // weights, those activations and one sequence's cache exceed `free`.
 inline constexpr int64_t kForwardReserve = int64_t{1} << 30;  // cuBLASLt's workspace, the logits, CUDA graphs
 Result<int64_t> forward_tokens(const ModelConfig& config, int64_t free, int64_t act, int64_t stats, int64_t longest,
-                               int64_t per_sequence, int64_t batch);
+                               int64_t per_sequence, int64_t batch, int64_t beams = 1);
 
 class InferJob {
  public:
@@ -79,7 +79,7 @@ class InferJob {
   InferJob(const CliOptions& options, const ProcessInfo& proc) : options_(options), proc_(proc) {}
   Result<std::string> result_path() const;
   // The engine (forward only, of up to forward_tokens() new tokens) and the generator over a KV
-  // cache for `batch` sequences of up to `per_sequence` tokens, as large as the device's free memory
+  // cache for `batch` sequences of up to `per_sequence` rows (beams together), as large as the device's free memory
   // allows; `longest`: the longest prompt (0 in a chat).
   Status create_generator(Backend& backend, int64_t longest, int64_t per_sequence, int64_t batch);
   std::string result_line(size_t index, const Generation& g) const;

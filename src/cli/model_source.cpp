@@ -205,18 +205,31 @@ Result<GenerationDefaults> ModelSource::generation_defaults() const {
       d.eos_token_ids->push_back(id.get<int32_t>());
     }
   }
-  for (const char* field : {"temperature", "top_p", "repetition_penalty"}) {
+  const std::pair<const char*, std::optional<double>*> numbers[] = {{"temperature", &d.temperature},
+                                                                    {"top_p", &d.top_p},
+                                                                    {"repetition_penalty", &d.repetition_penalty},
+                                                                    {"length_penalty", &d.length_penalty}};
+  for (const auto& [field, target] : numbers) {
     if (!j.contains(field) || j[field].is_null()) continue;
     if (!j[field].is_number()) return bad(field);
-    const double v = j[field].get<double>();
-    (std::strcmp(field, "temperature") == 0 ? d.temperature
-     : std::strcmp(field, "top_p") == 0     ? d.top_p
-                                            : d.repetition_penalty) = v;
+    *target = j[field].get<double>();
   }
-  for (const char* field : {"top_k", "max_new_tokens"}) {
+  const std::pair<const char*, std::optional<int64_t>*> integers[] = {
+      {"top_k", &d.top_k}, {"max_new_tokens", &d.max_new_tokens}, {"num_beams", &d.num_beams}};
+  for (const auto& [field, target] : integers) {
     if (!j.contains(field) || j[field].is_null()) continue;
     if (!j[field].is_number_integer()) return bad(field);
-    (std::strcmp(field, "top_k") == 0 ? d.top_k : d.max_new_tokens) = j[field].get<int64_t>();
+    *target = j[field].get<int64_t>();
+  }
+  if (j.contains("early_stopping") && !j["early_stopping"].is_null()) {
+    const nlohmann::json& e = j["early_stopping"];
+    if (e.is_boolean()) {
+      d.early_stopping = e.get<bool>() ? EarlyStopping::when_full : EarlyStopping::heuristic;
+    } else if (e == "never") {
+      d.early_stopping = EarlyStopping::never;
+    } else {
+      return bad("early_stopping");
+    }
   }
   if (j.contains("do_sample") && !j["do_sample"].is_null()) {
     if (!j["do_sample"].is_boolean()) return bad("do_sample");

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "data/tokenizer.h"
 #include "io/hf_import.h"
+#include "model/beam_search.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "train/checkpoint.h"
@@ -35,8 +36,9 @@ struct GenerationDefaults {
   // transformers, generation then ends only at max_new_tokens).
   std::optional<std::vector<int32_t>> eos_token_ids;
   std::optional<bool> do_sample;
-  std::optional<double> temperature, top_p, repetition_penalty;
-  std::optional<int64_t> top_k, max_new_tokens;
+  std::optional<double> temperature, top_p, repetition_penalty, length_penalty;
+  std::optional<int64_t> top_k, max_new_tokens, num_beams;
+  std::optional<EarlyStopping> early_stopping;
   std::string source;  // the file read; empty: none
 };
 

@@ -265,6 +265,28 @@ class OptionTable {
     t.value = [target] { return *target ? nlohmann::json(**target) : nlohmann::json("model"); };
   }
 
+  // An enum value that may be left unset ("model": the model's generation_config.json decides).
+  template <typename E>
+  void add_model_default_enum(po::options_description& group, const char* name, std::optional<E>* target,
+                              const char* help, EnumTable<E> table = EnumNames<E>::table) {
+    Typed& t = add_typed(group, name, "model", help);
+    t.assign = [target, table](const std::string& text) {
+      if (text == "model") {
+        target->reset();
+        return std::string();
+      }
+      const std::optional<E> value = enum_from_name(text, table);
+      if (!value)
+        return concat("must be ", enum_choices(table), " or model (the model's generation_config.json), got '", text,
+                      "'");
+      *target = *value;
+      return std::string();
+    };
+    t.value = [target, table] {
+      return *target ? nlohmann::json(std::string(enum_name(**target, table))) : nlohmann::json("model");
+    };
+  }
+
   void build() {
     TrainConfig& t = o_.train;
     ModelConfig& m = t.model;
@@ -572,6 +594,16 @@ class OptionTable {
                       "as transformers)");
     add_model_default(infer, "repetition_penalty", &o_.repetition_penalty,
                       "> 1 discourages tokens already in the sequence (model: generation_config.json's, else 1)");
+    add_model_default(infer, "num_beams", &o_.num_beams,
+                      "beam search over this many beams, as transformers' generate (with sampling: beam sample); 1: "
+                      "none (model: generation_config.json's, else 1)");
+    add_model_default(infer, "length_penalty", &o_.length_penalty,
+                      "beam search: a finished reply scores its summed log-probability over its length to this power; "
+                      "> 0 favours longer replies (model: generation_config.json's, else 1)");
+    add_model_default_enum(infer, "early_stopping", &o_.early_stopping,
+                           "beam search ends: false when no running beam can still win at its current length, true "
+                           "once num_beams replies have finished, never when none could win at the longest length "
+                           "(model: generation_config.json's, else false)");
     add(infer, "result_path", &o_.result_path,
         "with --val_dataset: the jsonl of results (default: infer_result/<time>.jsonl in the --ckpt_dir checkpoint, "
         "else in the working directory)");
@@ -833,9 +865,9 @@ Status validate_step_size(const CliOptions& o, const Sources& src) {
 
 // glm_hpc infer's own options belong to it alone; their values are checked here, before any model is read.
 Status validate_infer(const CliOptions& o, const Sources& src) {
-  constexpr const char* kInferOnly[] = {"adapters",    "result_path", "compare_with", "max_new_tokens",
-                                        "max_batch_size", "temperature", "top_p", "top_k", "repetition_penalty",
-                                        "stream"};
+  constexpr const char* kInferOnly[] = {
+      "adapters", "result_path",        "compare_with", "max_new_tokens", "max_batch_size", "temperature", "top_p",
+      "top_k",    "repetition_penalty", "num_beams",    "length_penalty", "early_stopping", "stream"};
   if (o.command != "infer") {
     for (const char* name : kInferOnly)
       if (given(src, name) && (o.command != "eval" || std::string_view(name) != "adapters"))
@@ -859,6 +891,7 @@ Status validate_infer(const CliOptions& o, const Sources& src) {
   GLM_RETURN_IF_ERROR(check(!o.top_k || *o.top_k >= 0, src, "top_k", "must be >= 0 (0: no limit)"));
   GLM_RETURN_IF_ERROR(check(!o.repetition_penalty || *o.repetition_penalty > 0, src, "repetition_penalty",
                             "must be > 0 (1: none)"));
+  GLM_RETURN_IF_ERROR(check(!o.num_beams || *o.num_beams >= 1, src, "num_beams", "must be >= 1 (1: no beam search)"));
   return Status::ok();
 }
 

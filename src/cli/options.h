@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "io/hf_import.h"
 #include "model/backend_config.h"
+#include "model/beam_search.h"
 #include "train/train_config.h"
 
 namespace glm {
@@ -101,7 +102,9 @@ struct CliOptions {
   int64_t max_new_tokens = 512;
   int64_t max_batch_size = 32;  // sequences a rank generates together
   std::optional<double> temperature, top_p, repetition_penalty;
-  std::optional<int64_t> top_k;
+  std::optional<int64_t> top_k, num_beams;
+  std::optional<double> length_penalty;
+  std::optional<EarlyStopping> early_stopping;
   bool stream = true;  // the chat shows replies as they are generated
   // glm_hpc plot DIR... (io/run_plots.h); its images go to --save_dir when given.
   std::vector<std::string> plot_runs;

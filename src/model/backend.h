@@ -86,6 +86,16 @@ inline Status check_argmax_rows(Tensor ids, Tensor values, int64_t rows, int64_t
   return Status::ok();
 }
 
+inline Status check_top_k_rows(Tensor ids, Tensor top, Tensor stats, Tensor values, int64_t rows, int64_t cols,
+                               int64_t k) {
+  if (ids.dtype != DType::i32 || top.dtype != DType::f32 || stats.dtype != DType::f32 || values.dtype != DType::f32 ||
+      rows < 0 || cols < 1 || k < 1 || k > 4096 || ids.numel < rows * k || top.numel < rows * k ||
+      stats.numel < 2 * rows || values.numel < rows * cols)
+    return GLM_INTERNAL_ERROR("top_k_rows: ", k, " of ", rows, " rows of ", cols, " values into ", ids.numel, " ids, ",
+                              top.numel, " values and ", stats.numel, " statistics");
+  return Status::ok();
+}
+
 // Shapes of a gather_rows (gather) or scatter_rows: dst and src of one dtype, count i32 rows, and
 // the compact side (dst of a gather, src of a scatter) of count x width elements.
 inline Status check_rows_op(const char* op, Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width,
@@ -229,6 +239,12 @@ class Backend {
   // Greedy decoding on the device: ids[r] (i32) = the column of row r's largest value in values
   // ([rows, cols], f32), the first such column on ties (std::max_element's), for r < rows.
   virtual Status argmax_rows(Tensor ids, Tensor values, int64_t rows, int64_t cols) = 0;
+  // Beam search on the device: for r < rows, stats[2r] = the maximum of values' row r ([rows, cols],
+  // f32) and stats[2r + 1] = log of the sum of exp(x - maximum) over it (its log-softmax is
+  // x - stats[2r] - stats[2r + 1]); ids[r * k + j] (i32) and top[r * k + j] (f32), j < k <= 4096: its
+  // k largest values, descending, the lower column first among equal ones (-1 and -inf past cols).
+  virtual Status top_k_rows(Tensor ids, Tensor top, Tensor stats, Tensor values, int64_t rows, int64_t cols,
+                            int64_t k) = 0;
   virtual Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) = 0;
   // dst[rows[i]] = 0 for i < count (rows of width elements, any dtype; indices as scatter_rows').
   virtual Status zero_rows(Tensor dst, Tensor rows, int64_t count, int64_t width) = 0;

@@ -1,7 +1,11 @@
 // The CPU backend: host memory and the reference ops of kernels/cpu, in fp32 or fp64.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <numeric>
 #include <vector>
 
 #include "base/counter_rng.h"
@@ -95,6 +99,30 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = values.as<float>() + r * cols;
       ids.as<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + cols) - row);
+    }
+    return Status::ok();
+  }
+  Status top_k_rows(Tensor ids, Tensor top, Tensor stats, Tensor values, int64_t rows, int64_t cols,
+                    int64_t k) override {
+    GLM_RETURN_IF_ERROR(check_top_k_rows(ids, top, stats, values, rows, cols, k));
+    std::vector<int32_t> order(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = values.as<float>() + r * cols;
+      const float mx = *std::max_element(row, row + cols);
+      double sum = 0;
+      for (int64_t c = 0; c < cols; ++c)
+        if (row[c] != -std::numeric_limits<float>::infinity()) sum += std::exp(static_cast<double>(row[c] - mx));
+      stats.as<float>()[2 * r] = mx;
+      stats.as<float>()[2 * r + 1] = static_cast<float>(std::log(sum));
+      std::iota(order.begin(), order.end(), 0);
+      const int64_t kept = std::min(k, cols);
+      std::partial_sort(order.begin(), order.begin() + kept, order.end(),
+                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      for (int64_t j = 0; j < k; ++j) {
+        ids.as<int32_t>()[r * k + j] = j < kept ? order[static_cast<size_t>(j)] : -1;
+        top.as<float>()[r * k + j] =
+            j < kept ? row[order[static_cast<size_t>(j)]] : -std::numeric_limits<float>::infinity();
+      }
     }
     return Status::ok();
   }

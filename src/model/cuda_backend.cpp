@@ -436,6 +436,14 @@ class CudaBackend final : public Backend {
     GLM_CUDA_RETURN(cuda::argmax_rows(ids.as<int32_t>(), values.as<float>(), rows, cols, stream_));
     return Status::ok();
   }
+  Status top_k_rows(Tensor ids, Tensor top, Tensor stats, Tensor values, int64_t rows, int64_t cols,
+                    int64_t k) override {
+    GLM_PROFILE_OP("top_k_rows");
+    GLM_RETURN_IF_ERROR(check_top_k_rows(ids, top, stats, values, rows, cols, k));
+    GLM_CUDA_RETURN(cuda::top_k_rows(ids.as<int32_t>(), top.as<float>(), stats.as<float>(), values.as<float>(), rows,
+                                     cols, k, stream_));
+    return Status::ok();
+  }
   Status scatter_rows(Tensor dst, Tensor src, Tensor rows, int64_t count, int64_t width) override {
     GLM_PROFILE_OP("scatter_rows");
     return move_rows("scatter_rows", dst, src, rows, count, width, false);

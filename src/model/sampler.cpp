@@ -74,15 +74,20 @@ int32_t argmax(std::span<const float> scores) {
 
 }  // namespace
 
+void process_scores(std::span<float> scores, std::span<const int32_t> context, const SamplingOptions& options) {
+  penalize_repetitions(scores, context, options.repetition_penalty);
+  if (options.temperature == 0) return;
+  for (float& s : scores) s = static_cast<float>(s / options.temperature);
+  keep_top_k(scores, options.top_k);
+  keep_top_p(scores, options.top_p);
+}
+
 int32_t sample_token(std::span<const float> logits, std::span<const int32_t> context, const SamplingOptions& options,
                      uint64_t sequence, uint64_t step, std::span<float> scratch) {
   std::span<float> scores = scratch.first(logits.size());
   std::copy(logits.begin(), logits.end(), scores.begin());
-  penalize_repetitions(scores, context, options.repetition_penalty);
+  process_scores(scores, context, options);
   if (options.temperature == 0) return argmax(scores);
-  for (float& s : scores) s = static_cast<float>(s / options.temperature);
-  keep_top_k(scores, options.top_k);
-  keep_top_p(scores, options.top_p);
   // The draw: the first token whose cumulative probability (in id order) reaches u.
   const float top = scores[static_cast<size_t>(argmax(scores))];
   double total = 0;

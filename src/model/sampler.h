@@ -23,6 +23,11 @@ struct SamplingOptions {
   Status validate() const;
 };
 
+// transformers' logits processors and warpers on one row of scores, in place: the repetition
+// penalty over `context`, then, when sampling (temperature > 0), temperature, top-k and top-p, which
+// leave the removed tokens at -infinity. Beam search (model/beam_search.h) applies them to log-probs.
+void process_scores(std::span<float> scores, std::span<const int32_t> context, const SamplingOptions& options);
+
 // The token chosen at generation step `step` of sequence `sequence` from logits (vocab entries),
 // with the sequence's tokens so far (prompt and generated) in `context` for the repetition penalty.
 // scratch: vocab floats the call may overwrite.

@@ -5,7 +5,10 @@
 // is admitted only when the cache can hold its prompt and its longest reply, so no sequence ever
 // waits for room. Each reply depends only on its prompt and its sequence number (sampler.h keys
 // the draws by sequence and step): the same tokens as generate() (train/generate.h), in any
-// batching.
+// batching. With num_beams > 1 a sequence runs model/beam_search.h over one lane of the batch per
+// running beam: the prompt is fed once, and beams share the cache rows of their common prefix
+// (counted references), so a step reorders no cache; a sequence reserves its prompt and num_beams
+// longest replies.
 #pragma once
 
 #include <cstdint>
@@ -46,22 +49,30 @@ class CachedGenerator {
   struct Sequence;
   CachedGenerator(TrainingEngine& engine, GenerationOptions options);
   // Adds the next forward's tokens of every active sequence to batch_; false when none has any.
-  bool build_batch();
-  // Samples each sequence that produced logits (or takes the device's greedy choice, argmax, when
-  // given); returns the indices of those that finished.
-  std::vector<size_t> advance(const std::vector<float>& logits, const std::vector<int32_t>& argmax,
-                              const std::function<void(size_t, int32_t)>& on_token);
+  Result<bool> build_batch();
+  int32_t take_row();                              // an unused cache row, referenced once
+  void share(const std::vector<int32_t>& rows);    // one more reference to each row
+  void release(const std::vector<int32_t>& rows);  // one fewer; rows no longer referenced are unused
+  // What a forward brings back: whole logit rows, the device's greedy choices, or (beam search
+  // without processing of the log-probabilities) each row's statistics and best logits.
+  enum class Outputs { logits, argmax, top };
+  // Samples each sequence that produced logits, takes the device's greedy choice, or steps its beam
+  // search, from the last forward's outputs; returns the indices of those that finished.
+  std::vector<size_t> advance(Outputs outputs, const std::function<void(size_t, int32_t)>& on_token);
 
   TrainingEngine& engine_;
   GenerationOptions options_;
   std::unique_ptr<KvCache> cache_;
   int64_t max_batch_ = 1;
   std::vector<int32_t> free_rows_;  // a stack of unused cache rows
+  std::vector<int32_t> row_refs_;   // lanes holding each cache row
   int64_t reserved_ = 0;            // rows promised to active sequences (their prompts and longest replies)
   std::vector<Sequence> active_;
   HostDecodeBatch batch_;
-  std::vector<size_t> logit_owner_;  // the active sequence of each logit row of batch_
-  std::vector<float> scratch_;
+  std::vector<std::pair<size_t, size_t>> logit_owner_;  // the active sequence and lane of each logit row of batch_
+  std::vector<float> scratch_, logits_, top_stats_, top_;
+  std::vector<int32_t> argmax_, top_ids_;
+  int64_t top_k_ = 0;  // logits a row brings back with Outputs::top
   int64_t forwards_ = 0;
 };
 

@@ -799,6 +799,25 @@ Status TrainingEngine::cached_argmax(const HostDecodeBatch& hb, KvCache& cache, 
   return backend_.download(ids.data(), out);
 }
 
+Status TrainingEngine::cached_top_k(const HostDecodeBatch& hb, KvCache& cache, int64_t k, std::vector<float>& stats,
+                                    std::vector<float>& top, std::vector<int32_t>& ids) {
+  GLM_ASSIGN_OR_RETURN(const Tensor logits, cached_forward(hb, cache));
+  const int64_t rows = static_cast<int64_t>(hb.logit_rows.size());
+  if (decode_top_.numel() < rows * (k + 2)) {
+    decode_top_ = Buffer();
+    decode_top_ids_ = Buffer();
+    GLM_ASSIGN_OR_RETURN(decode_top_, backend_.allocate(rows * (k + 2), DType::f32));
+    GLM_ASSIGN_OR_RETURN(decode_top_ids_, backend_.allocate(rows * k, DType::i32));
+  }
+  const Tensor values = decode_top_.slice(0, rows * k), statistics = decode_top_.slice(rows * k, 2 * rows);
+  const Tensor columns = decode_top_ids_.slice(0, rows * k);
+  GLM_RETURN_IF_ERROR(backend_.top_k_rows(columns, values, statistics, logits, rows, config().vocab_size, k));
+  GLM_RETURN_IF_ERROR(download_f32(values, top));
+  GLM_RETURN_IF_ERROR(download_f32(statistics, stats));
+  ids.resize(static_cast<size_t>(rows * k));
+  return backend_.download(ids.data(), columns);
+}
+
 Result<Tensor> TrainingEngine::cached_forward(const HostDecodeBatch& hb, KvCache& cache) {
   GLM_RETURN_IF_ERROR(settle_optimizer());
   const int64_t n = hb.size(), m = static_cast<int64_t>(hb.logit_rows.size());

@@ -207,6 +207,11 @@ class TrainingEngine {
   // The same forward, then greedy decoding on the device: each logit row's argmax (the first on
   // ties, as on the host), so only the ids come back.
   Status cached_argmax(const HostDecodeBatch& batch, KvCache& cache, std::vector<int32_t>& ids);
+  // The same forward, then beam search's part on the device (Backend::top_k_rows): each logit row's
+  // maximum and log of its sum of exponentials (stats, 2 a row) and its k largest logits (top) and
+  // their ids, so that k values a row come back instead of the vocabulary.
+  Status cached_top_k(const HostDecodeBatch& batch, KvCache& cache, int64_t k, std::vector<float>& stats,
+                      std::vector<float>& top, std::vector<int32_t>& ids);
 
  private:
   TrainingEngine(Backend& backend, Communicator& comm) : backend_(backend), comm_(comm) {}
@@ -237,6 +242,7 @@ class TrainingEngine {
   Buffer correct_, logits_;
   Buffer decode_ints_;    // a decode batch's i32 arrays (cached_logits())
   Buffer decode_logits_;  // their f32 logits, kept between steps
+  Buffer decode_top_, decode_top_ids_;  // cached_top_k()'s statistics and values (f32), ids (i32)
   // The cached forward of cached_logits() and cached_argmax(): the logits, [logit rows, vocab] f32.
   Result<Tensor> cached_forward(const HostDecodeBatch& batch, KvCache& cache);
   Status download_f32(Tensor values, std::vector<float>& out);
