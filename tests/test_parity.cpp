@@ -187,7 +187,8 @@ TEST(Parity, GreedyGenerationFollowsTransformers) {
 // (tools/make_generate_fixtures.py: 2 to 5 beams; end tokens its beams produce, so hypotheses end
 // early; length penalties 2, 1, 0 and -1; early_stopping false, true and "never"; a repetition
 // penalty): the best hypothesis' tokens (its end token included) and score, by the reference
-// search (recomputing every beam) and by the cached generator, which shares the prompt's rows.
+// search (recomputing every beam) and by the cached generator, which shares the prompt's rows and
+// must stop after as many steps as transformers' search (its early-stopping heuristic).
 void check_beams(const std::string& model_dir, const std::string& golden_dir) {
   std::ifstream in(kData + golden_dir + "/beam_search.json");
   ASSERT_TRUE(in) << "missing " << golden_dir << "/beam_search.json";
@@ -237,6 +238,8 @@ void check_beams(const std::string& model_dir, const std::string& golden_dir) {
       EXPECT_EQ(cached.tokens, expected) << where << " (cached)";
       ASSERT_TRUE(cached.beam_score.has_value()) << where;
       EXPECT_NEAR(*cached.beam_score, score, 1e-4 * std::fabs(score)) << where << " (cached)";
+      // The prompt fits one forward: a forward a search step, as many as transformers took.
+      EXPECT_EQ(generator.value()->forwards(), c["steps"][i].get<int64_t>()) << where << " (steps)";
       ++checked;
     }
   }

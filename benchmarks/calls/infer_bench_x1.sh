@@ -194,15 +194,20 @@ for name, file, new in (("batch1", "one", tokens), ("batch32", "batch", tokens),
     if name not in sys.argv[3].split():
         continue
     beam = dict(num_beams=beams) if name.startswith("beam") else {}
-    # Beam search reorders the cache every step: the static (compiled) cache first, else the dynamic one.
+    # Beam search reorders the cache every step: the static (compiled) cache and the dynamic one,
+    # the faster counts.
     for cache in ("static", "dynamic") if beam else ("static",):
         try:
             secs, made = run(rows(file), new, cache, **beam)
-            result[name] = {"seconds": secs, "tokens": made * len(rows(file)), "cache": cache}
-            break
+            entry = result.setdefault(name, {})
+            entry[cache + "_seconds"] = secs
+            if "seconds" not in entry or secs < entry["seconds"]:
+                entry.update(seconds=secs, tokens=made * len(rows(file)), cache=cache)
         except Exception as e:  # noqa: BLE001 - report and go on (out of memory at 32k, a compile failure)
-            result[name] = {"error": repr(e)[:300], "cache": cache}
-    print(name, result[name], flush=True)
+            result.setdefault(name, {})[cache + "_error"] = repr(e)[:300]
+            if "seconds" not in result[name]:
+                result[name]["error"] = repr(e)[:300]
+        print(name, cache, result[name], flush=True)
 json.dump(result, open(f"{w}/peer.json", "w"))
 PY
   step peer 420 python3 "$W/peer.py" "$W" "$tokens" "${GLM_IB_PEER_RUNS:-batch1 batch32 prefill}" \
@@ -296,7 +301,9 @@ if beams > 1:
         else:
             g = glm(name)
             gt = g["tokens"] / g["seconds"] if g else 0
-        print("%-9s glm_hpc %8.1f tok/s, peer %8.1f tok/s (%s cache)%s" % (label, gt, pt, p.get("cache", "-"),
+        other = "; the other cache %.1f s, this %.1f s" % tuple(p[c + "_seconds"] for c in (
+            ("dynamic", "static") if p.get("cache") == "static" else ("static", "dynamic"))) if "static_seconds" in p and "dynamic_seconds" in p else ""
+        print("%-9s glm_hpc %8.1f tok/s, peer %8.1f tok/s (%s cache%s)%s" % (label, gt, pt, p.get("cache", "-"), other,
               ": %.2fx" % (gt / pt) if pt and gt else (" " + p.get("error", "")[:120] if p else "")))
     g, h = glm("beam8"), glm("beam8_host")
     if g and h:
