@@ -146,31 +146,45 @@ TEST(Parity, FourKvGroupsLongSequence) { check_fixture("glm_b", "glm_b"); }
 // The pad token among the inputs: its embedding row gets no gradient, as transformers' padding_idx.
 TEST(Parity, PadTokenRowNeverTrains) { check_fixture("glm_pad", "glm_pad"); }
 
+// A generation fixture: the golden file of golden_dir, and the model of model_dir as `infer` opens
+// it, on the CPU in fp32, for forwards of up to kGenerationTokens tokens.
+constexpr int64_t kGenerationTokens = 128;
+struct GenerationFixture {
+  nlohmann::json golden;
+  std::unique_ptr<Backend> backend = make_cpu_backend(DType::f32);
+  LocalCommunicator comm;
+  std::unique_ptr<TrainingEngine> engine;
+};
+void open_generation_fixture(const std::string& model_dir, const std::string& golden_file, GenerationFixture& f) {
+  std::ifstream in(kData + golden_file);
+  ASSERT_TRUE(in) << "missing " << golden_file;
+  f.golden = nlohmann::json::parse(in);
+  auto source = ModelSource::open({kData + model_dir, "", ""});
+  ASSERT_TRUE(source.is_ok()) << source.status().message();
+  const EngineConfig ec{.model = source.value().config(), .max_tokens = kGenerationTokens, .max_grad_norm = 0.0};
+  auto engine = TrainingEngine::create(ec, *f.backend, f.comm);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  f.engine = engine.take();
+  ASSERT_TRUE(source.value().load(*f.engine).is_ok());
+}
+
 // transformers' generate(do_sample=False) continues three prompts (1, 9 and 57 tokens) by 32 tokens
 // (tools/make_generate_fixtures.py, fp32 on the CPU); glm_hpc's greedy generation from the model as
 // `infer` opens it must choose the same tokens, in both layouts. Its step margins (the chosen logit
 // over the runner-up, at least 2e-4 here) are far above fp32 differences (~1e-6), so any
 // difference is a defect, not a tie broken the other way.
 void check_greedy(const std::string& model_dir, const std::string& golden_dir) {
-  std::ifstream in(kData + golden_dir + "/generate.json");
-  ASSERT_TRUE(in) << "missing " << golden_dir << "/generate.json";
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  auto source = ModelSource::open({kData + model_dir, "", ""});
-  ASSERT_TRUE(source.is_ok()) << source.status().message();
-  auto backend = make_cpu_backend(DType::f32);
-  LocalCommunicator comm;
-  const EngineConfig ec{.model = source.value().config(), .max_tokens = 128, .max_grad_norm = 0.0};
-  auto engine = TrainingEngine::create(ec, *backend, comm);
-  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
-  ASSERT_TRUE(source.value().load(*engine.value()).is_ok());
+  GenerationFixture f;
+  ASSERT_NO_FATAL_FAILURE(open_generation_fixture(model_dir, golden_dir + "/generate.json", f));
+  const nlohmann::json& golden = f.golden;
   GenerationOptions options;
   options.sampling.temperature = 0;
   options.max_new_tokens = golden["max_new_tokens"].get<int64_t>();
-  options.max_tokens = ec.max_tokens;
+  options.max_tokens = kGenerationTokens;
   ASSERT_EQ(golden["prompts"].size(), 3u);
   for (size_t i = 0; i < golden["prompts"].size(); ++i) {
     const std::vector<int32_t> prompt = golden["prompts"][i].get<std::vector<int32_t>>();
-    auto g = generate(*engine.value(), prompt, options, i);
+    auto g = generate(*f.engine, prompt, options, i);
     ASSERT_TRUE(g.is_ok()) << g.status().message();
     EXPECT_EQ(g.value().tokens, golden["greedy"][i].get<std::vector<int32_t>>()) << "prompt " << i;
     EXPECT_FALSE(g.value().stopped);
@@ -190,17 +204,9 @@ TEST(Parity, GreedyGenerationFollowsTransformers) {
 // search (recomputing every beam) and by the cached generator, which shares the prompt's rows and
 // must stop after as many steps as transformers' search (its early-stopping heuristic).
 void check_beams(const std::string& model_dir, const std::string& golden_dir) {
-  std::ifstream in(kData + golden_dir + "/beam_search.json");
-  ASSERT_TRUE(in) << "missing " << golden_dir << "/beam_search.json";
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  auto source = ModelSource::open({kData + model_dir, "", ""});
-  ASSERT_TRUE(source.is_ok()) << source.status().message();
-  auto backend = make_cpu_backend(DType::f32);
-  LocalCommunicator comm;
-  const EngineConfig ec{.model = source.value().config(), .max_tokens = 128, .max_grad_norm = 0.0};
-  auto engine = TrainingEngine::create(ec, *backend, comm);
-  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
-  ASSERT_TRUE(source.value().load(*engine.value()).is_ok());
+  GenerationFixture f;
+  ASSERT_NO_FATAL_FAILURE(open_generation_fixture(model_dir, golden_dir + "/beam_search.json", f));
+  const nlohmann::json& golden = f.golden;
   const auto prompts = golden["prompts"].get<std::vector<std::vector<int32_t>>>();
   int checked = 0;
   for (const nlohmann::json& c : golden["cases"]) {
@@ -214,7 +220,7 @@ void check_beams(const std::string& model_dir, const std::string& golden_dir) {
                                    : early.get<bool>() ? EarlyStopping::when_full
                                                        : EarlyStopping::heuristic;
     options.max_new_tokens = c["max_new_tokens"].get<int64_t>();
-    options.max_tokens = ec.max_tokens;
+    options.max_tokens = kGenerationTokens;
     for (size_t i = 0; i < prompts.size(); ++i) {
       const std::string where = concat(golden_dir, " case with ", options.beams.num_beams, " beams, length_penalty ",
                                        options.beams.length_penalty, ", prompt ", i);
@@ -224,13 +230,13 @@ void check_beams(const std::string& model_dir, const std::string& golden_dir) {
                                                         expected.back()) != options.stop_ids.end();
       if (ended) expected.pop_back();
       const float score = c["scores"][i].get<float>();
-      auto g = generate(*engine.value(), prompts[i], options, i);
+      auto g = generate(*f.engine, prompts[i], options, i);
       ASSERT_TRUE(g.is_ok()) << g.status().message();
       EXPECT_EQ(g.value().tokens, expected) << where;
       EXPECT_EQ(g.value().stopped, ended) << where;
       ASSERT_TRUE(g.value().beam_score.has_value()) << where;
       EXPECT_NEAR(*g.value().beam_score, score, 1e-4 * std::fabs(score)) << where;
-      auto generator = CachedGenerator::create(*engine.value(), options, 1024, 2);
+      auto generator = CachedGenerator::create(*f.engine, options, 1024, 2);
       ASSERT_TRUE(generator.is_ok()) << generator.status().message();
       const GenerationRequest request{prompts[i], i};
       Generation cached;

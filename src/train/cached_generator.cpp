@@ -196,11 +196,11 @@ Status CachedGenerator::run(std::span<const GenerationRequest> requests,
   reserved_ = 0;
   active_.clear();
   // Greedy without a repetition penalty needs no logits on the host: the device picks the tokens,
-  // or for beam search each row's best candidates.
+  // or for beam search each row's best candidates (Backend::top_k_rows takes up to 4096 a row).
+  top_k_ = static_cast<int64_t>(std::max<size_t>(2, 1 + options_.stop_ids.size())) * options_.beams.num_beams;
   Outputs outputs = Outputs::logits;
   if (options_.sampling.temperature == 0 && options_.sampling.repetition_penalty == 1.0)
-    outputs = options_.beams.num_beams == 1 ? Outputs::argmax : Outputs::top;
-  top_k_ = static_cast<int64_t>(std::max<size_t>(2, 1 + options_.stop_ids.size())) * options_.beams.num_beams;
+    outputs = options_.beams.num_beams == 1 ? Outputs::argmax : top_k_ <= 4096 ? Outputs::top : Outputs::logits;
   for (size_t next = 0; next < requests.size() || !active_.empty();) {
     while (static_cast<int64_t>(active_.size()) < max_batch_ && next < requests.size() &&
            reserved_ + needed(requests[next]) <= capacity) {
