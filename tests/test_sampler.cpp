@@ -3,6 +3,7 @@
 // draw's distribution and reproducibility; beam search on a scripted model and beam sample's draws.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -202,6 +203,21 @@ TEST(BeamSearch, BeamSampleDrawsCandidatesWithoutReplacement) {
   again.step(logits, 4);
   other.step(logits, 4);
   EXPECT_EQ(again.reply(0)[0], other.reply(0)[0]) << "the same seed and sequence draw the same";
+}
+
+// transformers' beam warpers keep one token more than the end tokens: top-p of 0.01 would leave
+// one token, and beam sample still has two beams to run (one per kept token that does not end).
+TEST(BeamSearch, BeamSampleKeepsATokenBeyondTheEndTokens) {
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_p = 0.01;
+  const std::vector<int32_t> prompt = {0}, stop = {4};
+  BeamSearch search(prompt, 8, o, {.num_beams = 2}, stop, 3);
+  search.step(std::vector<float>{6, 2, 1, 0, -1}, 5);
+  ASSERT_EQ(search.running(), 2u);
+  std::vector<int32_t> first = {search.reply(0)[0], search.reply(1)[0]};
+  std::sort(first.begin(), first.end());
+  EXPECT_EQ(first, (std::vector<int32_t>{0, 1}));
 }
 
 TEST(BeamSearch, OptionsOutOfRangeAreRefusedByName) {

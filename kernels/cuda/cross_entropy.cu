@@ -191,7 +191,7 @@ __global__ void top_k_rows_kernel(int32_t* ids, float* top, float* stats, const 
     col = block_min_int(best == mx ? col : INT_MAX);
     if (threadIdx.x == 0) {
       ids[r * k + j] = col == INT_MAX ? -1 : col;
-      top[r * k + j] = col == INT_MAX ? -INFINITY : mx;
+      top[r * k + j] = col == INT_MAX ? -INFINITY : row[col];  // the value itself: fmaxf may pick -0 for +0
     }
     previous = col == INT_MAX ? -INFINITY : mx;
     previous_col = col;

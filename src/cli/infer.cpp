@@ -163,9 +163,11 @@ Result<int64_t> forward_tokens(const ModelConfig& c, int64_t free, int64_t act, 
   const auto activations = [&](int64_t n) {
     return Glm4Model::planned_activation_bytes(c, n, act, stats, Recompute::full, false, /*forward_only=*/true);
   };
-  const int64_t budget = free - weights - per_sequence * batch * per_token - kForwardReserve;
+  // A decode step's logits (f32, a row a sequence and beam) beside the reserve: many beams make them large.
+  const int64_t logits = step * c.vocab_size * 4;
+  const int64_t budget = free - weights - logits - per_sequence * batch * per_token - kForwardReserve;
   while (tokens > std::max(step, kFewest) && activations(tokens) > budget) tokens = std::max(step, tokens / 2);
-  const int64_t least = weights + activations(tokens) + per_sequence * per_token;
+  const int64_t least = weights + logits + activations(tokens) + per_sequence * per_token;
   if (least > free) {
     const auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); };
     return GLM_USER_ERROR(

@@ -43,10 +43,11 @@ Result<std::string> result_path_of(const CliOptions& options);
 // and the longest prompt whole, so that its attention is one causal pass and its GEMMs the largest;
 // halved down to 512 while the activations (Glm4Model::planned_activation_bytes, forward only, of
 // act and stats bytes an element) do not fit in `free` bytes of device memory (-1: no bound) beside
-// the weights, the KV cache of `batch` sequences of `per_sequence` tokens and kForwardReserve; never
+// the weights, the KV cache of `batch` sequences of `per_sequence` tokens, a decode step's f32
+// logits and kForwardReserve; never
 // fewer than `batch` (a decode step of every sequence). A user error, with the sizes, where the
 // weights, those activations and one sequence's cache exceed `free`.
-inline constexpr int64_t kForwardReserve = int64_t{1} << 30;  // cuBLASLt's workspace, the logits, CUDA graphs
+inline constexpr int64_t kForwardReserve = int64_t{1} << 30;  // cuBLASLt's workspace, CUDA graphs
 Result<int64_t> forward_tokens(const ModelConfig& config, int64_t free, int64_t act, int64_t stats, int64_t longest,
                                int64_t per_sequence, int64_t batch, int64_t beams = 1);
 

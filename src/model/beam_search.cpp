@@ -83,7 +83,8 @@ void BeamSearch::step(std::span<const float> logits, int64_t vocab) {
       context_.assign(prompt_.begin(), prompt_.end());
       context_.insert(context_.end(), running_[b].tokens.begin(), running_[b].tokens.end());
     }
-    process_scores(scores_, context_, sampling_);
+    // At least one token that does not end, so that a beam can go on (transformers' beam warpers).
+    process_scores(scores_, context_, sampling_, static_cast<int64_t>(std::max<size_t>(2, 1 + stop_ids_.size())));
     collect(b, scores_, keep);
   }
   choose();

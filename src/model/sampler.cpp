@@ -39,9 +39,11 @@ void penalize_repetitions(std::span<float> scores, std::span<const int32_t> cont
   }
 }
 
-// Everything below the k-th highest score removed (ties with it stay).
-void keep_top_k(std::span<float> scores, int64_t k) {
-  if (k <= 0 || static_cast<size_t>(k) >= scores.size()) return;
+// Everything below the k-th highest score removed (ties with it stay); at least min_keep stay.
+void keep_top_k(std::span<float> scores, int64_t k, int64_t min_keep) {
+  if (k <= 0) return;
+  k = std::max(k, min_keep);
+  if (static_cast<size_t>(k) >= scores.size()) return;
   std::vector<float> sorted(scores.begin(), scores.end());
   std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<float>());
   const float kth = sorted[static_cast<size_t>(k - 1)];
@@ -49,9 +51,9 @@ void keep_top_k(std::span<float> scores, int64_t k) {
     if (s < kth) s = kRemoved;
 }
 
-// From the lowest score up, the tokens whose cumulative probability is <= 1 - p removed; the highest
-// always stays. Equal scores are ordered by id, as a stable sort leaves them.
-void keep_top_p(std::span<float> scores, double p) {
+// From the lowest score up, the tokens whose cumulative probability is <= 1 - p removed; the
+// min_keep highest always stay. Equal scores are ordered by id, as a stable sort leaves them.
+void keep_top_p(std::span<float> scores, double p, int64_t min_keep) {
   if (p >= 1.0) return;
   std::vector<int32_t> order(scores.size());
   std::iota(order.begin(), order.end(), 0);
@@ -60,7 +62,7 @@ void keep_top_p(std::span<float> scores, double p) {
   double total = 0;
   for (const float s : scores) total += std::exp(static_cast<double>(s) - top);
   double cumulative = 0;
-  for (size_t i = 0; i + 1 < order.size(); ++i) {
+  for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(min_keep, 1)) < order.size(); ++i) {
     float& s = scores[static_cast<size_t>(order[i])];
     cumulative += std::exp(static_cast<double>(s) - top) / total;
     if (cumulative > 1.0 - p) break;
@@ -74,12 +76,13 @@ int32_t argmax(std::span<const float> scores) {
 
 }  // namespace
 
-void process_scores(std::span<float> scores, std::span<const int32_t> context, const SamplingOptions& options) {
+void process_scores(std::span<float> scores, std::span<const int32_t> context, const SamplingOptions& options,
+                    int64_t min_keep) {
   penalize_repetitions(scores, context, options.repetition_penalty);
   if (options.temperature == 0) return;
   for (float& s : scores) s = static_cast<float>(s / options.temperature);
-  keep_top_k(scores, options.top_k);
-  keep_top_p(scores, options.top_p);
+  keep_top_k(scores, options.top_k, min_keep);
+  keep_top_p(scores, options.top_p, min_keep);
 }
 
 int32_t sample_token(std::span<const float> logits, std::span<const int32_t> context, const SamplingOptions& options,

@@ -25,8 +25,10 @@ struct SamplingOptions {
 
 // transformers' logits processors and warpers on one row of scores, in place: the repetition
 // penalty over `context`, then, when sampling (temperature > 0), temperature, top-k and top-p, which
-// leave the removed tokens at -infinity. Beam search (model/beam_search.h) applies them to log-probs.
-void process_scores(std::span<float> scores, std::span<const int32_t> context, const SamplingOptions& options);
+// leave the removed tokens at -infinity and keep at least min_keep. Beam search (model/beam_search.h)
+// applies them to log-probs, keeping one more than its end tokens (transformers' min_tokens_to_keep).
+void process_scores(std::span<float> scores, std::span<const int32_t> context, const SamplingOptions& options,
+                    int64_t min_keep = 1);
 
 // The token chosen at generation step `step` of sequence `sequence` from logits (vocab entries),
 // with the sequence's tokens so far (prompt and generated) in `context` for the repetition penalty.

@@ -803,7 +803,7 @@ Status TrainingEngine::cached_top_k(const HostDecodeBatch& hb, KvCache& cache, i
                                     std::vector<float>& top, std::vector<int32_t>& ids) {
   GLM_ASSIGN_OR_RETURN(const Tensor logits, cached_forward(hb, cache));
   const int64_t rows = static_cast<int64_t>(hb.logit_rows.size());
-  if (decode_top_.numel() < rows * (k + 2)) {
+  if (decode_top_.numel() < rows * (k + 2) || decode_top_ids_.numel() < rows * k) {
     decode_top_ = Buffer();
     decode_top_ids_ = Buffer();
     GLM_ASSIGN_OR_RETURN(decode_top_, backend_.allocate(rows * (k + 2), DType::f32));
