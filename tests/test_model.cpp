@@ -558,10 +558,10 @@ TEST(Generate, ContinuousBatchingGivesEachRequestItsOwnReply) {
 
 // Beam search over the KV cache gives every request the reply of the reference search (which
 // recomputes each beam's whole sequence): beam search with a stop id and each early_stopping mode,
-// and beam sample (temperature, top-k, top-p, a repetition penalty), which is reproducible by seed
-// and differs across seeds; prompts longer than one forward, more requests than the batch, and a
-// cache only as large as the largest request needs (beams share their prefix's rows: a leak would
-// run it out, an internal error).
+// and beam sample (temperature, top-k, top-p, with a repetition penalty from whole rows, without
+// from the device's best of each row), which is reproducible by seed and differs across seeds; prompts longer than one
+// forward, more requests than the batch, and a cache only as large as the largest request needs (beams share their
+// prefix's rows: a leak would run it out, an internal error).
 TEST(Generate, BeamSearchOverTheCacheGivesTheReferenceReplies) {
   const ModelConfig config = generation_config();
   auto backend = make_cpu_backend(DType::f32);
@@ -585,19 +585,21 @@ TEST(Generate, BeamSearchOverTheCacheGivesTheReferenceReplies) {
     EarlyStopping early;
     double length_penalty;
     uint64_t seed;
+    double repetition_penalty = 1.0;  // other than 1: whole logit rows to the host, else the device's best
   };
   std::map<uint64_t, std::vector<std::vector<int32_t>>> sampled;
   for (const Case c : {Case{0.0, EarlyStopping::heuristic, 1.0, 1}, Case{0.0, EarlyStopping::never, 2.0, 1},
-                       Case{0.0, EarlyStopping::when_full, 0.5, 1}, Case{1.3, EarlyStopping::heuristic, 1.0, 1},
-                       Case{1.3, EarlyStopping::heuristic, 1.0, 2}}) {
-    SCOPED_TRACE(concat("temperature ", c.temperature, ", early_stopping ", enum_name(c.early), ", seed ", c.seed));
+                       Case{0.0, EarlyStopping::when_full, 0.5, 1}, Case{1.3, EarlyStopping::heuristic, 1.0, 1, 1.2},
+                       Case{1.3, EarlyStopping::heuristic, 1.0, 2, 1.2}, Case{1.3, EarlyStopping::heuristic, 1.0, 3}}) {
+    SCOPED_TRACE(concat("temperature ", c.temperature, ", early_stopping ", enum_name(c.early), ", seed ", c.seed,
+                        ", repetition_penalty ", c.repetition_penalty));
     GenerationOptions o;
     o.sampling.temperature = c.temperature;
     o.sampling.seed = c.seed;
     if (c.temperature > 0) {
       o.sampling.top_k = 12;
       o.sampling.top_p = 0.95;
-      o.sampling.repetition_penalty = 1.2;
+      o.sampling.repetition_penalty = c.repetition_penalty;
     }
     o.beams = {.num_beams = 3, .length_penalty = c.length_penalty, .early_stopping = c.early};
     o.max_new_tokens = 8;

@@ -24,7 +24,8 @@
 #   GLM_IB_BEAMS=N      also beam search of N beams (no end token: every reply GLM_IB_BEAM_TOKENS long,
 #                       default 128) at batch 1 and 8 (prompts of 512 tokens), with the best candidates
 #                       chosen on the device, and at batch 8 through the host's whole rows (a
-#                       repetition penalty of 1.0001 forces them); the peer: generate(num_beams=N)
+#                       repetition penalty of 1.0001 forces them), and beam sample at batch 8 (GLM-4's
+#                       sampling, top_k 50); the peer: generate(num_beams=N)
 #                       ("beam1 beam8" in GLM_IB_PEER_RUNS)
 #   GLM_IB_KEEP=1       keep the work folder (build-gpu/infer_bench: the model, the logs of earlier
 #                       calls) and reuse its model, so a later call on a warm machine can run the
@@ -121,6 +122,9 @@ if [ "$beams" -gt 1 ]; then
   infer beam1 one_twice 1 "$beam_tokens" --num_beams "$beams"
   infer beam8 batch8 8 "$beam_tokens" --num_beams "$beams"
   infer beam8_host batch8 8 "$beam_tokens" --num_beams "$beams" --repetition_penalty 1.0001
+  # Beam sample with GLM-4-9B-Chat's sampling (generation_config.json: temperature 0.8, top_p 0.8;
+  # transformers' top_k 50): the rows' top 50 from the device.
+  infer beam8_sample batch8 8 "$beam_tokens" --num_beams "$beams" --temperature 0.8 --top_p 0.8 --top_k 50
 fi
 if [ -n "${GLM_IB_OLD:-}" ]; then
   BIN=$GLM_IB_OLD infer old_batch1 one 1 "$tokens"
@@ -306,6 +310,9 @@ if beams > 1:
         print("%-9s glm_hpc %8.1f tok/s, peer %8.1f tok/s (%s cache%s)%s" % (label, gt, pt, p.get("cache", "-"), other,
               ": %.2fx" % (gt / pt) if pt and gt else (" " + p.get("error", "")[:120] if p else "")))
     g, h = glm("beam8"), glm("beam8_host")
+    sample = glm("beam8_sample")
+    if sample:
+        print("batch 8 beam sample (temperature 0.8, top_p 0.8, top_k 50) %.1f tok/s" % (sample["tokens"] / sample["seconds"]))
     if g and h:
         print("batch 8 with whole logit rows on the host (repetition_penalty 1.0001) %.1f tok/s: the device's "
               "candidates %.2fx" % (h["tokens"] / h["seconds"], (g["tokens"] / g["seconds"]) / (h["tokens"] / h["seconds"])))

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "base/counter_rng.h"
 
@@ -32,7 +33,8 @@ bool BeamSearch::is_stop(int32_t token) const {
   return std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end();
 }
 
-void BeamSearch::collect(size_t b, std::span<float> scores, size_t keep) {
+void BeamSearch::collect(size_t b, std::span<float> scores, size_t keep, size_t vocab,
+                         std::span<const int32_t> tokens) {
   // A min-heap (by key, then the later token first out) of the best `keep` of the row.
   const auto worse = [](const Candidate& x, const Candidate& y) {
     return x.key > y.key || (x.key == y.key && x.token < y.token);
@@ -43,11 +45,12 @@ void BeamSearch::collect(size_t b, std::span<float> scores, size_t keep) {
   const float base = running_[b].score;
   for (size_t t = 0; t < scores.size(); ++t) {
     if (scores[t] == -std::numeric_limits<float>::infinity()) continue;
-    Candidate c{.score = scores[t] + base, .key = 0, .beam = static_cast<int32_t>(b), .token = static_cast<int32_t>(t)};
+    const int32_t token = tokens.empty() ? static_cast<int32_t>(t) : tokens[t];
+    Candidate c{.score = scores[t] + base, .key = 0, .beam = static_cast<int32_t>(b), .token = token};
     c.key = c.score;
     if (sampling) {  // Gumbel-top-k: the k largest perturbed scores are k draws without replacement
       const double u = counter_uniform(draws ^ splitmix64_mix(static_cast<uint64_t>(steps_)),
-                                       static_cast<uint64_t>(b) * scores.size() + t);
+                                       static_cast<uint64_t>(b) * vocab + static_cast<uint64_t>(token));
       c.key = static_cast<float>(static_cast<double>(c.score) - std::log(-std::log(u)));
     }
     if (candidates_.size() - first < keep) {
@@ -83,26 +86,41 @@ void BeamSearch::step(std::span<const float> logits, int64_t vocab) {
       context_.assign(prompt_.begin(), prompt_.end());
       context_.insert(context_.end(), running_[b].tokens.begin(), running_[b].tokens.end());
     }
-    // At least one token that does not end, so that a beam can go on (transformers' beam warpers).
-    process_scores(scores_, context_, sampling_, static_cast<int64_t>(std::max<size_t>(2, 1 + stop_ids_.size())));
-    collect(b, scores_, keep);
+    process_scores(scores_, context_, sampling_, min_keep());
+    collect(b, scores_, keep, v);
   }
   choose();
 }
 
 void BeamSearch::step_top(std::span<const float> stats, std::span<const float> top, std::span<const int32_t> tokens,
-                          int64_t k) {
+                          int64_t k, int64_t vocab) {
   if (done_) return;
-  const size_t width = static_cast<size_t>(k), keep = std::min(candidates(), width);
+  const size_t width = static_cast<size_t>(k), keep = candidates();
+  const bool sampling = sampling_.temperature > 0;
   candidates_.clear();
-  for (size_t b = 0; b < running_.size(); ++b)
-    for (size_t j = 0; j < keep; ++j) {
+  for (size_t b = 0; b < running_.size(); ++b) {
+    // The log-probabilities of the row's best, as step() computes them from the whole row.
+    sparse_.clear();
+    for (size_t j = 0; j < width && (sampling || j < keep); ++j) {
       const int32_t token = tokens[b * width + j];
       if (token < 0) break;
-      const float log_prob = (top[b * width + j] - stats[2 * b]) - stats[2 * b + 1];
-      const float score = log_prob + running_[b].score;
-      candidates_.push_back({.score = score, .key = score, .beam = static_cast<int32_t>(b), .token = token});
+      sparse_.emplace_back(token, (top[b * width + j] - stats[2 * b]) - stats[2 * b + 1]);
     }
+    if (!sampling) {  // they are the candidates
+      for (const auto& [token, log_prob] : sparse_) {
+        const float score = log_prob + running_[b].score;
+        candidates_.push_back({.score = score, .key = score, .beam = static_cast<int32_t>(b), .token = token});
+      }
+      continue;
+    }
+    // The warpers over them in token order (their ties fall as over the whole row), then the draws.
+    std::sort(sparse_.begin(), sparse_.end());
+    scores_.resize(sparse_.size());
+    tokens_.resize(sparse_.size());
+    for (size_t i = 0; i < sparse_.size(); ++i) std::tie(tokens_[i], scores_[i]) = sparse_[i];
+    process_scores(scores_, {}, sampling_, min_keep());
+    collect(b, scores_, keep, static_cast<size_t>(vocab), tokens_);
+  }
   choose();
 }
 

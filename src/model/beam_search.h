@@ -15,8 +15,10 @@
 // beams; train/generate.h recomputes every beam's whole sequence) and hands the logits to step().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "base/enum_names.h"
@@ -72,10 +74,12 @@ class BeamSearch {
   // beam that was parents()[b] before the step by one token.
   void step(std::span<const float> logits, int64_t vocab);
   // The same step from each running beam's row statistics (its maximum and log of the sum of
-  // exp(x - maximum): 2 a beam) and its k >= candidates() largest logits and their tokens, best first
-  // (Backend::top_k_rows): enough where the log-probabilities are not processed further (greedy, no
-  // repetition penalty), as those candidates hold the best of all.
-  void step_top(std::span<const float> stats, std::span<const float> top, std::span<const int32_t> tokens, int64_t k);
+  // exp(x - maximum): 2 a beam) and its k largest logits and their tokens, best first
+  // (Backend::top_k_rows), of rows of `vocab`. Enough without a repetition penalty where k >=
+  // candidates() and, when sampling, top_k is set and k >= top_k: the candidates, or what top-k
+  // leaves of a row (its ties with the k-th largest beyond the k aside), are among them.
+  void step_top(std::span<const float> stats, std::span<const float> top, std::span<const int32_t> tokens, int64_t k,
+                int64_t vocab);
   // Candidates a step keeps: max(2, 1 + stop ids) x num_beams.
   size_t candidates() const;
   const std::vector<size_t>& parents() const { return parents_; }
@@ -97,8 +101,11 @@ class BeamSearch {
   bool is_stop(int32_t token) const;
   // The rest of a step, from its candidates: the best kept, hypotheses finished, beams chosen.
   void choose();
-  // The best `keep` candidates of running beam b's row, by key, into candidates_.
-  void collect(size_t b, std::span<float> scores, size_t keep);
+  // The best `keep` candidates of running beam b's processed scores, by key, into candidates_:
+  // scores[i] is token tokens[i] (token i where tokens is empty) of a row of `vocab`.
+  void collect(size_t b, std::span<float> scores, size_t keep, size_t vocab, std::span<const int32_t> tokens = {});
+  // Tokens the top-k and top-p warpers keep at least: one that does not end (transformers' beams).
+  int64_t min_keep() const { return static_cast<int64_t>(std::max<size_t>(2, 1 + stop_ids_.size())); }
 
   std::vector<int32_t> prompt_;
   int64_t max_new_ = 0;
@@ -113,7 +120,8 @@ class BeamSearch {
   bool improvable_ = true;  // transformers' is_early_stop_heuristic_unsatisfied
   bool done_ = false;
   std::vector<float> scores_;
-  std::vector<int32_t> context_;
+  std::vector<int32_t> context_, tokens_;
+  std::vector<std::pair<int32_t, float>> sparse_;
   std::vector<Candidate> candidates_;
 };
 

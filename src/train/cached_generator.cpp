@@ -134,7 +134,8 @@ std::vector<size_t> CachedGenerator::advance(Outputs outputs, const std::functio
         const auto width = static_cast<size_t>(top_k_);
         s.beams->step_top(std::span<const float>(top_stats_).subspan(2 * k, 2 * lanes),
                           std::span<const float>(top_).subspan(k * width, lanes * width),
-                          std::span<const int32_t>(top_ids_).subspan(k * width, lanes * width), top_k_);
+                          std::span<const int32_t>(top_ids_).subspan(k * width, lanes * width), top_k_,
+                          static_cast<int64_t>(vocab));
       } else {
         s.beams->step(std::span<const float>(logits_).subspan(k * vocab, lanes * vocab), static_cast<int64_t>(vocab));
       }
@@ -195,12 +196,18 @@ Status CachedGenerator::run(std::span<const GenerationRequest> requests,
   row_refs_.assign(static_cast<size_t>(capacity), 0);
   reserved_ = 0;
   active_.clear();
-  // Greedy without a repetition penalty needs no logits on the host: the device picks the tokens,
-  // or for beam search each row's best candidates (Backend::top_k_rows takes up to 4096 a row).
+  // Greedy without a repetition penalty needs no logits on the host: the device picks the tokens.
+  // Nor does beam search without one, greedy or with top_k: each row's best candidates, or what
+  // top-k leaves, come from the device (Backend::top_k_rows takes up to 4096 a row).
+  const SamplingOptions& sampling = options_.sampling;
   top_k_ = static_cast<int64_t>(std::max<size_t>(2, 1 + options_.stop_ids.size())) * options_.beams.num_beams;
+  if (sampling.temperature > 0) top_k_ = std::max(top_k_, sampling.top_k);
   Outputs outputs = Outputs::logits;
-  if (options_.sampling.temperature == 0 && options_.sampling.repetition_penalty == 1.0)
-    outputs = options_.beams.num_beams == 1 ? Outputs::argmax : top_k_ <= 4096 ? Outputs::top : Outputs::logits;
+  if (sampling.repetition_penalty == 1.0 && options_.beams.num_beams > 1 && top_k_ <= 4096 &&
+      (sampling.temperature == 0 || sampling.top_k > 0))
+    outputs = Outputs::top;
+  else if (sampling.repetition_penalty == 1.0 && sampling.temperature == 0 && options_.beams.num_beams == 1)
+    outputs = Outputs::argmax;
   for (size_t next = 0; next < requests.size() || !active_.empty();) {
     while (static_cast<int64_t>(active_.size()) < max_batch_ && next < requests.size() &&
            reserved_ + needed(requests[next]) <= capacity) {
