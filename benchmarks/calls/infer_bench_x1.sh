@@ -98,7 +98,7 @@ head -100 data/sample/conversations.jsonl >"$W/chat.jsonl"
 infer() {  # infer NAME FILE BATCH NEW_TOKENS [OPTION...]
   local name=$1 file=$2 batch=$3 new=$4; shift 4
   step "glm_$name" 240 mpirun -np 1 --bind-to none "${BIN:-$B/glm_hpc}" infer --device $device --model_id_or_path "$W/model" \
-    --val_dataset "$W/$file.jsonl" --max_batch_size "$batch" --max_new_tokens "$new" --temperature 0 \
+    --val_dataset "$W/$file.jsonl" --max_batch_size "$batch" --max_new_tokens "$new" --temperature "${TEMPERATURE:-0}" \
     --result_path "$W/result_$name.jsonl" "$@"
   keep "glm_$name"
 }
@@ -124,7 +124,9 @@ if [ "$beams" -gt 1 ]; then
   infer beam8_host batch8 8 "$beam_tokens" --num_beams "$beams" --repetition_penalty 1.0001
   # Beam sample with GLM-4-9B-Chat's sampling (generation_config.json: temperature 0.8, top_p 0.8;
   # transformers' top_k 50): the rows' top 50 from the device.
-  infer beam8_sample batch8 8 "$beam_tokens" --num_beams "$beams" --temperature 0.8 --top_p 0.8 --top_k 50
+  TEMPERATURE=0.8 infer beam8_sample batch8 8 "$beam_tokens" --num_beams "$beams" --top_p 0.8 --top_k 50
+  TEMPERATURE=0.8 infer beam8_sample_host batch8 8 "$beam_tokens" --num_beams "$beams" --top_p 0.8 --top_k 50 \
+    --repetition_penalty 1.0001
 fi
 if [ -n "${GLM_IB_OLD:-}" ]; then
   BIN=$GLM_IB_OLD infer old_batch1 one 1 "$tokens"
@@ -312,7 +314,10 @@ if beams > 1:
     g, h = glm("beam8"), glm("beam8_host")
     sample = glm("beam8_sample")
     if sample:
-        print("batch 8 beam sample (temperature 0.8, top_p 0.8, top_k 50) %.1f tok/s" % (sample["tokens"] / sample["seconds"]))
+        st = sample["tokens"] / sample["seconds"]
+        hs = glm("beam8_sample_host")
+        print("batch 8 beam sample (temperature 0.8, top_p 0.8, top_k 50) %.1f tok/s%s" % (st,
+              "; through whole rows on the host %.1f tok/s: %.2fx" % (hs["tokens"] / hs["seconds"], st / (hs["tokens"] / hs["seconds"])) if hs else ""))
     if g and h:
         print("batch 8 with whole logit rows on the host (repetition_penalty 1.0001) %.1f tok/s: the device's "
               "candidates %.2fx" % (h["tokens"] / h["seconds"], (g["tokens"] / g["seconds"]) / (h["tokens"] / h["seconds"])))
