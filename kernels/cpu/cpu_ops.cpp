@@ -12,6 +12,14 @@
 
 namespace glm::cpu {
 
+SoftmaxStatistics softmax_statistics(const float* row, int64_t n) {
+  const float mx = *std::max_element(row, row + n);
+  double sum = 0;
+  for (int64_t c = 0; c < n; ++c)
+    if (row[c] != -std::numeric_limits<float>::infinity()) sum += std::exp(static_cast<double>(row[c] - mx));
+  return {mx, static_cast<float>(std::log(sum))};
+}
+
 template <typename T>
 void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t n, int64_t hidden) {
   for (int64_t t = 0; t < n; ++t)

@@ -87,6 +87,13 @@ template <typename T>
 int64_t cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
                       double grad_scale, int32_t* correct = nullptr);
 
+// One row's softmax statistics: its maximum and the log of the sum of exp(x - maximum), summed in
+// double (-inf entries add nothing), so that its log-softmax is (x - max) - log_sum.
+struct SoftmaxStatistics {
+  float max, log_sum;
+};
+SoftmaxStatistics softmax_statistics(const float* row, int64_t n);
+
 // out = a + b (elementwise); out may alias a or b.
 template <typename T>
 void add(T* out, const T* a, const T* b, int64_t count);

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "base/counter_rng.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace glm {
 
@@ -64,23 +65,22 @@ void BeamSearch::collect(size_t b, std::span<float> scores, size_t keep, size_t 
   }
 }
 
-size_t BeamSearch::candidates() const {
-  return std::max<size_t>(2, 1 + stop_ids_.size()) * static_cast<size_t>(options_.num_beams);
+size_t BeamSearch::per_beam(size_t stop_ids) { return std::max<size_t>(2, 1 + stop_ids); }
+
+size_t BeamSearch::candidates(const BeamOptions& beams, size_t stop_ids) {
+  return per_beam(stop_ids) * static_cast<size_t>(beams.num_beams);
 }
 
 void BeamSearch::step(std::span<const float> logits, int64_t vocab) {
   if (done_) return;
-  const size_t v = static_cast<size_t>(vocab), keep = candidates();
+  const size_t v = static_cast<size_t>(vocab), keep = candidates(options_, stop_ids_.size());
   candidates_.clear();
   for (size_t b = 0; b < running_.size(); ++b) {
     const std::span<const float> row = logits.subspan(b * v, v);
     scores_.assign(row.begin(), row.end());
-    // log-softmax, as transformers takes it before the processors
-    const float top = *std::max_element(scores_.begin(), scores_.end());
-    double sum = 0;
-    for (const float s : scores_) sum += std::exp(static_cast<double>(s - top));
-    const auto log_sum = static_cast<float>(std::log(sum));
-    for (float& s : scores_) s = (s - top) - log_sum;
+    // log-softmax, as transformers takes it before the processors (and as step_top() from the same statistics)
+    const cpu::SoftmaxStatistics st = cpu::softmax_statistics(scores_.data(), static_cast<int64_t>(scores_.size()));
+    for (float& s : scores_) s = (s - st.max) - st.log_sum;
     context_.clear();
     if (sampling_.repetition_penalty != 1.0) {
       context_.assign(prompt_.begin(), prompt_.end());
@@ -95,7 +95,7 @@ void BeamSearch::step(std::span<const float> logits, int64_t vocab) {
 void BeamSearch::step_top(std::span<const float> stats, std::span<const float> top, std::span<const int32_t> tokens,
                           int64_t k, int64_t vocab) {
   if (done_) return;
-  const size_t width = static_cast<size_t>(k), keep = candidates();
+  const size_t width = static_cast<size_t>(k), keep = candidates(options_, stop_ids_.size());
   const bool sampling = sampling_.temperature > 0;
   candidates_.clear();
   for (size_t b = 0; b < running_.size(); ++b) {
@@ -125,7 +125,7 @@ void BeamSearch::step_top(std::span<const float> stats, std::span<const float> t
 }
 
 void BeamSearch::choose() {
-  const size_t beams = static_cast<size_t>(options_.num_beams), keep = candidates();
+  const size_t beams = static_cast<size_t>(options_.num_beams), keep = candidates(options_, stop_ids_.size());
   // The best `keep` over all beams, best first (equal keys: the lower beam, then the lower token).
   std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& x, const Candidate& y) {
     return x.key > y.key || (x.key == y.key && (x.beam < y.beam || (x.beam == y.beam && x.token < y.token)));

@@ -15,7 +15,6 @@
 // beams; train/generate.h recomputes every beam's whole sequence) and hands the logits to step().
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -76,12 +75,12 @@ class BeamSearch {
   // The same step from each running beam's row statistics (its maximum and log of the sum of
   // exp(x - maximum): 2 a beam) and its k largest logits and their tokens, best first
   // (Backend::top_k_rows), of rows of `vocab`. Enough without a repetition penalty where k >=
-  // candidates() and, when sampling, top_k is set and k >= top_k: the candidates, or what top-k
+  // candidates(...) and, when sampling, top_k is set and k >= top_k: the candidates, or what top-k
   // leaves of a row (its ties with the k-th largest beyond the k aside), are among them.
   void step_top(std::span<const float> stats, std::span<const float> top, std::span<const int32_t> tokens, int64_t k,
                 int64_t vocab);
   // Candidates a step keeps: max(2, 1 + stop ids) x num_beams.
-  size_t candidates() const;
+  static size_t candidates(const BeamOptions& beams, size_t stop_ids);
   const std::vector<size_t>& parents() const { return parents_; }
 
   // The best finished hypothesis (the best running beam if none has finished, which only a search
@@ -104,8 +103,10 @@ class BeamSearch {
   // The best `keep` candidates of running beam b's processed scores, by key, into candidates_:
   // scores[i] is token tokens[i] (token i where tokens is empty) of a row of `vocab`.
   void collect(size_t b, std::span<float> scores, size_t keep, size_t vocab, std::span<const int32_t> tokens = {});
-  // Tokens the top-k and top-p warpers keep at least: one that does not end (transformers' beams).
-  int64_t min_keep() const { return static_cast<int64_t>(std::max<size_t>(2, 1 + stop_ids_.size())); }
+  // A beam's share of the candidates, max(2, 1 + stop ids): also the tokens the top-k and top-p
+  // warpers keep at least, one that does not end among them (transformers' min_tokens_to_keep).
+  static size_t per_beam(size_t stop_ids);
+  int64_t min_keep() const { return static_cast<int64_t>(per_beam(stop_ids_.size())); }
 
   std::vector<int32_t> prompt_;
   int64_t max_new_ = 0;

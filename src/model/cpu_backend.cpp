@@ -1,6 +1,5 @@
 // The CPU backend: host memory and the reference ops of kernels/cpu, in fp32 or fp64.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -108,12 +107,9 @@ class CpuBackend final : public Backend {
     std::vector<int32_t> order(static_cast<size_t>(cols));
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = values.as<float>() + r * cols;
-      const float mx = *std::max_element(row, row + cols);
-      double sum = 0;
-      for (int64_t c = 0; c < cols; ++c)
-        if (row[c] != -std::numeric_limits<float>::infinity()) sum += std::exp(static_cast<double>(row[c] - mx));
-      stats.as<float>()[2 * r] = mx;
-      stats.as<float>()[2 * r + 1] = static_cast<float>(std::log(sum));
+      const cpu::SoftmaxStatistics st = cpu::softmax_statistics(row, cols);
+      stats.as<float>()[2 * r] = st.max;
+      stats.as<float>()[2 * r + 1] = st.log_sum;
       std::iota(order.begin(), order.end(), 0);
       const int64_t kept = std::min(k, cols);
       std::partial_sort(order.begin(), order.begin() + kept, order.end(),

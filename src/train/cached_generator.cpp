@@ -200,7 +200,7 @@ Status CachedGenerator::run(std::span<const GenerationRequest> requests,
   // Nor does beam search without one, greedy or with top_k: each row's best candidates, or what
   // top-k leaves, come from the device (Backend::top_k_rows takes up to 4096 a row).
   const SamplingOptions& sampling = options_.sampling;
-  top_k_ = static_cast<int64_t>(std::max<size_t>(2, 1 + options_.stop_ids.size())) * options_.beams.num_beams;
+  top_k_ = static_cast<int64_t>(BeamSearch::candidates(options_.beams, options_.stop_ids.size()));
   if (sampling.temperature > 0) top_k_ = std::max(top_k_, sampling.top_k);
   Outputs outputs = Outputs::logits;
   if (sampling.repetition_penalty == 1.0 && options_.beams.num_beams > 1 && top_k_ <= 4096 &&
@@ -241,13 +241,7 @@ Status CachedGenerator::run(std::span<const GenerationRequest> requests,
       Sequence& s = active_[*it];
       for (const std::vector<int32_t>& rows : s.lanes) release(rows);
       reserved_ -= s.reserved;
-      if (s.beams) {
-        BeamHypothesis best = s.beams->best();
-        s.reply.stopped = best.stopped;
-        if (best.stopped) best.tokens.pop_back();
-        s.reply.tokens = std::move(best.tokens);
-        s.reply.beam_score = best.score;
-      }
+      if (s.beams) take_best_beam(*s.beams, s.reply);
       s.reply.seconds = seconds_since(s.start);
       done(s.request, std::move(s.reply));
       active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(*it));

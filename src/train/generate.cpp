@@ -42,16 +42,20 @@ Result<Generation> beam_generate(TrainingEngine& engine, std::span<const int32_t
     if (search.steps() == 1)
       g.first_token_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  BeamHypothesis best = search.best();
-  g.stopped = best.stopped;
-  if (best.stopped) best.tokens.pop_back();
-  g.tokens = std::move(best.tokens);
-  g.beam_score = best.score;
+  take_best_beam(search, g);
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return g;
 }
 
 }  // namespace
+
+void take_best_beam(const BeamSearch& search, Generation& g) {
+  BeamHypothesis best = search.best();
+  g.stopped = best.stopped;
+  if (best.stopped) best.tokens.pop_back();
+  g.tokens = std::move(best.tokens);
+  g.beam_score = best.score;
+}
 
 int64_t reply_limit(const GenerationOptions& options, int64_t prompt) {
   return options.max_tokens > 0 ? std::min(options.max_new_tokens, options.max_tokens - prompt)

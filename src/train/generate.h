@@ -35,6 +35,10 @@ struct Generation {
   std::optional<float> beam_score;  // beam search: the reply's score (transformers' sequences_scores)
 };
 
+// A finished search's reply into g: the best hypothesis' tokens without its end token, whether it
+// ended with one, and its score.
+void take_best_beam(const BeamSearch& search, Generation& g);
+
 // The most tokens a reply to a prompt of `prompt` tokens may have under `options`.
 int64_t reply_limit(const GenerationOptions& options, int64_t prompt);
 
